@@ -1,0 +1,30 @@
+# Two entry points on a machine with only python3: `make demo` and `make test`.
+# Each creates (once) and uses its own virtual environment in .venv.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/zbopt simulate examples/demo.yaml --schedule 1f1b -o demo_1f1b.png
+	$(BIN)/zbopt simulate examples/demo.yaml --schedule gpipe -o demo_gpipe.png
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_simulator.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

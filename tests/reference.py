@@ -1,0 +1,99 @@
+"""Independent reference computations the tests compare zbopt against.
+
+They share no code with zbopt's simulator: times come from networkx shortest paths with negated
+weights, memory from a brute-force scan of every op.
+"""
+
+from __future__ import annotations
+
+import random
+from itertools import pairwise
+
+import networkx as nx
+from hypothesis import strategies as st
+
+from zbopt import Op, Problem, Schedule, op_graph
+
+SOURCE = "source"
+
+
+def longest_path_starts(problem: Problem, schedule: Schedule) -> dict[Op, float]:
+    """Earliest start of each op given the device orders: the longest path from a source in the op
+    DAG plus one edge between consecutive ops of each device (weight = duration + latency)."""
+    graph = op_graph(problem)
+    timed = nx.DiGraph()
+    for u, v, data in graph.edges(data=True):
+        timed.add_edge(u, v, weight=-(graph.nodes[u]["duration"] + data["latency"]))
+    for order in schedule.orders:
+        for u, v in pairwise(order):
+            weight = -graph.nodes[u]["duration"]
+            if timed.has_edge(u, v):
+                weight = min(weight, timed[u][v]["weight"])
+            timed.add_edge(u, v, weight=weight)
+    for node in graph.nodes:
+        timed.add_edge(SOURCE, node, weight=0.0)
+    distance = nx.single_source_bellman_ford_path_length(timed, SOURCE)
+    return {node: -distance[node] for node in graph.nodes}
+
+
+def brute_force_peak_memory(problem: Problem, schedule: Schedule, start: dict[Op, float]) -> list[float]:
+    """Per device, the most memory held at any F start (the only moments memory rises), counting
+    every op one by one: F holds from its start, B/W/BW release at their ends."""
+    peaks = []
+    for order in schedule.orders:
+        ends = {op: start[op] + problem.cost(op.kind, op.stage) for op in order}
+        peak = 0.0
+        for moment in (start[op] for op in order if op.kind == "F"):
+            level = sum(
+                problem.memory_delta(op.kind, op.stage)
+                for op in order
+                if (op.kind == "F" and start[op] <= moment) or (op.kind != "F" and ends[op] <= moment)
+            )
+            peak = max(peak, level)
+        peaks.append(peak)
+    return peaks
+
+
+def random_topological_schedule(problem: Problem, seed: int) -> Schedule:
+    """A valid (deadlock-free) schedule: a random topological order of the DAG, split by device."""
+    graph = op_graph(problem)
+    rng = random.Random(seed)
+    indegree = {node: graph.in_degree(node) for node in graph.nodes}
+    ready = [node for node, degree in indegree.items() if degree == 0]
+    orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+    while ready:
+        node = ready.pop(rng.randrange(len(ready)))
+        orders[graph.nodes[node]["device"]].append(node)
+        for successor in graph.successors(node):
+            indegree[successor] -= 1
+            if indegree[successor] == 0:
+                ready.append(successor)
+    return Schedule(orders)
+
+
+costs = st.floats(min_value=0.1, max_value=5.0, allow_nan=False).map(lambda x: round(x, 3))
+
+
+@st.composite
+def problems(draw, max_devices=5, max_microbatches=8, chunks=(1,), iterations=(1,), memory=False):
+    """Random small problems: heterogeneous costs, latency, split or fused, any placement."""
+    p = draw(st.integers(1, max_devices))
+    v = draw(st.sampled_from(chunks))
+    stages = p * v
+    split = draw(st.booleans())
+    activation = draw(st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=stages, max_size=stages))
+    parameters = dict(
+        num_devices=p,
+        num_microbatches=draw(st.integers(1, max_microbatches)),
+        chunks_per_device=v,
+        placement=draw(st.sampled_from(["loop", "v"])),
+        forward_times=draw(st.lists(costs, min_size=stages, max_size=stages)),
+        backward_times=draw(st.lists(costs, min_size=stages, max_size=stages)),
+        p2p_time=draw(st.sampled_from([0.0, 0.05, 0.3, 1.0])),
+        activation_memory=activation,
+        iterations=draw(st.sampled_from(iterations)),
+    )
+    if split:
+        parameters["weight_times"] = draw(st.lists(costs, min_size=stages, max_size=stages))
+        parameters["weight_memory"] = [a * draw(st.sampled_from([0.0, 0.3, 1.0])) for a in activation]
+    return Problem(**parameters)

@@ -1,0 +1,145 @@
+"""The CLI end to end: the visualizer's configs, flags, and one-line errors with exit status 2."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.reference import longest_path_starts
+from zbopt import Op, Problem, Schedule
+from zbopt.cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def run(capsys, *argv):
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def expected_makespan(problem: Problem, orders: list[list[str]]) -> float:
+    schedule = Schedule(orders)
+    starts = longest_path_starts(problem, schedule)
+    return max(start + problem.cost(op.kind, op.stage) for op, start in starts.items())
+
+
+@pytest.mark.parametrize(
+    ("config", "picture", "costs"),
+    [
+        ("visualizer_custom.json", "pipeline_1f1b_custom.png",
+         dict(num_devices=6, num_microbatches=12, forward_times=[0.8, 1.0, 1.2, 1.0, 0.9, 1.1],
+              backward_times=[1.6, 2.0, 2.4, 2.0, 1.8, 2.2])),
+        ("visualizer.yaml", "pipeline_1f1b_yaml.png",
+         dict(num_devices=5, num_microbatches=8, forward_times=[0.9, 1.1, 1.0, 0.8, 1.2],
+              backward_times=[1.8, 2.2, 2.0, 1.6, 2.4])),
+    ],
+)
+def test_visualizer_configs_run_unchanged_and_write_their_png(tmp_path, monkeypatch, capsys, config, picture, costs):
+    shutil.copy(EXAMPLES / config, tmp_path / config)
+    monkeypatch.chdir(tmp_path)
+    status, out, err = run(capsys, "simulate", config, "--json")
+    assert (status, err) == (0, "")
+    result = json.loads(out)
+    assert result["num_stages"] == costs["num_devices"] and result["schedule"] == "1f1b"
+    assert result["makespan"] == pytest.approx(expected_makespan(Problem(**costs), result["orders"]))
+    assert (tmp_path / picture).read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_flags_alone_describe_a_problem(capsys):
+    status, out, _ = run(capsys, "simulate", "--num-stages", "4", "--num-batches", "8", "--json")
+    result = json.loads(out)
+    # defaults F=1, fused backward 2: (m+p-1)(F+B) = 11 · 3
+    assert status == 0 and result["makespan"] == 33.0 and result["peak_memory"] == [4, 3, 2, 1]
+    assert result["orders"][3][:2] == ["3F0", "3BW0"]
+
+
+def test_list_flags_take_spaces_or_commas(capsys):
+    _, out, _ = run(capsys, "simulate", "-s", "2", "-b", "2", "-f", "1", "2", "-bw", "3,4", "--json")
+    assert json.loads(out)["makespan"] == pytest.approx(expected_makespan(
+        Problem(num_devices=2, num_microbatches=2, forward_times=[1, 2], backward_times=[3, 4]),
+        json.loads(out)["orders"]))
+
+
+def test_flags_override_the_config_file(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("num_stages: 4\nnum_batches: 8\nforward_times: 1\nbackward_times: 2\n")
+    _, out, _ = run(capsys, "simulate", str(config), "--num-microbatches", "4", "--json")
+    assert json.loads(out)["num_microbatches"] == 4 and json.loads(out)["makespan"] == 21.0
+
+
+def test_readable_table_and_gantt_formats(tmp_path, capsys):
+    status, out, _ = run(capsys, "simulate", "-s", "3", "-b", "4", "-o", str(tmp_path / "g.svg"))
+    assert status == 0
+    assert "makespan        18" in out and "bubble_rate     0.3333" in out
+    assert (tmp_path / "g.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_no_visualization_skips_the_config_picture(tmp_path, monkeypatch, capsys):
+    shutil.copy(EXAMPLES / "visualizer.yaml", tmp_path / "v.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "simulate", "v.yaml", "--no-visualization")[0] == 0
+    assert not (tmp_path / "pipeline_1f1b_yaml.png").exists()
+
+
+def test_schedules_lists_names(capsys):
+    status, out, _ = run(capsys, "schedules", "--json")
+    names = [entry["name"] for entry in json.loads(out)]
+    assert status == 0 and names[:2] == ["gpipe", "1f1b"]
+    status, out, _ = run(capsys, "schedules")
+    assert out.splitlines()[1].startswith("1f1b ")
+
+
+def test_memory_violation_exits_1_with_the_violation(capsys):
+    status, out, err = run(capsys, "simulate", "-s", "4", "-b", "8", "--memory-limit", "3", "--json")
+    assert status == 1 and json.loads(out)["valid"] is False
+    assert err.strip() == "zbopt: invalid schedule: device 0 holds 4 at t=3, over its memory limit 3"
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("num_stages: 4\nnum_batch: 8\n", "unknown key 'num_batch'"),
+        ("num_stages: four\n", "num_stages = 'four': expected a positive integer"),
+        ("num_stages: 2\nforward_times: [1, -2]\n", "forward_times = [1, -2]: every value must be > 0"),
+        ("num_stages: 3\nbackward_times: [1, 2]\n", "backward_times = [1, 2]: expected one value per virtual"),
+        ("num_stages: 2\nmemory_limit: 0.5\n", "memory_limit = 0.5: device 0 must hold one microbatch"),
+        ("num_stages: 2\nnum_devices: 2\n", "'num_devices' and 'num_stages' both set num_devices"),
+        ("num_stages: [2\n", "not valid YAML"),
+        ("- 1\n- 2\n", "expected a mapping"),
+        ("placement: spiral\n", "placement = 'spiral'"),
+    ],
+)
+def test_config_errors_are_one_line_naming_the_key(tmp_path, capsys, content, needle):
+    config = tmp_path / "bad.yaml"
+    config.write_text(content)
+    status, out, err = run(capsys, "simulate", str(config))
+    assert status == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["simulate", "missing.yaml"], "config file 'missing.yaml' not found"),
+        (["simulate", "--schedule", "zb-h9"], "unknown schedule 'zb-h9'"),
+        (["simulate", "-v", "2"], "1f1b needs chunks_per_device = 1"),
+        (["simulate", "--num-stages", "x"], "argument --num-stages/--num-devices/-s: invalid int value: 'x'"),
+        (["simulate", "-f", "fast"], "expected numbers, got 'fast'"),
+        (["simulate", "-o", "chart.jpg"], "output file 'chart.jpg': unsupported extension"),
+        (["simulate", "--bogus"], "unrecognized arguments: --bogus"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_cli_errors_are_one_line_with_exit_2(capsys, argv, needle):
+    status, _, err = run(capsys, *argv)
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_json_orders_parse_back_into_ops(capsys):
+    _, out, _ = run(capsys, "simulate", "-s", "2", "-b", "2", "-w", "1", "--json")
+    orders = json.loads(out)["orders"]
+    assert [Op.from_str(text) for text in orders[1]][:3] == [Op("F", 1, 0), Op("B", 1, 0), Op("W", 1, 0)]

@@ -1,0 +1,75 @@
+import pytest
+
+from zbopt import Problem, ProblemError
+
+
+def test_loop_placement_puts_stage_s_on_device_s_mod_p():
+    problem = Problem(num_devices=4, num_microbatches=4, chunks_per_device=2, placement="loop")
+    assert [problem.device_of(s) for s in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert problem.stages_of_device[1] == (1, 5)
+
+
+def test_v_placement_zig_zags_back_and_forth():
+    problem = Problem(num_devices=4, num_microbatches=4, chunks_per_device=2, placement="v")
+    assert [problem.device_of(s) for s in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    three = Problem(num_devices=2, num_microbatches=4, chunks_per_device=3, placement="v")
+    assert [three.device_of(s) for s in range(6)] == [0, 1, 1, 0, 0, 1]
+
+
+def test_scalars_expand_to_one_value_per_virtual_stage():
+    problem = Problem(num_devices=2, num_microbatches=3, chunks_per_device=2, forward_times=1.5, weight_times=1)
+    assert problem.forward_times == (1.5,) * 4
+    assert problem.weight_memory == (0.5,) * 4  # default M_W: half of M_B
+    assert problem.kinds == ("F", "B", "W") and problem.num_ops == 3 * 4 * 3
+
+
+@pytest.mark.parametrize("kinds", [{}, {"weight_times": 1.0, "weight_memory": 0.3}])
+def test_memory_deltas_of_a_microbatch_sum_to_zero(kinds):
+    problem = Problem(num_devices=3, num_microbatches=2, activation_memory=[1, 2, 0.5], **kinds)
+    for stage in range(3):
+        assert sum(problem.memory_delta(kind, stage) for kind in problem.kinds) == pytest.approx(0)
+    if problem.split_backward:
+        assert problem.memory_delta("B", 1) == pytest.approx(-(2 - 0.3))
+        assert problem.memory_delta("W", 1) == pytest.approx(-0.3)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "key", "reason"),
+    [
+        ({"forward_times": [1, 2, 3]}, "forward_times", "expected one value per virtual stage (4), got 3"),
+        ({"backward_times": 0}, "backward_times", "every value must be > 0"),
+        ({"weight_times": [1, -1, 1, 1]}, "weight_times", "virtual stage 1"),
+        ({"num_microbatches": True}, "num_microbatches", "positive integer"),
+        ({"chunks_per_device": 0}, "chunks_per_device", "positive integer"),
+        ({"placement": "zigzag"}, "placement", "loop, v"),
+        ({"p2p_time": -0.1}, "p2p_time", ">= 0"),
+        ({"weight_memory": 0.3}, "weight_memory", "needs weight_times"),
+        ({"weight_times": 1, "weight_memory": 2}, "weight_memory", "exceeds activation_memory"),
+        ({"memory_limit": 0.5}, "memory_limit", "device 0 must hold one microbatch"),
+        ({"memory_limit": [1, 1, 1]}, "memory_limit", "one value per device (4)"),
+    ],
+)
+def test_invalid_parameters_name_their_key(parameters, key, reason):
+    with pytest.raises(ProblemError) as error:
+        Problem(**{"num_devices": 4, "num_microbatches": 8, **parameters})
+    assert error.value.key == key
+    assert reason in str(error.value)
+
+
+def test_minimum_memory_limit_is_a_microbatch_on_all_of_a_devices_stages():
+    problem = Problem(num_devices=2, num_microbatches=2, chunks_per_device=2, placement="v",
+                      activation_memory=[1, 2, 3, 4])
+    # v placement: device 0 holds stages 0 and 3, device 1 holds stages 1 and 2
+    assert problem.min_memory_limit == (5, 5)
+    with pytest.raises(ProblemError, match="device 1 must hold"):
+        problem.replace(memory_limit=[5, 4.5])
+
+
+def test_dict_round_trip_gives_an_equal_problem():
+    problem = Problem(num_devices=3, num_microbatches=5, forward_times=[1, 2, 3], backward_times=2,
+                      weight_times=1, weight_memory=0.25, memory_limit=[4, 4, 5], iterations=2)
+    data = problem.to_dict()
+    assert data["backward_times"] == 2.0 and data["forward_times"] == [1.0, 2.0, 3.0]
+    assert Problem.from_dict(data) == problem
+    with pytest.raises(ProblemError, match="unknown problem parameter"):
+        Problem.from_dict({**data, "speed": 3})

@@ -1,0 +1,25 @@
+"""zbopt: optimal and heuristic pipeline-parallel training schedules, on one shared simulator."""
+
+from zbopt.errors import (
+    DeadlockError,
+    MemoryLimitError,
+    NotApplicableError,
+    ProblemError,
+    ScheduleError,
+    UnknownScheduleError,
+    ZboptError,
+)
+from zbopt.ops import Op, critical_path, device_work, op_graph
+from zbopt.problem import Problem
+from zbopt.schedule import Schedule, load_schedule, save_schedule
+from zbopt.schedules import generate, registered
+from zbopt.simulate import MemoryViolation, Simulation, simulate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeadlockError", "MemoryLimitError", "MemoryViolation", "NotApplicableError", "Op", "Problem",
+    "ProblemError", "Schedule", "ScheduleError", "Simulation", "UnknownScheduleError", "ZboptError",
+    "critical_path", "device_work", "generate", "load_schedule", "op_graph", "registered",
+    "save_schedule", "simulate",
+]

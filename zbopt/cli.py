@@ -1,0 +1,182 @@
+"""The `zbopt` command line. Any mistake in the input is one line on stderr and exit status 2.
+
+Exit status: 0 done; 1 the schedule ran but breaks the problem's memory limit; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from zbopt.errors import ZboptError
+from zbopt.io.config import RunConfig, build_run_config, load_config
+from zbopt.schedules import generate, registered
+from zbopt.simulate import Simulation, simulate
+
+EXIT_INVALID_SCHEDULE = 1
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line (plus exit 2) instead of a usage dump."""
+
+    def error(self, message: str):
+        raise ZboptError(f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+def _numbers(text: str) -> list[float]:
+    """One flag token: a number, or comma-separated numbers ("1,2,3")."""
+    try:
+        return [float(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers, got '{text}'") from None
+
+
+def _add_problem_flags(parser: argparse.ArgumentParser) -> None:
+    """Every config key as a flag, with the 1F1B visualizer's spellings. Flags override the file."""
+    group = parser.add_argument_group("problem (each flag overrides the config file's key)")
+    add = group.add_argument
+    suppress = argparse.SUPPRESS
+    add("--num-stages", "--num-devices", "-s", dest="num_stages", type=int, default=suppress,
+        help="pipeline devices p (default 4)")
+    add("--num-microbatches", "--num-batches", "-b", dest="num_microbatches", type=int, default=suppress,
+        help="microbatches m per iteration (default 8)")
+    add("--chunks-per-device", "-v", dest="chunks_per_device", type=int, default=suppress,
+        help="model chunks per device (default 1)")
+    add("--placement", default=suppress, help="stage placement: loop or v (default loop)")
+    add("--forward-times", "-f", dest="forward_times", type=_numbers, nargs="+", default=suppress,
+        help="F time, one value or one per virtual stage (default 1)")
+    add("--backward-times", "-bw", dest="backward_times", type=_numbers, nargs="+", default=suppress,
+        help="backward time: B when --weight-times is given, else the fused BW (default 2)")
+    add("--weight-times", "-w", dest="weight_times", type=_numbers, nargs="+", default=suppress,
+        help="W time (splits the backward into B and W)")
+    add("--p2p-time", dest="p2p_time", type=float, default=suppress, help="latency between devices (default 0)")
+    add("--activation-memory", dest="activation_memory", type=_numbers, nargs="+", default=suppress,
+        help="M_B per virtual stage (default 1)")
+    add("--weight-memory", dest="weight_memory", type=_numbers, nargs="+", default=suppress,
+        help="M_W per virtual stage (split backward only; default half of M_B)")
+    add("--memory-limit", dest="memory_limit", type=_numbers, nargs="+", default=suppress,
+        help="memory cap per device (default none)")
+    add("--iterations", type=int, default=suppress, help="optimizer steps back to back (default 1)")
+
+
+def _add_input_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", help="YAML or JSON config file (optional)")
+    parser.add_argument("-c", "--config", dest="config_flag", metavar="CONFIG", help="same as the positional CONFIG")
+    parser.add_argument("-o", "--output", "--output-file", dest="output_file", default=argparse.SUPPRESS,
+                        help="write a Gantt chart (.png, .svg or .pdf)")
+    parser.add_argument("--no-visualization", action="store_true", help="write no chart, even if the config names one")
+    _add_problem_flags(parser)
+
+
+def _flag_values(args: argparse.Namespace) -> dict:
+    """The config keys the user gave as flags; a single number stays a scalar."""
+    keys = ("num_stages", "num_microbatches", "chunks_per_device", "placement", "forward_times",
+            "backward_times", "weight_times", "p2p_time", "activation_memory", "weight_memory",
+            "memory_limit", "iterations", "output_file")
+    values = {}
+    for key in keys:
+        if hasattr(args, key):
+            value = getattr(args, key)
+            if isinstance(value, list):
+                flat = [number for token in value for number in token]
+                value = flat[0] if len(flat) == 1 else flat
+            values[key] = value
+    return values
+
+
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    if args.config and args.config_flag and args.config != args.config_flag:
+        raise ZboptError(f"two config files given ('{args.config}' and '{args.config_flag}'); give one")
+    path = args.config or args.config_flag
+    flags = _flag_values(args)
+    return load_config(path, flags) if path else build_run_config(flags, source="flags")
+
+
+def _format_table(simulation: Simulation) -> str:
+    problem = simulation.problem
+    limit = problem.memory_limit
+    lines = [
+        f"schedule        {simulation.schedule.name}",
+        f"problem         {problem.describe()}",
+        f"makespan        {simulation.makespan:.6g}",
+        f"bubble_rate     {simulation.bubble_rate:.4f}",
+        f"zb_bubble_rate  {simulation.zb_bubble_rate:.4f}",
+        f"valid           {'yes' if simulation.valid else 'no'}",
+        "",
+        f"{'device':>6}  {'busy':>10}  {'idle':>10}  {'span':>10}  {'peak memory':>11}  {'limit':>8}",
+    ]
+    for device in range(problem.num_devices):
+        cap = "none" if limit is None else f"{limit[device]:g}"
+        lines.append(
+            f"{device:>6}  {simulation.busy[device]:>10.6g}  {simulation.idle[device]:>10.6g}  "
+            f"{simulation.span[device]:>10.6g}  {simulation.peak_memory[device]:>11.6g}  {cap:>8}"
+        )
+    return "\n".join(lines)
+
+
+def _command_schedules(args: argparse.Namespace) -> int:
+    entries = registered()
+    if args.json:
+        print(json.dumps([{"name": e.name, "summary": e.summary} for e in entries], indent=1))
+    else:
+        width = max(len(e.name) for e in entries)
+        for entry in entries:
+            print(f"{entry.name:<{width}}  {entry.summary}")
+    return 0
+
+
+def _command_simulate(args: argparse.Namespace) -> int:
+    from zbopt.plot import check_figure_path, plot_gantt
+
+    run = _run_config(args)
+    figure = None if args.no_visualization else run.output_file
+    if figure is not None:
+        check_figure_path(figure)
+    simulation = simulate(run.problem, generate(args.schedule, run.problem))
+    if args.json:
+        print(json.dumps(simulation.to_dict()))
+    else:
+        print(_format_table(simulation))
+    if figure is not None:
+        plot_gantt(simulation, figure)
+        if not args.json:
+            print(f"\nGantt chart written to {figure}")
+    for violation in simulation.violations:
+        print(f"zbopt: invalid schedule: {violation}", file=sys.stderr)
+    return 0 if simulation.valid else EXIT_INVALID_SCHEDULE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="zbopt", description="Pipeline-parallel schedules: simulate, compare, optimize.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    listing = commands.add_parser("schedules", help="list the registered schedules")
+    listing.add_argument("--json", action="store_true", help="print a JSON list")
+    listing.set_defaults(run=_command_schedules)
+    simulating = commands.add_parser("simulate", help="simulate one schedule and print its metrics")
+    simulating.add_argument("--schedule", default="1f1b", help="registered schedule name (default 1f1b)")
+    simulating.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_input_flags(simulating)
+    simulating.set_defaults(run=_command_simulate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.run(args)
+    except ZboptError as error:
+        print(f"zbopt: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as error:
+        print(f"zbopt: {error.filename or ''}: {error.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("zbopt: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

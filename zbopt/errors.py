@@ -1,0 +1,33 @@
+"""The exceptions a user can cause. The CLI turns any of them into one line and exit status 2."""
+
+
+class ZboptError(ValueError):
+    """A mistake in what the user gave (config, schedule, options); the message names the culprit."""
+
+
+class ProblemError(ZboptError):
+    """A problem parameter is invalid. `key` is the parameter's name, so callers can rename it."""
+
+    def __init__(self, key: str, value: object, reason: str):
+        self.key, self.value, self.reason = key, value, reason
+        super().__init__(f"{key} = {value!r}: {reason}")
+
+
+class ScheduleError(ZboptError):
+    """A schedule cannot run on its problem: missing, duplicated or misplaced op, bad start time."""
+
+
+class DeadlockError(ScheduleError):
+    """Every device that still has work waits on an op that can never finish."""
+
+
+class MemoryLimitError(ScheduleError):
+    """A device holds more memory than its limit at some moment."""
+
+
+class UnknownScheduleError(ZboptError):
+    """No generator is registered under the requested name."""
+
+
+class NotApplicableError(ZboptError):
+    """A generator's preconditions do not hold for the problem (e.g. it needs v = 1)."""

@@ -1,0 +1,122 @@
+"""Config files (YAML or JSON) and flag values -> a validated Problem plus run options.
+
+Keys follow the 1F1B visualizer's names so its configs run unchanged; aliases map onto the
+Problem's parameter names. Every mistake is one ZboptError line naming the key (as the user
+wrote it) and its value.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from zbopt.errors import ProblemError, ZboptError
+from zbopt.problem import Problem
+
+# config key -> Problem parameter; the first key listed for a parameter is its documented name.
+PROBLEM_KEYS = {
+    "num_stages": "num_devices",
+    "num_devices": "num_devices",
+    "num_microbatches": "num_microbatches",
+    "num_batches": "num_microbatches",
+    "chunks_per_device": "chunks_per_device",
+    "placement": "placement",
+    "forward_times": "forward_times",
+    "backward_times": "backward_times",
+    "weight_times": "weight_times",
+    "p2p_time": "p2p_time",
+    "activation_memory": "activation_memory",
+    "weight_memory": "weight_memory",
+    "memory_limit": "memory_limit",
+    "iterations": "iterations",
+}
+OPTION_KEYS = ("output_file",)
+# What a run uses when neither the config nor a flag says otherwise (the visualizer's example).
+DEFAULTS = {"num_devices": 4, "num_microbatches": 8}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A problem and the options that came with it."""
+
+    problem: Problem
+    output_file: str | None = None
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The key/value mapping of a YAML or JSON config file (JSON is read as YAML's subset unless
+    the file ends in .json)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ZboptError(f"config file '{path}' not found") from None
+    except OSError as error:
+        raise ZboptError(f"config file '{path}': {error.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as error:
+        raise ZboptError(f"config file '{path}': not valid JSON (line {error.lineno}: {error.msg})") from None
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        line = f"line {where.line + 1}: " if where is not None else ""
+        raise ZboptError(f"config file '{path}': not valid YAML ({line}{getattr(error, 'problem', error)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ZboptError(f"config file '{path}': expected a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def build_run_config(values: dict, source: str = "config") -> RunConfig:
+    """Validate `values` (config keys, aliases allowed) into a RunConfig.
+
+    Raises ZboptError for an unknown key, a parameter given twice under two aliases, or an
+    invalid value; the message names the key as written in `values`.
+    """
+    parameters: dict = {}
+    written_as: dict[str, str] = {}
+    options: dict = {}
+    for key, value in values.items():
+        if key in OPTION_KEYS:
+            if value is not None and not isinstance(value, str):
+                raise ZboptError(f"{source}: {key} = {value!r}: expected a file name")
+            options[key] = value
+            continue
+        parameter = PROBLEM_KEYS.get(key)
+        if parameter is None:
+            known = ", ".join(list(PROBLEM_KEYS) + list(OPTION_KEYS))
+            raise ZboptError(f"{source}: unknown key '{key}' (known keys: {known})")
+        if parameter in written_as:
+            raise ZboptError(f"{source}: '{key}' and '{written_as[parameter]}' both set {parameter}; give one")
+        parameters[parameter] = value
+        written_as[parameter] = key
+    for parameter, default in DEFAULTS.items():
+        parameters.setdefault(parameter, default)
+    try:
+        problem = Problem(**parameters)
+    except ProblemError as error:
+        key = written_as.get(error.key, error.key)
+        raise ZboptError(f"{source}: {key} = {error.value!r}: {error.reason}") from None
+    return RunConfig(problem, options.get("output_file"))
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
+    """Read a config file and apply `overrides` (e.g. command-line flags, which win)."""
+    values = read_config_file(path)
+    merged = _merge(values, overrides or {})
+    return build_run_config(merged, source=str(path))
+
+
+def _merge(values: dict, overrides: dict) -> dict:
+    """Overrides replace the file's value for the same parameter, whichever alias either used."""
+    merged = dict(values)
+    for key, value in overrides.items():
+        target = PROBLEM_KEYS.get(key, key)
+        for existing in [k for k in merged if PROBLEM_KEYS.get(k, k) == target]:
+            del merged[existing]
+        merged[key] = value
+    return merged

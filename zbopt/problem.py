@@ -1,0 +1,259 @@
+"""The pipeline problem: devices, microbatches, chunks, placement, costs, latency and memory.
+
+A `Problem` is immutable and validated on construction; everything else in zbopt (the op DAG,
+schedules, bounds, solvers) derives from it. Per-stage quantities are stored as tuples with one
+entry per *virtual stage* (S = p·v); per-device quantities with one entry per device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from numbers import Real
+
+from zbopt.errors import ProblemError
+
+PLACEMENTS = ("loop", "v")
+FORWARD, BACKWARD, WEIGHT, FUSED_BACKWARD = "F", "B", "W", "BW"
+SPLIT_KINDS = (FORWARD, BACKWARD, WEIGHT)
+FUSED_KINDS = (FORWARD, FUSED_BACKWARD)
+DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
+
+PerStage = float | Sequence[float]
+
+
+def stage_device(stage: int, num_devices: int, placement: str) -> int:
+    """Device that holds virtual stage `stage`.
+
+    `loop` (Megatron interleaving): stage s on device s mod p.
+    `v` (zig-zag, torch.distributed.pipelining's "v" style): stages 0..p-1 on devices 0..p-1,
+    stages p..2p-1 back on devices p-1..0, and so on back and forth.
+
+    >>> [stage_device(s, 3, "v") for s in range(6)]
+    [0, 1, 2, 2, 1, 0]
+    """
+    if placement == "loop":
+        return stage % num_devices
+    offset = stage % (2 * num_devices)
+    return offset if offset < num_devices else 2 * num_devices - 1 - offset
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive_int(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProblemError(key, value, "expected a positive integer")
+    return value
+
+
+def _per_item(key: str, value: object, count: int, what: str, minimum: float, strict: bool) -> tuple:
+    """Expand a scalar to `count` copies, or check a list has `count` numbers; check their bound."""
+    if _is_number(value):
+        values = (float(value),) * count
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != count:
+            raise ProblemError(key, value, f"expected one value per {what} ({count}), got {len(value)}")
+        if not all(_is_number(item) for item in value):
+            raise ProblemError(key, value, "expected numbers")
+        values = tuple(float(item) for item in value)
+    else:
+        raise ProblemError(key, value, f"expected a number or a list of {count} numbers")
+    for index, item in enumerate(values):
+        if item < minimum or (strict and item == minimum):
+            bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+            where = f" ({what} {index})" if count > 1 else ""
+            raise ProblemError(key, value, f"every value must be {bound}{where}")
+    return values
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One pipeline-parallel training step (or several, see `iterations`) to be scheduled.
+
+    Parameters
+    ----------
+    num_devices : p, the pipeline devices.
+    num_microbatches : m, microbatches per iteration.
+    chunks_per_device : v, model chunks each device holds; S = p·v virtual stages.
+    placement : "loop" or "v", see `stage_device`.
+    forward_times, backward_times : cost of F and of the backward per virtual stage (scalar = all).
+        backward_times is the input-gradient B when weight_times is given, else the fused BW.
+    weight_times : cost of the weight-gradient W per virtual stage; None means a fused backward.
+    p2p_time : latency added to every dependency between ops on different devices.
+    activation_memory : M_B per virtual stage, allocated when F starts (ZB paper, Table 1).
+    weight_memory : M_W per virtual stage, the part of M_B that B keeps for W. Only with a split
+        backward; default half of M_B. B frees M_B - M_W when it ends, W frees M_W.
+    memory_limit : per-device cap on held memory (scalar = all devices), or None for no cap.
+    iterations : optimizer steps back to back. Microbatch j belongs to iteration j // m; stage s
+        updates its weights between iterations, so its forwards of iteration k+1 wait for all its
+        gradient ops (W or BW) of iteration k.
+
+    Raises
+    ------
+    ProblemError naming the parameter when a value is invalid.
+    """
+
+    num_devices: int
+    num_microbatches: int
+    chunks_per_device: int = 1
+    placement: str = "loop"
+    forward_times: PerStage = 1.0
+    backward_times: PerStage = 2.0
+    weight_times: PerStage | None = None
+    p2p_time: float = 0.0
+    activation_memory: PerStage = 1.0
+    weight_memory: PerStage | None = None
+    memory_limit: PerStage | None = None
+    iterations: int = 1
+
+    def __post_init__(self) -> None:
+        p = _positive_int("num_devices", self.num_devices)
+        _positive_int("num_microbatches", self.num_microbatches)
+        v = _positive_int("chunks_per_device", self.chunks_per_device)
+        _positive_int("iterations", self.iterations)
+        if self.placement not in PLACEMENTS:
+            raise ProblemError("placement", self.placement, f"expected one of {', '.join(PLACEMENTS)}")
+        stages = p * v
+        normalized = {
+            "forward_times": _per_item("forward_times", self.forward_times, stages, "virtual stage", 0, True),
+            "backward_times": _per_item("backward_times", self.backward_times, stages, "virtual stage", 0, True),
+            "activation_memory": _per_item(
+                "activation_memory", self.activation_memory, stages, "virtual stage", 0, False
+            ),
+        }
+        if not _is_number(self.p2p_time) or self.p2p_time < 0:
+            raise ProblemError("p2p_time", self.p2p_time, "expected a number >= 0")
+        normalized["p2p_time"] = float(self.p2p_time)
+        if self.weight_times is None:
+            if self.weight_memory is not None:
+                raise ProblemError(
+                    "weight_memory", self.weight_memory, "needs weight_times (it only applies to a split backward)"
+                )
+        else:
+            normalized["weight_times"] = _per_item(
+                "weight_times", self.weight_times, stages, "virtual stage", 0, True
+            )
+            if self.weight_memory is None:
+                weight_memory = tuple(DEFAULT_WEIGHT_MEMORY_FRACTION * a for a in normalized["activation_memory"])
+            else:
+                weight_memory = _per_item("weight_memory", self.weight_memory, stages, "virtual stage", 0, False)
+            for stage, (kept, held) in enumerate(zip(weight_memory, normalized["activation_memory"], strict=True)):
+                if kept > held:
+                    raise ProblemError(
+                        "weight_memory", self.weight_memory,
+                        f"exceeds activation_memory on virtual stage {stage} ({kept:g} > {held:g})",
+                    )
+            normalized["weight_memory"] = weight_memory
+        for key, value in normalized.items():
+            object.__setattr__(self, key, value)
+        if self.memory_limit is not None:
+            limits = _per_item("memory_limit", self.memory_limit, p, "device", 0, False)
+            object.__setattr__(self, "memory_limit", limits)
+            for device, limit in enumerate(limits):
+                needed = self.min_memory_limit[device]
+                if limit < needed - 1e-12:
+                    raise ProblemError(
+                        "memory_limit", self.memory_limit if isinstance(self.memory_limit, Real) else limit,
+                        f"device {device} must hold one microbatch's activations on its stages "
+                        f"({needed:g}); no schedule fits below that",
+                    )
+
+    # ----------------------------------------------------------------- derived structure
+    @property
+    def num_stages(self) -> int:
+        """S = p·v, the number of virtual stages."""
+        return self.num_devices * self.chunks_per_device
+
+    @property
+    def total_microbatches(self) -> int:
+        """m · iterations: microbatch ids run from 0 to this minus one."""
+        return self.num_microbatches * self.iterations
+
+    @property
+    def split_backward(self) -> bool:
+        """True when the backward is split into B (input gradient) and W (weight gradient)."""
+        return self.weight_times is not None
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The op kinds of this problem: F, B, W (split) or F, BW (fused)."""
+        return SPLIT_KINDS if self.split_backward else FUSED_KINDS
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.kinds) * self.num_stages * self.total_microbatches
+
+    def device_of(self, stage: int) -> int:
+        """Device holding virtual stage `stage`."""
+        return stage_device(stage, self.num_devices, self.placement)
+
+    @cached_property
+    def stages_of_device(self) -> tuple[tuple[int, ...], ...]:
+        """Per device, its virtual stages in increasing order."""
+        stages: list[list[int]] = [[] for _ in range(self.num_devices)]
+        for stage in range(self.num_stages):
+            stages[self.device_of(stage)].append(stage)
+        return tuple(tuple(s) for s in stages)
+
+    def cost(self, kind: str, stage: int) -> float:
+        """Duration of one op of `kind` on virtual stage `stage`."""
+        if kind == FORWARD:
+            return self.forward_times[stage]
+        if kind in (BACKWARD, FUSED_BACKWARD):
+            return self.backward_times[stage]
+        return self.weight_times[stage]
+
+    def memory_delta(self, kind: str, stage: int) -> float:
+        """Memory change an op causes: + at the start of F, - at the end of B, W or BW."""
+        activation = self.activation_memory[stage]
+        if kind == FORWARD:
+            return activation
+        if kind == FUSED_BACKWARD:
+            return -activation
+        kept = self.weight_memory[stage]
+        return -(activation - kept) if kind == BACKWARD else -kept
+
+    @cached_property
+    def min_memory_limit(self) -> tuple[float, ...]:
+        """Per device, the least memory any schedule needs: one microbatch's activations on all its
+        stages. A microbatch's forward on a device's last stage runs while its earlier stages there
+        still hold their activations (their backwards come later); running one microbatch at a time
+        needs no more."""
+        return tuple(sum(self.activation_memory[s] for s in stages) for stages in self.stages_of_device)
+
+    def replace(self, **changes) -> Problem:
+        """A copy with some parameters changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """The parameters as plain JSON-able values, with scalars where all stages agree."""
+
+        def compact(values):
+            if values is None or isinstance(values, (int, float, str)):
+                return values
+            return values[0] if len(set(values)) == 1 else list(values)
+
+        return {field.name: compact(getattr(self, field.name)) for field in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Problem:
+        """Inverse of `to_dict`; unknown keys are an error."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ProblemError(unknown[0], data[unknown[0]], "unknown problem parameter")
+        return cls(**data)
+
+    def describe(self) -> str:
+        """One line: p, m, v, placement, backward kind, iterations."""
+        backward = "split backward (F, B, W)" if self.split_backward else "fused backward (F, BW)"
+        text = (
+            f"p={self.num_devices} devices, m={self.num_microbatches} microbatches, "
+            f"v={self.chunks_per_device} chunk(s) ({self.placement} placement), {backward}"
+        )
+        return text + (f", {self.iterations} iterations" if self.iterations > 1 else "")

@@ -1,0 +1,64 @@
+"""Name -> schedule generator. Every heuristic is a function `(problem, **options) -> Schedule`."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from zbopt.errors import NotApplicableError, UnknownScheduleError
+from zbopt.problem import Problem
+from zbopt.schedule import Schedule
+
+Generator = Callable[..., Schedule]
+
+
+@dataclass(frozen=True)
+class RegisteredSchedule:
+    name: str
+    generator: Generator
+    summary: str
+
+
+_REGISTRY: dict[str, RegisteredSchedule] = {}
+
+
+def register(name: str, summary: str) -> Callable[[Generator], Generator]:
+    """Decorator: register a generator under `name` with a one-line `summary`."""
+
+    def decorate(generator: Generator) -> Generator:
+        if name in _REGISTRY:
+            raise RuntimeError(f"schedule {name!r} is registered twice")
+        _REGISTRY[name] = RegisteredSchedule(name, generator, summary)
+        return generator
+
+    return decorate
+
+
+def registered() -> list[RegisteredSchedule]:
+    """All registered schedules, in registration order."""
+    return list(_REGISTRY.values())
+
+
+def get(name: str) -> RegisteredSchedule:
+    """The schedule registered as `name`; UnknownScheduleError lists the known names."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(str(name), _REGISTRY, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UnknownScheduleError(
+            f"unknown schedule '{name}'{hint} (known: {', '.join(_REGISTRY)})"
+        ) from None
+
+
+def generate(name: str, problem: Problem, **options) -> Schedule:
+    """Build the schedule `name` for `problem`, named after it."""
+    schedule = get(name).generator(problem, **options)
+    return Schedule(schedule.orders, schedule.start_times, name)
+
+
+def require(condition: bool, schedule: str, needs: str) -> None:
+    """Raise NotApplicableError('<schedule> needs <needs>') unless `condition` holds."""
+    if not condition:
+        raise NotApplicableError(f"{schedule} needs {needs}")

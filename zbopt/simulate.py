@@ -1,0 +1,384 @@
+"""The one simulator: the only place where times, makespan, bubble rates and memory are computed.
+
+`simulate(problem, schedule)` either times the per-device orders (each op starts as soon as its
+device is free and its predecessor, plus latency, has finished, keeping the given order) or, when
+the schedule carries start times, verifies them. It names what is broken: a missing, duplicated or
+misplaced op, a deadlock, a start time that breaks a dependency or overlaps, a memory violation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from itertools import pairwise
+
+import numpy as np
+
+from zbopt.errors import DeadlockError, MemoryLimitError, ScheduleError
+from zbopt.ops import Op, OpTable
+from zbopt.problem import FORWARD, Problem
+from zbopt.schedule import Schedule
+
+RELATIVE_TOLERANCE = 1e-9
+
+
+@lru_cache(maxsize=16)
+def op_table(problem: Problem) -> OpTable:
+    """The op table of a problem, cached: solvers and benchmarks simulate one problem many times."""
+    return OpTable(problem)
+
+
+@dataclass(frozen=True)
+class MemoryViolation:
+    """The first moment a device holds more than its memory limit."""
+
+    device: int
+    time: float
+    amount: float
+    limit: float
+
+    def __str__(self) -> str:
+        return f"device {self.device} holds {self.amount:g} at t={self.time:g}, over its memory limit {self.limit:g}"
+
+
+@dataclass(frozen=True, eq=False)
+class Simulation:
+    """A timed schedule and its metrics. Build it with `simulate`, never by hand.
+
+    Metrics (times in the problem's units, memory in its memory units):
+
+    - `makespan`: last op end minus first op start, over all devices.
+    - `busy[d]`: total duration of device d's ops; `idle[d]` = makespan - busy[d].
+    - `bubble_rate` = 1 - sum(busy) / (p · makespan): the idle share of all device time.
+    - `span[d]`: from device d's first op start to its last op end.
+    - `zb_bubble_rate` = 1 - max(busy) / max(span): the Zero Bubble paper's measure
+      (span - m(F+B+W)) / span, where span is the longest per-device span. With uniform costs
+      max(busy) = m·v·(F+B+W)·iterations, the paper's formula; with non-uniform costs the busiest
+      device's work stands in for m(F+B+W).
+    - `peak_memory[d]`: the most memory device d holds at any moment. F holds activation_memory
+      from its start; B releases M_B - M_W at its end, W releases M_W at its end, BW releases M_B
+      at its end. Releases at a moment count before allocations at the same moment.
+    - `memory_steps[d]`: (times, levels): from times[i] on, device d holds levels[i].
+    - `violations`: per device over its limit, the first such moment; `valid` when there is none.
+
+    `device_ops[d]` are the op numbers of device d in schedule order.
+    """
+
+    problem: Problem
+    schedule: Schedule
+    table: OpTable  # numbers the ops; start, end are indexed by op number
+    device_ops: tuple[np.ndarray, ...]
+    start: np.ndarray
+    end: np.ndarray
+    memory_steps: tuple[tuple[np.ndarray, np.ndarray], ...]
+    violations: tuple[MemoryViolation, ...]
+
+    @property
+    def valid(self) -> bool:
+        return not self.violations
+
+    @cached_property
+    def makespan(self) -> float:
+        return float(self.end.max() - self.start.min())
+
+    @cached_property
+    def busy(self) -> tuple[float, ...]:
+        duration = np.asarray(self.table.duration)
+        return tuple(float(duration[indices].sum()) for indices in self.device_ops)
+
+    @property
+    def idle(self) -> tuple[float, ...]:
+        return tuple(self.makespan - busy for busy in self.busy)
+
+    @cached_property
+    def span(self) -> tuple[float, ...]:
+        return tuple(float(self.end[i].max() - self.start[i].min()) for i in self.device_ops)
+
+    @property
+    def bubble_rate(self) -> float:
+        return 1.0 - sum(self.busy) / (self.problem.num_devices * self.makespan)
+
+    @property
+    def zb_bubble_rate(self) -> float:
+        return 1.0 - max(self.busy) / max(self.span)
+
+    @cached_property
+    def peak_memory(self) -> tuple[float, ...]:
+        return tuple(float(levels.max()) for _, levels in self.memory_steps)
+
+    def times_of(self, op: Op) -> tuple[float, float]:
+        """(start, end) of one op."""
+        index = self.table.index(op)
+        return float(self.start[index]), float(self.end[index])
+
+    def timed_orders(self) -> Schedule:
+        """The schedule with the simulated start times filled in."""
+        times = [self.start[indices].tolist() for indices in self.device_ops]
+        return Schedule(self.schedule.orders, times, self.schedule.name)
+
+    def to_dict(self) -> dict:
+        """Every metric as JSON-able values, plus the problem and the timed schedule."""
+        problem = self.problem
+        return {
+            "schedule": self.schedule.name,
+            "num_stages": problem.num_devices,
+            "num_devices": problem.num_devices,
+            "num_virtual_stages": problem.num_stages,
+            "num_microbatches": problem.num_microbatches,
+            "chunks_per_device": problem.chunks_per_device,
+            "placement": problem.placement,
+            "iterations": problem.iterations,
+            "split_backward": problem.split_backward,
+            "makespan": self.makespan,
+            "bubble_rate": self.bubble_rate,
+            "zb_bubble_rate": self.zb_bubble_rate,
+            "busy": list(self.busy),
+            "idle": list(self.idle),
+            "span": list(self.span),
+            "peak_memory": list(self.peak_memory),
+            "memory_limit": None if problem.memory_limit is None else list(problem.memory_limit),
+            "valid": self.valid,
+            "violations": [str(violation) for violation in self.violations],
+            "orders": [[str(op) for op in order] for order in self.schedule.orders],
+            "start_times": [self.start[indices].tolist() for indices in self.device_ops],
+        }
+
+
+def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> Simulation:
+    """Time (or verify) `schedule` on `problem` and compute its metrics.
+
+    Parameters
+    ----------
+    problem : the problem the schedule is for.
+    schedule : per-device orders; with start times, those are verified instead of computed.
+    strict : raise MemoryLimitError on a memory violation instead of reporting it.
+
+    Returns
+    -------
+    Simulation with start/end times and every metric (see `Simulation`).
+
+    Raises
+    ------
+    ScheduleError : an op is missing, duplicated, unknown or on the wrong device, or a given start
+        time overlaps another op on its device or starts before a dependency allows.
+    DeadlockError : the orders wait on each other in a cycle; names each stuck device.
+    MemoryLimitError : with strict=True, the first memory violation (device, time, amount).
+
+    Examples
+    --------
+    >>> from zbopt.schedules import generate
+    >>> problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2)
+    >>> simulate(problem, generate("1f1b", problem)).makespan
+    33.0
+    """
+    table = op_table(problem)
+    orders = _index_orders(problem, table, schedule)
+    device_ops = tuple(np.asarray(indices, dtype=np.int64) for indices in orders)
+    if schedule.start_times is None:
+        start, end = _time_orders(table, orders)
+    else:
+        start, end = _verify_times(table, orders, schedule.start_times)
+    memory_steps = _memory_steps(problem, table, start, end)
+    violations = _memory_violations(problem, memory_steps)
+    if strict and violations:
+        raise MemoryLimitError(str(violations[0]))
+    return Simulation(problem, schedule, table, device_ops, start, end, memory_steps, violations)
+
+
+def _index_orders(problem: Problem, table: OpTable, schedule: Schedule) -> list[list[int]]:
+    """Per device, the op indices of its order; checks every op appears once, on its device."""
+    if schedule.num_devices != problem.num_devices:
+        raise ScheduleError(
+            f"the schedule has orders for {schedule.num_devices} devices, the problem has {problem.num_devices}"
+        )
+    device_of = table.device
+    placed: list[tuple[int, int] | None] = [None] * table.size
+    orders = []
+    for device, order in enumerate(schedule.orders):
+        indices = []
+        for position, op in enumerate(order):
+            index = table.index(op)
+            if device_of[index] != device:
+                raise ScheduleError(
+                    f"op {op} is on device {device}, but stage {op.stage} runs on device {device_of[index]}"
+                )
+            if placed[index] is not None:
+                raise ScheduleError(
+                    f"op {op} appears twice on device {device} (positions {placed[index][1]} and {position})"
+                )
+            placed[index] = (device, position)
+            indices.append(index)
+        orders.append(indices)
+    scheduled = sum(len(indices) for indices in orders)
+    if scheduled != table.size:
+        missing = [table.op(i) for i, where in enumerate(placed) if where is None]
+        first = missing[0]
+        raise ScheduleError(
+            f"op {first} (device {device_of[table.index(first)]}) is missing from the schedule"
+            + (f", and {len(missing) - 1} more ops" if len(missing) > 1 else "")
+        )
+    return orders
+
+
+def _barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
+    """Iteration barriers as (group each forward waits for, group each gradient op feeds, count);
+    -1 where none. Group g = stage · (iterations - 1) + iteration."""
+    problem = table.problem
+    waits = [-1] * table.size
+    feeds = [-1] * table.size
+    boundaries = problem.iterations - 1
+    m = problem.num_microbatches
+    for stage in range(problem.num_stages):
+        for iteration in range(boundaries):
+            group = stage * boundaries + iteration
+            for index in table.iteration_barrier(stage, iteration):
+                feeds[index] = group
+            first_forward = table.index(Op(FORWARD, stage, (iteration + 1) * m))
+            waits[first_forward:first_forward + m] = [group] * m
+    return waits, feeds, problem.num_stages * boundaries
+
+
+def _time_orders(table: OpTable, orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Earliest start of every op given the device orders: a longest-path sweep in which a device
+    advances until its next op waits on an unfinished op, and is woken when that op finishes."""
+    duration, predecessor, latency = table.duration, table.predecessor, table.latency
+    waits, feeds, group_count = _barrier_groups(table)
+    group_left = [table.problem.num_microbatches] * group_count
+    group_end = [0.0] * group_count
+    group_done: list[float | None] = [None] * group_count
+    start = [0.0] * table.size
+    end: list[float | None] = [None] * table.size
+    position = [0] * len(orders)
+    free = [0.0] * len(orders)
+    waiting: dict[int, list[int]] = {}  # op index (or ~group for a barrier) -> devices waiting on it
+    ready = list(range(len(orders) - 1, -1, -1))
+    while ready:
+        device = ready.pop()
+        order = orders[device]
+        i, t = position[device], free[device]
+        while i < len(order):
+            op = order[i]
+            source = predecessor[op]
+            if source >= 0:
+                finish = end[source]
+                if finish is None:
+                    waiting.setdefault(source, []).append(device)
+                    break
+                finish += latency[op]
+                if finish > t:
+                    t = finish
+            group = waits[op]
+            if group >= 0:
+                finish = group_done[group]
+                if finish is None:
+                    waiting.setdefault(~group, []).append(device)
+                    break
+                if finish > t:
+                    t = finish
+            start[op] = t
+            t += duration[op]
+            end[op] = t
+            woken = waiting.pop(op, None)
+            if woken:
+                ready.extend(woken)
+            group = feeds[op]
+            if group >= 0:
+                group_left[group] -= 1
+                group_end[group] = max(group_end[group], t)
+                if group_left[group] == 0:
+                    group_done[group] = group_end[group]
+                    ready.extend(waiting.pop(~group, ()))
+            i += 1
+        position[device], free[device] = i, t
+    stuck = [device for device, order in enumerate(orders) if position[device] < len(order)]
+    if stuck:
+        raise DeadlockError(_describe_deadlock(table, orders, position, stuck, end, waits))
+    return np.asarray(start), np.asarray(end, dtype=float)
+
+
+def _describe_deadlock(table, orders, position, stuck, end, waits) -> str:
+    """Which devices wait on which ops, e.g. 'device 0 is stuck at 0B0, waiting for 1B0 (device 1)'."""
+    parts = []
+    for device in stuck[:6]:
+        index = orders[device][position[device]]
+        source = table.predecessor[index]
+        if source >= 0 and end[source] is None:
+            awaited = f"{table.op(source)} (device {table.device[source]})"
+        else:
+            stage, iteration = divmod(waits[index], table.problem.iterations - 1)
+            pending = next(table.op(i) for i in table.iteration_barrier(stage, iteration) if end[i] is None)
+            awaited = f"the weight update of stage {stage} after iteration {iteration} (still needs {pending})"
+        parts.append(f"device {device} is stuck at {table.op(index)}, waiting for {awaited}")
+    more = f"; and {len(stuck) - 6} more devices" if len(stuck) > 6 else ""
+    return "deadlock: " + "; ".join(parts) + more
+
+
+def _verify_times(table: OpTable, orders: list[list[int]], start_times) -> tuple[np.ndarray, np.ndarray]:
+    """Check given start times: ops on a device in order without overlap, dependencies and latency
+    (and iteration barriers) respected, up to a relative tolerance."""
+    start = np.zeros(table.size)
+    for indices, times in zip(orders, start_times, strict=True):
+        start[indices] = times
+    end = start + np.asarray(table.duration)
+    tolerance = RELATIVE_TOLERANCE * max(1.0, float(np.abs(end).max()))
+    for device, indices in enumerate(orders):
+        for before, after in pairwise(indices):
+            if start[after] < end[before] - tolerance:
+                raise ScheduleError(
+                    f"device {device}: {table.op(after)} starts at {start[after]:g}, before {table.op(before)} "
+                    f"(listed before it) ends at {end[before]:g}"
+                )
+    predecessor = np.asarray(table.predecessor)
+    has_source = predecessor >= 0
+    ready = np.full(table.size, -np.inf)
+    ready[has_source] = end[predecessor[has_source]] + np.asarray(table.latency)[has_source]
+    waits, _, _ = _barrier_groups(table)
+    for index in np.flatnonzero(np.asarray(waits) >= 0):
+        stage, iteration = divmod(waits[index], table.problem.iterations - 1)
+        ready[index] = max(ready[index], end[list(table.iteration_barrier(stage, iteration))].max())
+    early = np.flatnonzero(start < ready - tolerance)
+    if early.size:
+        index = int(early[0])
+        source = table.predecessor[index]
+        op = table.op(index)
+        if source >= 0 and start[index] < end[source] + table.latency[index] - tolerance:
+            latency = f" plus latency {table.latency[index]:g}" if table.latency[index] else ""
+            raise ScheduleError(
+                f"{op} starts at {start[index]:g}, before its dependency {table.op(source)} "
+                f"(device {table.device[source]}) ends at {end[source]:g}{latency}"
+            )
+        raise ScheduleError(f"{op} starts at {start[index]:g}, before its stage's weight update at {ready[index]:g}")
+    return start, end
+
+
+def _memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray):
+    """Per device, the memory step function (times, levels) from the alloc/free events."""
+    device = np.asarray(table.device)
+    delta = np.asarray(table.memory_delta)
+    is_forward = np.arange(table.size) < table.num_stages * table.num_microbatches
+    when = np.where(is_forward, start, end)
+    order = np.lexsort((is_forward, when, device))
+    levels = np.cumsum(delta[order])
+    times = when[order]
+    counts = np.bincount(device, minlength=problem.num_devices)
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    steps = []
+    for d in range(problem.num_devices):
+        lo, hi = bounds[d], bounds[d + 1]
+        device_levels = levels[lo:hi] - (levels[lo - 1] if lo else 0.0)
+        device_times = times[lo:hi]
+        last_at_time = np.append(device_times[1:] != device_times[:-1], True)
+        steps.append((device_times[last_at_time], device_levels[last_at_time]))
+    return tuple(steps)
+
+
+def _memory_violations(problem: Problem, memory_steps) -> tuple[MemoryViolation, ...]:
+    if problem.memory_limit is None:
+        return ()
+    violations = []
+    for device, ((times, levels), limit) in enumerate(zip(memory_steps, problem.memory_limit, strict=True)):
+        over = np.flatnonzero(levels > limit + RELATIVE_TOLERANCE * max(1.0, limit))
+        if over.size:
+            i = over[0]
+            violations.append(MemoryViolation(device, float(times[i]), float(levels[i]), limit))
+    return tuple(violations)

@@ -1,6 +1,7 @@
 """Simulator speed: ops per second for p=32, m=1024 with v=1 and v=2 (split backward, latency).
 
-Timed: simulate() plus reading makespan, bubble rates and peak memory. Prints a table and writes benchmarks/results/bench_simulator.json. `cold` includes building the
+Timed: simulate() plus reading makespan, bubble rates and peak memory. Prints a table and
+writes benchmarks/results/bench_simulator.json. `cold` includes building the
 problem's op table (first simulation of a problem); `warm` reuses it, as solvers and sweeps do.
 """
 

@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 from zbopt.ops import Op
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
+from zbopt.problem import FORWARD, Problem
 from zbopt.schedule import Schedule
+from zbopt.schedules.common import backward_ops, iteration_microbatches
 from zbopt.schedules.registry import register, require
-
-
-def backward_ops(problem: Problem, stage: int, microbatch: int) -> list[Op]:
-    """The backward of one microbatch on one stage: [B, W] back to back when split, else [BW]."""
-    if problem.split_backward:
-        return [Op(BACKWARD, stage, microbatch), Op(WEIGHT, stage, microbatch)]
-    return [Op(FUSED_BACKWARD, stage, microbatch)]
-
-
-def iteration_microbatches(problem: Problem) -> list[range]:
-    """The microbatch ids of each iteration."""
-    m = problem.num_microbatches
-    return [range(k * m, (k + 1) * m) for k in range(problem.iterations)]
 
 
 @register("gpipe", "GPipe (Huang et al., 2019): all forwards, then all backwards, per iteration")

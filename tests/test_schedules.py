@@ -37,3 +37,21 @@ def test_gpipe_runs_any_number_of_chunks_and_placement(problem):
     per_device = [sum(problem.activation_memory[s] for s in stages) * problem.num_microbatches
                   for stages in problem.stages_of_device]
     assert list(result.peak_memory) == pytest.approx(per_device)
+
+
+@given(problems(max_devices=6, max_microbatches=10, chunks=(1, 2, 3), iterations=(1, 2)))
+def test_every_schedule_is_valid_and_keeps_its_memory_promise(problem):
+    """Every registered schedule, on random problems meeting its preconditions: the simulator
+    accepts it, its makespan respects both lower bounds, its peak memory its stated bound."""
+    bound = max(critical_path(problem), max(device_work(problem)))
+    for entry in registered():
+        try:
+            schedule = generate(entry.name, problem)
+        except NotApplicableError:
+            continue
+        result = simulate(problem, schedule)
+        assert result.makespan >= bound - 1e-9, entry.name
+        if entry.peak_memory_bound is not None:
+            promised = entry.peak_memory_bound(problem)
+            assert all(peak <= limit + 1e-9 for peak, limit in zip(result.peak_memory, promised, strict=True)), \
+                (entry.name, result.peak_memory, promised)

@@ -9,7 +9,20 @@ from zbopt.schedules.common import backward_ops, iteration_microbatches
 from zbopt.schedules.registry import register, require
 
 
-@register("gpipe", "GPipe (Huang et al., 2019): all forwards, then all backwards, per iteration")
+def _all_microbatches(problem: Problem) -> list[float]:
+    """Per device: every microbatch of an iteration held on every one of its stages."""
+    return [problem.num_microbatches * sum(problem.activation_memory[s] for s in stages)
+            for stages in problem.stages_of_device]
+
+
+def _one_f_one_b_memory(problem: Problem) -> list[float]:
+    """Device s holds at most min(p-s, m) microbatches' activations of its stage."""
+    p, m = problem.num_devices, problem.num_microbatches
+    return [min(p - s, m) * problem.activation_memory[s] for s in range(p)]
+
+
+@register("gpipe", "GPipe (Huang et al., 2019): all forwards, then all backwards, per iteration",
+          _all_microbatches)
 def gpipe(problem: Problem) -> Schedule:
     """GPipe: each device runs every forward of the iteration, then every backward.
 
@@ -26,7 +39,8 @@ def gpipe(problem: Problem) -> Schedule:
     return Schedule(orders)
 
 
-@register("1f1b", "1F1B (PipeDream-Flush, Narayanan et al., 2021): p-s-1 warm-up forwards, then F/B alternating")
+@register("1f1b", "1F1B (PipeDream-Flush, Narayanan et al., 2021): p-s-1 warm-up forwards, then F/B alternating",
+          _one_f_one_b_memory)
 def one_f_one_b(problem: Problem) -> Schedule:
     """1F1B: device s runs min(p-s-1, m) warm-up forwards, then alternates one forward and one
     backward (B then W straight after when split), then drains the remaining backwards.

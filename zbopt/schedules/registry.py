@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from zbopt.errors import NotApplicableError, UnknownScheduleError
@@ -11,25 +11,33 @@ from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 
 Generator = Callable[..., Schedule]
+MemoryBound = Callable[[Problem], Sequence[float]]
 
 
 @dataclass(frozen=True)
 class RegisteredSchedule:
+    """A generator with its one-line summary and, when its source states one, the per-device peak
+    memory it promises (tests hold every generator to its promise)."""
+
     name: str
     generator: Generator
     summary: str
+    peak_memory_bound: MemoryBound | None = None
 
 
 _REGISTRY: dict[str, RegisteredSchedule] = {}
 
 
-def register(name: str, summary: str) -> Callable[[Generator], Generator]:
-    """Decorator: register a generator under `name` with a one-line `summary`."""
+def register(
+    name: str, summary: str, peak_memory_bound: MemoryBound | None = None
+) -> Callable[[Generator], Generator]:
+    """Decorator: register a generator under `name` with a one-line `summary` and optionally
+    `peak_memory_bound(problem) -> per-device bound` on the peak memory its schedules reach."""
 
     def decorate(generator: Generator) -> Generator:
         if name in _REGISTRY:
             raise RuntimeError(f"schedule {name!r} is registered twice")
-        _REGISTRY[name] = RegisteredSchedule(name, generator, summary)
+        _REGISTRY[name] = RegisteredSchedule(name, generator, summary, peak_memory_bound)
         return generator
 
     return decorate

@@ -17,8 +17,8 @@ from zbopt.simulate import op_table
 
 CASES = [
     ("1f1b", dict(num_devices=32, num_microbatches=1024, chunks_per_device=1)),
-    ("gpipe", dict(num_devices=32, num_microbatches=1024, chunks_per_device=2)),
-    ("gpipe", dict(num_devices=32, num_microbatches=1024, chunks_per_device=2, placement="v")),
+    ("looped-bfs", dict(num_devices=32, num_microbatches=1024, chunks_per_device=2)),
+    ("looped-bfs", dict(num_devices=32, num_microbatches=1024, chunks_per_device=2, placement="v")),
 ]
 REPEATS = 3
 

@@ -86,10 +86,13 @@ def test_no_visualization_skips_the_config_picture(tmp_path, monkeypatch, capsys
 
 def test_schedules_lists_names(capsys):
     status, out, _ = run(capsys, "schedules", "--json")
-    names = [entry["name"] for entry in json.loads(out)]
-    assert status == 0 and names[:2] == ["gpipe", "1f1b"]
+    entries = json.loads(out)
+    assert status == 0 and {"gpipe", "1f1b", "looped-bfs"} <= {entry["name"] for entry in entries}
     status, out, _ = run(capsys, "schedules")
-    assert out.splitlines()[1].startswith("1f1b ")
+    lines = out.splitlines()
+    assert len(lines) == len(entries)
+    assert all(line.split()[0] == entry["name"] and line.endswith(entry["summary"])
+               for line, entry in zip(lines, entries, strict=True))
 
 
 def test_memory_violation_exits_1_with_the_violation(capsys):

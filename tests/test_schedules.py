@@ -31,8 +31,8 @@ def test_reference_schedules_are_valid_and_respect_lower_bounds(problem):
 
 
 @given(problems(max_devices=4, max_microbatches=6, chunks=(2, 3)))
-def test_gpipe_runs_any_number_of_chunks_and_placement(problem):
-    result = simulate(problem, generate("gpipe", problem))
+def test_looped_bfs_runs_any_number_of_chunks_and_placement(problem):
+    result = simulate(problem, generate("looped-bfs", problem))
     assert result.makespan >= critical_path(problem) - 1e-9
     per_device = [sum(problem.activation_memory[s] for s in stages) * problem.num_microbatches
                   for stages in problem.stages_of_device]

@@ -59,6 +59,8 @@ def _add_problem_flags(parser: argparse.ArgumentParser) -> None:
     add("--memory-limit", dest="memory_limit", type=_numbers, nargs="+", default=suppress,
         help="memory cap per device (default none)")
     add("--iterations", type=int, default=suppress, help="optimizer steps back to back (default 1)")
+    add("--no-flush", dest="flush", action="store_false", default=suppress,
+        help="iterations do not wait for each other's weight update (PipeDream-2BW double buffering)")
 
 
 def _add_input_flags(parser: argparse.ArgumentParser) -> None:
@@ -74,7 +76,7 @@ def _flag_values(args: argparse.Namespace) -> dict:
     """The config keys the user gave as flags; a single number stays a scalar."""
     keys = ("num_stages", "num_microbatches", "chunks_per_device", "placement", "forward_times",
             "backward_times", "weight_times", "p2p_time", "activation_memory", "weight_memory",
-            "memory_limit", "iterations", "output_file")
+            "memory_limit", "iterations", "flush", "output_file")
     values = {}
     for key in keys:
         if hasattr(args, key):

@@ -7,8 +7,8 @@ Within one microbatch j (S = number of virtual stages):
     F(s, j) -> F(s+1, j);  F(S-1, j) -> B(S-1, j);  B(s+1, j) -> B(s, j);  B(s, j) -> W(s, j)
     fused:  F(S-1, j) -> BW(S-1, j);  BW(s+1, j) -> BW(s, j)
 Every edge between ops on different devices carries the latency p2p_time.
-Between iterations (a weight update on each stage): every F(s, j) of iteration k+1 waits for every
-gradient op (W or BW) of stage s in iteration k; same device, so no latency.
+Between iterations, with a flush (a weight update on each stage): every F(s, j) of iteration k+1
+waits for every gradient op (W or BW) of stage s in iteration k; same device, so no latency.
 """
 
 from __future__ import annotations
@@ -145,6 +145,11 @@ class OpTable:
         return self._per_op(edge_latency)
 
     @property
+    def barrier_count(self) -> int:
+        """Weight-update barriers per stage: iterations - 1 with a flush, none without."""
+        return self.problem.iterations - 1 if self.problem.flush else 0
+
+    @property
     def gradient_kind(self) -> str:
         """The op that finishes a stage's weight gradient: W when split, BW when fused."""
         return WEIGHT if self.problem.split_backward else FUSED_BACKWARD
@@ -171,7 +176,7 @@ def op_graph(problem: Problem) -> nx.DiGraph:
         if source >= 0:
             graph.add_edge(table.op(source), table.op(index), latency=table.latency[index])
     m = problem.num_microbatches
-    for iteration in range(1, problem.iterations):
+    for iteration in range(1, table.barrier_count + 1):
         for stage in range(problem.num_stages):
             for gradient in table.iteration_barrier(stage, iteration - 1):
                 for microbatch in range(iteration * m, (iteration + 1) * m):

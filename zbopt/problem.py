@@ -89,9 +89,11 @@ class Problem:
     weight_memory : M_W per virtual stage, the part of M_B that B keeps for W. Only with a split
         backward; default half of M_B. B frees M_B - M_W when it ends, W frees M_W.
     memory_limit : per-device cap on held memory (scalar = all devices), or None for no cap.
-    iterations : optimizer steps back to back. Microbatch j belongs to iteration j // m; stage s
-        updates its weights between iterations, so its forwards of iteration k+1 wait for all its
-        gradient ops (W or BW) of iteration k.
+    iterations : optimizer steps back to back. Microbatch j belongs to iteration j // m.
+    flush : with a flush (default), stage s updates its weights between iterations, so its
+        forwards of iteration k+1 wait for all its gradient ops (W or BW) of iteration k. Without
+        (PipeDream-2BW's double-buffered weights), iterations need not wait for each other; the
+        second weight copy this costs is not in the memory model.
 
     Raises
     ------
@@ -110,12 +112,15 @@ class Problem:
     weight_memory: PerStage | None = None
     memory_limit: PerStage | None = None
     iterations: int = 1
+    flush: bool = True
 
     def __post_init__(self) -> None:
         p = _positive_int("num_devices", self.num_devices)
         _positive_int("num_microbatches", self.num_microbatches)
         v = _positive_int("chunks_per_device", self.chunks_per_device)
         _positive_int("iterations", self.iterations)
+        if not isinstance(self.flush, bool):
+            raise ProblemError("flush", self.flush, "expected true or false")
         if self.placement not in PLACEMENTS:
             raise ProblemError("placement", self.placement, f"expected one of {', '.join(PLACEMENTS)}")
         stages = p * v
@@ -256,4 +261,6 @@ class Problem:
             f"p={self.num_devices} devices, m={self.num_microbatches} microbatches, "
             f"v={self.chunks_per_device} chunk(s) ({self.placement} placement), {backward}"
         )
-        return text + (f", {self.iterations} iterations" if self.iterations > 1 else "")
+        if self.iterations > 1:
+            text += f", {self.iterations} iterations" + ("" if self.flush else " without flush")
+        return text

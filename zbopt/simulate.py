@@ -222,11 +222,11 @@ def _index_orders(problem: Problem, table: OpTable, schedule: Schedule) -> list[
 
 def _barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
     """Iteration barriers as (group each forward waits for, group each gradient op feeds, count);
-    -1 where none. Group g = stage · (iterations - 1) + iteration."""
+    -1 where none. Group g = stage · barrier_count + iteration."""
     problem = table.problem
     waits = [-1] * table.size
     feeds = [-1] * table.size
-    boundaries = problem.iterations - 1
+    boundaries = table.barrier_count
     m = problem.num_microbatches
     for stage in range(problem.num_stages):
         for iteration in range(boundaries):
@@ -305,7 +305,7 @@ def _describe_deadlock(table, orders, position, stuck, end, waits) -> str:
         if source >= 0 and end[source] is None:
             awaited = f"{table.op(source)} (device {table.device[source]})"
         else:
-            stage, iteration = divmod(waits[index], table.problem.iterations - 1)
+            stage, iteration = divmod(waits[index], table.barrier_count)
             pending = next(table.op(i) for i in table.iteration_barrier(stage, iteration) if end[i] is None)
             awaited = f"the weight update of stage {stage} after iteration {iteration} (still needs {pending})"
         parts.append(f"device {device} is stuck at {table.op(index)}, waiting for {awaited}")
@@ -334,7 +334,7 @@ def _verify_times(table: OpTable, orders: list[list[int]], start_times) -> tuple
     ready[has_source] = end[predecessor[has_source]] + np.asarray(table.latency)[has_source]
     waits, _, _ = _barrier_groups(table)
     for index in np.flatnonzero(np.asarray(waits) >= 0):
-        stage, iteration = divmod(waits[index], table.problem.iterations - 1)
+        stage, iteration = divmod(waits[index], table.barrier_count)
         ready[index] = max(ready[index], end[list(table.iteration_barrier(stage, iteration))].max())
     early = np.flatnonzero(start < ready - tolerance)
     if early.size:

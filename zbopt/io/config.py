@@ -32,6 +32,7 @@ PROBLEM_KEYS = {
     "weight_memory": "weight_memory",
     "memory_limit": "memory_limit",
     "iterations": "iterations",
+    "flush": "flush",
 }
 OPTION_KEYS = ("output_file",)
 # What a run uses when neither the config nor a flag says otherwise (the visualizer's example).

@@ -1,6 +1,9 @@
 """Heuristic schedule generators, one module per family, all registered by name."""
 
-from zbopt.schedules import classic  # noqa: F401  (registers gpipe, 1f1b)
+from zbopt.schedules import (
+    classic,  # noqa: F401  (registers gpipe, 1f1b)
+    interleaved,  # noqa: F401
+)
 from zbopt.schedules.registry import generate, get, register, registered, require
 
 __all__ = ["generate", "get", "register", "registered", "require"]

@@ -1,12 +1,20 @@
-"""GPipe and 1F1B: the classic flush schedules, with a split (B, W) or fused (BW) backward."""
+"""The classic one-stage-per-device schedules and the breadth-first looped one.
+
+GPipe, 1F1B and its eager and PipeDream-2BW variants, looped BFS. With a split backward they run
+W right after its B, so the gradient travels upstream after B alone.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from zbopt.ops import Op
 from zbopt.problem import FORWARD, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import backward_ops, iteration_microbatches
 from zbopt.schedules.registry import register, require
+
+WarmupRule = Callable[[int, int], int]  # (device, devices) -> warm-up forwards before the first backward
 
 
 def _all_microbatches(problem: Problem) -> list[float]:
@@ -15,51 +23,123 @@ def _all_microbatches(problem: Problem) -> list[float]:
             for stages in problem.stages_of_device]
 
 
-def _one_f_one_b_memory(problem: Problem) -> list[float]:
-    """Device s holds at most min(p-s, m) microbatches' activations of its stage."""
-    p, m = problem.num_devices, problem.num_microbatches
-    return [min(p - s, m) * problem.activation_memory[s] for s in range(p)]
+def _in_flight_bound(warmup: WarmupRule) -> Callable[[Problem], list[float]]:
+    """Peak memory of a one-stage-per-device schedule: warm-up + 1 microbatches of its stage
+    (capped by the microbatches of one stream: an iteration, or all of them without a flush)."""
+
+    def bound(problem: Problem) -> list[float]:
+        p = problem.num_devices
+        m = problem.num_microbatches if problem.flush else problem.total_microbatches
+        return [min(warmup(s, p) + 1, m) * problem.activation_memory[s] for s in range(p)]
+
+    return bound
+
+
+def _standard_warmup(device: int, devices: int) -> int:
+    return devices - device - 1
+
+
+def _eager_warmup(device: int, devices: int) -> int:
+    return 2 * (devices - device - 1)
+
+
+def _one_forward_one_backward(problem: Problem, name: str, warmup: WarmupRule, streams: list[range]) -> Schedule:
+    """Per stream of microbatches: `warmup(s, p)` forwards, then forward/backward pairs, then the
+    remaining backwards."""
+    require(problem.chunks_per_device == 1, name, "chunks_per_device = 1 (one stage per device)")
+    p = problem.num_devices
+    orders = []
+    for stage in range(p):
+        order: list[Op] = []
+        for stream in streams:
+            ids = list(stream)
+            count = min(warmup(stage, p), len(ids))
+            order += [Op(FORWARD, stage, j) for j in ids[:count]]
+            for step, j in enumerate(ids[count:]):
+                order.append(Op(FORWARD, stage, j))
+                order += backward_ops(problem, stage, ids[step])
+            for j in ids[len(ids) - count:]:
+                order += backward_ops(problem, stage, j)
+        orders.append(order)
+    return Schedule(orders)
+
+
+def _without_flush(problem: Problem, name: str) -> list[range]:
+    """All iterations as one stream: PipeDream-2BW keeps two weight versions, so microbatches of
+    the next iteration need not wait for this iteration's update."""
+    require(problem.iterations == 1 or not problem.flush, name,
+            "flush = false with iterations > 1 (PipeDream-2BW double-buffers weights instead of flushing)")
+    return [range(problem.total_microbatches)]
 
 
 @register("gpipe", "GPipe (Huang et al., 2019): all forwards, then all backwards, per iteration",
           _all_microbatches)
 def gpipe(problem: Problem) -> Schedule:
-    """GPipe: each device runs every forward of the iteration, then every backward.
-
-    Forwards go by (stage, microbatch), backwards by (stage descending, microbatch); with v > 1
-    chunks this is the breadth-first looped order. Peak memory: m microbatches on every stage.
-    """
-    orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
-    for device, stages in enumerate(problem.stages_of_device):
+    """GPipe (Huang et al., NeurIPS 2019): each device runs every forward of the iteration, then
+    every backward, both in microbatch order. Peak memory: all m microbatches. Needs v = 1."""
+    require(problem.chunks_per_device == 1, "gpipe", "chunks_per_device = 1 (use looped-bfs for more chunks)")
+    orders = []
+    for stage in range(problem.num_devices):
+        order: list[Op] = []
         for microbatches in iteration_microbatches(problem):
-            orders[device] += [Op(FORWARD, s, j) for s in stages for j in microbatches]
+            order += [Op(FORWARD, stage, j) for j in microbatches]
+            for j in microbatches:
+                order += backward_ops(problem, stage, j)
+        orders.append(order)
+    return Schedule(orders)
+
+
+@register("looped-bfs", "Breadth-first looped (Lamy-Poirier, 2023; torch ScheduleLoopedBFS): stage by stage",
+          _all_microbatches)
+def looped_bfs(problem: Problem) -> Schedule:
+    """Breadth-first pipeline parallelism (Lamy-Poirier, arXiv:2211.05953), as torch.distributed.
+    pipelining's ScheduleLoopedBFS orders it: each device runs all microbatches' forwards of its
+    first stage, then of its next stage, and so on; then the backwards stage by stage in reverse,
+    microbatches in reverse order. Any v and placement; peak memory: all m microbatches on every
+    stage of the device."""
+    orders: list[list[Op]] = []
+    for stages in problem.stages_of_device:
+        order: list[Op] = []
+        for microbatches in iteration_microbatches(problem):
+            order += [Op(FORWARD, s, j) for s in stages for j in microbatches]
             for stage in reversed(stages):
-                for j in microbatches:
-                    orders[device] += backward_ops(problem, stage, j)
+                for j in reversed(microbatches):
+                    order += backward_ops(problem, stage, j)
+        orders.append(order)
     return Schedule(orders)
 
 
 @register("1f1b", "1F1B (PipeDream-Flush, Narayanan et al., 2021): p-s-1 warm-up forwards, then F/B alternating",
-          _one_f_one_b_memory)
+          _in_flight_bound(_standard_warmup))
 def one_f_one_b(problem: Problem) -> Schedule:
-    """1F1B: device s runs min(p-s-1, m) warm-up forwards, then alternates one forward and one
-    backward (B then W straight after when split), then drains the remaining backwards.
+    """1F1B / PipeDream-Flush (Narayanan et al., SC 2021): device s runs min(p-s-1, m) warm-up
+    forwards, then alternates one forward and one backward, then drains the remaining backwards.
+    Holds at most min(p-s, m) microbatches on device s. Needs v = 1."""
+    return _one_forward_one_backward(problem, "1f1b", _standard_warmup, iteration_microbatches(problem))
 
-    Holds at most min(p-s, m) microbatches' activations on device s. Needs v = 1.
-    """
-    require(problem.chunks_per_device == 1, "1f1b", "chunks_per_device = 1 (one stage per device)")
-    p = problem.num_devices
-    orders = []
-    for stage in range(p):
-        order: list[Op] = []
-        for microbatches in iteration_microbatches(problem):
-            ids = list(microbatches)
-            warmup = min(p - stage - 1, len(ids))
-            order += [Op(FORWARD, stage, j) for j in ids[:warmup]]
-            for step, j in enumerate(ids[warmup:]):
-                order.append(Op(FORWARD, stage, j))
-                order += backward_ops(problem, stage, ids[step])
-            for j in ids[len(ids) - warmup:]:
-                order += backward_ops(problem, stage, j)
-        orders.append(order)
-    return Schedule(orders)
+
+@register("eager-1f1b", "1F1B with 2(p-s-1) warm-up forwards: earlier sends, more overlap of latency",
+          _in_flight_bound(_eager_warmup))
+def eager_one_f_one_b(problem: Problem) -> Schedule:
+    """Eager 1F1B: as 1F1B, but device s runs min(2(p-s-1), m) warm-up forwards, so each forward
+    is sent before the device needs the matching backward and p2p latency overlaps compute (the
+    warm-up of ZB-H2, Qi et al., ICLR 2024, Fig. 3). Holds min(2(p-s)-1, m) microbatches. v = 1."""
+    return _one_forward_one_backward(problem, "eager-1f1b", _eager_warmup, iteration_microbatches(problem))
+
+
+@register("1f1b-2bw", "PipeDream-2BW (Narayanan et al., 2021): 1F1B streaming all iterations without flushes",
+          _in_flight_bound(_standard_warmup))
+def one_f_one_b_2bw(problem: Problem) -> Schedule:
+    """PipeDream-2BW (Narayanan et al., ICML 2021): 1F1B over all m·iterations microbatches as one
+    stream, with no flush between iterations; needs `flush = false` when iterations > 1. The model
+    does not capture 2BW's double-buffered weights (a second weight copy per stage) nor its
+    one-step weight staleness: only the timing and activation memory."""
+    return _one_forward_one_backward(problem, "1f1b-2bw", _standard_warmup, _without_flush(problem, "1f1b-2bw"))
+
+
+@register("eager-1f1b-2bw", "PipeDream-2BW with eager 1F1B's 2(p-s-1) warm-up forwards, without flushes",
+          _in_flight_bound(_eager_warmup))
+def eager_one_f_one_b_2bw(problem: Problem) -> Schedule:
+    """Eager 1F1B streaming all iterations without flushes (see 1f1b-2bw and eager-1f1b)."""
+    return _one_forward_one_backward(problem, "eager-1f1b-2bw", _eager_warmup,
+                                     _without_flush(problem, "eager-1f1b-2bw"))

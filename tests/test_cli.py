@@ -146,3 +146,14 @@ def test_json_orders_parse_back_into_ops(capsys):
     _, out, _ = run(capsys, "simulate", "-s", "2", "-b", "2", "-w", "1", "--json")
     orders = json.loads(out)["orders"]
     assert [Op.from_str(text) for text in orders[1]][:3] == [Op("F", 1, 0), Op("B", 1, 0), Op("W", 1, 0)]
+
+
+def test_schedule_options_pass_through_and_unknown_ones_are_named(capsys):
+    base = ["simulate", "-s", "4", "-b", "12", "-v", "2", "--schedule", "interleaved-1f1b", "--json"]
+    _, out, _ = run(capsys, *base, "--option", "microbatch_group_size_per_vp_stage=6")
+    # device 0 warms up with 2(p-1) + (v-1)·6 = 12 forwards, so it holds 13 chunk activations
+    assert json.loads(out)["peak_memory"][0] == 13
+    status, _, err = run(capsys, *base, "--option", "group=6")
+    assert status == 2
+    assert err.strip() == ("zbopt: schedule 'interleaved-1f1b' has no option 'group' "
+                           "(it takes microbatch_group_size_per_vp_stage)")

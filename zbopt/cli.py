@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+import yaml
+
 from zbopt.errors import ZboptError
 from zbopt.io.config import RunConfig, build_run_config, load_config
 from zbopt.schedules import generate, registered
@@ -31,6 +33,14 @@ def _numbers(text: str) -> list[float]:
         return [float(item) for item in text.split(",") if item.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers, got '{text}'") from None
+
+
+def _schedule_option(text: str) -> tuple[str, object]:
+    """KEY=VALUE with VALUE read as a YAML scalar (8 -> int, 0.5 -> float, true -> bool)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got '{text}'")
+    return key.strip(), yaml.safe_load(value)
 
 
 def _add_problem_flags(parser: argparse.ArgumentParser) -> None:
@@ -136,7 +146,7 @@ def _command_simulate(args: argparse.Namespace) -> int:
     figure = None if args.no_visualization else run.output_file
     if figure is not None:
         check_figure_path(figure)
-    simulation = simulate(run.problem, generate(args.schedule, run.problem))
+    simulation = simulate(run.problem, generate(args.schedule, run.problem, **dict(args.option)))
     if args.json:
         print(json.dumps(simulation.to_dict()))
     else:
@@ -158,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(run=_command_schedules)
     simulating = commands.add_parser("simulate", help="simulate one schedule and print its metrics")
     simulating.add_argument("--schedule", default="1f1b", help="registered schedule name (default 1f1b)")
+    simulating.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", type=_schedule_option,
+                            help="an option of the schedule's generator, e.g. microbatch_group_size_per_vp_stage=8")
     simulating.add_argument("--json", action="store_true", help="print one JSON object")
     _add_input_flags(simulating)
     simulating.set_defaults(run=_command_simulate)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from zbopt.errors import NotApplicableError, UnknownScheduleError
+from zbopt.errors import NotApplicableError, UnknownScheduleError, ZboptError
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 
@@ -60,8 +61,20 @@ def get(name: str) -> RegisteredSchedule:
         ) from None
 
 
+def options_of(name: str) -> list[str]:
+    """The keyword options the generator `name` accepts besides the problem."""
+    parameters = list(inspect.signature(get(name).generator).parameters.values())[1:]
+    return [parameter.name for parameter in parameters]
+
+
 def generate(name: str, problem: Problem, **options) -> Schedule:
-    """Build the schedule `name` for `problem`, named after it."""
+    """Build the schedule `name` for `problem`, named after it; an option the generator does not
+    take is a ZboptError naming it."""
+    accepted = options_of(name)
+    for option in options:
+        if option not in accepted:
+            takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
+            raise ZboptError(f"schedule '{name}' has no option '{option}' ({takes})")
     schedule = get(name).generator(problem, **options)
     return Schedule(schedule.orders, schedule.start_times, name)
 

@@ -1,0 +1,62 @@
+"""Lower bounds: closed forms, and never above any schedule's makespan."""
+
+import pytest
+from hypothesis import given
+
+from tests.reference import problems
+from zbopt import NotApplicableError, Problem, critical_path, device_work, generate, simulate
+from zbopt.schedules import registered
+from zbopt.solvers.bounds import jackson_preemptive, lower_bounds
+
+
+def test_uniform_1f1b_meets_the_device_load_bound():
+    """F=B=W=1, c=0: device 0 can start at 0, works 3m, and its last op is W (tail 0), while the
+    last device starts at 3 (p-1 forwards before) — the busiest-device bound is
+    max_d head_d + 3m + tail_d; on device 0: 0 + 3m + 0; on device p-1: (p-1) + 3m + 0."""
+    p, m = 4, 8
+    problem = Problem(num_devices=p, num_microbatches=m, forward_times=1, backward_times=1, weight_times=1)
+    bounds = lower_bounds(problem)
+    assert bounds.critical_path == pytest.approx(critical_path(problem)) == pytest.approx(2 * p + 1)
+    assert bounds.device_load == pytest.approx((p - 1) + 3 * m)
+    assert bounds.one_machine >= bounds.device_load
+
+
+def test_memory_bound_closed_form():
+    """p=4, F=B=W=1, c=0, M_B=1, M_W=0.5: on device 0 an activation lives at least 8 (F(0) start
+    to B(0) end) for its first half and 9 (to W(0) end) for the rest: 8.5 memory-time per
+    microbatch, m of them, at most `limit` at once: makespan >= 8.5 m / limit."""
+    problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=1, weight_times=1,
+                      weight_memory=0.5, memory_limit=2)
+    assert lower_bounds(problem).memory == pytest.approx(8.5 * 8 / 2)
+    assert lower_bounds(problem.replace(memory_limit=None)).memory == 0.0
+
+
+def test_jackson_rule_matches_brute_force_on_a_small_case():
+    # three jobs (head, duration, tail); by hand: run A 0-1, B preempts 1-3 (tail 9 -> 12),
+    # A resumes 3-4 (tail 4 -> 8), C 4-5 (tail 1 -> 6)
+    assert jackson_preemptive([(0, 2, 4), (1, 2, 9), (2, 1, 1)]) == 12.0
+
+
+@given(problems(max_devices=4, max_microbatches=6, chunks=(1, 2)))
+def test_no_bound_exceeds_any_schedule(problem):
+    bounds = lower_bounds(problem)
+    assert bounds.device_load >= max(device_work(problem)) - 1e-9
+    assert bounds.one_machine >= bounds.device_load - 1e-9
+    for entry in registered():
+        try:
+            result = simulate(problem, generate(entry.name, problem))
+        except NotApplicableError:
+            continue
+        assert bounds.best <= result.makespan + 1e-9, entry.name
+
+
+@given(problems(max_devices=3, max_microbatches=5))
+def test_memory_bound_holds_for_schedules_within_the_limit(problem):
+    for entry in registered():
+        try:
+            result = simulate(problem, generate(entry.name, problem))
+        except NotApplicableError:
+            continue
+        limited = problem.replace(memory_limit=[max(peak, need) for peak, need in
+                                                zip(result.peak_memory, problem.min_memory_limit, strict=True)])
+        assert lower_bounds(limited).memory <= result.makespan + 1e-9, entry.name

@@ -1,0 +1,128 @@
+"""Lower bounds on the makespan of any valid schedule, computed apart from every solver.
+
+Each bound is a relaxation of the scheduling problem, so each is <= the optimum; the solvers'
+answers are checked against them and `lower_bound` reports the best.
+
+- critical path: one microbatch's dependency chain, latencies included;
+- device load: per device, the earliest any of its ops can start + its total work + the least
+  time any of its ops still needs after it ends;
+- one-machine (Jackson) relaxation: per device, its ops with heads (earliest start) and tails
+  (time still needed after the op ends) on one machine, preemption allowed; the preemptive
+  largest-tail-first schedule is optimal for that relaxation (Jackson's rule, Horn 1974);
+- memory: activations held on a device integrate over time to at least m · Σ_s M · lifetime(s),
+  where lifetime is the shortest time from a forward's start to the end of the op that frees it;
+  the device can hold at most its limit at any moment, so makespan >= integral / limit.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import networkx as nx
+
+from zbopt.ops import Op, earliest_finish, op_graph
+from zbopt.problem import FORWARD, Problem
+
+
+@dataclass(frozen=True)
+class LowerBounds:
+    """Every bound (problem units) and the best of them."""
+
+    critical_path: float
+    device_load: float
+    one_machine: float
+    memory: float
+
+    @property
+    def best(self) -> float:
+        return max(self.critical_path, self.device_load, self.one_machine, self.memory)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"critical_path": self.critical_path, "device_load": self.device_load,
+                "one_machine": self.one_machine, "memory": self.memory, "best": self.best}
+
+
+def heads_and_tails(graph: nx.DiGraph) -> tuple[dict[Op, float], dict[Op, float]]:
+    """Per op, its head (earliest start, ignoring devices) and tail (the longest chain of work and
+    latency that must follow its end)."""
+    finish = earliest_finish(graph)
+    heads = {op: finish[op] - graph.nodes[op]["duration"] for op in graph}
+    tails: dict[Op, float] = {}
+    for op in reversed(list(nx.topological_sort(graph))):
+        tails[op] = max((graph.edges[op, nxt]["latency"] + graph.nodes[nxt]["duration"] + tails[nxt]
+                         for nxt in graph.successors(op)), default=0.0)
+    return heads, tails
+
+
+def jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
+    """max(completion + tail) of the preemptive largest-tail-first schedule on one machine; jobs
+    are (head, duration, tail). This is the optimum of 1 | r_j, pmtn | max(C_j + q_j).
+
+    >>> jackson_preemptive([(0, 2, 5), (1, 1, 10)])  # the second preempts the first at t=1
+    12.0
+    """
+    pending = sorted(jobs)
+    ready: list[tuple[float, float]] = []  # (-tail, remaining)
+    time, best, index = 0.0, 0.0, 0
+    while index < len(pending) or ready:
+        if not ready and time < pending[index][0]:
+            time = pending[index][0]
+        while index < len(pending) and pending[index][0] <= time:
+            _, duration, tail = pending[index]
+            heapq.heappush(ready, (-tail, duration))
+            index += 1
+        negative_tail, remaining = heapq.heappop(ready)
+        next_release = pending[index][0] if index < len(pending) else float("inf")
+        run = min(remaining, next_release - time)
+        time += run
+        if run < remaining:
+            heapq.heappush(ready, (negative_tail, remaining - run))
+        else:
+            best = max(best, time - negative_tail)
+    return float(best)
+
+
+def _activation_lifetimes(problem: Problem) -> list[tuple[float, float]]:
+    """Per stage, the least time from F(s) start to the end of B(s) and of W(s) (or BW(s))."""
+    single = problem.replace(num_microbatches=1, iterations=1, memory_limit=None)
+    graph = op_graph(single)
+    lifetimes = []
+    for stage in range(problem.num_stages):
+        forward = Op(FORWARD, stage, 0)
+        finish = earliest_finish(graph.subgraph(nx.descendants(graph, forward) | {forward}))
+        frees = [op for op in finish if op.stage == stage and op.kind != FORWARD]
+        by_kind = {op.kind: finish[op] for op in frees}
+        input_end = by_kind.get("B", by_kind.get("BW"))
+        lifetimes.append((input_end, by_kind.get("W", input_end)))
+    return lifetimes
+
+
+def memory_bound(problem: Problem) -> float:
+    """makespan >= (memory-time every device must integrate) / (its memory limit); 0 without limits."""
+    if problem.memory_limit is None:
+        return 0.0
+    lifetimes = _activation_lifetimes(problem)
+    best = 0.0
+    for device, stages in enumerate(problem.stages_of_device):
+        integral = 0.0
+        for stage in stages:
+            activation = problem.activation_memory[stage]
+            kept = problem.weight_memory[stage] if problem.split_backward else 0.0
+            to_input, to_weight = lifetimes[stage]
+            integral += (activation - kept) * to_input + kept * to_weight
+        best = max(best, problem.total_microbatches * integral / problem.memory_limit[device])
+    return best
+
+
+def lower_bounds(problem: Problem) -> LowerBounds:
+    """All lower bounds of `problem` (see the module docstring)."""
+    graph = op_graph(problem)
+    heads, tails = heads_and_tails(graph)
+    critical = max(heads[op] + graph.nodes[op]["duration"] + tails[op] for op in graph)
+    per_device: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
+    for op, data in graph.nodes(data=True):
+        per_device[data["device"]].append((heads[op], data["duration"], tails[op]))
+    load = max(min(j[0] for j in jobs) + sum(j[1] for j in jobs) + min(j[2] for j in jobs) for jobs in per_device)
+    one_machine = max(jackson_preemptive(jobs) for jobs in per_device)
+    return LowerBounds(critical, load, one_machine, memory_bound(problem))

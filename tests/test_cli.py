@@ -157,3 +157,26 @@ def test_schedule_options_pass_through_and_unknown_ones_are_named(capsys):
     assert status == 2
     assert err.strip() == ("zbopt: schedule 'interleaved-1f1b' has no option 'group' "
                            "(it takes microbatch_group_size_per_vp_stage)")
+
+
+def test_solve_prints_the_optimum_with_its_certificate(capsys):
+    status, out, _ = run(capsys, "solve", "-s", "4", "-b", "8", "-f", "1", "-bw", "1", "-w", "1",
+                         "--weight-memory", "0.5", "--memory-limit", "2", "--json")
+    result = json.loads(out)
+    assert status == 0 and result["status"] == "optimal"
+    assert result["makespan"] == 41.0 and result["lower_bound"] == 41.0 and result["gap"] == 0.0
+    assert max(result["peak_memory"]) <= 2 and result["valid"] is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["solve", "--solver", "gurobi"], "argument --solver: invalid choice: 'gurobi'"),
+        (["solve", "--warm-start", "zb-h9"], "unknown schedule 'zb-h9'"),
+        (["solve", "--time-limit", "0"], "time limit 0: must be positive"),
+        (["solve", "--workers", "0"], "workers 0: must be at least 1"),
+    ],
+)
+def test_solve_errors_are_one_line(capsys, argv, needle):
+    status, _, err = run(capsys, *argv)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and needle in err

@@ -14,12 +14,32 @@ from zbopt.problem import Problem
 from zbopt.schedule import Schedule, load_schedule, save_schedule
 from zbopt.schedules import generate, registered
 from zbopt.simulate import MemoryViolation, Simulation, simulate
+from zbopt.solvers import SolveResult, lower_bounds, solve
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "DeadlockError", "MemoryLimitError", "MemoryViolation", "NotApplicableError", "Op", "Problem",
-    "ProblemError", "Schedule", "ScheduleError", "Simulation", "UnknownScheduleError", "ZboptError",
-    "critical_path", "device_work", "generate", "load_schedule", "op_graph", "registered",
-    "save_schedule", "simulate",
+    "DeadlockError",
+    "MemoryLimitError",
+    "MemoryViolation",
+    "NotApplicableError",
+    "Op",
+    "Problem",
+    "ProblemError",
+    "Schedule",
+    "ScheduleError",
+    "Simulation",
+    "SolveResult",
+    "UnknownScheduleError",
+    "ZboptError",
+    "critical_path",
+    "device_work",
+    "generate",
+    "load_schedule",
+    "lower_bounds",
+    "op_graph",
+    "registered",
+    "save_schedule",
+    "simulate",
+    "solve",
 ]

@@ -13,7 +13,7 @@ import yaml
 
 from zbopt.errors import ZboptError
 from zbopt.io.config import RunConfig, build_run_config, load_config
-from zbopt.schedules import generate, registered
+from zbopt.schedules import generate, get, registered
 from zbopt.simulate import Simulation, simulate
 
 EXIT_INVALID_SCHEDULE = 1
@@ -160,6 +160,35 @@ def _command_simulate(args: argparse.Namespace) -> int:
     return 0 if simulation.valid else EXIT_INVALID_SCHEDULE
 
 
+def _command_solve(args: argparse.Namespace) -> int:
+    from zbopt.plot import check_figure_path, plot_gantt
+    from zbopt.solvers import solve
+
+    run = _run_config(args)
+    figure = None if args.no_visualization else run.output_file
+    if figure is not None:
+        check_figure_path(figure)
+    if args.warm_start is not None:
+        get(args.warm_start)
+    live = not (args.json or args.quiet) and sys.stderr.isatty()
+    result = solve(run.problem, args.solver, time_limit=args.time_limit, objective=args.objective,
+                   warm_start=args.warm_start, workers=args.workers, seed=args.seed, progress=live)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    elif not args.quiet:
+        gap = "n/a" if result.gap is None else f"{result.gap:.2%}"
+        value = "none" if result.objective is None else f"{result.objective:.6g}"
+        print(f"status          {result.status}\n{args.objective:<16}{value}\n"
+              f"lower_bound     {result.lower_bound:.6g}\ngap             {gap}\n"
+              f"solve_time_s    {result.solve_time_s:.2f}\nsolver          {result.solver} "
+              f"(resolution {result.resolution:g})\nwarm_start      {result.warm_start or 'none'}\n")
+        if result.simulation is not None:
+            print(_format_table(result.simulation))
+    if figure is not None and result.simulation is not None:
+        plot_gantt(result.simulation, figure, title=None)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="zbopt", description="Pipeline-parallel schedules: simulate, compare, optimize.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
@@ -173,6 +202,18 @@ def build_parser() -> argparse.ArgumentParser:
     simulating.add_argument("--json", action="store_true", help="print one JSON object")
     _add_input_flags(simulating)
     simulating.set_defaults(run=_command_simulate)
+    solving = commands.add_parser("solve", help="find the optimal schedule under the memory limit")
+    solving.add_argument("--solver", default="cpsat", choices=["cpsat"], help="the exact solver (default cpsat)")
+    solving.add_argument("--objective", default="makespan", choices=["makespan", "span"],
+                         help="minimize the makespan or the longest device span (the ZB paper's)")
+    solving.add_argument("--time-limit", type=float, default=60.0, help="seconds (default 60)")
+    solving.add_argument("--warm-start", help="heuristic to start from (default: the best valid one)")
+    solving.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
+    solving.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    solving.add_argument("--json", action="store_true", help="print one JSON object")
+    solving.add_argument("--quiet", action="store_true", help="print nothing (use -o or --json)")
+    _add_input_flags(solving)
+    solving.set_defaults(run=_command_solve)
     return parser
 
 

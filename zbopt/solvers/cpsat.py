@@ -188,7 +188,7 @@ def solve_cpsat(
     simulation = None
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         starts = {op: solver.Value(start[op]) for op in ops}
-        simulation = simulate(problem, schedule_from_starts(problem, starts), strict=True)
+        simulation = simulate(problem, schedule_from_starts(problem, starts, "cpsat"), strict=True)
         check_close("cp-sat", objective_value(simulation, objective), scale.units(solver.ObjectiveValue()), scale)
     if warm is not None and (simulation is None or objective_value(warm[1], objective) < objective_value(
             simulation, objective)):

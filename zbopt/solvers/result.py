@@ -13,7 +13,7 @@ from zbopt.schedules import generate, registered
 from zbopt.simulate import Simulation, simulate
 
 OBJECTIVES = ("makespan", "span")
-MAX_TICKS_PER_OP = 10_000  # the finest resolution a solver model uses for the longest op
+MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,11 @@ def tick_scale(problem: Problem) -> TickScale:
     values = [*problem.forward_times, *problem.backward_times, *(problem.weight_times or ()), problem.p2p_time]
     longest = max(values)
     scale = 1
-    while scale * longest < MAX_TICKS_PER_OP:
+    while True:
         if all(abs(v * scale - round(v * scale)) < 1e-9 * max(1.0, v * scale) for v in values):
             return TickScale(scale, True, 0.0)
+        if scale * 10 * longest > MAX_TICKS_PER_OP:
+            break
         scale *= 10
     # rounding: every op and latency on a chain is off by <= half a tick
     chain = 2 * problem.num_ops / problem.num_devices + 2 * problem.num_stages
@@ -129,12 +131,12 @@ def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str) -
     return warm_start, result
 
 
-def schedule_from_starts(problem: Problem, starts: dict[Op, float]) -> Schedule:
+def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str) -> Schedule:
     """Per device, its ops ordered by their start times (a device runs one op at a time)."""
     orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
     for op in sorted(starts, key=starts.__getitem__):
         orders[problem.device_of(op.stage)].append(op)
-    return Schedule(orders)
+    return Schedule(orders, name=name)
 
 
 def check_close(name: str, simulated: float, modelled: float, scale: TickScale) -> None:

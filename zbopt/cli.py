@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_input_flags(simulating)
     simulating.set_defaults(run=_command_simulate)
     solving = commands.add_parser("solve", help="find the optimal schedule under the memory limit")
-    solving.add_argument("--solver", default="cpsat", choices=["cpsat"], help="the exact solver (default cpsat)")
+    solving.add_argument("--solver", default="cpsat", choices=["cpsat", "cbc", "highs"],
+                         help="cpsat (OR-Tools CP-SAT) or the MILP with cbc or highs (default cpsat)")
     solving.add_argument("--objective", default="makespan", choices=["makespan", "span"],
                          help="minimize the makespan or the longest device span (the ZB paper's)")
     solving.add_argument("--time-limit", type=float, default=60.0, help="seconds (default 60)")

@@ -1,0 +1,37 @@
+"""The MILP (PuLP with CBC and HiGHS) against brute force, known optima and CP-SAT."""
+
+import pytest
+from hypothesis import given, settings
+
+from tests.reference import brute_force_optimum, problems
+from tests.test_cpsat import TINY, unit_problem
+from zbopt import solve
+from zbopt.solvers.bounds import lower_bounds
+
+
+@pytest.mark.parametrize("backend", ["cbc", "highs"])
+@pytest.mark.parametrize("problem", TINY[:4], ids=lambda p: p.describe())
+def test_milp_agrees_with_brute_force(backend, problem):
+    result = solve(problem, backend, time_limit=60)
+    assert result.status == "optimal"
+    assert result.objective == pytest.approx(brute_force_optimum(problem), abs=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["cbc", "highs"])
+@pytest.mark.parametrize(("memory", "optimum"), [(4, 27), (2, 41)])
+def test_milp_known_optima(backend, memory, optimum):
+    result = solve(unit_problem(4, 8, memory), backend, time_limit=120)
+    assert result.status == "optimal" and result.objective == pytest.approx(optimum)
+    assert max(result.simulation.peak_memory) <= memory
+
+
+@settings(max_examples=6)
+@given(problems(max_devices=3, max_microbatches=3))
+def test_cpsat_and_highs_agree_on_random_problems(problem):
+    limited = problem.replace(memory_limit=[need + 1 for need in problem.min_memory_limit])
+    cpsat = solve(limited, "cpsat", time_limit=20)
+    highs = solve(limited, "highs", time_limit=20)
+    bound = lower_bounds(limited).best
+    assert bound <= cpsat.objective + 1e-6 and bound <= highs.objective + 1e-6
+    if cpsat.status == highs.status == "optimal":
+        assert cpsat.objective == pytest.approx(highs.objective, abs=2e-3)  # CP-SAT ticks: 1e-3 units

@@ -4,6 +4,7 @@ from zbopt.schedules import (
     classic,  # noqa: F401  (registers gpipe, 1f1b)
     dualpipe,  # noqa: F401
     interleaved,  # noqa: F401
+    vshape,  # noqa: F401
     zero_bubble,  # noqa: F401
 )
 from zbopt.schedules.registry import generate, get, register, registered, require

@@ -1,0 +1,84 @@
+"""The exact optimizer on the issue's grids; prints a table and writes benchmarks/results/*.json.
+
+Grid A (proof): p in {4, 8} x m in {8, 16, 24} x memory limit in {p, 1.5p, 2p}·M_B with the Zero
+Bubble paper's 1.5B costs (F 18.522, B 18.086, W 9.337, comm 0.601 ms), M_B = 1, M_W = 0.3.
+Grid B (scale): the four ZB Table 5 configurations at memory p·M_B and 2p·M_B.
+
+Usage: python benchmarks/bench_solver.py [A|B] [--solvers cpsat,highs] [--time-limit S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+from zbopt import Problem, solve
+from zbopt.solvers.result import best_heuristic
+
+COSTS_1_5B = dict(forward_times=18.522, backward_times=18.086, weight_times=9.337, p2p_time=0.601)
+TABLE_5 = {  # model: (p, m, F, B, W, comm), ZB paper Table 9
+    "1.5B": (8, 24, 18.522, 18.086, 9.337, 0.601),
+    "6.2B": (8, 24, 29.718, 29.444, 19.927, 0.527),
+    "14.6B": (16, 48, 11.347, 11.248, 8.132, 0.377),
+    "28.3B": (32, 96, 10.419, 10.207, 7.715, 0.408),
+}
+
+
+def grid_a() -> list[tuple[str, Problem]]:
+    cases = []
+    for p in (4, 8):
+        for m in (8, 16, 24):
+            for factor in (1.0, 1.5, 2.0):
+                problem = Problem(num_devices=p, num_microbatches=m, activation_memory=1.0, weight_memory=0.3,
+                                  memory_limit=factor * p, **COSTS_1_5B)
+                cases.append((f"p={p} m={m} mem={factor:g}p", problem))
+    return cases
+
+
+def grid_b() -> list[tuple[str, Problem]]:
+    cases = []
+    for model, (p, m, f, b, w, c) in TABLE_5.items():
+        for factor in (1, 2):
+            problem = Problem(num_devices=p, num_microbatches=m, forward_times=f, backward_times=b, weight_times=w,
+                              p2p_time=c, activation_memory=1.0, weight_memory=0.3, memory_limit=factor * p)
+            cases.append((f"{model} mem={factor}p", problem))
+    return cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("grid", choices=["A", "B"])
+    parser.add_argument("--solvers", default="cpsat,highs")
+    parser.add_argument("--time-limit", type=float)
+    args = parser.parse_args()
+    cases = grid_a() if args.grid == "A" else grid_b()
+    limit = args.time_limit or (60.0 if args.grid == "A" else 120.0)
+    rows = []
+    header = (f"{'case':<22} {'solver':<6} {'status':<8} {'makespan':>10} {'bound':>10} {'gap':>7} {'time s':>7} "
+              f"{'zb bubble':>9} {'best heuristic':>22}")
+    print(header, flush=True)
+    for label, problem in cases:
+        heuristic = best_heuristic(problem)
+        for solver in args.solvers.split(","):
+            result = solve(problem, solver, time_limit=limit)
+            row = {"case": label, "solver": solver, "status": result.status, "makespan": result.objective,
+                   "lower_bound": result.lower_bound, "gap": result.gap, "solve_time_s": result.solve_time_s,
+                   "zb_bubble_rate": result.simulation.zb_bubble_rate if result.simulation else None,
+                   "best_heuristic": heuristic[0] if heuristic else None,
+                   "best_heuristic_makespan": heuristic[1].makespan if heuristic else None,
+                   "best_heuristic_zb_bubble_rate": heuristic[1].zb_bubble_rate if heuristic else None}
+            rows.append(row)
+            best = f"{row['best_heuristic']} {row['best_heuristic_makespan']:.1f}" if heuristic else "none"
+            print(f"{label:<22} {solver:<6} {result.status:<8} {result.objective:>10.2f} {result.lower_bound:>10.2f} "
+                  f"{result.gap:>7.2%} {result.solve_time_s:>7.1f} {row['zb_bubble_rate']:>9.4f} {best:>22}",
+                  flush=True)
+    out = Path(__file__).resolve().parent / "results" / f"bench_solver_{args.grid}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"machine": platform.platform(), "time_limit_s": limit, "rows": rows}, indent=1) + "\n")
+    print(f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -38,6 +38,7 @@ from zbopt.solvers.result import (
     memory_scale,
     objective_value,
     schedule_from_starts,
+    settle,
     tick_scale,
     warm_start_simulation,
 )
@@ -190,17 +191,9 @@ def solve_cpsat(
         starts = {op: solver.Value(start[op]) for op in ops}
         simulation = simulate(problem, schedule_from_starts(problem, starts, "cpsat"), strict=True)
         check_close("cp-sat", objective_value(simulation, objective), scale.units(solver.ObjectiveValue()), scale)
-    if warm is not None and (simulation is None or objective_value(warm[1], objective) < objective_value(
-            simulation, objective)):
-        simulation = warm[1]
-        status = "feasible" if status != "optimal" else status
-    value = None if simulation is None else objective_value(simulation, objective)
-    lower = max(independent_bound, solver_bound)
-    if status == "optimal" and scale.exact and value is not None:
-        lower = value
-    if value is not None and status == "unknown":
-        status = "feasible"
-    return SolveResult(status, simulation, value, min(lower, value) if value is not None else lower, "cpsat",
+    status, simulation, value, lower = settle(status, simulation, warm, objective, max(independent_bound, solver_bound),
+                                              1e-9 * max(1.0, independent_bound), scale.exact)
+    return SolveResult(status, simulation, value, lower, "cpsat",
                        objective, time.perf_counter() - began, None if warm is None else warm[0], scale.resolution,
                        bounds.as_dict())
 

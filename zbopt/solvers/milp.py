@@ -31,6 +31,7 @@ from zbopt.solvers.result import (
     check_close,
     objective_value,
     schedule_from_starts,
+    settle,
     warm_start_simulation,
 )
 
@@ -118,16 +119,9 @@ def _solve_here(problem: Problem, *, backend: str, time_limit: float, warm_start
         starts = {op: start[op].value() for op in ops}
         simulation = simulate(problem, schedule_from_starts(problem, starts, backend), strict=True)
         check_close(backend, objective_value(simulation, objective), goal.value(), TickScale(1, True, RESOLUTION))
-    if warm is not None and (simulation is None or objective_value(warm[1], objective) < objective_value(
-            simulation, objective) - RESOLUTION):
-        simulation, status = warm[1], ("feasible" if status != "optimal" else status)
-    value = None if simulation is None else objective_value(simulation, objective)
-    lower = independent_bound
-    if status == "optimal" and value is not None:
-        lower = value
-    if value is not None and status in ("unknown", "infeasible"):
-        status = "feasible"
-    return SolveResult(status, simulation, value, min(lower, value) if value is not None else lower, backend,
+    status, simulation, value, lower = settle(status, simulation, warm, objective, independent_bound,
+                                              RESOLUTION * max(1.0, independent_bound), True)
+    return SolveResult(status, simulation, value, lower, backend,
                        objective, time.perf_counter() - began, None if warm is None else warm[0], RESOLUTION,
                        bounds.as_dict())
 

@@ -139,6 +139,28 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str) -
     return Schedule(orders, name=name)
 
 
+def settle(status: str, simulation: Simulation | None, warm: tuple[str, Simulation] | None, kind: str,
+           lower: float, tolerance: float, proof_is_exact: bool) -> tuple[str, Simulation | None, float | None, float]:
+    """The final (status, simulation, objective, lower bound) of a solve: the warm start when it is
+    better; the objective as its own bound when the solver proved it (and its model was exact);
+    "optimal" also when an independent bound meets the objective; "feasible" whenever a schedule
+    exists but optimality is not proven."""
+    if warm is not None and (simulation is None
+                             or objective_value(warm[1], kind) < objective_value(simulation, kind) - tolerance):
+        simulation = warm[1]
+        status = "optimal" if status == "optimal" else "feasible"
+    if simulation is None:
+        return status, None, None, lower
+    value = objective_value(simulation, kind)
+    if status == "optimal" and proof_is_exact:
+        lower = value
+    if value <= lower + tolerance:
+        status, lower = "optimal", value
+    if status != "optimal":
+        status = "feasible"
+    return status, simulation, value, min(lower, value)
+
+
 def check_close(name: str, simulated: float, modelled: float, scale: TickScale) -> None:
     """The simulator's objective must not exceed the model's beyond the rounding bound."""
     if simulated > modelled + scale.error_bound + 1e-9 * max(1.0, modelled):

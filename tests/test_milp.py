@@ -5,8 +5,9 @@ from hypothesis import given, settings
 
 from tests.reference import brute_force_optimum, problems
 from tests.test_cpsat import TINY, unit_problem
-from zbopt import solve
+from zbopt import Problem, generate, simulate, solve
 from zbopt.solvers.bounds import lower_bounds
+from zbopt.solvers.result import settle
 
 
 @pytest.mark.parametrize("backend", ["cbc", "highs"])
@@ -40,11 +41,6 @@ def test_cpsat_and_highs_agree_on_random_problems(problem):
 def test_an_independent_bound_that_meets_the_objective_proves_optimality():
     """With one device the makespan is the total work, which the device-load bound already gives:
     whatever the solver reports about its own search, the answer is certified optimal."""
-    from zbopt import Problem
-    from zbopt.schedules import generate
-    from zbopt.simulate import simulate
-    from zbopt.solvers.result import settle
-
     problem = Problem(num_devices=1, num_microbatches=3, forward_times=1, backward_times=2)
     result = simulate(problem, generate("1f1b", problem))
     status, _, value, lower = settle("feasible", result, None, "makespan", lower_bounds(problem).best, 1e-9, False)

@@ -4,7 +4,8 @@ Grid A (proof): p in {4, 8} x m in {8, 16, 24} x memory limit in {p, 1.5p, 2p}·
 Bubble paper's 1.5B costs (F 18.522, B 18.086, W 9.337, comm 0.601 ms), M_B = 1, M_W = 0.3.
 Grid B (scale): the four ZB Table 5 configurations at memory p·M_B and 2p·M_B.
 
-Usage: python benchmarks/bench_solver.py [A|B] [--solvers cpsat,highs] [--time-limit S]
+Usage: python benchmarks/bench_solver.py [A|B] [--solvers cpsat,highs] [--time-limit S] [--objective span]
+(the Zero Bubble paper's bubble rate measures spans: compare zb_bubble_rate under --objective span)
 """
 
 from __future__ import annotations
@@ -52,18 +53,19 @@ def main() -> None:
     parser.add_argument("grid", choices=["A", "B"])
     parser.add_argument("--solvers", default="cpsat,highs")
     parser.add_argument("--time-limit", type=float)
+    parser.add_argument("--objective", choices=["makespan", "span"], default="makespan")
     args = parser.parse_args()
     cases = grid_a() if args.grid == "A" else grid_b()
     limit = args.time_limit or (60.0 if args.grid == "A" else 120.0)
     rows = []
-    header = (f"{'case':<22} {'solver':<6} {'status':<8} {'makespan':>10} {'bound':>10} {'gap':>7} {'time s':>7} "
+    header = (f"{'case':<22} {'solver':<6} {'status':<8} {'objective':>10} {'bound':>10} {'gap':>7} {'time s':>7} "
               f"{'zb bubble':>9} {'best heuristic':>22}")
     print(header, flush=True)
     for label, problem in cases:
-        heuristic = best_heuristic(problem)
+        heuristic = best_heuristic(problem, args.objective)
         for solver in args.solvers.split(","):
-            result = solve(problem, solver, time_limit=limit)
-            row = {"case": label, "solver": solver, "status": result.status, "makespan": result.objective,
+            result = solve(problem, solver, time_limit=limit, objective=args.objective)
+            row = {"case": label, "solver": solver, "status": result.status, "objective": result.objective,
                    "lower_bound": result.lower_bound, "gap": result.gap, "solve_time_s": result.solve_time_s,
                    "zb_bubble_rate": result.simulation.zb_bubble_rate if result.simulation else None,
                    "best_heuristic": heuristic[0] if heuristic else None,
@@ -74,9 +76,10 @@ def main() -> None:
             print(f"{label:<22} {solver:<6} {result.status:<8} {result.objective:>10.2f} {result.lower_bound:>10.2f} "
                   f"{result.gap:>7.2%} {result.solve_time_s:>7.1f} {row['zb_bubble_rate']:>9.4f} {best:>22}",
                   flush=True)
-    out = Path(__file__).resolve().parent / "results" / f"bench_solver_{args.grid}.json"
+    out = Path(__file__).resolve().parent / "results" / f"bench_solver_{args.grid}_{args.objective}.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "time_limit_s": limit, "rows": rows}, indent=1) + "\n")
+    out.write_text(json.dumps({"machine": platform.platform(), "time_limit_s": limit, "objective": args.objective,
+                               "rows": rows}, indent=1) + "\n")
     print(f"\nwritten to {out}")
 
 

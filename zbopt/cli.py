@@ -139,13 +139,21 @@ def _command_schedules(args: argparse.Namespace) -> int:
     return 0
 
 
-def _command_simulate(args: argparse.Namespace) -> int:
-    from zbopt.plot import check_figure_path, plot_gantt
+def _figure_path(args: argparse.Namespace, run: RunConfig) -> str | None:
+    """Where to write the Gantt chart (checked before any work), or None."""
+    from zbopt.plot import check_figure_path
 
-    run = _run_config(args)
     figure = None if args.no_visualization else run.output_file
     if figure is not None:
         check_figure_path(figure)
+    return figure
+
+
+def _command_simulate(args: argparse.Namespace) -> int:
+    from zbopt.plot import plot_gantt
+
+    run = _run_config(args)
+    figure = _figure_path(args, run)
     simulation = simulate(run.problem, generate(args.schedule, run.problem, **dict(args.option)))
     if args.json:
         print(json.dumps(simulation.to_dict()))
@@ -161,13 +169,11 @@ def _command_simulate(args: argparse.Namespace) -> int:
 
 
 def _command_solve(args: argparse.Namespace) -> int:
-    from zbopt.plot import check_figure_path, plot_gantt
+    from zbopt.plot import plot_gantt
     from zbopt.solvers import solve
 
     run = _run_config(args)
-    figure = None if args.no_visualization else run.output_file
-    if figure is not None:
-        check_figure_path(figure)
+    figure = _figure_path(args, run)
     if args.warm_start is not None:
         get(args.warm_start)
     live = not (args.json or args.quiet) and sys.stderr.isatty()
@@ -185,7 +191,7 @@ def _command_solve(args: argparse.Namespace) -> int:
         if result.simulation is not None:
             print(_format_table(result.simulation))
     if figure is not None and result.simulation is not None:
-        plot_gantt(result.simulation, figure, title=None)
+        plot_gantt(result.simulation, figure)
     return 0
 
 

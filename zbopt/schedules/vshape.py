@@ -20,7 +20,7 @@ from collections.abc import Callable
 from zbopt.ops import Op
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.common import input_gradient
+from zbopt.schedules.common import input_gradient, repeat_per_iteration
 from zbopt.schedules.registry import register, require
 
 PERIOD = 6
@@ -42,22 +42,20 @@ def _require_v_shape(problem: Problem, name: str) -> None:
 def _to_schedule(problem: Problem, orders: list[list[Pass]]) -> Schedule:
     """Per-device passes of one iteration -> Ops of every iteration (microbatch ids k·m + j). With a
     fused backward, each B becomes BW and the W's are dropped: memory only falls earlier."""
-    p, m = problem.num_devices, problem.num_microbatches
-    schedule = []
+    p = problem.num_devices
+    iteration_orders = []
     for device, passes in enumerate(orders):
         order = []
-        for iteration in range(problem.iterations):
-            for kind, chunk, microbatch in passes:
-                stage = device if chunk == 0 else 2 * p - 1 - device
-                j = iteration * m + microbatch
-                if kind == FORWARD:
-                    order.append(Op(FORWARD, stage, j))
-                elif kind == BACKWARD:
-                    order.append(input_gradient(problem, stage, j))
-                elif problem.split_backward:
-                    order.append(Op(WEIGHT, stage, j))
-        schedule.append(order)
-    return Schedule(schedule)
+        for kind, chunk, microbatch in passes:
+            stage = device if chunk == 0 else 2 * p - 1 - device
+            if kind == FORWARD:
+                order.append(Op(FORWARD, stage, microbatch))
+            elif kind == BACKWARD:
+                order.append(input_gradient(problem, stage, microbatch))
+            elif problem.split_backward:
+                order.append(Op(WEIGHT, stage, microbatch))
+        iteration_orders.append(order)
+    return repeat_per_iteration(problem, iteration_orders)
 
 
 def _chunk_activations(problem: Problem, device: int) -> tuple[float, float]:

@@ -20,7 +20,7 @@ from zbopt.errors import ZboptError
 from zbopt.ops import Op
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.common import iteration_microbatches
+from zbopt.schedules.common import repeat_per_iteration
 from zbopt.schedules.registry import register, require
 from zbopt.simulate import simulate
 
@@ -30,15 +30,6 @@ MEMORY_TOLERANCE = 1e-9
 def _require_split_single_chunk(problem: Problem, name: str) -> None:
     require(problem.split_backward, name, "a split backward (weight_times given)")
     require(problem.chunks_per_device == 1, name, "chunks_per_device = 1 (one stage per device)")
-
-
-def _repeat_per_iteration(problem: Problem, iteration_orders: list[list[Op]]) -> Schedule:
-    """The one-iteration orders (microbatches 0..m-1) repeated for every iteration, ids k·m + j."""
-    orders: list[list[Op]] = [[] for _ in iteration_orders]
-    for microbatches in iteration_microbatches(problem):
-        for order, pattern in zip(orders, iteration_orders, strict=True):
-            order += [Op(op.kind, op.stage, microbatches[op.microbatch]) for op in pattern]
-    return Schedule(orders)
 
 
 # ---------------------------------------------------------------------------------------------- handcrafted
@@ -92,7 +83,7 @@ def zb_h1(problem: Problem) -> Schedule:
     """
     _require_split_single_chunk(problem, "zb-h1")
     p, m = problem.num_devices, problem.num_microbatches
-    return _repeat_per_iteration(problem, [_lagged_weight_order(s, m, p - s, s) for s in range(p)])
+    return repeat_per_iteration(problem, [_lagged_weight_order(s, m, p - s, s) for s in range(p)])
 
 
 @register("zb-h2", "ZB-H2 (Zero Bubble, Qi et al. 2024, Fig. 3): 2(p-s)-1 warm-up forwards, W's delayed by 2s",
@@ -109,7 +100,7 @@ def zb_h2(problem: Problem) -> Schedule:
     """
     _require_split_single_chunk(problem, "zb-h2")
     p, m = problem.num_devices, problem.num_microbatches
-    return _repeat_per_iteration(problem, [_lagged_weight_order(s, m, 2 * (p - s) - 1, 2 * s) for s in range(p)])
+    return repeat_per_iteration(problem, [_lagged_weight_order(s, m, 2 * (p - s) - 1, 2 * s) for s in range(p)])
 
 
 # ---------------------------------------------------------------------------------------------- automatic
@@ -312,7 +303,7 @@ def _best_greedy_schedule(problem: Problem, limits: tuple[float, ...], name: str
     best, best_key = None, None
     for flags in itertools.product((False, True), repeat=3):
         orders = _AutoGreedy(problem, limits, GreedyChoices(*flags)).run()
-        schedule = _repeat_per_iteration(problem, orders)
+        schedule = repeat_per_iteration(problem, orders)
         result = simulate(problem, schedule)
         if any(peak > limit + MEMORY_TOLERANCE for peak, limit in zip(result.peak_memory, limits, strict=True)):
             continue

@@ -25,7 +25,7 @@ import time
 
 from ortools.sat.python import cp_model
 
-from zbopt.ops import Op, device_work, op_graph
+from zbopt.ops import Op, op_graph
 from zbopt.problem import FORWARD, Problem
 from zbopt.simulate import op_table, simulate
 from zbopt.solvers.bounds import heads_and_tails, lower_bounds
@@ -36,9 +36,11 @@ from zbopt.solvers.result import (
     ceil_ticks,
     check_close,
     memory_scale,
+    objective_bound,
     objective_value,
     schedule_from_starts,
     settle,
+    symmetric_successors,
     tick_scale,
     warm_start_simulation,
 )
@@ -115,12 +117,12 @@ def solve_cpsat(
     graph = op_graph(integral)
     heads, tails = heads_and_tails(graph)
     bounds = lower_bounds(problem)
-    # a device's span holds at least its own work; the other bounds speak of the makespan only
-    independent_bound = bounds.best if objective == "makespan" else max(device_work(problem))
+    independent_bound = objective_bound(problem, bounds, objective)
     warm = warm_start_simulation(problem, warm_start, objective) if use_warm_start else None
 
     ops = table.ops()
     duration = table.duration
+    ops_of_device = [[op for op in ops if op.stage in stages] for stages in problem.stages_of_device]
     horizon = int(sum(duration) + sum(table.latency))  # everything in a row: always feasible
     hint = None
     if warm is not None:
@@ -139,8 +141,8 @@ def solve_cpsat(
         end[op] = start[op] + size
         interval[op] = model.NewFixedSizeIntervalVar(start[op], size, f"op_{op}")
     # 2. no overlap per device
-    for device in range(problem.num_devices):
-        model.AddNoOverlap([interval[op] for op in ops if table.device[table.index(op)] == device])
+    for mine in ops_of_device:
+        model.AddNoOverlap([interval[op] for op in mine])
     # 3. precedences and iteration barriers
     for source, target, data in graph.edges(data=True):
         model.Add(start[target] >= end[source] + int(data["latency"]))
@@ -149,12 +151,8 @@ def solve_cpsat(
         _add_memory(model, problem, ops, start, end, horizon, memory_model)
     # 5. symmetry breaking
     if symmetry_breaking:
-        m = problem.num_microbatches
-        for op in ops:
-            following = Op(op.kind, op.stage, op.microbatch + 1)
-            same_block = (op.microbatch + 1) % m != 0 or not problem.flush
-            if following in start and same_block:
-                model.Add(start[op] <= start[following])
+        for op, following in symmetric_successors(problem, ops):
+            model.Add(start[op] <= start[following])
     # 6. objective
     if objective == "makespan":
         goal = model.NewIntVar(ceil_ticks(independent_bound, scale), horizon, "makespan")
@@ -163,8 +161,7 @@ def solve_cpsat(
                 model.Add(goal >= end[op])
     else:
         goal = model.NewIntVar(ceil_ticks(independent_bound, scale), horizon, "span")
-        for device in range(problem.num_devices):
-            mine = [op for op in ops if table.device[table.index(op)] == device]
+        for device, mine in enumerate(ops_of_device):
             first = model.NewIntVar(0, horizon, f"first_{device}")
             last = model.NewIntVar(0, horizon, f"last_{device}")
             model.AddMinEquality(first, [start[op] for op in mine])

@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import networkx as nx
 
-from zbopt.ops import Op, device_work, op_graph
+from zbopt.ops import Op, op_graph
 from zbopt.problem import FORWARD, Problem
 from zbopt.simulate import simulate
 from zbopt.solvers.bounds import heads_and_tails, lower_bounds
@@ -29,9 +29,11 @@ from zbopt.solvers.result import (
     SolveResult,
     TickScale,
     check_close,
+    objective_bound,
     objective_value,
     schedule_from_starts,
     settle,
+    symmetric_successors,
     warm_start_simulation,
 )
 
@@ -44,11 +46,7 @@ def _ordered_before(problem: Problem, graph: nx.DiGraph) -> set[tuple[Op, Op]]:
     kind and stage and a's microbatch comes first (symmetry breaking, safe as in the CP-SAT model)."""
     closure = nx.transitive_closure_dag(graph)
     pairs = {(a, b) for a, b in closure.edges if graph.nodes[a]["device"] == graph.nodes[b]["device"]}
-    m = problem.num_microbatches
-    for op in graph:
-        later = Op(op.kind, op.stage, op.microbatch + 1)
-        if later in graph and ((op.microbatch + 1) % m != 0 or not problem.flush):
-            pairs.add((op, later))
+    pairs.update(symmetric_successors(problem, list(graph)))
     return nx.transitive_closure_dag(nx.DiGraph(list(pairs))).edges if pairs else set()
 
 
@@ -88,7 +86,7 @@ def _solve_here(problem: Problem, *, backend: str, time_limit: float, warm_start
     graph = op_graph(problem)
     heads, tails = heads_and_tails(graph)
     bounds = lower_bounds(problem)
-    independent_bound = bounds.best if objective == "makespan" else max(device_work(problem))
+    independent_bound = objective_bound(problem, bounds, objective)
     warm = warm_start_simulation(problem, warm_start, objective)
     everything_in_a_row = (sum(d["duration"] for _, d in graph.nodes(data=True))
                            + sum(d["latency"] for *_, d in graph.edges(data=True)))

@@ -6,11 +6,12 @@ import math
 from dataclasses import dataclass, field
 
 from zbopt.errors import NotApplicableError, ZboptError
-from zbopt.ops import Op
+from zbopt.ops import Op, device_work
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules import generate, registered
 from zbopt.simulate import Simulation, simulate
+from zbopt.solvers.bounds import LowerBounds
 
 OBJECTIVES = ("makespan", "span")
 MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
@@ -37,6 +38,11 @@ class TickScale:
         return ticks / self.ticks_per_unit
 
 
+def _whole_at(values, scale: int) -> bool:
+    """Whether every value times `scale` is a whole number (up to float rounding)."""
+    return all(abs(v * scale - round(v * scale)) < 1e-9 * max(1.0, v * scale) for v in values)
+
+
 def tick_scale(problem: Problem) -> TickScale:
     """The smallest power of ten that makes every cost and the latency whole ticks, capped so the
     longest op stays within MAX_TICKS_PER_OP ticks (beyond that, costs are rounded)."""
@@ -44,7 +50,7 @@ def tick_scale(problem: Problem) -> TickScale:
     longest = max(values)
     scale = 1
     while True:
-        if all(abs(v * scale - round(v * scale)) < 1e-9 * max(1.0, v * scale) for v in values):
+        if _whole_at(values, scale):
             return TickScale(scale, True, 0.0)
         if scale * 10 * longest > MAX_TICKS_PER_OP:
             break
@@ -57,11 +63,7 @@ def tick_scale(problem: Problem) -> TickScale:
 def memory_scale(problem: Problem) -> int:
     """A power of ten making every memory amount whole (up to 1e6), for cumulative demands."""
     amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.memory_limit or ())]
-    for exponent in range(7):
-        scale = 10**exponent
-        if all(abs(a * scale - round(a * scale)) < 1e-9 * max(1.0, a * scale) for a in amounts):
-            return scale
-    return 10**6
+    return next((10**exponent for exponent in range(7) if _whole_at(amounts, 10**exponent)), 10**6)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,25 @@ class SolveResult:
                     lower_bound=self.lower_bound, gap=self.gap, solve_time_s=self.solve_time_s, solver=self.solver,
                     warm_start=self.warm_start, resolution=self.resolution, bounds=self.bounds)
         return data
+
+
+def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> float:
+    """The independent lower bound on the objective: the best makespan bound, or for the span
+    objective a device's own work (the other bounds speak of the makespan only)."""
+    return bounds.best if kind == "makespan" else max(device_work(problem))
+
+
+def symmetric_successors(problem: Problem, ops) -> list[tuple[Op, Op]]:
+    """Pairs (op, the same kind and stage on the next microbatch) that symmetry breaking orders:
+    within an iteration when iterations are separated by a flush, across them otherwise."""
+    present = set(ops)
+    m = problem.num_microbatches
+    pairs = []
+    for op in ops:
+        following = Op(op.kind, op.stage, op.microbatch + 1)
+        if following in present and ((op.microbatch + 1) % m != 0 or not problem.flush):
+            pairs.append((op, following))
+    return pairs
 
 
 def objective_value(simulation: Simulation, kind: str) -> float:

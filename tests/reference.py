@@ -54,9 +54,17 @@ def brute_force_peak_memory(problem: Problem, schedule: Schedule, start: dict[Op
     return peaks
 
 
-def random_topological_schedule(problem: Problem, seed: int) -> Schedule:
-    """A valid (deadlock-free) schedule: a random topological order of the DAG, split by device."""
+def random_topological_schedule(problem: Problem, seed: int, microbatch_order: bool = False) -> Schedule:
+    """A valid (deadlock-free) schedule: a random topological order of the DAG, split by device.
+    With `microbatch_order`, ops of one kind and stage also run in microbatch order (within an
+    iteration when iterations are separated by a flush)."""
     graph = op_graph(problem)
+    if microbatch_order:
+        m = problem.num_microbatches
+        for op in list(graph.nodes):
+            following = Op(op.kind, op.stage, op.microbatch + 1)
+            if following in graph and (not problem.flush or following.microbatch % m):
+                graph.add_edge(op, following)
     rng = random.Random(seed)
     indegree = {node: graph.in_degree(node) for node in graph.nodes}
     ready = [node for node, degree in indegree.items() if degree == 0]

@@ -2,21 +2,25 @@
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
-from tests.reference import problems
-from zbopt import NotApplicableError, Problem, critical_path, device_work, generate, simulate
+from tests.reference import problems, random_topological_schedule
+from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate
 from zbopt.schedules import registered
-from zbopt.solvers.bounds import jackson_preemptive, lower_bounds
+from zbopt.solvers.bounds import jackson_preemptive, lower_bounds, memory_precedences
 
 
 def test_uniform_1f1b_meets_the_device_load_bound():
     """F=B=W=1, c=0: device 0 can start at 0, works 3m, and its last op is W (tail 0), while the
     last device starts at 3 (p-1 forwards before) — the busiest-device bound is
-    max_d head_d + 3m + tail_d; on device 0: 0 + 3m + 0; on device p-1: (p-1) + 3m + 0."""
+    max_d head_d + 3m + tail_d; on device 0: 0 + 3m + 0; on device p-1: (p-1) + 3m + 0.
+    The longest chain: one microbatch's 2p+1 ops, and m-1 more steps along one (kind, stage) column,
+    whose ops run in microbatch order on one device."""
     p, m = 4, 8
     problem = Problem(num_devices=p, num_microbatches=m, forward_times=1, backward_times=1, weight_times=1)
     bounds = lower_bounds(problem)
-    assert bounds.critical_path == pytest.approx(critical_path(problem)) == pytest.approx(2 * p + 1)
+    assert critical_path(problem) == pytest.approx(2 * p + 1)
+    assert bounds.critical_path == pytest.approx(2 * p + 1 + m - 1)
     assert bounds.device_load == pytest.approx((p - 1) + 3 * m)
     assert bounds.one_machine >= bounds.device_load
 
@@ -60,3 +64,30 @@ def test_memory_bound_holds_for_schedules_within_the_limit(problem):
         limited = problem.replace(memory_limit=[max(peak, need) for peak, need in
                                                 zip(result.peak_memory, problem.min_memory_limit, strict=True)])
         assert lower_bounds(limited).memory <= result.makespan + 1e-9, entry.name
+
+
+def test_memory_precedences_closed_form():
+    """Limit 4, M_B = 1, M_W = 0.3: F(s, i+4) would be a fifth whole activation unless B(s, i) has
+    ended; F(s, i+k) with W(s, i) pending holds k·0.3 + 1, over 4 first at k = 11."""
+    problem = Problem(num_devices=2, num_microbatches=12, forward_times=1, backward_times=1, weight_times=1,
+                      weight_memory=0.3, memory_limit=4)
+    pairs = set(memory_precedences(problem, list(op_graph(problem))))
+    expected = {(Op("B", s, i), Op("F", s, i + 4)) for s in range(2) for i in range(8)}
+    expected |= {(Op("W", s, 0), Op("F", s, 11)) for s in range(2)}
+    assert pairs == expected
+    fused = problem.replace(weight_times=None, weight_memory=None, memory_limit=2.5)
+    assert set(memory_precedences(fused, list(op_graph(fused)))) == {
+        (Op("BW", s, i), Op("F", s, i + 2)) for s in range(2) for i in range(10)}
+
+
+@given(problems(max_devices=3, max_microbatches=6, chunks=(1, 2), iterations=(1, 2)), st.booleans(),
+       st.integers(0, 10**6))
+def test_memory_precedences_hold_in_every_microbatch_ordered_schedule(problem, flush, seed):
+    """The theorem behind them, on random schedules whose columns run in microbatch order, under a
+    limit equal to each device's own peak (or the least valid limit)."""
+    problem = problem.replace(flush=flush)
+    timed = simulate(problem, random_topological_schedule(problem, seed, microbatch_order=True))
+    limited = problem.replace(memory_limit=[max(peak, need) for peak, need in
+                                            zip(timed.peak_memory, problem.min_memory_limit, strict=True)])
+    for before, forward in memory_precedences(limited, list(op_graph(limited))):
+        assert timed.times_of(before)[1] <= timed.times_of(forward)[0] + 1e-9, (before, forward)

@@ -3,7 +3,7 @@
 Each bound is a relaxation of the scheduling problem, so each is <= the optimum; the solvers'
 answers are checked against them and `lower_bound` reports the best.
 
-- critical path: one microbatch's dependency chain, latencies included;
+- critical path: the longest chain of dependencies and latencies (in the implied graph, below);
 - device load: per device, the earliest any of its ops can start + its total work + the least
   time any of its ops still needs after it ends;
 - one-machine (Jackson) relaxation: per device, its ops with heads (earliest start) and tails
@@ -12,11 +12,17 @@ answers are checked against them and `lower_bound` reports the best.
 - memory: activations held on a device integrate over time to at least m · Σ_s M · lifetime(s),
   where lifetime is the shortest time from a forward's start to the end of the op that frees it;
   the device can hold at most its limit at any moment, so makespan >= integral / limit.
+
+Heads and tails come from `implied_graph`: the op DAG plus the precedences that every schedule
+with ops of one kind and stage in microbatch order obeys (same-device order, and the memory
+precedences of `memory_precedences`). Some optimal schedule has that order (see the CP-SAT
+module), so bounds computed on the implied graph still bound the optimum.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import networkx as nx
@@ -41,6 +47,64 @@ class LowerBounds:
     def as_dict(self) -> dict[str, float]:
         return {"critical_path": self.critical_path, "device_load": self.device_load,
                 "one_machine": self.one_machine, "memory": self.memory, "best": self.best}
+
+
+def _same_order_group(problem: Problem, microbatch: int, other: int) -> bool:
+    """Whether symmetry breaking orders the two microbatches: within an iteration when iterations
+    are separated by a flush, across all of them otherwise."""
+    m = problem.num_microbatches
+    return not problem.flush or microbatch // m == other // m
+
+
+def symmetric_successors(problem: Problem, ops) -> list[tuple[Op, Op]]:
+    """Pairs (op, the same kind and stage on the next microbatch) that symmetry breaking orders."""
+    present = set(ops)
+    return [(op, following) for op in ops
+            if (following := Op(op.kind, op.stage, op.microbatch + 1)) in present
+            and _same_order_group(problem, op.microbatch, following.microbatch)]
+
+
+def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
+    """Pairs (gradient op, forward) where the gradient op must end before the forward starts, in
+    every valid schedule whose ops of one kind and stage run in microbatch order.
+
+    On a device with limit L, if B(s, i) (or BW) has not ended when F(s, i+k) starts, then B(s, j)
+    has not ended for any j >= i, so microbatches i..i+k of stage s all hold their activation M_B:
+    too much once (k+1)·M_B > L. If W(s, i) has not ended, they hold at least M_W each and the new
+    one M_B: too much once k·M_W + M_B > L. Each k is rounded up (a larger k is a weaker claim).
+    """
+    if problem.memory_limit is None:
+        return []
+    present = set(ops)
+    pairs = []
+    for op in ops:
+        if op.kind == FORWARD:
+            continue
+        limit = problem.memory_limit[problem.device_of(op.stage)]
+        activation = problem.activation_memory[op.stage]
+        if op.kind == "W":
+            kept = problem.weight_memory[op.stage]
+            if kept <= 0:
+                continue
+            distance = math.floor((limit - activation) / kept + 1e-9) + 1
+        else:
+            distance = math.floor(limit / activation + 1e-9)
+        forward = Op(FORWARD, op.stage, op.microbatch + distance)
+        if forward in present and _same_order_group(problem, op.microbatch, forward.microbatch):
+            pairs.append((op, forward))
+    return pairs
+
+
+def implied_graph(problem: Problem) -> nx.DiGraph:
+    """The op DAG plus, as edges with latency 0, the precedences every microbatch-ordered valid
+    schedule obeys: an op before its successor of the same kind and stage (one device runs both),
+    and the memory precedences."""
+    graph = op_graph(problem)
+    ops = list(graph)
+    for source, target in symmetric_successors(problem, ops) + memory_precedences(problem, ops):
+        if not graph.has_edge(source, target):
+            graph.add_edge(source, target, latency=0.0)
+    return graph
 
 
 def heads_and_tails(graph: nx.DiGraph) -> tuple[dict[Op, float], dict[Op, float]]:
@@ -117,7 +181,7 @@ def memory_bound(problem: Problem) -> float:
 
 def lower_bounds(problem: Problem) -> LowerBounds:
     """All lower bounds of `problem` (see the module docstring)."""
-    graph = op_graph(problem)
+    graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
     critical = max(heads[op] + graph.nodes[op]["duration"] + tails[op] for op in graph)
     per_device: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]

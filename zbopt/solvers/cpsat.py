@@ -7,7 +7,9 @@ The model, built in named steps like OR-Tools' job-shop example:
   4. memory: per device a cumulative over activation lifetimes (F start -> B end holds M_B - M_W,
      F start -> W end holds M_W; fused: F start -> BW end holds M_B), or a reservoir of the same
      allocations and releases;
-  5. symmetry breaking: ops of one kind on one stage run in microbatch order (safe: see below);
+  5. symmetry breaking: ops of one kind on one stage run in microbatch order (safe: see below),
+     and with it the memory precedences it implies (`bounds.memory_precedences`): redundant
+     given the memory constraint, but they let the solver prove memory-bound optima;
   6. objective: the makespan (or the longest device span) with the independent lower bound.
 
 Symmetry breaking is safe because microbatches are identical: in any valid schedule, relabel the
@@ -28,7 +30,7 @@ from ortools.sat.python import cp_model
 from zbopt.ops import Op, op_graph
 from zbopt.problem import FORWARD, Problem
 from zbopt.simulate import op_table, simulate
-from zbopt.solvers.bounds import heads_and_tails, lower_bounds
+from zbopt.solvers.bounds import heads_and_tails, implied_graph, lower_bounds
 from zbopt.solvers.result import (
     OBJECTIVES,
     SolveResult,
@@ -40,7 +42,6 @@ from zbopt.solvers.result import (
     objective_value,
     schedule_from_starts,
     settle,
-    symmetric_successors,
     tick_scale,
     warm_start_simulation,
 )
@@ -98,7 +99,8 @@ def solve_cpsat(
     workers, seed : CP-SAT's search workers and random seed; one worker and a seed repeat exactly.
     objective : "makespan" or "span" (the Zero Bubble paper's longest per-device span).
     memory_model : "cumulative" or "reservoir".
-    symmetry_breaking : order ops of one kind and stage by microbatch (see the module docstring).
+    symmetry_breaking : order ops of one kind and stage by microbatch, with the memory precedences
+        that follow (see the module docstring).
     use_warm_start : hint the model with the warm start and cap the horizon at its makespan.
     progress : print a live line on stderr.
 
@@ -114,7 +116,7 @@ def solve_cpsat(
     scale = tick_scale(problem)
     integral = tick_problem(problem, scale)
     table = op_table(integral)
-    graph = op_graph(integral)
+    graph = implied_graph(integral) if symmetry_breaking else op_graph(integral)  # 3. and 5. as edges
     heads, tails = heads_and_tails(graph)
     bounds = lower_bounds(problem)
     independent_bound = objective_bound(problem, bounds, objective)
@@ -143,16 +145,12 @@ def solve_cpsat(
     # 2. no overlap per device
     for mine in ops_of_device:
         model.AddNoOverlap([interval[op] for op in mine])
-    # 3. precedences and iteration barriers
+    # 3. precedences and iteration barriers (and 5., the symmetry-breaking and memory precedences)
     for source, target, data in graph.edges(data=True):
         model.Add(start[target] >= end[source] + int(data["latency"]))
     # 4. memory
     if problem.memory_limit is not None:
         _add_memory(model, problem, ops, start, end, horizon, memory_model)
-    # 5. symmetry breaking
-    if symmetry_breaking:
-        for op, following in symmetric_successors(problem, ops):
-            model.Add(start[op] <= start[following])
     # 6. objective
     if objective == "makespan":
         goal = model.NewIntVar(ceil_ticks(independent_bound, scale), horizon, "makespan")

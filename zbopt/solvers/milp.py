@@ -6,7 +6,7 @@ the CP-SAT model:
   - precedences S_j >= S_i + d_i + latency;
   - one binary x_ik per pair of ops on a device ("i runs before k"), with
         S_k >= S_i + d_i - M (1 - x_ik)   and   S_i >= S_k + d_k - M x_ik,
-    fixed where the DAG or the symmetry breaking already orders the pair;
+    fixed where the implied graph (DAG, symmetry breaking, memory precedences) orders the pair;
   - memory: a device's level when forward k starts depends only on which of its ops run before
     k, so  M_B(k) + sum_i x_ik · delta_i <= limit  is linear in the binaries.
 Times are the problem's own floats (no ticks); the MILP's tolerances state its resolution.
@@ -20,10 +20,10 @@ from concurrent.futures import ProcessPoolExecutor
 
 import networkx as nx
 
-from zbopt.ops import Op, op_graph
+from zbopt.ops import Op
 from zbopt.problem import FORWARD, Problem
 from zbopt.simulate import simulate
-from zbopt.solvers.bounds import heads_and_tails, lower_bounds
+from zbopt.solvers.bounds import heads_and_tails, implied_graph, lower_bounds
 from zbopt.solvers.result import (
     OBJECTIVES,
     SolveResult,
@@ -33,7 +33,6 @@ from zbopt.solvers.result import (
     objective_value,
     schedule_from_starts,
     settle,
-    symmetric_successors,
     warm_start_simulation,
 )
 
@@ -41,13 +40,11 @@ BACKENDS = ("cbc", "highs")
 RESOLUTION = 1e-6  # feasibility tolerance of CBC and HiGHS, in the problem's units
 
 
-def _ordered_before(problem: Problem, graph: nx.DiGraph) -> set[tuple[Op, Op]]:
-    """Pairs (a, b) on one device where a must precede b: through the DAG, or because both are of one
-    kind and stage and a's microbatch comes first (symmetry breaking, safe as in the CP-SAT model)."""
+def _ordered_before(graph: nx.DiGraph) -> set[tuple[Op, Op]]:
+    """Pairs (a, b) on one device where a must precede b through the implied graph (the DAG, the
+    symmetry breaking and the memory precedences, safe as in the CP-SAT model)."""
     closure = nx.transitive_closure_dag(graph)
-    pairs = {(a, b) for a, b in closure.edges if graph.nodes[a]["device"] == graph.nodes[b]["device"]}
-    pairs.update(symmetric_successors(problem, list(graph)))
-    return nx.transitive_closure_dag(nx.DiGraph(list(pairs))).edges if pairs else set()
+    return {(a, b) for a, b in closure.edges if graph.nodes[a]["device"] == graph.nodes[b]["device"]}
 
 
 def solve_milp(
@@ -83,7 +80,7 @@ def _solve_here(problem: Problem, *, backend: str, time_limit: float, warm_start
     import pulp
 
     began = time.perf_counter()
-    graph = op_graph(problem)
+    graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
     bounds = lower_bounds(problem)
     independent_bound = objective_bound(problem, bounds, objective)
@@ -140,7 +137,7 @@ def build_model(problem: Problem, graph: nx.DiGraph, heads: dict, tails: dict, h
     model += goal
     for source, target, data in graph.edges(data=True):
         model += start[target] >= start[source] + duration[source] + data["latency"]
-    fixed = set(_ordered_before(problem, graph))
+    fixed = _ordered_before(graph)
     before: dict[tuple[Op, Op], object] = {}  # (i, k) -> 1, 0 or a binary: i runs before k
     for stages in problem.stages_of_device:
         mine = sorted(op for op in ops if op.stage in stages)

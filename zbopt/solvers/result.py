@@ -111,19 +111,6 @@ def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> float:
     return bounds.best if kind == "makespan" else max(device_work(problem))
 
 
-def symmetric_successors(problem: Problem, ops) -> list[tuple[Op, Op]]:
-    """Pairs (op, the same kind and stage on the next microbatch) that symmetry breaking orders:
-    within an iteration when iterations are separated by a flush, across them otherwise."""
-    present = set(ops)
-    m = problem.num_microbatches
-    pairs = []
-    for op in ops:
-        following = Op(op.kind, op.stage, op.microbatch + 1)
-        if following in present and ((op.microbatch + 1) % m != 0 or not problem.flush):
-            pairs.append((op, following))
-    return pairs
-
-
 def objective_value(simulation: Simulation, kind: str) -> float:
     """The makespan, or the longest per-device span (the Zero Bubble paper's objective)."""
     return simulation.makespan if kind == "makespan" else max(simulation.span)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from tests.reference import problems, random_topological_schedule
 from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate
 from zbopt.schedules import registered
-from zbopt.solvers.bounds import jackson_preemptive, lower_bounds, memory_precedences
+from zbopt.solvers.bounds import jackson_preemptive, lower_bounds, memory_disjunctions, memory_precedences
 
 
 def test_uniform_1f1b_meets_the_device_load_bound():
@@ -80,9 +80,21 @@ def test_memory_precedences_closed_form():
         (Op("BW", s, i), Op("F", s, i + 2)) for s in range(2) for i in range(10)}
 
 
+def test_memory_disjunctions_closed_form():
+    """Limit 4, M_B = 1, M_W = 0.3, F(s, n) starting with B(s, j) pending holds n-j+1 whole
+    activations, leaving room for (4 - (n-j+1)) / 0.3 pending W: for j = n-3, n-2, n-1 that is
+    0, 3 and 6, so W(s, n-4), W(s, n-6) or W(s, n-8) must have ended, or that B."""
+    problem = Problem(num_devices=2, num_microbatches=12, forward_times=1, backward_times=1, weight_times=1,
+                      weight_memory=0.3, memory_limit=4)
+    expected = {(Op("B", s, n - back), Op("W", s, n - weight), Op("F", s, n))
+                for s in range(2) for n in range(12) for back, weight in ((3, 4), (2, 6), (1, 8)) if n >= weight}
+    assert set(memory_disjunctions(problem, list(op_graph(problem)))) == expected
+    assert memory_disjunctions(problem.replace(weight_times=None, weight_memory=None), list(op_graph(problem))) == []
+
+
 @given(problems(max_devices=3, max_microbatches=6, chunks=(1, 2), iterations=(1, 2)), st.booleans(),
        st.integers(0, 10**6))
-def test_memory_precedences_hold_in_every_microbatch_ordered_schedule(problem, flush, seed):
+def test_memory_precedences_and_disjunctions_hold_in_every_microbatch_ordered_schedule(problem, flush, seed):
     """The theorem behind them, on random schedules whose columns run in microbatch order, under a
     limit equal to each device's own peak (or the least valid limit)."""
     problem = problem.replace(flush=flush)
@@ -91,3 +103,6 @@ def test_memory_precedences_hold_in_every_microbatch_ordered_schedule(problem, f
                                             zip(timed.peak_memory, problem.min_memory_limit, strict=True)])
     for before, forward in memory_precedences(limited, list(op_graph(limited))):
         assert timed.times_of(before)[1] <= timed.times_of(forward)[0] + 1e-9, (before, forward)
+    for backward, weight, forward in memory_disjunctions(limited, list(op_graph(limited))):
+        begins = timed.times_of(forward)[0] + 1e-9
+        assert timed.times_of(backward)[1] <= begins or timed.times_of(weight)[1] <= begins, (backward, weight)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from zbopt.ops import Op, earliest_finish, op_graph
-from zbopt.problem import FORWARD, Problem
+from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
             continue
         limit = problem.memory_limit[problem.device_of(op.stage)]
         activation = problem.activation_memory[op.stage]
-        if op.kind == "W":
+        if op.kind == WEIGHT:
             kept = problem.weight_memory[op.stage]
             if kept <= 0:
                 continue
@@ -93,6 +93,36 @@ def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
         if forward in present and _same_order_group(problem, op.microbatch, forward.microbatch):
             pairs.append((op, forward))
     return pairs
+
+
+def memory_disjunctions(problem: Problem, ops) -> list[tuple[Op, Op, Op]]:
+    """Triples (B(s, j), W(s, i), F(s, n)), i < j < n, where at least one of the first two must end
+    before the forward starts, in every valid microbatch-ordered schedule with a split backward.
+
+    Were neither ended, microbatches j..n of stage s would hold M_B each and i..j-1 at least M_W
+    each: too much once (n-j+1)·M_B + (j-i)·M_W > L. For each j the latest such i is given (the
+    strongest claim); j = n - k with (k+1)·M_B > L is a memory precedence instead.
+    """
+    if problem.memory_limit is None or not problem.split_backward:
+        return []
+    present = set(ops)
+    triples = []
+    for forward in ops:
+        stage, newest = forward.stage, forward.microbatch
+        kept = problem.weight_memory[stage]
+        if forward.kind != FORWARD or kept <= 0:
+            continue
+        limit = problem.memory_limit[problem.device_of(stage)]
+        activation = problem.activation_memory[stage]
+        for pending in range(newest - 1, -1, -1):
+            room = limit - (newest - pending + 1) * activation
+            if room < 0:
+                break
+            oldest = pending - math.floor(room / kept + 1e-9) - 1
+            weight = Op(WEIGHT, stage, oldest)
+            if oldest >= 0 and weight in present and _same_order_group(problem, oldest, newest):
+                triples.append((Op(BACKWARD, stage, pending), weight, forward))
+    return triples
 
 
 def implied_graph(problem: Problem) -> nx.DiGraph:

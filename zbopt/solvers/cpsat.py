@@ -8,8 +8,9 @@ The model, built in named steps like OR-Tools' job-shop example:
      F start -> W end holds M_W; fused: F start -> BW end holds M_B), or a reservoir of the same
      allocations and releases;
   5. symmetry breaking: ops of one kind on one stage run in microbatch order (safe: see below),
-     and with it the memory precedences it implies (`bounds.memory_precedences`): redundant
-     given the memory constraint, but they let the solver prove memory-bound optima;
+     and with it the memory precedences and disjunctions it implies (`bounds.memory_precedences`,
+     `bounds.memory_disjunctions`): redundant given the memory constraint, but they let the solver
+     prove memory-bound optima;
   6. objective: the makespan (or the longest device span) with the independent lower bound.
 
 Symmetry breaking is safe because microbatches are identical: in any valid schedule, relabel the
@@ -30,7 +31,7 @@ from ortools.sat.python import cp_model
 from zbopt.ops import Op, op_graph
 from zbopt.problem import FORWARD, Problem
 from zbopt.simulate import op_table, simulate
-from zbopt.solvers.bounds import heads_and_tails, implied_graph, lower_bounds
+from zbopt.solvers.bounds import heads_and_tails, implied_graph, lower_bounds, memory_disjunctions
 from zbopt.solvers.result import (
     OBJECTIVES,
     SolveResult,
@@ -151,6 +152,12 @@ def solve_cpsat(
     # 4. memory
     if problem.memory_limit is not None:
         _add_memory(model, problem, ops, start, end, horizon, memory_model)
+    # 5. the memory disjunctions (the precedences are edges of the implied graph)
+    if symmetry_breaking:
+        for backward, weight, forward in memory_disjunctions(problem, ops):
+            backward_ended = model.NewBoolVar(f"ended_{backward}_{forward}")
+            model.Add(start[forward] >= end[backward]).OnlyEnforceIf(backward_ended)
+            model.Add(start[forward] >= end[weight]).OnlyEnforceIf(backward_ended.Not())
     # 6. objective
     if objective == "makespan":
         goal = model.NewIntVar(ceil_ticks(independent_bound, scale), horizon, "makespan")

@@ -8,7 +8,8 @@ the CP-SAT model:
         S_k >= S_i + d_i - M (1 - x_ik)   and   S_i >= S_k + d_k - M x_ik,
     fixed where the implied graph (DAG, symmetry breaking, memory precedences) orders the pair;
   - memory: a device's level when forward k starts depends only on which of its ops run before
-    k, so  M_B(k) + sum_i x_ik · delta_i <= limit  is linear in the binaries.
+    k, so  M_B(k) + sum_i x_ik · delta_i <= limit  is linear in the binaries; and the memory
+    disjunctions (`bounds.memory_disjunctions`) as cuts x_(B,F) + x_(W,F) >= 1.
 Times are the problem's own floats (no ticks); the MILP's tolerances state its resolution.
 """
 
@@ -23,7 +24,7 @@ import networkx as nx
 from zbopt.ops import Op
 from zbopt.problem import FORWARD, Problem
 from zbopt.simulate import simulate
-from zbopt.solvers.bounds import heads_and_tails, implied_graph, lower_bounds
+from zbopt.solvers.bounds import heads_and_tails, implied_graph, lower_bounds, memory_disjunctions
 from zbopt.solvers.result import (
     OBJECTIVES,
     SolveResult,
@@ -162,6 +163,10 @@ def build_model(problem: Problem, graph: nx.DiGraph, heads: dict, tails: dict, h
                     before[other, forward] * problem.memory_delta(other.kind, other.stage)
                     for other in mine if other != forward)
                 model += level <= problem.memory_limit[device]
+        for backward, weight, forward in memory_disjunctions(problem, ops):
+            ended = before[backward, forward] + before[weight, forward]
+            if not isinstance(ended, int):  # both fixed: the implied graph settled it
+                model += ended >= 1
     if objective == "makespan":
         for op in ops:
             if tails[op] == 0:

@@ -16,8 +16,8 @@ Times are the problem's own floats (no ticks); the MILP's tolerances state its r
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import networkx as nx
 
@@ -63,7 +63,8 @@ def solve_milp(
 
     The MILP is built and solved in a fresh process: PuLP imports highspy, and highspy and OR-Tools
     each ship their own HiGHS library; whichever loads second into a process fails to resolve its
-    symbols. So PuLP never enters the caller's process, which may use CP-SAT.
+    symbols. So PuLP never enters the caller's process, which may use CP-SAT. Ctrl-C stops the
+    child and raises KeyboardInterrupt here (no schedule: the MILP solvers keep their incumbent).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}")
@@ -71,8 +72,14 @@ def solve_milp(
         raise ValueError(f"objective must be one of {OBJECTIVES}")
     arguments = dict(backend=backend, time_limit=time_limit, warm_start=warm_start, workers=workers,
                      objective=objective)
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_solve_here, problem, **arguments).result()
+    # leaving the block terminates the child, also when Ctrl-C interrupts the wait
+    with multiprocessing.get_context("spawn").Pool(1, initializer=_ignore_interrupts) as pool:
+        return pool.apply(_solve_here, (problem,), arguments)
+
+
+def _ignore_interrupts() -> None:
+    """Ctrl-C is the parent's to handle: it stops the child, which should not print a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _solve_here(problem: Problem, *, backend: str, time_limit: float, warm_start: str | None, workers: int,

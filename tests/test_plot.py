@@ -1,14 +1,189 @@
-from matplotlib.collections import PolyCollection
+import re
+import xml.etree.ElementTree as ElementTree
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
 
 from zbopt import Problem, generate, simulate
-from zbopt.plot import plot_gantt
+from zbopt.errors import ZboptError
+from zbopt.plot import plot_gantt, plot_memory
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 
-def test_gantt_draws_one_box_per_op_and_one_lane_per_device():
-    problem = Problem(num_devices=3, num_microbatches=5, chunks_per_device=2, weight_times=1, placement="v")
-    figure = plot_gantt(simulate(problem, generate("looped-bfs", problem)))
-    boxes = sum(len(c.get_paths()) for c in figure.axes[0].collections if isinstance(c, PolyCollection))
-    assert boxes == problem.num_ops + problem.num_devices
-    labels = [t.get_text() for t in figure.axes[0].texts]
-    assert set(labels) <= {str(j) for j in range(5)} and labels
-    assert "looped-bfs: p=3, m=5, v=2" in figure.axes[0].get_title()
+def simulated(schedule: str, **problem):
+    problem = Problem(**problem)
+    return simulate(problem, generate(schedule, problem))
+
+
+def collection(axes, gid: str):
+    return next(c for c in axes.collections if c.get_gid() == gid)
+
+
+def test_gantt_svg_holds_one_box_per_op_grouped_by_kind_and_chunk(tmp_path):
+    simulation = simulated("zb-v", num_devices=3, num_microbatches=5, chunks_per_device=2, placement="v",
+                           forward_times=1, backward_times=1, weight_times=1)
+    plot_gantt(simulation, tmp_path / "gantt.svg")
+    groups = {g.get("id"): g for g in ElementTree.parse(tmp_path / "gantt.svg").iter(f"{SVG}g")}
+    boxes = {gid: len(group.findall(f".//{SVG}path")) + len(group.findall(f".//{SVG}use"))
+             for gid, group in groups.items() if gid and gid.startswith("ops-")}
+    # 3 devices x 5 microbatches of each kind on each chunk
+    assert boxes == {f"ops-{kind}-chunk{chunk}": 15 for kind in "FBW" for chunk in (0, 1)}
+    assert len(groups["idle-lanes"].findall(f".//{SVG}path")) == 3
+
+
+def test_gantt_boxes_span_the_simulated_times_on_their_device_rows():
+    simulation = simulated("1f1b", num_devices=4, num_microbatches=6, forward_times=1, backward_times=2)
+    axes = plot_gantt(simulation).axes[0]
+    table = simulation.table
+    for kind in ("F", "BW"):
+        drawn = sorted((round(path.vertices[:, 1].mean()), path.vertices[:, 0].min(), path.vertices[:, 0].max())
+                       for path in collection(axes, f"ops-{kind}-chunk0").get_paths())
+        ops = [i for i, op in enumerate(table.ops()) if op.kind == kind]
+        expected = sorted((table.device[i], simulation.start[i], simulation.end[i]) for i in ops)
+        assert drawn == expected
+    plt.close("all")
+
+
+def label_boxes_in_pixels(figure, simulation):
+    """Per label of the Gantt, (its text's pixel bbox, its op's box's pixel bbox, its text, its op)."""
+    axes = figure.axes[0]
+    renderer = figure.canvas.get_renderer()
+    table = simulation.table
+    result = []
+    for label in axes.texts:
+        center, device = label.get_position()
+        ops = simulation.device_ops[device]
+        op = ops[np.searchsorted(simulation.start[ops], center) - 1]
+        assert simulation.start[op] < center < simulation.end[op]
+        corners = axes.transData.transform([(simulation.start[op], device - 0.4), (simulation.end[op], device + 0.4)])
+        result.append((label.get_window_extent(renderer).extents, np.sort(corners, axis=0).ravel(),
+                       label.get_text(), table.op(op)))
+    return result
+
+
+@pytest.mark.parametrize(("schedule", "problem", "labelled"), [
+    ("1f1b", {"num_devices": 2, "num_microbatches": 4, "forward_times": 1, "backward_times": 2}, "all"),
+    ("zb-v", {"num_devices": 4, "num_microbatches": 8, "chunks_per_device": 2, "placement": "v",
+              "forward_times": 1, "backward_times": 1, "weight_times": 1}, "all"),
+    ("1f1b", {"num_devices": 32, "num_microbatches": 64, "forward_times": 1, "backward_times": 2}, "some"),
+    # 20 inches for a makespan of 861: no box is wide enough for a number
+    ("1f1b", {"num_devices": 32, "num_microbatches": 256, "forward_times": 1, "backward_times": 2}, "none"),
+])
+def test_gantt_labels_lie_inside_their_boxes_and_never_overlap(schedule, problem, labelled):
+    simulation = simulated(schedule, **problem)
+    figure = plot_gantt(simulation)
+    labels = label_boxes_in_pixels(figure, simulation)
+    plt.close(figure)
+    count = {"all": simulation.problem.num_ops, "none": 0}.get(labelled)
+    assert len(labels) == count if count is not None else 0 < len(labels) < simulation.problem.num_ops
+    for text_box, op_box, text, op in labels:
+        assert text == str(op.microbatch)
+        assert op_box[0] <= text_box[0] and text_box[2] <= op_box[2], (op, text_box, op_box)
+        assert op_box[1] <= text_box[1] and text_box[3] <= op_box[3], (op, text_box, op_box)
+    if labels:
+        x0, y0, x1, y1 = np.array([text_box for text_box, *_ in labels]).T
+        overlap = (x0[:, None] < x1[None, :]) & (x0[None, :] < x1[:, None]) \
+            & (y0[:, None] < y1[None, :]) & (y0[None, :] < y1[:, None])
+        np.fill_diagonal(overlap, False)
+        assert not overlap.any()
+
+
+def test_dense_gantt_stays_within_a_sane_size_and_labels_what_fits():
+    simulation = simulated("1f1b", num_devices=32, num_microbatches=64, forward_times=1, backward_times=2)
+    figure = plot_gantt(simulation)
+    width, height = figure.get_size_inches()
+    labelled = {text.get_text() for text in figure.axes[0].texts}
+    plt.close(figure)
+    assert width <= 20 and height <= 12
+    # a BW box (2 time units) has room for one digit, not two; an F box has room for none
+    assert labelled == {str(j) for j in range(10)}
+
+
+def test_gantt_title_names_the_schedule_and_its_metrics():
+    simulation = simulated("1f1b", num_devices=4, num_microbatches=8, forward_times=1, backward_times=2)
+    figure = plot_gantt(simulation)
+    assert figure.axes[0].get_title() == "1f1b: p=4, m=8, v=1 | makespan 33, bubble 27.3%, ZB bubble 27.3%"
+    assert plot_gantt(simulation, title="mine").axes[0].get_title() == "mine"
+    plt.close("all")
+
+
+def test_latency_marks_run_from_each_cross_device_send_to_its_arrival():
+    simulation = simulated("zb-h1", num_devices=4, num_microbatches=3, forward_times=2, backward_times=2,
+                           weight_times=1, p2p_time=1.5)
+    axes = plot_gantt(simulation, show_latency=True).axes[0]
+    table = simulation.table
+    sends = sorted((simulation.end[producer], table.device[producer], table.device[consumer])
+                   for consumer, producer in enumerate(table.predecessor)
+                   if producer >= 0 and table.device[producer] != table.device[consumer])
+    segments = collection(axes, "p2p-latency").get_segments()
+    drawn = sorted((start[0], round(start[1]), round(finish[1])) for start, finish in segments)
+    assert drawn == sends and len(sends) == 2 * 3 * 3  # F and B of 3 microbatches across 3 device borders
+    assert all(finish[0] - start[0] == 1.5 for start, finish in segments)
+    assert "p2p latency 1.5" in [text.get_text() for text in axes.figure.legends[0].get_texts()]
+    assert not any(c.get_gid() == "p2p-latency" for c in plot_gantt(simulation).axes[0].collections)
+    plt.close("all")
+
+
+def test_memory_plot_draws_the_simulated_steps_the_limits_and_the_peak():
+    simulation = simulated("zb-h2", num_devices=4, num_microbatches=8, forward_times=1, backward_times=1,
+                           weight_times=1, memory_limit=(7, 6.5, 6, 5.5))
+    figure = plot_memory(simulation)
+    panels = figure.axes
+    assert len(panels) == 4
+    for device, axes in enumerate(panels):
+        lines = {line.get_gid(): line for line in axes.get_lines()}
+        times, levels = simulation.memory_steps[device]
+        step = lines[f"memory-device-{device}"]
+        assert step.get_drawstyle() == "steps-post"
+        # from time 0 nothing is held until the first step; the last level lasts to the makespan
+        assert np.array_equal(step.get_xdata(), [0, *times, simulation.makespan])
+        assert np.array_equal(step.get_ydata(), [0, *levels, levels[-1]])
+        assert list(lines[f"memory-limit-{device}"].get_ydata()) == [simulation.problem.memory_limit[device]] * 2
+        peak_time, peak = lines[f"memory-peak-{device}"].get_xydata()[0]
+        assert peak == simulation.peak_memory[device] == levels[times == peak_time][0]
+        assert f"device {device}" in [text.get_text() for text in axes.texts]
+    title = figure.get_suptitle()
+    assert title.startswith("zb-h2: p=4, m=8, v=1 | peak memory ")
+    assert float(re.search(r"peak memory ([\d.]+) \(device (\d+)\)", title).group(1)) == max(simulation.peak_memory)
+    plt.close(figure)
+
+
+def test_memory_plot_flags_the_devices_the_simulator_finds_over_their_limit():
+    simulation = simulated("zb-h2", num_devices=4, num_microbatches=8, forward_times=1, backward_times=1,
+                           weight_times=1, memory_limit=5.5)
+    figure = plot_memory(simulation)
+    flagged = {device for device, axes in enumerate(figure.axes)
+               if any(" > limit 5.5" in text.get_text() for text in axes.texts)}
+    plt.close(figure)
+    assert flagged == {violation.device for violation in simulation.violations} == {0, 1}
+
+
+def test_memory_plot_of_many_devices_fills_columns_of_panels():
+    simulation = simulated("1f1b", num_devices=12, num_microbatches=16, forward_times=1, backward_times=1)
+    figure = plot_memory(simulation)
+    assert len(figure.axes) == 12 and all(axes.get_visible() for axes in figure.axes)
+    panels = {}  # device -> (column x, row y) of its panel
+    for axes in figure.axes:
+        (step,) = [line for line in axes.get_lines() if (line.get_gid() or "").startswith("memory-device-")]
+        device = int(step.get_gid().removeprefix("memory-device-"))
+        assert max(step.get_ydata()) == simulation.peak_memory[device]
+        assert not any((line.get_gid() or "").startswith("memory-limit") for line in axes.get_lines())
+        panels[device] = (round(axes.get_position().x0, 3), -round(axes.get_position().y0, 3))
+    plt.close(figure)
+    # devices 0..5 down the first column, 6..11 down the second
+    assert sorted(panels, key=panels.get) == list(range(12))
+    assert len({x for x, _ in panels.values()}) == 2
+
+
+@pytest.mark.parametrize("plot", [plot_gantt, plot_memory])
+def test_figures_are_written_in_the_format_of_their_extension(plot, tmp_path):
+    simulation = simulated("1f1b", num_devices=2, num_microbatches=2)
+    magic = {"png": b"\x89PNG", "pdf": b"%PDF", "svg": b"<?xml"}
+    for extension, start in magic.items():
+        plot(simulation, tmp_path / f"chart.{extension}")
+        assert (tmp_path / f"chart.{extension}").read_bytes().startswith(start)
+    with pytest.raises(ZboptError, match=r"chart\.jpg.*\.png, \.svg, \.pdf"):
+        plot(simulation, tmp_path / "chart.jpg")
+    assert not (tmp_path / "chart.jpg").exists()

@@ -14,9 +14,8 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from numbers import Real
 
-from zbopt.errors import ZboptError
+from zbopt.errors import ProblemError, ZboptError
 from zbopt.ops import Op
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.schedule import Schedule
@@ -278,23 +277,14 @@ class _AutoGreedy:
 
 
 def _memory_limits(problem: Problem, memory_limit: float | Sequence[float] | None, name: str) -> tuple[float, ...]:
-    """Per device, the limit the greedy keeps: the option, else the problem's, else unlimited."""
-    p = problem.num_devices
+    """Per device, the limit the greedy keeps: the option (checked as a Problem checks its own
+    memory_limit), else the problem's, else unlimited."""
     if memory_limit is None:
-        return problem.memory_limit if problem.memory_limit is not None else (math.inf,) * p
-    if isinstance(memory_limit, Real) and not isinstance(memory_limit, bool):
-        limits = (float(memory_limit),) * p
-    elif (isinstance(memory_limit, Sequence) and not isinstance(memory_limit, str) and len(memory_limit) == p
-          and all(isinstance(x, Real) and not isinstance(x, bool) for x in memory_limit)):
-        limits = tuple(float(x) for x in memory_limit)
-    else:
-        raise ZboptError(f"{name} option memory_limit = {memory_limit!r}: expected a number or {p} numbers (one per "
-                         "device)")
-    for device, (limit, needed) in enumerate(zip(limits, problem.min_memory_limit, strict=True)):
-        if limit < needed - MEMORY_TOLERANCE:
-            raise ZboptError(f"{name} option memory_limit = {memory_limit!r}: device {device} must hold one "
-                             f"microbatch's activations ({needed:g})")
-    return limits
+        return problem.memory_limit if problem.memory_limit is not None else (math.inf,) * problem.num_devices
+    try:
+        return problem.replace(memory_limit=memory_limit).memory_limit
+    except ProblemError as error:
+        raise ZboptError(f"{name} option {error}") from None
 
 
 def _best_greedy_schedule(problem: Problem, limits: tuple[float, ...], name: str) -> Schedule:

@@ -1,5 +1,6 @@
 """zbopt: optimal and heuristic pipeline-parallel training schedules, on one shared simulator."""
 
+from zbopt.compare import Comparison, ComparisonRow, compare
 from zbopt.errors import (
     DeadlockError,
     MemoryLimitError,
@@ -9,6 +10,7 @@ from zbopt.errors import (
     UnknownScheduleError,
     ZboptError,
 )
+from zbopt.frontier import Frontier, memory_frontier
 from zbopt.ops import Op, critical_path, device_work, op_graph
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule, load_schedule, save_schedule
@@ -19,7 +21,10 @@ from zbopt.solvers import SolveResult, lower_bounds, solve
 __version__ = "0.1.0"
 
 __all__ = [
+    "Comparison",
+    "ComparisonRow",
     "DeadlockError",
+    "Frontier",
     "MemoryLimitError",
     "MemoryViolation",
     "NotApplicableError",
@@ -32,11 +37,13 @@ __all__ = [
     "SolveResult",
     "UnknownScheduleError",
     "ZboptError",
+    "compare",
     "critical_path",
     "device_work",
     "generate",
     "load_schedule",
     "lower_bounds",
+    "memory_frontier",
     "op_graph",
     "registered",
     "save_schedule",

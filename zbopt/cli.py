@@ -6,6 +6,7 @@ Exit status: 0 done; 1 the schedule ran but breaks the problem's memory limit; 2
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -18,6 +19,7 @@ from zbopt.simulate import Simulation, simulate
 
 EXIT_INVALID_SCHEDULE = 1
 EXIT_BAD_INPUT = 2
+DASK_CONNECT_TIMEOUT_S = 10
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,11 +75,12 @@ def _add_problem_flags(parser: argparse.ArgumentParser) -> None:
         help="iterations do not wait for each other's weight update (PipeDream-2BW double buffering)")
 
 
-def _add_input_flags(parser: argparse.ArgumentParser) -> None:
+def _add_input_flags(parser: argparse.ArgumentParser,
+                     output_help: str = "write a Gantt chart (.png, .svg or .pdf)") -> None:
     parser.add_argument("config", nargs="?", help="YAML or JSON config file (optional)")
     parser.add_argument("-c", "--config", dest="config_flag", metavar="CONFIG", help="same as the positional CONFIG")
     parser.add_argument("-o", "--output", "--output-file", dest="output_file", default=argparse.SUPPRESS,
-                        help="write a Gantt chart (.png, .svg or .pdf)")
+                        help=output_help)
     parser.add_argument("--no-visualization", action="store_true", help="write no chart, even if the config names one")
     _add_problem_flags(parser)
 
@@ -195,6 +198,134 @@ def _command_solve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _format_comparison(comparison) -> str:
+    """The problem, the lower bound, then one aligned line per row (sorted by makespan), and the
+    schedules left out with their reasons."""
+    from zbopt.compare import COLUMNS
+
+    problem, result = comparison.problem, comparison.solve_result
+    limit = problem.memory_limit
+    cells = [row.cells() for row in comparison.rows]
+    width = {key: max(len(title), *(len(row[key]) for row in cells)) for key, title in COLUMNS.items()}
+    left = ("name", "status", "within_memory_limit")
+
+    def line(values: dict[str, str]) -> str:
+        return "  ".join(f"{values[key]:<{width[key]}}" if key in left else f"{values[key]:>{width[key]}}"
+                         for key in COLUMNS).rstrip()
+
+    lines = [
+        f"problem       {problem.describe()}",
+        f"memory limit  {'none' if limit is None else ', '.join(f'{cap:g}' for cap in dict.fromkeys(limit))}",
+        f"lower bound   {comparison.lower_bound:.6g} ({comparison.lower_bound_source})",
+        "",
+        line(COLUMNS),
+        *(line(row) for row in cells),
+    ]
+    if result is not None and result.simulation is None:
+        lines.append(f"cpsat found no schedule in {result.solve_time_s:.1f} s (status {result.status})")
+    if comparison.not_applicable:
+        lines += ["", "not applicable:", *(f"  {reason}" for _, reason in comparison.not_applicable)]
+    return "\n".join(lines)
+
+
+def _command_compare(args: argparse.Namespace) -> int:
+    from zbopt.compare import compare
+    from zbopt.report import check_report_path, write_report
+
+    if args.time_limit is not None and not args.optimal:
+        raise ZboptError("--time-limit applies to --optimal only")
+    run = _run_config(args)
+    # the report comes from -o only: a config's output_file names a Gantt chart (the visualizer's key)
+    report = None if args.no_visualization else getattr(args, "output_file", None)
+    if report is not None:
+        report = check_report_path(report)
+    live = not args.json and sys.stderr.isatty()
+    limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
+    comparison = compare(run.problem, args.schedule, optimal=args.optimal, progress=live, **limit)
+    if args.json:
+        print(json.dumps(comparison.to_dicts()))
+    else:
+        print(_format_comparison(comparison))
+    if report is not None:
+        write_report(report, comparison)
+        if not args.json:
+            print(f"\nreport written to {report}")
+    return 0
+
+
+def _format_frontier(frontier) -> str:
+    """The problem, one line per memory limit, then the heuristics at their own peak memory."""
+    points = frontier.points
+    lines = [
+        f"problem       {frontier.problem.describe()}",
+        f"solves        {len(points)} memory limits, CP-SAT {frontier.time_limit:g} s each; "
+        f"wall time {frontier.wall_time_s:.1f} s",
+        "",
+        f"{'memory limit':>12}  {'status':<8}  {'makespan':>10}  {'lower bound':>11}  {'gap':>7}  {'solve s':>7}",
+    ]
+    for point in points:
+        makespan = "none" if point.makespan is None else f"{point.makespan:.6g}"
+        gap = "n/a" if point.gap is None else f"{point.gap:.2%}"
+        lines.append(f"{point.memory_limit:>12g}  {point.status:<8}  {makespan:>10}  {point.lower_bound:>11.6g}  "
+                     f"{gap:>7}  {point.solve_time_s:>7.2f}")
+    if frontier.heuristics:
+        width = max(len("heuristic"), *(len(point.name) for point in frontier.heuristics))
+        lines += ["", "heuristics at their own peak memory (run without a limit):",
+                  f"{'heuristic':<{width}}  {'peak memory':>11}  {'makespan':>10}"]
+        lines += [f"{point.name:<{width}}  {point.peak_memory:>11.6g}  {point.makespan:>10.6g}"
+                  for point in frontier.heuristics]
+    return "\n".join(lines)
+
+
+def _dask_client(address: str):
+    """A dask.distributed Client connected to the scheduler at `address` (an optional dependency)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ZboptError("--dask needs dask.distributed: pip install 'zbopt[dask]'") from None
+    try:
+        return Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as error:
+        raise ZboptError(f"--dask {address}: cannot connect to the scheduler ({error})") from None
+
+
+def _command_frontier(args: argparse.Namespace) -> int:
+    from zbopt.frontier import memory_frontier, parse_memory_limits, process_pool
+    from zbopt.plot import check_figure_path, plot_frontier
+
+    if args.dask is not None and args.workers is not None:
+        raise ZboptError("--workers and --dask: give one (a dask cluster has its own workers)")
+    if args.workers is not None and args.workers < 1:
+        raise ZboptError(f"--workers {args.workers}: must be at least 1")
+    if hasattr(args, "memory_limit"):
+        raise ZboptError("--memory-limit: the sweep sets the limit; give --memory-limits START:STOP:STEP")
+    limits = parse_memory_limits(args.memory_limits)
+    run = _run_config(args)
+    # the figure comes from -o only: a config's output_file names a Gantt chart (the visualizer's key)
+    figure = None if args.no_visualization else getattr(args, "output_file", None)
+    if figure is not None:
+        check_figure_path(figure)
+    live = not args.json and sys.stderr.isatty()
+    with contextlib.ExitStack() as stack:
+        if args.dask is not None:
+            executor = stack.enter_context(_dask_client(args.dask)).get_executor()
+        elif args.workers is not None:
+            executor = stack.enter_context(process_pool(args.workers))
+        else:
+            executor = None  # memory_frontier's own pool, one process per core
+        frontier = memory_frontier(run.problem, limits, time_limit=args.time_limit, executor=executor,
+                                   progress=live)
+    if args.json:
+        print(json.dumps(frontier.to_dict()))
+    else:
+        print(_format_frontier(frontier))
+    if figure is not None:
+        plot_frontier(frontier, figure)
+        if not args.json:
+            print(f"\nfrontier figure written to {figure}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="zbopt", description="Pipeline-parallel schedules: simulate, compare, optimize.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
@@ -221,6 +352,24 @@ def build_parser() -> argparse.ArgumentParser:
     solving.add_argument("--quiet", action="store_true", help="print nothing (use -o or --json)")
     _add_input_flags(solving)
     solving.set_defaults(run=_command_solve)
+    comparing = commands.add_parser("compare", help="simulate several schedules (and the optimum) side by side")
+    comparing.add_argument("--schedule", action="extend", nargs="+", metavar="NAME",
+                           help="registered schedule names (default: every one that applies)")
+    comparing.add_argument("--optimal", action="store_true", help="add the CP-SAT solver's schedule (row 'cpsat')")
+    comparing.add_argument("--time-limit", type=float, help="seconds for --optimal (default 60)")
+    comparing.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    _add_input_flags(comparing, output_help="write an HTML report (.html) with every schedule's charts")
+    comparing.set_defaults(run=_command_compare)
+    sweeping = commands.add_parser("frontier", help="the optimal makespan at each memory limit of a sweep")
+    sweeping.add_argument("--memory-limits", required=True, metavar="START:STOP:STEP",
+                          help="per-device memory limits to solve at, STOP included (e.g. 1:8:1)")
+    sweeping.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default 60)")
+    sweeping.add_argument("--workers", type=int, help="solves at once, one process each (default: one per core)")
+    sweeping.add_argument("--dask", metavar="ADDRESS",
+                          help="run the solves on a dask.distributed cluster, e.g. tcp://host:8786")
+    sweeping.add_argument("--json", action="store_true", help="print the frontier as one JSON object")
+    _add_input_flags(sweeping, output_help="write the frontier figure (.png, .svg or .pdf)")
+    sweeping.set_defaults(run=_command_frontier)
     return parser
 
 

@@ -15,6 +15,8 @@ from matplotlib.colors import to_rgb
 from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
 
 from zbopt.errors import ZboptError
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT
@@ -27,6 +29,7 @@ LANE_COLOR = "#ececec"
 LATENCY_COLOR = "#333333"
 MEMORY_COLOR = "#3b6fb6"
 LIMIT_COLOR = "#c0392b"
+BAR_COLOR = "#5b84b1"
 DPI = 120
 MAX_WIDTH_IN = 20.0  # wider figures do not get more legible; dense charts thin their labels instead
 MAX_HEIGHT_IN = 12.0
@@ -161,6 +164,63 @@ def plot_memory(simulation: Simulation, path: str | Path | None = None, *, title
     return _finish(figure, path)
 
 
+def plot_comparison(comparison, path: str | Path | None = None, *, title: str | None = None):
+    """Two horizontal bar panels, one bar per schedule in the table's order (shortest makespan on
+    top): the makespan with its gap to the lower bound (dotted line), and the peak memory (highest
+    over the devices) against the memory limit (dashed red line). A schedule over its memory limit
+    is red, hatched and named in red: a fast schedule that does not fit is no answer.
+    `comparison` is a `zbopt.compare.Comparison` or its rows. Writes PNG, SVG or PDF by the
+    extension of `path` when given.
+
+    Returns the matplotlib Figure.
+    """
+    path = _output_path(path)
+    rows = list(getattr(comparison, "rows", comparison))
+    problem, lower_bound = rows[0].simulation.problem, rows[0].lower_bound
+    limits = sorted(set(problem.memory_limit or ()))
+    over = [not row.within_memory_limit for row in rows]
+    positions = np.arange(len(rows))
+    figure, (time_axes, memory_axes) = plt.subplots(1, 2, sharey=True, figsize=(11.0, 1.6 + 0.3 * len(rows)),
+                                                    dpi=DPI, layout="constrained")
+    panels = (
+        (time_axes, "makespan", [row.makespan for row in rows], [lower_bound],
+         [f"{row.makespan:.5g}  (gap {row.gap:.1%})" for row in rows]),
+        (memory_axes, "peak memory (highest device)", [row.peak_memory for row in rows], limits,
+         [f"{row.peak_memory:g}" + ("  over limit" if o else "") for row, o in zip(rows, over, strict=True)]),
+    )
+    for axes, label, values, references, texts in panels:
+        bars = axes.barh(positions, values, height=0.7, color=[LIMIT_COLOR if o else BAR_COLOR for o in over],
+                         gid=f"bars-{label.split()[0]}")
+        for bar, o in zip(bars, over, strict=True):
+            if o:
+                bar.set_hatch("///")
+                bar.set_edgecolor("white")
+        # on white, so the lower-bound and limit lines pass behind the numbers instead of through them
+        axes.bar_label(bars, texts, padding=3, fontsize=8, zorder=4,
+                       bbox=dict(facecolor="white", edgecolor="none", pad=0.5))
+        axes.set_xlim(0, 1.3 * max([*values, *references]))
+        axes.set_xlabel(label, fontsize=9)
+        axes.tick_params(labelsize=8)
+        _style_axes(axes)
+    time_axes.axvline(lower_bound, color="black", linestyle=":", linewidth=1.2, gid="lower-bound")
+    for limit in limits:
+        memory_axes.axvline(limit, color=LIMIT_COLOR, linestyle="--", linewidth=1.2, gid="memory-limit")
+    time_axes.set_yticks(positions, [row.name + (f" ({row.status})" if row.status else "") for row in rows])
+    time_axes.set_ylim(len(rows) - 0.5, -0.5)
+    time_axes.tick_params(axis="y", length=0)
+    for tick, o in zip(time_axes.get_yticklabels(), over, strict=True):
+        if o:
+            tick.set_color(LIMIT_COLOR)
+    handles = [Line2D([], [], color="black", linestyle=":", label=f"lower bound {lower_bound:.5g}")]
+    if limits:
+        handles += [Patch(facecolor=BAR_COLOR, label="within memory limit"),
+                    Patch(facecolor=LIMIT_COLOR, edgecolor="white", hatch="///", label="over memory limit"),
+                    Line2D([], [], color=LIMIT_COLOR, linestyle="--", label="memory limit")]
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
+    figure.suptitle(title or f"Schedules compared on {problem.describe()}", fontsize=10)
+    return _finish(figure, path)
+
+
 def _output_path(path: str | Path | None) -> Path | None:
     """Check the extension before drawing, so a bad path fails fast."""
     return None if path is None else check_figure_path(path)
@@ -277,3 +337,141 @@ def _text_color(background: tuple[float, float, float]) -> str:
     """White on dark boxes, near-black on the light shades of earlier chunks."""
     red, green, blue = background
     return "white" if 0.299 * red + 0.587 * green + 0.114 * blue < 0.6 else "#1a1a1a"
+
+
+FRONTIER_COLOR = "#3b6fb6"
+HEURISTIC_COLOR = "#b03a2e"
+LABEL_DISTANCES = (8, 16, 28, 42, 60, 80, 110)  # points from a heuristic's marker to its label, tried in order
+LABEL_DIRECTIONS = ((1, 0), (1, 1), (1, -1), (0, 1), (0, -1), (-1, 0), (-1, 1), (-1, -1))
+MARKER_CLEARANCE = 7.0  # pixels around a marker that no label may cover
+LABEL_GAP = 5.0  # pixels between two labels, so that two names never read as one label
+
+
+def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None = None):
+    """Draw the makespan against the memory limit: the optimizer's makespan at each limit of the
+    sweep as a staircase (a limit's schedule also runs under every larger limit, so each step holds
+    until the next limit), filled markers where optimality is proven, hollow ones and a band down
+    to the lower bound where it is not; each registered heuristic is a point at its own peak memory
+    and makespan, labelled with a leader line (heuristics sharing a point share one label; labels
+    are placed, measured by the renderer, clear of each other, the markers and the staircase).
+    `frontier` is a `zbopt.frontier.Frontier`. Writes PNG, SVG or PDF by the extension of `path`.
+
+    Returns the matplotlib Figure.
+    """
+    path = _output_path(path)
+    problem, points = frontier.problem, frontier.points
+    limits = np.array([point.memory_limit for point in points])
+    makespans = np.array([math.nan if point.makespan is None else point.makespan for point in points])
+    lower = np.array([point.lower_bound for point in points])
+    proven = np.array([point.status == "optimal" for point in points])
+    groups = _heuristic_groups(frontier.heuristics)
+    step = float(np.min(np.diff(limits))) if len(limits) > 1 else 1.0
+    left = min([limits[0], *(x for x, _, _ in groups)]) - step / 2
+    right = max([limits[-1], *(x for x, _, _ in groups)]) + step  # room for the labels of the rightmost points
+    # each limit's value holds up to the next limit, the last one up to the right edge
+    stairs_x, stairs_y = np.append(limits, right), np.append(makespans, makespans[-1])
+
+    figure, axes = plt.subplots(figsize=(9.0, 5.5), dpi=DPI, layout="constrained")
+    handles = [Line2D([], [], color=FRONTIER_COLOR, marker="o", label="optimal makespan (proven)")]
+    if not proven.all():
+        axes.fill_between(stairs_x, np.append(lower, lower[-1]), stairs_y, step="post", color=FRONTIER_COLOR,
+                          alpha=0.18, linewidth=0, gid="frontier-gap")
+        axes.plot(limits[~proven], makespans[~proven], "o", color=FRONTIER_COLOR, markerfacecolor="white",
+                  zorder=3, gid="frontier-unproven")
+        handles += [Line2D([], [], color=FRONTIER_COLOR, marker="o", markerfacecolor="white", linestyle="none",
+                           label="best found, not proven optimal"),
+                    Patch(facecolor=FRONTIER_COLOR, alpha=0.18, label="lower bound to best found")]
+    axes.step(stairs_x, stairs_y, where="post", color=FRONTIER_COLOR, linewidth=1.6, zorder=2, gid="frontier")
+    axes.plot(limits[proven], makespans[proven], "o", color=FRONTIER_COLOR, zorder=3, gid="frontier-optimal")
+    if groups:
+        axes.plot([x for x, _, _ in groups], [y for _, y, _ in groups], "D", color=HEURISTIC_COLOR, markersize=5,
+                  linestyle="none", zorder=4, gid="heuristics")
+        handles.append(Line2D([], [], color=HEURISTIC_COLOR, marker="D", markersize=5, linestyle="none",
+                              label="heuristic, at its own peak memory"))
+
+    values = [*makespans[~np.isnan(makespans)], *lower, *(y for _, y, _ in groups)]
+    low, high = min(values), max(values)
+    axes.set_xlim(left, right)
+    axes.set_ylim(low - 0.08 * (high - low), high + 0.08 * (high - low))
+    unit = ("1 = one microbatch's activations on one stage" if set(problem.activation_memory) == {1.0}
+            else "the problem's memory units")
+    axes.set_xlabel(f"memory per device: the limit (frontier) or the peak (heuristics); {unit}", fontsize=9)
+    axes.set_ylabel("makespan (the problem's time units)", fontsize=9)
+    axes.tick_params(labelsize=8)
+    axes.grid(color=LANE_COLOR, linewidth=0.8)
+    axes.set_axisbelow(True)
+    _style_axes(axes)
+    figure.legend(handles=handles, loc="outside lower center", ncol=2 if len(handles) > 3 else len(handles),
+                  frameon=False, fontsize=8)
+    backward = "split" if problem.split_backward else "fused"
+    axes.set_title(title or (f"memory–makespan frontier | p={problem.num_devices}, m={problem.num_microbatches}, "
+                             f"v={problem.chunks_per_device}, {backward} backward | CP-SAT, "
+                             f"{frontier.time_limit:g} s per limit"), fontsize=10)
+    _freeze_layout(figure)
+    _label_heuristics(axes, groups, stairs_x, stairs_y)
+    return _finish(figure, path)
+
+
+def _heuristic_groups(heuristics) -> list[tuple[float, float, str]]:
+    """(peak memory, makespan, "name, name, ...") per distinct point: heuristics that coincide
+    (1f1b and its 2BW variant, say) are one marker with one label."""
+    names: dict[tuple[float, float], list[str]] = {}
+    for point in heuristics:
+        names.setdefault((round(point.peak_memory, 9), round(point.makespan, 9)), []).append(point.name)
+    return [(x, y, ", ".join(group)) for (x, y), group in names.items()]
+
+
+def _label_heuristics(axes, groups: list[tuple[float, float, str]], stairs_x: np.ndarray, stairs_y: np.ndarray):
+    """Label each heuristic point at the nearest offset (LABEL_DISTANCES × LABEL_DIRECTIONS) where
+    the text, measured by the renderer, stays inside the axes, clear of every marker, the staircase
+    and the labels placed before it, and nearer its own point than any other heuristic's (so no
+    label reads as another point's); a leader line joins it to its point. A label that fits
+    nowhere still goes to the nearest offset: overlapping beats missing."""
+    renderer = axes.figure.canvas.get_renderer()
+    frame = axes.get_window_extent(renderer)
+    to_pixels = axes.transData.transform
+    clear = MARKER_CLEARANCE
+    markers = to_pixels([(x, y) for x, y, _ in groups])
+    taken = [Bbox.from_bounds(px - clear, py - clear, 2 * clear, 2 * clear)
+             for px, py in [*to_pixels(np.column_stack([stairs_x, stairs_y])[:-1]), *markers]]
+    corners = to_pixels(np.column_stack([np.repeat(stairs_x, 2)[1:], np.repeat(stairs_y, 2)[:-1]]))
+    lows, highs = np.minimum(corners[:-1], corners[1:]) - 1.5, np.maximum(corners[:-1], corners[1:]) + 1.5
+    taken += [Bbox([low, high]) for low, high in zip(lows, highs, strict=True) if np.isfinite([*low, *high]).all()]
+    offsets = [(dx * distance, dy * distance * 0.6) for distance in LABEL_DISTANCES for dx, dy in LABEL_DIRECTIONS]
+    for index, (x, y, text) in enumerate(groups):
+        for offset in offsets:
+            label = _heuristic_label(axes, text, (x, y), offset)
+            box = _text_box(label, renderer)
+            gaps = _box_distances(box, markers)
+            if (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+                    and not any(box.overlaps(other) for other in taken) and gaps[index] <= gaps.min()):
+                break
+            label.remove()
+        else:  # nowhere clear: the nearest offset, since an overlapping label beats a missing one
+            box = _text_box(_heuristic_label(axes, text, (x, y), offsets[0]), renderer)
+        taken.append(box.padded(LABEL_GAP))
+
+
+def _box_distances(box: Bbox, points: np.ndarray) -> np.ndarray:
+    """Pixel distance from the box to each point (0 inside)."""
+    dx = np.maximum(0.0, np.maximum(box.x0 - points[:, 0], points[:, 0] - box.x1))
+    dy = np.maximum(0.0, np.maximum(box.y0 - points[:, 1], points[:, 1] - box.y1))
+    return np.hypot(dx, dy)
+
+
+def _heuristic_label(axes, text: str, point: tuple[float, float], offset: tuple[float, float]):
+    """The text `offset` points from `point`, anchored on the side facing the point, with a thin
+    leader line to it."""
+    dx, dy = offset
+    return axes.annotate(
+        text, point, xytext=offset, textcoords="offset points", fontsize=7.5, color=HEURISTIC_COLOR, zorder=5,
+        ha="left" if dx > 0 else "right" if dx < 0 else "center",
+        va="bottom" if dy > 0 else "top" if dy < 0 else "center",
+        arrowprops=dict(arrowstyle="-", color=HEURISTIC_COLOR, linewidth=0.5, shrinkA=1, shrinkB=4),
+    )
+
+
+def _text_box(label, renderer) -> Bbox:
+    """Where an annotation's text lies in pixels, without its leader line (which reaches the point)."""
+    label.update_positions(renderer)
+    return Text.get_window_extent(label, renderer)

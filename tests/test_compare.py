@@ -1,0 +1,167 @@
+"""`compare` and `zbopt compare`: every row is the simulator's numbers, the default set is exactly the
+registered schedules that apply, rows run by makespan, and the optimizer's row is never beaten."""
+
+import json
+
+import pytest
+
+from zbopt import Problem, compare, generate, lower_bounds, registered, simulate
+from zbopt.cli import main
+from zbopt.errors import NotApplicableError, UnknownScheduleError
+from zbopt.plot import LIMIT_COLOR, plot_comparison
+
+# split backward with a limit some schedules break (1F1B needs 3 on device 0, GPipe 6)
+LIMITED = dict(num_devices=3, num_microbatches=6, forward_times=1.5, backward_times=1.2, weight_times=0.7,
+               p2p_time=0.1, memory_limit=4)
+LIMITED_FLAGS = ("-s", "3", "-b", "6", "-f", "1.5", "-bw", "1.2", "-w", "0.7", "--p2p-time", "0.1",
+                 "--memory-limit", "4")
+
+
+def applicable(problem: Problem) -> list[str]:
+    """The registered schedules whose generator accepts `problem`, found by trying each."""
+    names = []
+    for entry in registered():
+        try:
+            generate(entry.name, problem)
+        except NotApplicableError:
+            continue
+        names.append(entry.name)
+    return names
+
+
+def test_rows_are_the_simulators_numbers_and_run_by_makespan():
+    problem = Problem(**LIMITED)
+    comparison = compare(problem)
+    bound = lower_bounds(problem).best
+    assert comparison.lower_bound == bound
+    for row in comparison.rows:
+        simulation = simulate(problem, generate(row.name, problem))
+        assert row.to_dict() == {
+            "name": row.name, "status": None, "makespan": simulation.makespan, "bubble_rate": simulation.bubble_rate,
+            "zb_bubble_rate": simulation.zb_bubble_rate, "peak_memory": max(simulation.peak_memory),
+            "within_memory_limit": simulation.valid, "lower_bound": bound,
+            "gap": (simulation.makespan - bound) / simulation.makespan,
+        }
+    makespans = [row.makespan for row in comparison.rows]
+    assert makespans == sorted(makespans) and len(set(makespans)) > 2
+    # the limit splits the rows, so "within limit" is not vacuous
+    assert {row.within_memory_limit for row in comparison.rows} == {True, False}
+
+
+@pytest.mark.parametrize("problem", [
+    dict(num_devices=3, num_microbatches=6),
+    dict(num_devices=3, num_microbatches=6, weight_times=1),
+    dict(num_devices=2, num_microbatches=4, chunks_per_device=2, weight_times=1),
+    dict(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="v", weight_times=1),
+])
+def test_default_set_is_every_registered_schedule_that_applies(problem):
+    problem = Problem(**problem)
+    comparison = compare(problem)
+    expected = applicable(problem)
+    assert sorted(row.name for row in comparison.rows) == sorted(expected)
+    left_out = [entry.name for entry in registered() if entry.name not in expected]
+    assert [name for name, _ in comparison.not_applicable] == left_out
+    assert all(reason.startswith(f"{name} needs") for name, reason in comparison.not_applicable)
+
+
+def test_named_schedules_only_once_each_and_each_must_apply():
+    problem = Problem(num_devices=3, num_microbatches=6)
+    assert sorted(row.name for row in compare(problem, ["gpipe", "1f1b", "gpipe"]).rows) == ["1f1b", "gpipe"]
+    with pytest.raises(NotApplicableError, match=r"schedule 'zb-h1' does not apply to this problem: zb-h1 needs"):
+        compare(problem, ["1f1b", "zb-h1"])
+    with pytest.raises(UnknownScheduleError, match="unknown schedule '1f1x'; did you mean '1f1b'"):
+        compare(problem, ["1f1x"])
+
+
+def test_optimal_row_is_never_beaten_and_certifies_its_gap():
+    # a tight limit with latency: the best heuristic within the limit takes 33, the optimum 27
+    problem = Problem(num_devices=3, num_microbatches=4, forward_times=1, backward_times=2, weight_times=1,
+                      p2p_time=0.5, memory_limit=2.5)
+    comparison = compare(problem, optimal=True, time_limit=10)
+    result = comparison.solve_result
+    (optimal,) = [row for row in comparison.rows if row.name == "cpsat"]
+    assert optimal.status == result.status == "optimal" and optimal.within_memory_limit
+    assert optimal.makespan == result.objective == result.simulation.makespan == 27
+    heuristics = [row for row in comparison.rows if row.name != "cpsat"]
+    assert min(row.makespan for row in heuristics if row.within_memory_limit) == 33
+    assert all(optimal.makespan <= row.makespan for row in heuristics if row.within_memory_limit)
+    # the bound holds within the limit only: schedules that break it may be faster, with a negative gap
+    faster = [row for row in heuristics if row.makespan < optimal.makespan]
+    assert faster and all(not row.within_memory_limit and row.gap < 0 for row in faster)
+    assert optimal.gap == 0 and comparison.lower_bound == result.lower_bound == optimal.makespan
+    assert {row.lower_bound for row in comparison.rows} == {result.lower_bound}
+    # the heuristics are there too, each with its gap to the proven optimum
+    assert len(comparison.rows) == len(applicable(problem)) + 1
+
+
+def test_comparison_chart_draws_the_table_top_down_and_marks_rows_over_the_limit():
+    problem = Problem(**LIMITED)
+    comparison = compare(problem)
+    figure = plot_comparison(comparison)
+    time_axes, memory_axes = figure.axes
+    for axes, key in ((time_axes, "makespan"), (memory_axes, "peak_memory")):
+        bars = sorted(axes.patches, key=lambda bar: bar.get_y())  # the y axis runs downwards: first row on top
+        assert time_axes.get_ylim()[0] > time_axes.get_ylim()[1]
+        assert [bar.get_width() for bar in bars] == [row.to_dict()[key] for row in comparison.rows]
+        assert [bar.get_hatch() is not None for bar in bars] == [not row.within_memory_limit for row in comparison.rows]
+    names = [tick.get_text() for tick in time_axes.get_yticklabels()]
+    assert names == [row.name for row in comparison.rows]
+    red = [tick.get_color() == LIMIT_COLOR for tick in time_axes.get_yticklabels()]
+    assert red == [not row.within_memory_limit for row in comparison.rows]
+    (limit,) = [line for line in memory_axes.lines if line.get_gid() == "memory-limit"]
+    (bound,) = [line for line in time_axes.lines if line.get_gid() == "lower-bound"]
+    assert limit.get_xdata()[0] == 4 and bound.get_xdata()[0] == comparison.lower_bound
+
+
+def run(capsys, *argv):
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_cli_json_rows_match_zbopt_simulate(capsys):
+    status, out, err = run(capsys, "compare", *LIMITED_FLAGS, "--json")
+    assert (status, err) == (0, "")
+    rows = json.loads(out)
+    assert [row["name"] for row in rows] == [row.name for row in compare(Problem(**LIMITED)).rows]
+    for row in rows:
+        _, simulated, _ = run(capsys, "simulate", *LIMITED_FLAGS, "--schedule", row["name"], "--json")
+        simulated = json.loads(simulated)
+        assert (row["makespan"], row["bubble_rate"], row["zb_bubble_rate"], row["peak_memory"],
+                row["within_memory_limit"]) == (simulated["makespan"], simulated["bubble_rate"],
+                                                simulated["zb_bubble_rate"], max(simulated["peak_memory"]),
+                                                simulated["valid"])
+
+
+def test_cli_table_lists_the_rows_by_makespan(capsys):
+    status, out, _ = run(capsys, "compare", *LIMITED_FLAGS, "--schedule", "gpipe", "zb-h1", "1f1b")
+    lines = out.splitlines()
+    header = next(index for index, line in enumerate(lines) if line.startswith("schedule"))
+    table = [line.split() for line in lines[header + 1:header + 4]]
+    expected = compare(Problem(**LIMITED), ["gpipe", "zb-h1", "1f1b"]).rows
+    assert status == 0
+    assert [cells[0] for cells in table] == [row.name for row in expected]
+    assert [cells[6] for cells in table] == ["yes" if row.within_memory_limit else "no" for row in expected]
+    assert f"lower bound   {lower_bounds(Problem(**LIMITED)).best:.6g} (independent lower bounds)" in lines
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--schedule", "1f1b", "nope"), "zbopt: unknown schedule 'nope'"),
+    (("--schedule", "zb-h1"), "zbopt: schedule 'zb-h1' does not apply to this problem: zb-h1 needs a split backward"),
+    (("-o", "report.txt"), "zbopt: report file 'report.txt': unsupported extension, use .html, .htm"),
+    (("--time-limit", "5"), "zbopt: --time-limit applies to --optimal only"),
+])
+def test_cli_mistakes_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    status, out, err = run(capsys, "compare", "-s", "2", "-b", "2", *argv)
+    assert (status, out) == (2, "")
+    assert err.count("\n") == 1 and err.startswith(message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_comparison_chart_of_one_row_without_a_limit():
+    (row,) = compare(Problem(num_devices=2, num_microbatches=2), ["1f1b"]).rows
+    time_axes, memory_axes = plot_comparison([row]).axes  # rows alone will do
+    assert [bar.get_width() for bar in time_axes.patches] == [row.makespan] == [9.0]
+    assert [bar.get_width() for bar in memory_axes.patches] == [row.peak_memory] == [2.0]
+    assert not [line for line in memory_axes.lines if line.get_gid() == "memory-limit"]

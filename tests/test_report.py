@@ -1,0 +1,123 @@
+"""The HTML report: one self-contained page whose table holds the comparison's exact numbers, with
+exactly one Gantt chart and one memory chart per schedule, and nothing fetched from anywhere."""
+
+import json
+import re
+from collections import Counter
+from html.parser import HTMLParser
+
+import pytest
+
+from zbopt import Problem, compare
+from zbopt.cli import main
+from zbopt.errors import ZboptError
+from zbopt.report import write_report
+
+PROBLEM = dict(num_devices=3, num_microbatches=4, forward_times=1, backward_times=2, weight_times=1, p2p_time=0.5,
+               memory_limit=3)
+FLAGS = ("-s", "3", "-b", "4", "-f", "1", "-bw", "2", "-w", "1", "--p2p-time", "0.5", "--memory-limit", "3")
+
+
+class Page(HTMLParser):
+    """What the tests read from a report: figures, section ids, table cells, links, raw tags."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.figures: list[tuple[str, str | None]] = []  # (class, data-schedule)
+        self.svgs_in_figures = 0
+        self.ids: list[str] = []
+        self.links: list[str] = []
+        self.tags: Counter = Counter()
+        self.table: list[tuple[str, dict[str, tuple[str | None, str]]]] = []  # (schedule, key -> (data-value, text))
+        self._depth_in_figure = 0
+        self._cell: dict | None = None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags[tag] += 1
+        if "id" in attrs and tag == "section":
+            self.ids.append(attrs["id"])
+        if tag == "a" and "href" in attrs:
+            self.links.append(attrs["href"])
+        if tag == "figure":
+            self.figures.append((attrs["class"], attrs.get("data-schedule")))
+            self._depth_in_figure += 1
+        if tag == "svg" and self._depth_in_figure:
+            self.svgs_in_figures += 1
+        if tag == "tr" and "data-schedule" in attrs:
+            self.table.append((attrs["data-schedule"], {}))
+        if tag == "td" and "data-key" in attrs:
+            self._cell = {"key": attrs["data-key"], "value": attrs.get("data-value"), "text": ""}
+
+    def handle_endtag(self, tag):
+        if tag == "figure":
+            self._depth_in_figure -= 1
+        if tag == "td" and self._cell is not None:
+            self.table[-1][1][self._cell["key"]] = (self._cell["value"], self._cell["text"])
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell["text"] += data
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    comparison = compare(Problem(**PROBLEM))
+    path = write_report(tmp_path_factory.mktemp("report") / "report.html", comparison)
+    text = path.read_text(encoding="utf-8")
+    return comparison, text, Page(text)
+
+
+def test_one_gantt_and_one_memory_chart_per_schedule_each_in_its_section(report):
+    comparison, _, page = report
+    names = [row.name for row in comparison.rows]
+    assert len(names) > 5
+    charts = Counter(page.figures)
+    assert charts == Counter({("comparison", None): 1, **{("gantt", name): 1 for name in names},
+                              **{("memory", name): 1 for name in names}})
+    assert page.svgs_in_figures == len(page.figures)  # every chart is inline SVG
+    # the table's names link to the sections, one section per schedule
+    assert sorted(page.ids) == sorted(f"schedule-{name}" for name in names)
+    assert page.links == [f"#schedule-{name}" for name in names]
+
+
+def test_table_holds_the_comparisons_exact_numbers_in_its_order(report):
+    comparison, _, page = report
+    assert [name for name, _ in page.table] == [row.name for row in comparison.rows]
+    for row, (_, cells) in zip(comparison.rows, page.table, strict=True):
+        values, texts = row.to_dict(), row.cells()
+        for key in ("makespan", "bubble_rate", "zb_bubble_rate", "peak_memory", "gap"):
+            assert float(cells[key][0]) == values[key]
+        assert {key: text for key, (_, text) in cells.items()} == texts
+
+
+def test_report_refers_to_no_external_resource(report):
+    _, text, page = report
+    assert not page.tags["link"] and not page.tags["script"] and not page.tags["img"] and not page.tags["iframe"]
+    assert not re.search(r"(?:src|href)\s*=\s*[\"']?\s*(?:[a-z]+:)?//", text, re.IGNORECASE)
+    assert "@import" not in text and not re.search(r"url\(\s*[\"']?(?:[a-z]+:)?//", text, re.IGNORECASE)
+    # the only URLs are SVG's namespace names, which nothing fetches
+    urls = re.findall(r"(\S+?)=\"(https?://[^\"]*)\"", text)
+    assert {attribute for attribute, _ in urls} <= {"xmlns", "xmlns:xlink"}
+    assert len(urls) == len(re.findall(r"https?://", text))
+
+
+def test_report_path_must_be_html(tmp_path):
+    comparison = compare(Problem(num_devices=2, num_microbatches=2), ["1f1b"])
+    with pytest.raises(ZboptError, match=r"report file '.*report.svg': unsupported extension, use .html, .htm"):
+        write_report(tmp_path / "report.svg", comparison)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_writes_the_report_of_its_json_rows(tmp_path, capsys):
+    path = tmp_path / "report.htm"
+    status = main(["compare", *FLAGS, "--schedule", "1f1b", "zb-h1", "--json", "-o", str(path)])
+    rows = json.loads(capsys.readouterr().out)
+    page = Page(path.read_text(encoding="utf-8"))
+    assert status == 0 and [name for name, _ in page.table] == [row["name"] for row in rows]
+    assert sorted(row["name"] for row in rows) == ["1f1b", "zb-h1"] and rows[0]["makespan"] <= rows[1]["makespan"]
+    for row, (_, cells) in zip(rows, page.table, strict=True):
+        assert float(cells["makespan"][0]) == row["makespan"] and float(cells["gap"][0]) == row["gap"]
+    assert Counter(kind for kind, _ in page.figures) == {"comparison": 1, "gantt": 2, "memory": 2}

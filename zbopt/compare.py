@@ -1,0 +1,137 @@
+"""Every chosen schedule (and optionally the optimizer's answer) on one problem, side by side.
+
+The CLI's `zbopt compare`, the HTML report and notebooks all build their rows here, so a number in
+any of them is the simulator's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from zbopt.errors import NotApplicableError
+from zbopt.problem import Problem
+from zbopt.schedules import generate, get, registered
+from zbopt.simulate import Simulation, simulate
+from zbopt.solvers import SolveResult, lower_bounds, solve
+
+OPTIMAL_ROW = "cpsat"
+COLUMNS = {"name": "schedule", "status": "status", "makespan": "makespan", "bubble_rate": "bubble rate",
+           "zb_bubble_rate": "ZB bubble rate", "peak_memory": "peak memory", "within_memory_limit": "within limit",
+           "gap": "gap"}  # row key -> column title, in the table's order
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One schedule's metrics; `status` is the solver's ("optimal", "feasible") on the optimizer's
+    row and None on a heuristic's. `gap` is measured against the comparison's lower bound, which
+    holds for schedules within the memory limit: a row over the limit can have a negative gap."""
+
+    name: str
+    simulation: Simulation
+    lower_bound: float
+    status: str | None = None
+
+    @property
+    def makespan(self) -> float:
+        return self.simulation.makespan
+
+    @property
+    def bubble_rate(self) -> float:
+        return self.simulation.bubble_rate
+
+    @property
+    def zb_bubble_rate(self) -> float:
+        return self.simulation.zb_bubble_rate
+
+    @property
+    def peak_memory(self) -> float:
+        """The highest peak over all devices."""
+        return max(self.simulation.peak_memory)
+
+    @property
+    def within_memory_limit(self) -> bool:
+        return self.simulation.valid
+
+    @property
+    def gap(self) -> float:
+        return (self.makespan - self.lower_bound) / self.makespan
+
+    def cells(self) -> dict[str, str]:
+        """The row as table text, one cell per COLUMNS key, so the terminal and the report agree."""
+        return {"name": self.name, "status": self.status or "-", "makespan": f"{self.makespan:.6g}",
+                "bubble_rate": f"{self.bubble_rate:.4f}", "zb_bubble_rate": f"{self.zb_bubble_rate:.4f}",
+                "peak_memory": f"{self.peak_memory:g}",
+                "within_memory_limit": "yes" if self.within_memory_limit else "no", "gap": f"{self.gap:.2%}"}
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "makespan": self.makespan,
+                "bubble_rate": self.bubble_rate, "zb_bubble_rate": self.zb_bubble_rate,
+                "peak_memory": self.peak_memory, "within_memory_limit": self.within_memory_limit,
+                "lower_bound": self.lower_bound, "gap": self.gap}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The rows sorted by makespan, the lower bound they are measured against and where it came
+    from, the schedules left out because they do not apply (name, reason), and the solver's full
+    answer when it ran (its row is missing when it found no schedule in time)."""
+
+    problem: Problem
+    rows: tuple[ComparisonRow, ...]
+    lower_bound: float
+    lower_bound_source: str
+    not_applicable: tuple[tuple[str, str], ...] = ()
+    solve_result: SolveResult | None = None
+
+    def to_dicts(self) -> list[dict]:
+        return [row.to_dict() for row in self.rows]
+
+
+def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
+            time_limit: float = 60.0, workers: int = 2, progress: bool = False) -> Comparison:
+    """Simulate each schedule in `schedules` (default: every registered one that applies to
+    `problem`) and, with `optimal`, the CP-SAT solver's answer within `time_limit` seconds.
+
+    Raises UnknownScheduleError for an unknown name and NotApplicableError naming a requested
+    schedule whose preconditions do not hold.
+
+    >>> from zbopt import Problem
+    >>> problem = Problem(num_devices=2, num_microbatches=4, forward_times=1, backward_times=2)
+    >>> [(row.name, row.makespan) for row in compare(problem, ["1f1b", "gpipe"]).rows]
+    [('1f1b', 15.0), ('gpipe', 15.0)]
+    """
+    simulations, not_applicable = _simulate_schedules(problem, schedules)
+    if optimal:
+        result = solve(problem, "cpsat", time_limit=time_limit, workers=workers, progress=progress)
+        lower_bound, source = result.lower_bound, f"cpsat ({result.status})"
+        if result.simulation is not None:
+            simulations.append((OPTIMAL_ROW, result.simulation, result.status))
+    else:
+        result = None
+        lower_bound, source = lower_bounds(problem).best, "independent lower bounds"
+    rows = [ComparisonRow(name, simulation, lower_bound, status) for name, simulation, status in simulations]
+    rows.sort(key=lambda row: row.makespan)
+    return Comparison(problem, tuple(rows), lower_bound, source, tuple(not_applicable), result)
+
+
+def _simulate_schedules(problem: Problem, names: Sequence[str] | None):
+    """[(name, simulation, None)] for the requested schedules, and [(name, reason)] for the
+    registered ones skipped because they do not apply (only when none were requested)."""
+    if names is None:
+        names, requested = [entry.name for entry in registered()], False
+    else:
+        names, requested = list(dict.fromkeys(names)), True
+        for name in names:
+            get(name)  # an unknown name fails before any work
+    simulations, not_applicable = [], []
+    for name in names:
+        try:
+            schedule = generate(name, problem)
+        except NotApplicableError as error:
+            if requested:
+                raise NotApplicableError(f"schedule '{name}' does not apply to this problem: {error}") from None
+            not_applicable.append((name, str(error)))
+            continue
+        simulations.append((name, simulate(problem, schedule), None))
+    return simulations, not_applicable

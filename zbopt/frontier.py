@@ -1,0 +1,214 @@
+"""The memory–makespan frontier: the optimal makespan at each memory limit of a sweep, with every
+heuristic placed at the peak memory it needs, so one sees what each extra unit of memory buys.
+
+The solves are independent, so they run in parallel through any `concurrent.futures.Executor`:
+by default worker processes on this machine, or a dask cluster's `client.get_executor()`.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Iterable
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+from zbopt.errors import NotApplicableError, ProblemError, ZboptError
+from zbopt.problem import Problem
+from zbopt.schedules import generate, registered
+from zbopt.simulate import simulate
+from zbopt.solvers import solve
+
+MAX_LIMITS = 10_000  # a sweep longer than this is a typo in START:STOP:STEP, not a plan
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """The optimizer's answer at one memory limit (the same limit on every device).
+
+    makespan is None when no schedule was found within the time limit (status "unknown")."""
+
+    memory_limit: float
+    status: str
+    makespan: float | None
+    lower_bound: float
+    solve_time_s: float
+
+    @property
+    def gap(self) -> float | None:
+        if self.makespan is None or self.makespan <= 0:
+            return None
+        return max(0.0, (self.makespan - self.lower_bound) / self.makespan)
+
+    def to_dict(self) -> dict:
+        return {"memory_limit": self.memory_limit, "status": self.status, "makespan": self.makespan,
+                "lower_bound": self.lower_bound, "gap": self.gap, "solve_time_s": self.solve_time_s}
+
+
+@dataclass(frozen=True)
+class HeuristicPoint:
+    """A registered heuristic run without a memory limit: the most memory any device holds, and
+    its makespan. It is a feasible schedule at every limit from `peak_memory` on."""
+
+    name: str
+    peak_memory: float
+    makespan: float
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "peak_memory": self.peak_memory, "makespan": self.makespan}
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """The sweep's answers in increasing memory limit, the heuristics in increasing peak memory,
+    and the sweep's wall-clock time (the solves ran in parallel, so less than their sum)."""
+
+    problem: Problem
+    time_limit: float
+    points: tuple[FrontierPoint, ...]
+    heuristics: tuple[HeuristicPoint, ...]
+    wall_time_s: float
+
+    def to_dict(self) -> dict:
+        problem = self.problem.replace(memory_limit=None).to_dict()
+        del problem["memory_limit"]  # the sweep sets it
+        return {"problem": problem, "time_limit": self.time_limit, "wall_time_s": self.wall_time_s,
+                "points": [point.to_dict() for point in self.points],
+                "heuristics": [point.to_dict() for point in self.heuristics]}
+
+
+def parse_memory_limits(text: str) -> tuple[float, ...]:
+    """"START:STOP:STEP" as the limits START, START+STEP, ... up to and including STOP.
+
+    >>> parse_memory_limits("1:3:0.5")
+    (1.0, 1.5, 2.0, 2.5, 3.0)
+    """
+    parts = text.split(":")
+    try:
+        start, stop, step = (float(part) for part in parts) if len(parts) == 3 else (math.nan,) * 3
+    except ValueError:
+        start = stop = step = math.nan
+    if not all(math.isfinite(value) for value in (start, stop, step)):
+        raise ZboptError(f"memory limits '{text}': expected START:STOP:STEP with three numbers, e.g. 1:8:1")
+    if step <= 0:
+        raise ZboptError(f"memory limits '{text}': STEP must be positive, got {step:g}")
+    if stop < start:
+        raise ZboptError(f"memory limits '{text}': STOP {stop:g} is below START {start:g}")
+    count = math.floor((stop - start) / step + 1e-9) + 1  # STOP itself despite float rounding
+    if count > MAX_LIMITS:
+        raise ZboptError(f"memory limits '{text}': {count} limits, more than {MAX_LIMITS}; use a larger STEP")
+    return tuple(round(start + index * step, 12) for index in range(count))
+
+
+def process_pool(max_workers: int | None = None) -> ProcessPoolExecutor:
+    """Worker processes started with "spawn": forking a process that has loaded OR-Tools is unsafe."""
+    return ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def heuristic_points(problem: Problem) -> tuple[HeuristicPoint, ...]:
+    """Every registered heuristic that applies, simulated without a memory limit so each sits at
+    its own peak memory; sorted by peak memory, then makespan, then name."""
+    unlimited = problem.replace(memory_limit=None)
+    points = []
+    for entry in registered():
+        try:
+            simulation = simulate(unlimited, generate(entry.name, unlimited))
+        except NotApplicableError:
+            continue
+        points.append(HeuristicPoint(entry.name, max(simulation.peak_memory), simulation.makespan))
+    return tuple(sorted(points, key=lambda point: (point.peak_memory, point.makespan, point.name)))
+
+
+def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_limit: float = 60.0,
+                    executor: Executor | None = None, progress: bool = False) -> Frontier:
+    """Solve `problem` (CP-SAT, one thread each) at every memory limit, in parallel.
+
+    Parameters
+    ----------
+    problem : its own memory limit is ignored; each solve sets one limit on every device.
+    memory_limits : the limits, each at least the problem's least valid limit (see
+        `Problem.min_memory_limit`); `parse_memory_limits` reads "START:STOP:STEP".
+    time_limit : seconds per solve.
+    executor : where the solves run, e.g. a dask `Client(...).get_executor()`; by default a pool
+        of spawned processes, one per core (each solve uses one thread, so N processes use N cores).
+    progress : a one-line bar on stderr, advanced as solves finish.
+
+    Raises
+    ------
+    ZboptError naming the first limit no schedule can meet, or an empty sweep.
+    """
+    limits = sorted(_checked_limit(problem, limit) for limit in memory_limits)
+    if not limits:
+        raise ZboptError("memory limits: none given")
+    if time_limit <= 0:
+        raise ZboptError(f"time limit {time_limit:g}: must be positive")
+    began = time.perf_counter()
+    own_pool = executor is None
+    if own_pool:
+        executor = process_pool(min(len(limits), os.cpu_count() or 1))
+    futures = [executor.submit(_solve_at, problem.replace(memory_limit=limit), limit, time_limit) for limit in limits]
+    try:
+        heuristics = heuristic_points(problem)  # while the solves run
+        bar = _ProgressBar(len(futures)) if progress else None
+        for future in as_completed(futures):
+            future.result()  # an error in a solve stops the sweep here
+            if bar is not None:
+                bar.advance()
+        points = tuple(future.result() for future in futures)
+    except BaseException:  # an error or Ctrl-C: no further solve starts, and our own workers stop now
+        for future in futures:
+            future.cancel()
+        if own_pool:
+            _stop_workers(executor)
+        raise
+    finally:
+        if own_pool:
+            executor.shutdown(cancel_futures=True)
+    return Frontier(problem, time_limit, points, heuristics, time.perf_counter() - began)
+
+
+def _checked_limit(problem: Problem, limit: float) -> float:
+    """The limit, if every device can meet it; else a ZboptError naming the limit and the device."""
+    try:
+        problem.replace(memory_limit=limit)
+    except ProblemError as error:
+        raise ZboptError(f"memory limit {limit!r}: {error.reason}") from None
+    return float(limit)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Terminate the pool's worker processes: a solve under way, or already queued to a worker,
+    would otherwise run to its time limit (Python 3.14's `terminate_workers` does the same)."""
+    for process in list((pool._processes or {}).values()):
+        process.terminate()
+
+
+def _solve_at(problem: Problem, limit: float, time_limit: float) -> FrontierPoint:
+    """One solve of the sweep (runs in a worker, so it returns only the few numbers the frontier keeps)."""
+    result = solve(problem, "cpsat", time_limit=time_limit, workers=1)
+    return FrontierPoint(limit, result.status, result.objective, result.lower_bound, result.solve_time_s)
+
+
+class _ProgressBar:
+    """"[#####.....] k/N limits solved, 12 s" on one stderr line, redrawn as solves finish."""
+
+    WIDTH = 30
+
+    def __init__(self, total: int):
+        self.total, self.done, self.began = total, 0, time.perf_counter()
+        self._draw()
+
+    def advance(self) -> None:
+        self.done += 1
+        self._draw()
+        if self.done == self.total:
+            sys.stderr.write("\n")
+
+    def _draw(self) -> None:
+        filled = self.WIDTH * self.done // self.total
+        sys.stderr.write(f"\r  [{'#' * filled}{'.' * (self.WIDTH - filled)}] {self.done}/{self.total} limits solved, "
+                         f"{time.perf_counter() - self.began:.0f} s ")
+        sys.stderr.flush()

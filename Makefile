@@ -10,12 +10,13 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,dask]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/zbopt simulate examples/demo.yaml --schedule 1f1b -o demo_1f1b.png
 	$(BIN)/zbopt simulate examples/demo.yaml --schedule gpipe -o demo_gpipe.png
+	$(BIN)/zbopt compare examples/demo.yaml --optimal --time-limit 30 -o demo_report.html
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -149,7 +149,7 @@ def test_cli_table_lists_the_rows_by_makespan(capsys):
     (("--schedule", "1f1b", "nope"), "zbopt: unknown schedule 'nope'"),
     (("--schedule", "zb-h1"), "zbopt: schedule 'zb-h1' does not apply to this problem: zb-h1 needs a split backward"),
     (("-o", "report.txt"), "zbopt: report file 'report.txt': unsupported extension, use .html, .htm"),
-    (("--time-limit", "5"), "zbopt: --time-limit applies to --optimal only"),
+    (("--time-limit", "5"), "zbopt: --time-limit applies to --optimal and --frontier only"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from zbopt import Problem, compare
+from zbopt import Problem, compare, solve
 from zbopt.cli import main
 from zbopt.errors import ZboptError
 from zbopt.report import write_report
@@ -121,3 +121,17 @@ def test_cli_writes_the_report_of_its_json_rows(tmp_path, capsys):
     for row, (_, cells) in zip(rows, page.table, strict=True):
         assert float(cells["makespan"][0]) == row["makespan"] and float(cells["gap"][0]) == row["gap"]
     assert Counter(kind for kind, _ in page.figures) == {"comparison": 1, "gantt": 2, "memory": 2}
+
+
+def test_cli_report_with_a_frontier_holds_its_chart_and_prints_its_optima(tmp_path, capsys):
+    path = tmp_path / "report.html"
+    status = main(["compare", *FLAGS, "--schedule", "1f1b", "zb-h1", "--frontier", "2:3:1", "--time-limit", "10",
+                   "-o", str(path)])
+    out = capsys.readouterr().out
+    page = Page(path.read_text(encoding="utf-8"))
+    assert status == 0
+    assert Counter(kind for kind, _ in page.figures) == {"comparison": 1, "frontier": 1, "gantt": 2, "memory": 2}
+    for limit in (2, 3):
+        optimum = solve(Problem(**PROBLEM).replace(memory_limit=limit), time_limit=10)
+        assert optimum.status == "optimal"
+        assert re.search(rf"^ +{limit}  optimal +{optimum.objective:.6g} ", out, re.M), out

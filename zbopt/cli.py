@@ -230,11 +230,13 @@ def _format_comparison(comparison) -> str:
 
 def _command_compare(args: argparse.Namespace) -> int:
     from zbopt.compare import compare
+    from zbopt.frontier import memory_frontier, parse_memory_limits
     from zbopt.report import check_report_path, write_report
 
-    if args.time_limit is not None and not args.optimal:
-        raise ZboptError("--time-limit applies to --optimal only")
+    if args.time_limit is not None and not (args.optimal or args.frontier):
+        raise ZboptError("--time-limit applies to --optimal and --frontier only")
     run = _run_config(args)
+    frontier_limits = None if args.frontier is None else parse_memory_limits(args.frontier)
     # the report comes from -o only: a config's output_file names a Gantt chart (the visualizer's key)
     report = None if args.no_visualization else getattr(args, "output_file", None)
     if report is not None:
@@ -242,12 +244,17 @@ def _command_compare(args: argparse.Namespace) -> int:
     live = not args.json and sys.stderr.isatty()
     limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
     comparison = compare(run.problem, args.schedule, optimal=args.optimal, progress=live, **limit)
+    frontier = None
+    if frontier_limits is not None:
+        frontier = memory_frontier(run.problem, frontier_limits, progress=live, **limit)
     if args.json:
         print(json.dumps(comparison.to_dicts()))
     else:
         print(_format_comparison(comparison))
+        if frontier is not None:
+            print("\n" + _format_frontier(frontier))
     if report is not None:
-        write_report(report, comparison)
+        write_report(report, comparison, frontier=frontier)
         if not args.json:
             print(f"\nreport written to {report}")
     return 0
@@ -356,7 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     comparing.add_argument("--schedule", action="extend", nargs="+", metavar="NAME",
                            help="registered schedule names (default: every one that applies)")
     comparing.add_argument("--optimal", action="store_true", help="add the CP-SAT solver's schedule (row 'cpsat')")
-    comparing.add_argument("--time-limit", type=float, help="seconds for --optimal (default 60)")
+    comparing.add_argument("--frontier", metavar="START:STOP:STEP",
+                           help="also solve at these memory limits; the report shows the frontier")
+    comparing.add_argument("--time-limit", type=float, help="seconds per solve, --optimal or --frontier (default 60)")
     comparing.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     _add_input_flags(comparing, output_help="write an HTML report (.html) with every schedule's charts")
     comparing.set_defaults(run=_command_compare)

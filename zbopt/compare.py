@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from zbopt.errors import NotApplicableError
 from zbopt.problem import Problem
-from zbopt.schedules import generate, get, registered
+from zbopt.schedules import generate, generate_applicable, get
 from zbopt.simulate import Simulation, simulate
 from zbopt.solvers import SolveResult, lower_bounds, solve
 
@@ -119,19 +119,17 @@ def _simulate_schedules(problem: Problem, names: Sequence[str] | None):
     """[(name, simulation, None)] for the requested schedules, and [(name, reason)] for the
     registered ones skipped because they do not apply (only when none were requested)."""
     if names is None:
-        names, requested = [entry.name for entry in registered()], False
-    else:
-        names, requested = list(dict.fromkeys(names)), True
-        for name in names:
-            get(name)  # an unknown name fails before any work
-    simulations, not_applicable = [], []
+        schedules, reasons = generate_applicable(problem)
+        simulations = [(name, simulate(problem, schedule), None) for name, schedule in schedules.items()]
+        return simulations, list(reasons.items())
+    names = list(dict.fromkeys(names))
+    for name in names:
+        get(name)  # an unknown name fails before any work
+    simulations = []
     for name in names:
         try:
             schedule = generate(name, problem)
         except NotApplicableError as error:
-            if requested:
-                raise NotApplicableError(f"schedule '{name}' does not apply to this problem: {error}") from None
-            not_applicable.append((name, str(error)))
-            continue
+            raise NotApplicableError(f"schedule '{name}' does not apply to this problem: {error}") from None
         simulations.append((name, simulate(problem, schedule), None))
-    return simulations, not_applicable
+    return simulations, []

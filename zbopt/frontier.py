@@ -16,11 +16,12 @@ from collections.abc import Iterable
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 
-from zbopt.errors import NotApplicableError, ProblemError, ZboptError
+from zbopt.errors import ProblemError, ZboptError
 from zbopt.problem import Problem
-from zbopt.schedules import generate, registered
+from zbopt.schedules import generate_applicable
 from zbopt.simulate import simulate
 from zbopt.solvers import solve
+from zbopt.solvers.result import relative_gap
 
 MAX_LIMITS = 10_000  # a sweep longer than this is a typo in START:STOP:STEP, not a plan
 
@@ -39,9 +40,7 @@ class FrontierPoint:
 
     @property
     def gap(self) -> float | None:
-        if self.makespan is None or self.makespan <= 0:
-            return None
-        return max(0.0, (self.makespan - self.lower_bound) / self.makespan)
+        return relative_gap(self.makespan, self.lower_bound)
 
     def to_dict(self) -> dict:
         return {"memory_limit": self.memory_limit, "status": self.status, "makespan": self.makespan,
@@ -113,12 +112,9 @@ def heuristic_points(problem: Problem) -> tuple[HeuristicPoint, ...]:
     its own peak memory; sorted by peak memory, then makespan, then name."""
     unlimited = problem.replace(memory_limit=None)
     points = []
-    for entry in registered():
-        try:
-            simulation = simulate(unlimited, generate(entry.name, unlimited))
-        except NotApplicableError:
-            continue
-        points.append(HeuristicPoint(entry.name, max(simulation.peak_memory), simulation.makespan))
+    for name, schedule in generate_applicable(unlimited)[0].items():
+        simulation = simulate(unlimited, schedule)
+        points.append(HeuristicPoint(name, max(simulation.peak_memory), simulation.makespan))
     return tuple(sorted(points, key=lambda point: (point.peak_memory, point.makespan, point.name)))
 
 

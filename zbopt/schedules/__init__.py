@@ -7,6 +7,6 @@ from zbopt.schedules import (
     vshape,  # noqa: F401
     zero_bubble,  # noqa: F401
 )
-from zbopt.schedules.registry import generate, get, register, registered, require
+from zbopt.schedules.registry import generate, generate_applicable, get, register, registered, require
 
-__all__ = ["generate", "get", "register", "registered", "require"]
+__all__ = ["generate", "generate_applicable", "get", "register", "registered", "require"]

@@ -79,6 +79,18 @@ def generate(name: str, problem: Problem, **options) -> Schedule:
     return Schedule(schedule.orders, schedule.start_times, name)
 
 
+def generate_applicable(problem: Problem) -> tuple[dict[str, Schedule], dict[str, str]]:
+    """Every registered schedule built for `problem`: those that apply, by name in registry order,
+    and for each of the others the reason it does not."""
+    schedules, reasons = {}, {}
+    for entry in registered():
+        try:
+            schedules[entry.name] = generate(entry.name, problem)
+        except NotApplicableError as error:
+            reasons[entry.name] = str(error)
+    return schedules, reasons
+
+
 def require(condition: bool, schedule: str, needs: str) -> None:
     """Raise NotApplicableError('<schedule> needs <needs>') unless `condition` holds."""
     if not condition:

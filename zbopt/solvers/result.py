@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from zbopt.errors import NotApplicableError, ZboptError
+from zbopt.errors import ZboptError
 from zbopt.ops import Op, device_work
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules import generate, registered
+from zbopt.schedules import generate, generate_applicable
 from zbopt.simulate import Simulation, simulate
 from zbopt.solvers.bounds import LowerBounds
 
@@ -93,9 +93,7 @@ class SolveResult:
 
     @property
     def gap(self) -> float | None:
-        if self.objective is None or self.objective <= 0:
-            return None
-        return max(0.0, (self.objective - self.lower_bound) / self.objective)
+        return relative_gap(self.objective, self.lower_bound)
 
     def to_dict(self) -> dict:
         data = self.simulation.to_dict() if self.simulation is not None else {}
@@ -103,6 +101,13 @@ class SolveResult:
                     lower_bound=self.lower_bound, gap=self.gap, solve_time_s=self.solve_time_s, solver=self.solver,
                     warm_start=self.warm_start, resolution=self.resolution, bounds=self.bounds)
         return data
+
+
+def relative_gap(value: float | None, lower_bound: float) -> float | None:
+    """(value - lower_bound) / value, at least 0; None without a positive value."""
+    if value is None or value <= 0:
+        return None
+    return max(0.0, (value - lower_bound) / value)
 
 
 def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> float:
@@ -119,13 +124,10 @@ def objective_value(simulation: Simulation, kind: str) -> float:
 def best_heuristic(problem: Problem, kind: str = "makespan") -> tuple[str, Simulation] | None:
     """The registered heuristic with the best objective among those valid under the memory limit."""
     best: tuple[str, Simulation] | None = None
-    for entry in registered():
-        try:
-            result = simulate(problem, generate(entry.name, problem))
-        except NotApplicableError:
-            continue
+    for name, schedule in generate_applicable(problem)[0].items():
+        result = simulate(problem, schedule)
         if result.valid and (best is None or objective_value(result, kind) < objective_value(best[1], kind)):
-            best = (entry.name, result)
+            best = (name, result)
     return best
 
 

@@ -7,7 +7,16 @@ from hypothesis import strategies as st
 from tests.reference import problems, random_topological_schedule
 from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate
 from zbopt.schedules import registered
-from zbopt.solvers.bounds import jackson_preemptive, lower_bounds, memory_disjunctions, memory_precedences
+from zbopt.solvers.bounds import (
+    activation_lifetimes,
+    device_sequencing,
+    heads_and_tails,
+    implied_graph,
+    jackson_preemptive,
+    lower_bounds,
+    memory_disjunctions,
+    memory_precedences,
+)
 
 
 def test_uniform_1f1b_meets_the_device_load_bound():
@@ -33,6 +42,36 @@ def test_memory_bound_closed_form():
                       weight_memory=0.5, memory_limit=2)
     assert lower_bounds(problem).memory == pytest.approx(8.5 * 8 / 2)
     assert lower_bounds(problem.replace(memory_limit=None)).memory == 0.0
+
+
+def test_device_sequencing_closed_form_at_one_activation():
+    """Limit M_B = 1 with M_W = 0.5: device 0 can start F(0, i+1) only once B(0, i) and W(0, i) have
+    ended, and B(0, i) waits for the round trip of microbatch i through the other p-1 devices
+    ((p-1)(F+B) + 2(p-1)c): one microbatch at a time, m·(p(F+B) + W + 2(p-1)c). (The critical path
+    of the implied graph finds it too; `lower_bounds` then skips the sequencing bound and reports 0.)"""
+    p, m, f, b, w, c = 3, 4, 1.0, 1.5, 0.5, 0.25
+    problem = Problem(num_devices=p, num_microbatches=m, forward_times=f, backward_times=b, weight_times=w,
+                      p2p_time=c, weight_memory=0.5, memory_limit=1)
+    heads, tails = heads_and_tails(implied_graph(problem))
+    lifetimes = activation_lifetimes(problem)
+    closed_form = m * (p * (f + b) + w + 2 * (p - 1) * c)
+    assert device_sequencing(problem, 0, heads, tails, lifetimes) == pytest.approx(closed_form)
+    assert device_sequencing(problem, 0, heads, tails, lifetimes, needed=closed_form) == 0.0
+    assert lower_bounds(problem).best == pytest.approx(closed_form)
+
+
+@pytest.mark.parametrize(("p", "m", "limit", "optimum", "sequencing"),
+                         [(4, 8, 4, 27, 27), (4, 8, 2, 41, 39), (8, 16, 8, 55, 55), (8, 16, 4, 79, 77)])
+def test_device_sequencing_on_the_known_unit_cost_optima(p, m, limit, optimum, sequencing):
+    """F=B=W=1, c=0, M_B=1, M_W=0.5 (the issue's known optima): never above them, and above every
+    other bound where memory binds."""
+    problem = Problem(num_devices=p, num_microbatches=m, forward_times=1, backward_times=1, weight_times=1,
+                      weight_memory=0.5, memory_limit=limit)
+    bounds = lower_bounds(problem)
+    assert bounds.device_sequencing == pytest.approx(sequencing)
+    assert bounds.device_sequencing <= optimum
+    others = (bounds.critical_path, bounds.device_load, bounds.one_machine, bounds.memory)
+    assert bounds.device_sequencing >= max(others)
 
 
 def test_jackson_rule_matches_brute_force_on_a_small_case():
@@ -106,3 +145,7 @@ def test_memory_precedences_and_disjunctions_hold_in_every_microbatch_ordered_sc
     for backward, weight, forward in memory_disjunctions(limited, list(op_graph(limited))):
         begins = timed.times_of(forward)[0] + 1e-9
         assert timed.times_of(backward)[1] <= begins or timed.times_of(weight)[1] <= begins, (backward, weight)
+    heads, tails = heads_and_tails(implied_graph(limited))
+    lifetimes = activation_lifetimes(limited)
+    for device in range(limited.num_devices):
+        assert device_sequencing(limited, device, heads, tails, lifetimes) <= timed.makespan + 1e-9, device

@@ -11,7 +11,10 @@ answers are checked against them and `lower_bound` reports the best.
   largest-tail-first schedule is optimal for that relaxation (Jackson's rule, Horn 1974);
 - memory: activations held on a device integrate over time to at least m · Σ_s M · lifetime(s),
   where lifetime is the shortest time from a forward's start to the end of the op that frees it;
-  the device can hold at most its limit at any moment, so makespan >= integral / limit.
+  the device can hold at most its limit at any moment, so makespan >= integral / limit;
+- device sequencing: per device holding one stage, its ops alone on one machine, without
+  preemption, with heads, tails, the least lag from each forward's end to its backward's start,
+  and the memory limit; solved by dynamic programming over the orders (`device_sequencing`).
 
 Heads and tails come from `implied_graph`: the op DAG plus the precedences that every schedule
 with ops of one kind and stage in microbatch order obeys (same-device order, and the memory
@@ -33,20 +36,23 @@ from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 
 @dataclass(frozen=True)
 class LowerBounds:
-    """Every bound (problem units) and the best of them."""
+    """Every bound (problem units) and the best of them. device_sequencing is 0 where it was
+    skipped because it could not beat the others (see `device_sequencing`)."""
 
     critical_path: float
     device_load: float
     one_machine: float
     memory: float
+    device_sequencing: float
 
     @property
     def best(self) -> float:
-        return max(self.critical_path, self.device_load, self.one_machine, self.memory)
+        return max(self.critical_path, self.device_load, self.one_machine, self.memory, self.device_sequencing)
 
     def as_dict(self) -> dict[str, float]:
         return {"critical_path": self.critical_path, "device_load": self.device_load,
-                "one_machine": self.one_machine, "memory": self.memory, "best": self.best}
+                "one_machine": self.one_machine, "memory": self.memory,
+                "device_sequencing": self.device_sequencing, "best": self.best}
 
 
 def _same_order_group(problem: Problem, microbatch: int, other: int) -> bool:
@@ -177,7 +183,7 @@ def jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
     return float(best)
 
 
-def _activation_lifetimes(problem: Problem) -> list[tuple[float, float]]:
+def activation_lifetimes(problem: Problem) -> list[tuple[float, float]]:
     """Per stage, the least time from F(s) start to the end of B(s) and of W(s) (or BW(s))."""
     single = problem.replace(num_microbatches=1, iterations=1, memory_limit=None)
     graph = op_graph(single)
@@ -192,11 +198,10 @@ def _activation_lifetimes(problem: Problem) -> list[tuple[float, float]]:
     return lifetimes
 
 
-def memory_bound(problem: Problem) -> float:
+def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]]) -> float:
     """makespan >= (memory-time every device must integrate) / (its memory limit); 0 without limits."""
     if problem.memory_limit is None:
         return 0.0
-    lifetimes = _activation_lifetimes(problem)
     best = 0.0
     for device, stages in enumerate(problem.stages_of_device):
         integral = 0.0
@@ -209,6 +214,94 @@ def memory_bound(problem: Problem) -> float:
     return best
 
 
+_Label = tuple[float, float, tuple[float, ...]]  # (time, max end + tail, release of each pending backward)
+
+
+def _keep_least(states: dict[tuple[int, int, int], _Label], state: tuple[int, int, int], label: _Label) -> None:
+    """Store `label` at `state`, or the componentwise minimum with the label already there."""
+    known = states.get(state)
+    if known is not None:
+        label = (min(label[0], known[0]), min(label[1], known[1]), tuple(map(min, label[2], known[2])))
+    states[state] = label
+
+
+def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tails: dict[Op, float],
+                      lifetimes: list[tuple[float, float]], needed: float = 0.0) -> float:
+    """The least max(end + tail) of `device`'s ops run alone on it, in microbatch order per kind,
+    each after its head, each backward at least the single-microbatch lag after its forward's end
+    (from `lifetimes`, see `activation_lifetimes`), every forward within the memory limit;
+    0 unless the device holds one stage of one iteration, and 0 when one greedy order already
+    reaches `needed` (the bound could not exceed it; this skips most devices of a long pipeline).
+
+    Every valid microbatch-ordered schedule, restricted to the device, is such a sequence, so this
+    bounds the optimum. For a fixed order, starting each op as early as allowed is best for every
+    later op (all constraints are lower limits on starts, and memory depends only on the order),
+    so the orders are searched by dynamic programming over the state (forwards, backwards, weight
+    ops done). Different orders reach one state with different (time, objective, pending backward
+    releases); keeping only their componentwise minimum is optimistic, so the result stays a lower
+    bound (on the Zero Bubble paper's Table 5 configurations it equals the exact single-machine
+    optimum; the benchmark notes say where it was checked).
+    """
+    stages = problem.stages_of_device[device]
+    if len(stages) != 1 or problem.total_microbatches != problem.num_microbatches:
+        return 0.0
+    (stage,) = stages
+    m = problem.num_microbatches
+    forward_kind, backward_kind, weight_kind = problem.kinds[0], problem.kinds[1], WEIGHT
+    split = problem.split_backward
+    forward_time, backward_time = problem.cost(forward_kind, stage), problem.cost(backward_kind, stage)
+    lag = lifetimes[stage][0] - forward_time - backward_time
+    limit = math.inf if problem.memory_limit is None else problem.memory_limit[device] + 1e-9
+    activation = problem.activation_memory[stage]
+    kept = problem.weight_memory[stage] if split else 0.0
+
+    def head_tail(kind: str) -> tuple[list[float], list[float]]:
+        ops = [Op(kind, stage, i) for i in range(m)]
+        return [heads[op] for op in ops], [tails[op] for op in ops]
+
+    forward_heads, forward_tails = head_tail(forward_kind)
+    backward_heads, backward_tails = head_tail(backward_kind)
+    weight_heads, weight_tails = head_tail(weight_kind) if split else ([], [])
+    weight_time = problem.cost(weight_kind, stage) if split else 0.0
+
+    def successors(state: tuple[int, int, int], label: _Label):
+        """(start, priority, state, label) for each op that can run next, started as early as allowed."""
+        (forwards, backwards, weights), (time, objective, releases) = state, label
+        held = (forwards - backwards) * activation + (backwards - weights) * kept
+        if backwards < forwards:
+            begin = max(time, releases[0])
+            end = begin + backward_time
+            yield (begin, 0, (forwards, backwards + 1, weights if split else backwards + 1),
+                   (end, max(objective, end + backward_tails[backwards]), releases[1:]))
+        if forwards < m and held + activation <= limit:
+            begin = max(time, forward_heads[forwards])
+            end = begin + forward_time
+            yield (begin, 1, (forwards + 1, backwards, weights),
+                   (end, max(objective, end + forward_tails[forwards]),
+                    (*releases, max(backward_heads[forwards], end + lag))))
+        if weights < backwards and split:
+            begin = max(time, weight_heads[weights])
+            end = begin + weight_time
+            yield (begin, 2, (forwards, backwards, weights + 1),
+                   (end, max(objective, end + weight_tails[weights]), releases))
+
+    steps = len(problem.kinds) * m
+    start: tuple[tuple[int, int, int], _Label] = ((0, 0, 0), (0.0, 0.0, ()))
+    greedy = start
+    for _ in range(steps):  # one order (earliest start; backward, forward, weight op on ties) bounds the DP above
+        greedy = min(successors(*greedy))[2:]
+    if greedy[1][1] <= needed:
+        return 0.0
+    layer = dict([start])
+    for _ in range(steps):
+        following: dict[tuple[int, int, int], _Label] = {}
+        for state, label in layer.items():
+            for _begin, _priority, reached, reached_label in successors(state, label):
+                _keep_least(following, reached, reached_label)
+        layer = following
+    return layer[(m, m, m)][1]
+
+
 def lower_bounds(problem: Problem) -> LowerBounds:
     """All lower bounds of `problem` (see the module docstring)."""
     graph = implied_graph(problem)
@@ -219,4 +312,9 @@ def lower_bounds(problem: Problem) -> LowerBounds:
         per_device[data["device"]].append((heads[op], data["duration"], tails[op]))
     load = max(min(j[0] for j in jobs) + sum(j[1] for j in jobs) + min(j[2] for j in jobs) for jobs in per_device)
     one_machine = max(jackson_preemptive(jobs) for jobs in per_device)
-    return LowerBounds(critical, load, one_machine, memory_bound(problem))
+    lifetimes = activation_lifetimes(problem)
+    sequencing = 0.0
+    for device in range(problem.num_devices):
+        needed = max(critical, load, one_machine, sequencing)
+        sequencing = max(sequencing, device_sequencing(problem, device, heads, tails, lifetimes, needed))
+    return LowerBounds(critical, load, one_machine, memory_bound(problem, lifetimes), sequencing)

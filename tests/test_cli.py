@@ -180,3 +180,16 @@ def test_solve_prints_the_optimum_with_its_certificate(capsys):
 def test_solve_errors_are_one_line(capsys, argv, needle):
     status, _, err = run(capsys, *argv)
     assert status == 2 and len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`zbopt simulate ... | head -1`: the pipe breaks while zbopt prints; nothing on stderr."""
+    import subprocess
+    import sys
+
+    reader = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE)
+    reader.wait()  # gone before zbopt writes a byte
+    writer = subprocess.run([sys.executable, "-m", "zbopt", "simulate", "-s", "4", "-b", "8"],
+                            stdout=reader.stdin, stderr=subprocess.PIPE, text=True, check=False)
+    reader.stdin.close()
+    assert (writer.returncode, writer.stderr) == (1, "")

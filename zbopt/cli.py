@@ -8,18 +8,33 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
+from pathlib import Path
 
 import yaml
 
 from zbopt.errors import ZboptError
-from zbopt.io.config import RunConfig, build_run_config, load_config
+from zbopt.io.config import PROBLEM_KEYS, RunConfig, build_run_config, load_config, read_config_file
+from zbopt.io.torch_format import (
+    TORCH_PREFIX,
+    TORCH_SCHEDULES,
+    check_exportable,
+    read_torch_csv,
+    torch_schedule,
+    write_megatron_order,
+    write_torch_csv,
+)
+from zbopt.problem import Problem
+from zbopt.schedule import Schedule, load_schedule, save_schedule
 from zbopt.schedules import generate, get, registered
 from zbopt.simulate import Simulation, simulate
 
 EXIT_INVALID_SCHEDULE = 1
 EXIT_BAD_INPUT = 2
 DASK_CONNECT_TIMEOUT_S = 10
+EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON"}
+EXPORT_EXTENSIONS = {".csv": "torch-csv", ".json": "json"}  # the format `solve --export` and `export` infer
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,6 +90,19 @@ def _add_problem_flags(parser: argparse.ArgumentParser) -> None:
         help="iterations do not wait for each other's weight update (PipeDream-2BW double buffering)")
 
 
+def _add_schedule_flags(parser: argparse.ArgumentParser) -> None:
+    """Which schedule: a registered name with its options, a torch built-in, or a file."""
+    parser.add_argument("--schedule", metavar="NAME",
+                        help=f"registered schedule name (default 1f1b), or {TORCH_PREFIX}NAME for a torch."
+                             f"distributed.pipelining built-in ({', '.join(TORCH_SCHEDULES)}; needs torch)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", type=_schedule_option,
+                        help="an option of the schedule's generator, e.g. microbatch_group_size_per_vp_stage=8")
+    parser.add_argument("--schedule-file", metavar="FILE",
+                        help="a torch compute-only CSV (.csv; its ranks, stages and microbatches fill what the "
+                             "config leaves out) or a zbopt schedule JSON (run on its stored problem unless a "
+                             "config or flag gives one)")
+
+
 def _add_input_flags(parser: argparse.ArgumentParser,
                      output_help: str = "write a Gantt chart (.png, .svg or .pdf)") -> None:
     parser.add_argument("config", nargs="?", help="YAML or JSON config file (optional)")
@@ -101,12 +129,68 @@ def _flag_values(args: argparse.Namespace) -> dict:
     return values
 
 
-def _run_config(args: argparse.Namespace) -> RunConfig:
+def _run_config(args: argparse.Namespace, layout: dict | None = None) -> RunConfig:
+    """The problem from the config file and flags; `layout` (problem parameters a schedule file
+    implies) fills each parameter neither of them gives."""
     if args.config and args.config_flag and args.config != args.config_flag:
         raise ZboptError(f"two config files given ('{args.config}' and '{args.config_flag}'); give one")
     path = args.config or args.config_flag
     flags = _flag_values(args)
+    if layout:
+        given = {PROBLEM_KEYS.get(key, key) for key in [*(read_config_file(path) if path else {}), *flags]}
+        flags.update({key: value for key, value in layout.items() if key not in given})
     return load_config(path, flags) if path else build_run_config(flags, source="flags")
+
+
+def _problem_given(args: argparse.Namespace) -> bool:
+    """Whether a config file or a problem flag describes the problem."""
+    return bool(args.config or args.config_flag or set(_flag_values(args)) - {"output_file"})
+
+
+def _schedule_from_file(args: argparse.Namespace) -> tuple[RunConfig, Schedule]:
+    """--schedule-file: a torch CSV (.csv), whose layout fills what the config and flags leave out,
+    or a zbopt JSON schedule, run on its stored problem unless a config or flag gives one."""
+    path = Path(args.schedule_file)
+    if path.suffix.lower() == ".csv":
+        order = read_torch_csv(path)
+        run = _run_config(args, order.layout)
+        return run, order.to_schedule(run.problem, path.name)
+    schedule, stored = load_schedule(path)
+    if stored is not None and not _problem_given(args):
+        return RunConfig(stored, getattr(args, "output_file", None)), schedule
+    return _run_config(args), schedule
+
+
+def _named_schedule(args: argparse.Namespace, problem: Problem) -> Schedule:
+    """--schedule NAME (default 1f1b) with its --option's, or torch:NAME, a torch built-in."""
+    name = args.schedule or "1f1b"
+    if not name.startswith(TORCH_PREFIX):
+        return generate(name, problem, **dict(args.option))
+    if args.option:
+        raise ZboptError(f"--option: torch's schedules take none ('{name}')")
+    return torch_schedule(name.removeprefix(TORCH_PREFIX), problem)
+
+
+def _is_schedule_file(path: str) -> bool:
+    """Whether a positional file is a schedule rather than a config: a torch CSV, or a JSON with
+    the 'orders' of a zbopt schedule (`zbopt export SCHEDULE.json -o FILE.csv`)."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        return True
+    return suffix == ".json" and "orders" in read_config_file(path)
+
+
+def _run_and_schedule(args: argparse.Namespace) -> tuple[RunConfig, Schedule]:
+    """The problem and the schedule of `simulate` and `export`: from --schedule-file (or a
+    schedule file given in the config's place) or by name."""
+    if args.schedule_file is None and args.config and _is_schedule_file(args.config):
+        args.schedule_file, args.config = args.config, None
+    if args.schedule_file is None:
+        run = _run_config(args)
+        return run, _named_schedule(args, run.problem)
+    if args.schedule is not None or args.option:
+        raise ZboptError("--schedule-file: give it without --schedule and --option")
+    return _schedule_from_file(args)
 
 
 def _format_table(simulation: Simulation) -> str:
@@ -155,9 +239,9 @@ def _figure_path(args: argparse.Namespace, run: RunConfig) -> str | None:
 def _command_simulate(args: argparse.Namespace) -> int:
     from zbopt.plot import plot_gantt
 
-    run = _run_config(args)
+    run, schedule = _run_and_schedule(args)
     figure = _figure_path(args, run)
-    simulation = simulate(run.problem, generate(args.schedule, run.problem, **dict(args.option)))
+    simulation = simulate(run.problem, schedule)
     if args.json:
         print(json.dumps(simulation.to_dict()))
     else:
@@ -171,12 +255,48 @@ def _command_simulate(args: argparse.Namespace) -> int:
     return 0 if simulation.valid else EXIT_INVALID_SCHEDULE
 
 
+def _export_format(path: str, given: str | None) -> str:
+    """The export format: `given`, else from the file's extension (.csv torch CSV, .json zbopt JSON)."""
+    if given is not None:
+        return given
+    suffix = Path(path).suffix.lower()
+    if suffix not in EXPORT_EXTENSIONS:
+        raise ZboptError(f"'{path}': cannot tell the export format from '{suffix or 'no extension'}' "
+                         f"(.csv torch CSV, .json zbopt JSON; or give --format)")
+    return EXPORT_EXTENSIONS[suffix]
+
+
+def _write_export(path: str, export_format: str, problem: Problem, schedule: Schedule) -> None:
+    """Write `schedule` as `export_format`; the JSON is checked by the simulator like the others."""
+    if export_format == "torch-csv":
+        write_torch_csv(path, problem, schedule)
+    elif export_format == "megatron":
+        write_megatron_order(path, problem, schedule)
+    else:
+        simulate(problem, schedule)
+        save_schedule(path, schedule, problem)
+
+
+def _command_export(args: argparse.Namespace) -> int:
+    target = getattr(args, "output_file", None)
+    if target is None:
+        raise ZboptError("export needs -o FILE")
+    export_format = _export_format(target, args.format)
+    run, schedule = _run_and_schedule(args)
+    _write_export(target, export_format, run.problem, schedule)
+    print(f"{EXPORT_FORMATS[export_format]} written to {target}")
+    return 0
+
+
 def _command_solve(args: argparse.Namespace) -> int:
     from zbopt.plot import plot_gantt
     from zbopt.solvers import solve
 
     run = _run_config(args)
     figure = _figure_path(args, run)
+    export_format = None if args.export is None else _export_format(args.export, None)
+    if export_format is not None:
+        check_exportable(run.problem, export_format)
     if args.warm_start is not None:
         get(args.warm_start)
     live = not (args.json or args.quiet) and sys.stderr.isatty()
@@ -195,6 +315,11 @@ def _command_solve(args: argparse.Namespace) -> int:
             print(_format_table(result.simulation))
     if figure is not None and result.simulation is not None:
         plot_gantt(result.simulation, figure)
+    if export_format is not None:
+        if result.simulation is None:
+            print(f"zbopt: no schedule found ({result.status}); {args.export} not written", file=sys.stderr)
+        else:
+            _write_export(args.export, export_format, run.problem, result.simulation.timed_orders())
     return 0
 
 
@@ -333,6 +458,54 @@ def _command_frontier(args: argparse.Namespace) -> int:
     return 0
 
 
+def _torch_run_options(args: argparse.Namespace) -> dict:
+    return {"steps": args.steps, "microbatch_size": args.microbatch_size, "hidden": args.hidden,
+            "layers_per_stage": args.layers_per_stage, "seed": args.seed, "timeout_s": args.timeout}
+
+
+def _torch_run(args: argparse.Namespace):
+    """Run the CSV in torch; the report, or None (with the reason on stderr) when gradients differ."""
+    from zbopt.torch_runtime import run_torch
+
+    report = run_torch(args.schedule, **_torch_run_options(args))
+    if not report.passed:
+        print(f"zbopt: {args.schedule}: gradients differ from the single-process reference "
+              f"(max abs diff {report.max_abs_diff:.3g})", file=sys.stderr)
+    return report
+
+
+def _command_run_torch(args: argparse.Namespace) -> int:
+    from zbopt.torch_runtime import format_report
+
+    report = _torch_run(args)
+    print(json.dumps(report.to_dict()) if args.json else format_report(report))
+    return 0 if report.passed else EXIT_INVALID_SCHEDULE
+
+
+def _command_profile_torch(args: argparse.Namespace) -> int:
+    from zbopt.torch_runtime import format_report, profile_config, save_profile
+
+    report = _torch_run(args)
+    print(format_report(report))
+    if not report.passed:
+        return EXIT_INVALID_SCHEDULE
+    save_profile(profile_config(report), args.output, report)
+    print(f"config written to {args.output} (try: zbopt solve {args.output})")
+    return 0
+
+
+def _add_torch_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("schedule", metavar="SCHEDULE.csv",
+                        help="torch compute-only CSV: one row per rank, cells like 0F1, 2I0, 2W0, 1B3")
+    parser.add_argument("--steps", type=int, default=3, help="training steps, the first an untimed warm-up (default 3)")
+    parser.add_argument("--microbatch-size", type=int, default=8, help="samples per microbatch (default 8)")
+    parser.add_argument("--hidden", type=int, default=128, help="width of the MLP's Linear layers (default 128)")
+    parser.add_argument("--layers-per-stage", type=int, default=2, help="Linear+Tanh layers per stage (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the weights and data (default 0)")
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds before the ranks are killed (default 120)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="zbopt", description="Pipeline-parallel schedules: simulate, compare, optimize.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
@@ -340,12 +513,17 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--json", action="store_true", help="print a JSON list")
     listing.set_defaults(run=_command_schedules)
     simulating = commands.add_parser("simulate", help="simulate one schedule and print its metrics")
-    simulating.add_argument("--schedule", default="1f1b", help="registered schedule name (default 1f1b)")
-    simulating.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", type=_schedule_option,
-                            help="an option of the schedule's generator, e.g. microbatch_group_size_per_vp_stage=8")
+    _add_schedule_flags(simulating)
     simulating.add_argument("--json", action="store_true", help="print one JSON object")
     _add_input_flags(simulating)
     simulating.set_defaults(run=_command_simulate)
+    exporting = commands.add_parser("export", help="write a schedule for torch.distributed.pipelining or Megatron-LM")
+    _add_schedule_flags(exporting)
+    exporting.add_argument("--format", choices=list(EXPORT_FORMATS),
+                           help="torch-csv (torch's compute-only CSV), megatron (Megatron-LM's per-rank order, JSON) "
+                                "or json (zbopt's schedule JSON); default from -o's extension (.csv, .json)")
+    _add_input_flags(exporting, output_help="the file to write (required)")
+    exporting.set_defaults(run=_command_export)
     solving = commands.add_parser("solve", help="find the optimal schedule under the memory limit")
     solving.add_argument("--solver", default="cpsat", choices=["cpsat", "cbc", "highs"],
                          help="cpsat (OR-Tools CP-SAT) or the MILP with cbc or highs (default cpsat)")
@@ -357,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     solving.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     solving.add_argument("--json", action="store_true", help="print one JSON object")
     solving.add_argument("--quiet", action="store_true", help="print nothing (use -o or --json)")
+    solving.add_argument("--export", metavar="FILE", help="write the schedule found: .csv torch CSV, .json zbopt JSON")
     _add_input_flags(solving)
     solving.set_defaults(run=_command_solve)
     comparing = commands.add_parser("compare", help="simulate several schedules (and the optimum) side by side")
@@ -379,6 +558,17 @@ def build_parser() -> argparse.ArgumentParser:
     sweeping.add_argument("--json", action="store_true", help="print the frontier as one JSON object")
     _add_input_flags(sweeping, output_help="write the frontier figure (.png, .svg or .pdf)")
     sweeping.set_defaults(run=_command_frontier)
+    running = commands.add_parser("run-torch", help="run a torch CSV schedule in torch.distributed.pipelining, "
+                                  "check its gradients and time its ops")
+    _add_torch_flags(running)
+    running.add_argument("--json", action="store_true", help="print one JSON object")
+    running.set_defaults(run=_command_run_torch)
+    profiling = commands.add_parser("profile-torch", help="run a torch CSV schedule and write its measured costs "
+                                    "as a zbopt config")
+    _add_torch_flags(profiling)
+    profiling.add_argument("-o", "--output", required=True, metavar="CONFIG.yaml",
+                           help="config file to write (.yaml, or .json)")
+    profiling.set_defaults(run=_command_profile_torch)
     return parser
 
 
@@ -390,6 +580,9 @@ def main(argv: list[str] | None = None) -> int:
     except ZboptError as error:
         print(f"zbopt: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader left (`zbopt ... | head`): stop quietly, as Python's docs advise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as error:
         print(f"zbopt: {error.filename or ''}: {error.strerror}", file=sys.stderr)
         return EXIT_BAD_INPUT

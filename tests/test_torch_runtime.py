@@ -19,11 +19,12 @@ from torch.distributed.pipelining.schedules import (  # noqa: E402
     _add_send_recv,
 )
 
-from zbopt import Problem, generate, torch_runtime  # noqa: E402
+from zbopt import Problem, generate, solve, torch_runtime  # noqa: E402
 from zbopt.errors import DeadlockError, ScheduleError, ZboptError  # noqa: E402
 from zbopt.io.config import load_config  # noqa: E402
-from zbopt.io.torch_format import read_torch_csv  # noqa: E402
+from zbopt.io.torch_format import read_torch_csv, write_torch_csv  # noqa: E402
 from zbopt.problem import stage_device  # noqa: E402
+from zbopt.schedules import generate_applicable, registered  # noqa: E402
 from zbopt.torch_runtime import (  # noqa: E402
     ATOL,
     compare_gradients,
@@ -44,12 +45,9 @@ ACTIVATION_BYTES = (SMALL["layers_per_stage"] + 1) * SMALL["microbatch_size"] * 
 
 
 def zbopt_csv(path, name, **problem):
-    """zbopt's generator `name` written as a torch compute-only CSV (B is torch's I when split)."""
+    """zbopt's generator `name` written as a torch compute-only CSV."""
     problem = Problem(**problem)
-    kinds = {"F": "F", "B": "I" if problem.split_backward else "B", "W": "W", "BW": "B"}
-    rows = [",".join(f"{op.stage}{kinds[op.kind]}{op.microbatch}" for op in order)
-            for order in generate(name, problem).orders]
-    path.write_text("\n".join(rows) + "\n")
+    write_torch_csv(path, problem, generate(name, problem))
     return path
 
 
@@ -97,6 +95,33 @@ EXPECTED = {
     "torch-interleaved-zb-p2": (2, 4, 4, "loop", {"F", "I", "W"}),
     "overlap-p2": (2, 2, 4, "loop", {"F", "B"}),
 }
+
+
+# The issue's check: every registered schedule that fits p=4, m=8 (v=2 where it needs it), and
+# CP-SAT optima of small problems, run for real with gradients equal to the reference.
+REGISTRY_PROBLEMS = [Problem(num_devices=4, num_microbatches=8, **layout) for layout in (
+    {}, {"weight_times": 1}, {"chunks_per_device": 2}, {"chunks_per_device": 2, "weight_times": 1},
+    {"chunks_per_device": 2, "placement": "v", "weight_times": 1})]
+OPTIMA_PROBLEMS = [Problem(num_devices=3, num_microbatches=4, weight_times=1, memory_limit=2),
+                   Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="v", weight_times=1,
+                           p2p_time=0.5)]
+
+
+def test_every_registered_schedule_and_cpsat_optima_run_with_the_reference_gradients(tmp_path):
+    cases = [(problem, name, schedule) for problem in REGISTRY_PROBLEMS
+             for name, schedule in generate_applicable(problem)[0].items()]
+    for problem in OPTIMA_PROBLEMS:
+        result = solve(problem, time_limit=10)
+        assert result.status == "optimal"
+        cases.append((problem, "cpsat", result.simulation.timed_orders()))
+    assert {name for _, name, _ in cases} == {entry.name for entry in registered()} | {"cpsat"}
+    for index, (problem, name, schedule) in enumerate(cases):
+        path = tmp_path / f"{index}-{name}.csv"
+        write_torch_csv(path, problem, schedule)
+        report = run_torch(path, **SMALL)
+        assert report.passed and report.max_abs_diff <= ATOL, (name, problem.describe())
+        assert (report.num_ranks, report.num_stages, report.num_microbatches, report.placement) == (
+            problem.num_devices, problem.num_stages, problem.num_microbatches, problem.placement), name
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,11 @@
 
 Grid A (proof): p in {4, 8} x m in {8, 16, 24} x memory limit in {p, 1.5p, 2p}·M_B with the Zero
 Bubble paper's 1.5B costs (F 18.522, B 18.086, W 9.337, comm 0.601 ms), M_B = 1, M_W = 0.3.
-Grid B (scale): the four ZB Table 5 configurations at memory p·M_B and 2p·M_B.
+Grid B (scale): the four ZB Table 5 configurations (zbopt.published: Table 9 costs, M_B = 1, M_W
+from the paper's Table 1) at memory p·M_B and 2p·M_B; --weight-memory overrides M_W.
 
 Usage: python benchmarks/bench_solver.py [A|B] [--solvers cpsat,highs] [--time-limit S] [--objective span]
+       [--weight-memory M_W]
 (the Zero Bubble paper's bubble rate measures spans: compare zb_bubble_rate under --objective span)
 """
 
@@ -16,15 +18,10 @@ import platform
 from pathlib import Path
 
 from zbopt import Problem, solve
+from zbopt.published import ZERO_BUBBLE_MODELS
 from zbopt.solvers.result import best_heuristic
 
-COSTS_1_5B = dict(forward_times=18.522, backward_times=18.086, weight_times=9.337, p2p_time=0.601)
-TABLE_5 = {  # model: (p, m, F, B, W, comm), ZB paper Table 9
-    "1.5B": (8, 24, 18.522, 18.086, 9.337, 0.601),
-    "6.2B": (8, 24, 29.718, 29.444, 19.927, 0.527),
-    "14.6B": (16, 48, 11.347, 11.248, 8.132, 0.377),
-    "28.3B": (32, 96, 10.419, 10.207, 7.715, 0.408),
-}
+ONE_POINT_FIVE_B = ZERO_BUBBLE_MODELS["1.5B"]
 
 
 def grid_a() -> list[tuple[str, Problem]]:
@@ -32,20 +29,15 @@ def grid_a() -> list[tuple[str, Problem]]:
     for p in (4, 8):
         for m in (8, 16, 24):
             for factor in (1.0, 1.5, 2.0):
-                problem = Problem(num_devices=p, num_microbatches=m, activation_memory=1.0, weight_memory=0.3,
-                                  memory_limit=factor * p, **COSTS_1_5B)
+                problem = ONE_POINT_FIVE_B.problem(factor * p, num_devices=p, num_microbatches=m, weight_memory=0.3)
                 cases.append((f"p={p} m={m} mem={factor:g}p", problem))
     return cases
 
 
-def grid_b() -> list[tuple[str, Problem]]:
-    cases = []
-    for model, (p, m, f, b, w, c) in TABLE_5.items():
-        for factor in (1, 2):
-            problem = Problem(num_devices=p, num_microbatches=m, forward_times=f, backward_times=b, weight_times=w,
-                              p2p_time=c, activation_memory=1.0, weight_memory=0.3, memory_limit=factor * p)
-            cases.append((f"{model} mem={factor}p", problem))
-    return cases
+def grid_b(weight_memory: float | None = None) -> list[tuple[str, Problem]]:
+    changes = {} if weight_memory is None else {"weight_memory": weight_memory}
+    return [(f"{name} mem={factor}p", model.problem(factor * model.num_devices, **changes))
+            for name, model in ZERO_BUBBLE_MODELS.items() for factor in (1, 2)]
 
 
 def main() -> None:
@@ -54,8 +46,9 @@ def main() -> None:
     parser.add_argument("--solvers", default="cpsat,highs")
     parser.add_argument("--time-limit", type=float)
     parser.add_argument("--objective", choices=["makespan", "span"], default="makespan")
+    parser.add_argument("--weight-memory", type=float, help="Grid B: M_W instead of the paper's Table 1 share")
     args = parser.parse_args()
-    cases = grid_a() if args.grid == "A" else grid_b()
+    cases = grid_a() if args.grid == "A" else grid_b(args.weight_memory)
     limit = args.time_limit or (60.0 if args.grid == "A" else 120.0)
     rows = []
     header = (f"{'case':<22} {'solver':<6} {'status':<8} {'objective':>10} {'bound':>10} {'gap':>7} {'time s':>7} "
@@ -76,7 +69,8 @@ def main() -> None:
             print(f"{label:<22} {solver:<6} {result.status:<8} {result.objective:>10.2f} {result.lower_bound:>10.2f} "
                   f"{result.gap:>7.2%} {result.solve_time_s:>7.1f} {row['zb_bubble_rate']:>9.4f} {best:>22}",
                   flush=True)
-    out = Path(__file__).resolve().parent / "results" / f"bench_solver_{args.grid}_{args.objective}.json"
+    variant = "" if args.weight_memory is None else f"_mw{args.weight_memory:g}"
+    out = Path(__file__).resolve().parent / "results" / f"bench_solver_{args.grid}_{args.objective}{variant}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"machine": platform.platform(), "time_limit_s": limit, "objective": args.objective,
                                "rows": rows}, indent=1) + "\n")

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from tests.reference import costs
 from zbopt import NotApplicableError, Problem, ZboptError, critical_path, device_work, generate, simulate
+from zbopt.published import ZERO_BUBBLE_MODELS, ZERO_BUBBLE_TABLE_5
 from zbopt.schedules import get
 
 ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p")
@@ -121,43 +122,30 @@ def test_handcrafted_peak_memory(p, weight_memory):
 # ------------------------------------------------------------------------------------------ Table 5
 
 
-def table1_weight_memory(hidden: int, heads: int, sequence: int = 1024) -> float:
-    """M_W / M_B from the paper's Table 1: M_B = 34sbh + 5as²b, M_W = 32sbh (b cancels), for the
-    model configurations of its Table 3 (hidden size h, attention heads a, sequence length 1024)."""
-    return 32 * hidden / (34 * hidden + 5 * heads * sequence)
-
-
-# Zero Bubble paper: Table 9 profiled costs (ms) and Table 3 model shapes; Table 5 bubble rates.
-TABLE_9 = {  # model: (p, m, F, B, W, comm, hidden, heads)
-    "1.5B": (8, 24, 18.522, 18.086, 9.337, 0.601, 2304, 24),
-    "6.2B": (8, 24, 29.718, 29.444, 19.927, 0.527, 4096, 32),
-    "14.6B": (16, 48, 11.347, 11.248, 8.132, 0.377, 5120, 40),
-    "28.3B": (32, 96, 10.419, 10.207, 7.715, 0.408, 6144, 48),
-}
-TABLE_5 = {  # model: bubble rate of ZB-H1, ZB-H2, ZB-1p, ZB-2p
-    "1.5B": (0.1585, 0.1083, 0.1585, 0.0433),
-    "6.2B": (0.1323, 0.0698, 0.1323, 0.0029),
-    "14.6B": (0.1397, 0.0672, 0.1397, 0.0066),
-    "28.3B": (0.1421, 0.0641, 0.1421, 0.0038),
-}
 SCHEDULES_OF_TABLE_5 = ("zb-h1", "zb-h2", "zb-1p", "zb-2p")
 
 
+def test_table_1_weight_memory_share():
+    """M_W / M_B = 32sbh / (34sbh + 5as²b) at s = 1024: for the 1.5B model (h 2304, a 24) that is
+    73728 / (78336 + 122880)."""
+    assert ZERO_BUBBLE_MODELS["1.5B"].weight_memory == pytest.approx(73728 / 201216)
+
+
 @pytest.mark.parametrize("name", SCHEDULES_OF_TABLE_5)
-@pytest.mark.parametrize("model", TABLE_9)
+@pytest.mark.parametrize("model", ZERO_BUBBLE_MODELS)
 def test_table_5_bubble_rates(model, name):
     """Zero Bubble paper, Table 5: bubble rate (span - m(F+B+W)) / span, span the longest device
     span, from the Table 9 costs with comm as p2p latency; memory unit M_B = 1, M_W from Table 1.
     The handcrafted schedules must match within 0.001; the greedy ZB-1p / ZB-2p may not be more than
     0.005 worse. Each schedule also keeps its memory promise: p·M_B, (2p-1)·M_B, p·M_B, 2p·M_B."""
-    p, m, forward, backward, weight, comm, hidden, heads = TABLE_9[model]
-    problem = uniform(p, m, forward, backward, weight, comm, weight_memory=table1_weight_memory(hidden, heads))
+    problem = ZERO_BUBBLE_MODELS[model].problem()
     result = simulate(problem, generate(name, problem))
-    published = TABLE_5[model][SCHEDULES_OF_TABLE_5.index(name)]
+    published = ZERO_BUBBLE_TABLE_5[model][name]
     if name in ("zb-h1", "zb-h2"):
         assert result.zb_bubble_rate == pytest.approx(published, abs=0.001)
     else:
         assert result.zb_bubble_rate <= published + 0.005
+    p = problem.num_devices
     memory = {"zb-h1": p, "zb-h2": 2 * p - 1, "zb-1p": p, "zb-2p": 2 * p}[name]
     assert max(result.peak_memory) <= memory + 1e-9
 

@@ -85,3 +85,20 @@ def test_span_objective_is_never_above_the_makespan_optimum():
     assert span.status == "optimal"
     assert span.objective == pytest.approx(max(span.simulation.span))
     assert span.objective <= makespan.objective + 1e-9
+
+
+def test_no_search_when_the_warm_start_meets_the_bound(monkeypatch):
+    """Zero Bubble paper, 1.5B at p·M_B with Table 1's M_W: zb-h1 meets the device sequencing bound,
+    so the answer is proven without building or running a model (the solver would raise here)."""
+    from ortools.sat.python import cp_model
+
+    from zbopt.published import ZERO_BUBBLE_MODELS
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("CP-SAT ran")
+
+    monkeypatch.setattr(cp_model, "CpSolver", no_search)
+    model = ZERO_BUBBLE_MODELS["1.5B"]
+    result = solve_cpsat(model.problem(memory_limit=model.num_devices), time_limit=60)
+    assert (result.status, result.warm_start, result.gap) == ("optimal", "zb-h1", 0.0)
+    assert result.objective == pytest.approx(result.bounds["device_sequencing"])

@@ -38,6 +38,7 @@ from zbopt.solvers.result import (
     TickScale,
     ceil_ticks,
     check_close,
+    meets_bound,
     memory_scale,
     objective_bound,
     objective_value,
@@ -122,6 +123,11 @@ def solve_cpsat(
     bounds = lower_bounds(problem)
     independent_bound = objective_bound(problem, bounds, objective)
     warm = warm_start_simulation(problem, warm_start, objective) if use_warm_start else None
+    tolerance = 1e-9 * max(1.0, independent_bound)
+    if meets_bound(warm, objective, independent_bound, tolerance):
+        status, simulation, value, lower = settle("unknown", None, warm, objective, independent_bound, tolerance, False)
+        return SolveResult(status, simulation, value, lower, "cpsat", objective, time.perf_counter() - began,
+                           warm[0], scale.resolution, bounds.as_dict())
 
     ops = table.ops()
     duration = table.duration
@@ -194,7 +200,7 @@ def solve_cpsat(
         simulation = simulate(problem, schedule_from_starts(problem, starts, "cpsat"), strict=True)
         check_close("cp-sat", objective_value(simulation, objective), scale.units(solver.ObjectiveValue()), scale)
     status, simulation, value, lower = settle(status, simulation, warm, objective, max(independent_bound, solver_bound),
-                                              1e-9 * max(1.0, independent_bound), scale.exact)
+                                              tolerance, scale.exact)
     return SolveResult(status, simulation, value, lower, "cpsat",
                        objective, time.perf_counter() - began, None if warm is None else warm[0], scale.resolution,
                        bounds.as_dict())

@@ -30,6 +30,7 @@ from zbopt.solvers.result import (
     SolveResult,
     TickScale,
     check_close,
+    meets_bound,
     objective_bound,
     objective_value,
     schedule_from_starts,
@@ -93,6 +94,11 @@ def _solve_here(problem: Problem, *, backend: str, time_limit: float, warm_start
     bounds = lower_bounds(problem)
     independent_bound = objective_bound(problem, bounds, objective)
     warm = warm_start_simulation(problem, warm_start, objective)
+    tolerance = RESOLUTION * max(1.0, independent_bound)
+    if meets_bound(warm, objective, independent_bound, tolerance):
+        status, simulation, value, lower = settle("unknown", None, warm, objective, independent_bound, tolerance, True)
+        return SolveResult(status, simulation, value, lower, backend, objective, time.perf_counter() - began,
+                           warm[0], RESOLUTION, bounds.as_dict())
     everything_in_a_row = (sum(d["duration"] for _, d in graph.nodes(data=True))
                            + sum(d["latency"] for *_, d in graph.edges(data=True)))
     horizon = warm[1].makespan if warm is not None else everything_in_a_row
@@ -122,8 +128,7 @@ def _solve_here(problem: Problem, *, backend: str, time_limit: float, warm_start
         starts = {op: start[op].value() for op in ops}
         simulation = simulate(problem, schedule_from_starts(problem, starts, backend), strict=True)
         check_close(backend, objective_value(simulation, objective), goal.value(), TickScale(1, True, RESOLUTION))
-    status, simulation, value, lower = settle(status, simulation, warm, objective, independent_bound,
-                                              RESOLUTION * max(1.0, independent_bound), True)
+    status, simulation, value, lower = settle(status, simulation, warm, objective, independent_bound, tolerance, True)
     return SolveResult(status, simulation, value, lower, backend,
                        objective, time.perf_counter() - began, None if warm is None else warm[0], RESOLUTION,
                        bounds.as_dict())

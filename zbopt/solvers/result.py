@@ -149,6 +149,12 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str) -
     return Schedule(orders, name=name)
 
 
+def meets_bound(warm: tuple[str, Simulation] | None, kind: str, lower: float, tolerance: float) -> bool:
+    """Whether the warm start already reaches the independent lower bound: it is optimal, and a
+    search could only confirm it (zb-h1 at p·M_B on the Zero Bubble paper's models, for one)."""
+    return warm is not None and objective_value(warm[1], kind) <= lower + tolerance
+
+
 def settle(status: str, simulation: Simulation | None, warm: tuple[str, Simulation] | None, kind: str,
            lower: float, tolerance: float, proof_is_exact: bool) -> tuple[str, Simulation | None, float | None, float]:
     """The final (status, simulation, objective, lower bound) of a solve: the warm start when it is

@@ -398,8 +398,9 @@ def _format_frontier(frontier) -> str:
     for point in points:
         makespan = "none" if point.makespan is None else f"{point.makespan:.6g}"
         gap = "n/a" if point.gap is None else f"{point.gap:.2%}"
+        carried = "" if point.found_at in (None, point.memory_limit) else f"  (found at limit {point.found_at:g})"
         lines.append(f"{point.memory_limit:>12g}  {point.status:<8}  {makespan:>10}  {point.lower_bound:>11.6g}  "
-                     f"{gap:>7}  {point.solve_time_s:>7.2f}")
+                     f"{gap:>7}  {point.solve_time_s:>7.2f}{carried}")
     if frontier.heuristics:
         width = max(len("heuristic"), *(len(point.name) for point in frontier.heuristics))
         lines += ["", "heuristics at their own peak memory (run without a limit):",

@@ -14,7 +14,8 @@ import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from zbopt.errors import ProblemError, ZboptError
 from zbopt.problem import Problem
@@ -30,13 +31,16 @@ MAX_LIMITS = 10_000  # a sweep longer than this is a typo in START:STOP:STEP, no
 class FrontierPoint:
     """The optimizer's answer at one memory limit (the same limit on every device).
 
-    makespan is None when no schedule was found within the time limit (status "unknown")."""
+    makespan is None when no schedule was found within the time limit (status "unknown").
+    found_at is the limit whose solve found the schedule: this one, or a smaller one whose
+    schedule was better (it fits this limit too; see `memory_frontier`)."""
 
     memory_limit: float
     status: str
     makespan: float | None
     lower_bound: float
     solve_time_s: float
+    found_at: float | None = None
 
     @property
     def gap(self) -> float | None:
@@ -44,7 +48,8 @@ class FrontierPoint:
 
     def to_dict(self) -> dict:
         return {"memory_limit": self.memory_limit, "status": self.status, "makespan": self.makespan,
-                "lower_bound": self.lower_bound, "gap": self.gap, "solve_time_s": self.solve_time_s}
+                "lower_bound": self.lower_bound, "gap": self.gap, "solve_time_s": self.solve_time_s,
+                "found_at": self.found_at}
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,11 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
                     executor: Executor | None = None, progress: bool = False) -> Frontier:
     """Solve `problem` (CP-SAT, one thread each) at every memory limit, in parallel.
 
+    The solves are independent, but their answers are not: a schedule within a smaller limit is
+    within every larger one, and a lower bound at a larger limit holds at every smaller one (less
+    memory is never faster). So each point reports the best schedule found at or below its limit
+    (`found_at` says where) and the best bound proven at or above it, and the frontier never rises.
+
     Parameters
     ----------
     problem : its own memory limit is ignored; each solve sets one limit on every device.
@@ -153,7 +163,7 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
             future.result()  # an error in a solve stops the sweep here
             if bar is not None:
                 bar.advance()
-        points = tuple(future.result() for future in futures)
+        points = _carried([future.result() for future in futures])
     except BaseException:  # an error or Ctrl-C: no further solve starts, and our own workers stop now
         for future in futures:
             future.cancel()
@@ -164,6 +174,24 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
         if own_pool:
             executor.shutdown(cancel_futures=True)
     return Frontier(problem, time_limit, points, heuristics, time.perf_counter() - began)
+
+
+def _carried(points: list[FrontierPoint]) -> tuple[FrontierPoint, ...]:
+    """Points in increasing limit, each with the shortest makespan found at or below its limit and
+    the highest bound proven at or above it; the status follows ("optimal" when they meet)."""
+    bounds = list(accumulate((point.lower_bound for point in reversed(points)), max))[::-1]
+    carried, best = [], None
+    for point, bound in zip(points, bounds, strict=True):
+        if point.makespan is not None and (best is None or point.makespan < best.makespan):
+            best = point
+        if best is point and bound == point.lower_bound:
+            carried.append(replace(point, found_at=point.memory_limit))
+            continue
+        makespan = None if best is None else best.makespan
+        status = "unknown" if makespan is None else "optimal" if relative_gap(makespan, bound) <= 1e-9 else "feasible"
+        carried.append(replace(point, status=status, makespan=makespan, lower_bound=bound,
+                               found_at=None if best is None else best.memory_limit))
+    return tuple(carried)
 
 
 def _checked_limit(problem: Problem, limit: float) -> float:
@@ -185,7 +213,7 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 def _solve_at(problem: Problem, limit: float, time_limit: float) -> FrontierPoint:
     """One solve of the sweep (runs in a worker, so it returns only the few numbers the frontier keeps)."""
     result = solve(problem, "cpsat", time_limit=time_limit, workers=1)
-    return FrontierPoint(limit, result.status, result.objective, result.lower_bound, result.solve_time_s)
+    return FrontierPoint(limit, result.status, result.objective, result.lower_bound, result.solve_time_s, limit)
 
 
 class _ProgressBar:

@@ -111,6 +111,13 @@ def test_comparison_chart_draws_the_table_top_down_and_marks_rows_over_the_limit
     (limit,) = [line for line in memory_axes.lines if line.get_gid() == "memory-limit"]
     (bound,) = [line for line in time_axes.lines if line.get_gid() == "lower-bound"]
     assert limit.get_xdata()[0] == 4 and bound.get_xdata()[0] == comparison.lower_bound
+    assert "over memory limit" in [text.get_text() for text in figure.legends[0].get_texts()]
+
+
+def test_comparison_legend_keys_only_what_is_drawn():
+    within = [row for row in compare(Problem(**LIMITED)).rows if row.within_memory_limit]
+    keys = [text.get_text() for text in plot_comparison(within).legends[0].get_texts()]
+    assert "within memory limit" in keys and "over memory limit" not in keys
 
 
 def run(capsys, *argv):

@@ -213,9 +213,10 @@ def plot_comparison(comparison, path: str | Path | None = None, *, title: str | 
             tick.set_color(LIMIT_COLOR)
     handles = [Line2D([], [], color="black", linestyle=":", label=f"lower bound {lower_bound:.5g}")]
     if limits:
-        handles += [Patch(facecolor=BAR_COLOR, label="within memory limit"),
-                    Patch(facecolor=LIMIT_COLOR, edgecolor="white", hatch="///", label="over memory limit"),
-                    Line2D([], [], color=LIMIT_COLOR, linestyle="--", label="memory limit")]
+        handles.append(Patch(facecolor=BAR_COLOR, label="within memory limit"))
+        if any(over):  # the key only for what the chart shows
+            handles.append(Patch(facecolor=LIMIT_COLOR, edgecolor="white", hatch="///", label="over memory limit"))
+        handles.append(Line2D([], [], color=LIMIT_COLOR, linestyle="--", label="memory limit"))
     figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
     figure.suptitle(title or f"Schedules compared on {problem.describe()}", fontsize=10)
     return _finish(figure, path)

@@ -172,3 +172,12 @@ def test_comparison_chart_of_one_row_without_a_limit():
     assert [bar.get_width() for bar in time_axes.patches] == [row.makespan] == [9.0]
     assert [bar.get_width() for bar in memory_axes.patches] == [row.peak_memory] == [2.0]
     assert not [line for line in memory_axes.lines if line.get_gid() == "memory-limit"]
+
+
+def test_compare_takes_torchs_built_ins_by_name():
+    """torch's ZBVZeroBubble builds zbopt's zb-v order op for op, so both rows have one makespan."""
+    pytest.importorskip("torch", reason="torch's built-in schedules need the optional extra zbopt[torch]")
+    problem = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, placement="v", weight_times=1)
+    rows = {row.name: row for row in compare(problem, ["zb-v", "torch:ZBVZeroBubble"]).rows}
+    zb_v = simulate(problem, generate("zb-v", problem)).makespan
+    assert rows["torch:ZBVZeroBubble"].makespan == rows["zb-v"].makespan == zb_v

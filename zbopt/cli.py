@@ -20,14 +20,14 @@ from zbopt.io.torch_format import (
     TORCH_PREFIX,
     TORCH_SCHEDULES,
     check_exportable,
+    named_schedule,
     read_torch_csv,
-    torch_schedule,
     write_megatron_order,
     write_torch_csv,
 )
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule, load_schedule, save_schedule
-from zbopt.schedules import generate, get, registered
+from zbopt.schedules import get, registered
 from zbopt.simulate import Simulation, simulate
 
 EXIT_INVALID_SCHEDULE = 1
@@ -163,12 +163,7 @@ def _schedule_from_file(args: argparse.Namespace) -> tuple[RunConfig, Schedule]:
 
 def _named_schedule(args: argparse.Namespace, problem: Problem) -> Schedule:
     """--schedule NAME (default 1f1b) with its --option's, or torch:NAME, a torch built-in."""
-    name = args.schedule or "1f1b"
-    if not name.startswith(TORCH_PREFIX):
-        return generate(name, problem, **dict(args.option))
-    if args.option:
-        raise ZboptError(f"--option: torch's schedules take none ('{name}')")
-    return torch_schedule(name.removeprefix(TORCH_PREFIX), problem)
+    return named_schedule(args.schedule or "1f1b", problem, **dict(args.option))
 
 
 def _is_schedule_file(path: str) -> bool:

@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zbopt.errors import NotApplicableError
+from zbopt.io.torch_format import TORCH_PREFIX, named_schedule
 from zbopt.problem import Problem
-from zbopt.schedules import generate, generate_applicable, get
+from zbopt.schedules import generate_applicable, get
 from zbopt.simulate import Simulation, simulate
 from zbopt.solvers import SolveResult, lower_bounds, solve
 
@@ -91,7 +92,8 @@ class Comparison:
 def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
             time_limit: float = 60.0, workers: int = 2, progress: bool = False) -> Comparison:
     """Simulate each schedule in `schedules` (default: every registered one that applies to
-    `problem`) and, with `optimal`, the CP-SAT solver's answer within `time_limit` seconds.
+    `problem`; "torch:NAME" is torch's built-in NAME, see `zbopt.io.torch_format`) and, with
+    `optimal`, the CP-SAT solver's answer within `time_limit` seconds.
 
     Raises UnknownScheduleError for an unknown name and NotApplicableError naming a requested
     schedule whose preconditions do not hold.
@@ -124,11 +126,12 @@ def _simulate_schedules(problem: Problem, names: Sequence[str] | None):
         return simulations, list(reasons.items())
     names = list(dict.fromkeys(names))
     for name in names:
-        get(name)  # an unknown name fails before any work
+        if not name.startswith(TORCH_PREFIX):
+            get(name)  # an unknown name fails before any work
     simulations = []
     for name in names:
         try:
-            schedule = generate(name, problem)
+            schedule = named_schedule(name, problem)
         except NotApplicableError as error:
             raise NotApplicableError(f"schedule '{name}' does not apply to this problem: {error}") from None
         simulations.append((name, simulate(problem, schedule), None))

@@ -34,6 +34,7 @@ from zbopt.errors import NotApplicableError, ScheduleError, UnknownScheduleError
 from zbopt.ops import Op
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, PLACEMENTS, WEIGHT, Problem, stage_device
 from zbopt.schedule import Schedule
+from zbopt.schedules import generate
 from zbopt.simulate import simulate
 
 TORCH_KIND = {FORWARD: "F", BACKWARD: "I", WEIGHT: "W", FUSED_BACKWARD: "B"}
@@ -342,6 +343,16 @@ def read_torch_csv(path: str | Path) -> TorchOrder:
 
 
 # ----------------------------------------------------------------------------- torch's built-ins
+def named_schedule(name: str, problem: Problem, **options) -> Schedule:
+    """A registered schedule with its `options`, or for "torch:NAME" torch's built-in NAME (which
+    takes no options): the one place a schedule name is resolved for the CLI and `compare`."""
+    if not name.startswith(TORCH_PREFIX):
+        return generate(name, problem, **options)
+    if options:
+        raise ZboptError(f"torch's schedules take no options ('{name}' given {', '.join(options)})")
+    return torch_schedule(name.removeprefix(TORCH_PREFIX), problem)
+
+
 def torch_schedule(name: str, problem: Problem) -> Schedule:
     """torch.distributed.pipelining's built-in schedule `name` for `problem`, named "torch:<name>".
 

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.reference import problems, random_topological_schedule
-from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate
+from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate, solve
 from zbopt.schedules import registered
 from zbopt.solvers.bounds import (
     activation_lifetimes,
@@ -149,3 +149,14 @@ def test_memory_precedences_and_disjunctions_hold_in_every_microbatch_ordered_sc
     lifetimes = activation_lifetimes(limited)
     for device in range(limited.num_devices):
         assert device_sequencing(limited, device, heads, tails, lifetimes) <= timed.makespan + 1e-9, device
+
+
+def test_device_sequencing_is_as_tolerant_as_the_simulator_in_large_memory_units():
+    """M_B = 10⁶: a schedule peaking at 3·10⁶ is valid under a limit 10⁻⁴ lower (the simulator's
+    tolerance is relative), so no bound there may exceed its makespan."""
+    problem = Problem(num_devices=4, num_microbatches=8, weight_times=1, p2p_time=0.5, activation_memory=1e6,
+                      memory_limit=3e6)
+    best = solve(problem, time_limit=30).simulation
+    tighter = problem.replace(memory_limit=3e6 - 1e-4)
+    assert simulate(tighter, best.schedule).valid
+    assert lower_bounds(tighter).best <= best.makespan + 1e-9

@@ -192,4 +192,4 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     writer = subprocess.run([sys.executable, "-m", "zbopt", "simulate", "-s", "4", "-b", "8"],
                             stdout=reader.stdin, stderr=subprocess.PIPE, text=True, check=False)
     reader.stdin.close()
-    assert (writer.returncode, writer.stderr) == (1, "")
+    assert (writer.returncode, writer.stderr) == (141, "")

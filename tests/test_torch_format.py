@@ -12,7 +12,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from zbopt import NotApplicableError, Problem, ScheduleError, ZboptError, generate, load_schedule, simulate, solve
+from zbopt import (
+    NotApplicableError,
+    Problem,
+    ScheduleError,
+    ZboptError,
+    generate,
+    load_schedule,
+    save_schedule,
+    simulate,
+    solve,
+)
 from zbopt.cli import main
 from zbopt.io.torch_format import (
     TORCH_SCHEDULES,
@@ -298,12 +308,12 @@ def test_megatron_closed_forms():
         assert min(prefix) >= 0 and prefix[-1] == 0
 
 
-def test_megatron_v_placement_numbers_chunks_on_the_rank():
+def test_megatron_refuses_v_placement():
+    """Megatron maps chunk k of rank r to stage k·p + r; under V placement rank 0's second chunk is
+    stage 2p - 1, so an order would run the wrong layers."""
     problem = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="v")
-    orders = megatron_order(problem, generate("zb-v", problem))
-    # rank 0 holds stages 0 (chunk 1) and 3 (chunk 2); stage 3's forward follows stage 2's on rank 1
-    assert orders[0][:4] == [1, 1, 1, 2] and sorted(set(orders[0])) == [-2, -1, 1, 2]
-    assert all(len(order) == 2 * 4 * 2 for order in orders)
+    with pytest.raises(ZboptError, match=r"chunk k of rank r at stage k·p \+ r \(loop placement\)"):
+        megatron_order(problem, generate("zb-v", problem))
 
 
 def test_megatron_json_has_one_line_per_rank():
@@ -513,3 +523,28 @@ def test_cli_layout_given_must_agree_with_the_csv(tmp_path, capsys):
     write_torch_csv(tmp_path / "g.csv", problem, generate("gpipe", problem))
     status, _, err = run(capsys, "simulate", "--schedule-file", tmp_path / "g.csv", "-s", 2)
     assert status == 2 and "g.csv has 4 ranks (rows), the problem 2 devices" in err
+
+
+def test_cli_a_stored_problem_fills_what_flags_leave_out(tmp_path, capsys):
+    """A flag changes its own key only: the stored per-stage costs and limit stay."""
+    stored = Problem(num_devices=2, num_microbatches=3, forward_times=[1, 3], backward_times=[2, 4], memory_limit=5)
+    save_schedule(tmp_path / "s.json", generate("1f1b", stored), stored)
+    status, out, _ = run(capsys, "simulate", tmp_path / "s.json", "--p2p-time", 0.1, "--json")
+    expected = simulate(stored.replace(p2p_time=0.1), generate("1f1b", stored))
+    assert status == 0 and json.loads(out)["makespan"] == pytest.approx(expected.makespan)
+    assert json.loads(out)["memory_limit"] == [5, 5]
+
+
+def test_cli_export_says_when_the_schedule_breaks_the_memory_limit(tmp_path, capsys):
+    status, _, err = run(capsys, "export", "-s", 4, "-b", 8, "--schedule", "gpipe", "--memory-limit", 2,
+                         "-o", tmp_path / "g.csv")
+    assert status == 1 and (tmp_path / "g.csv").exists()
+    assert err.startswith("zbopt: invalid schedule: device 0") and err.count("\n") >= 1
+
+
+def test_cli_checks_output_directories_before_any_work(tmp_path, capsys):
+    for argv in (("solve", "-s", 2, "-b", 2, "--export", tmp_path / "no" / "x.csv"),
+                 ("export", "--schedule", "1f1b", "-o", tmp_path / "no" / "x.csv"),
+                 ("profile-torch", tmp_path / "missing.csv", "-o", tmp_path / "no" / "x.yaml")):
+        status, out, err = run(capsys, *argv)
+        assert (status, out) == (2, "") and err == f"zbopt: '{tmp_path / 'no' / argv[-1].name}': no such directory\n"

@@ -1,6 +1,8 @@
 """The `zbopt` command line. Any mistake in the input is one line on stderr and exit status 2.
 
-Exit status: 0 done; 1 the schedule ran but breaks the problem's memory limit; 2 bad input.
+Exit status: 0 done; 1 the schedule ran but breaks the problem's memory limit (or, for run-torch
+and profile-torch, its gradients differ from the reference); 2 bad input; 130 interrupted;
+141 the reader of stdout left (`zbopt ... | head`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from zbopt.simulate import Simulation, simulate
 
 EXIT_INVALID_SCHEDULE = 1
 EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process ended by SIGPIPE
 DASK_CONNECT_TIMEOUT_S = 10
 EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON"}
 EXPORT_EXTENSIONS = {".csv": "torch-csv", ".json": "json"}  # the format `solve --export` and `export` infer
@@ -99,8 +102,8 @@ def _add_schedule_flags(parser: argparse.ArgumentParser) -> None:
                         help="an option of the schedule's generator, e.g. microbatch_group_size_per_vp_stage=8")
     parser.add_argument("--schedule-file", metavar="FILE",
                         help="a torch compute-only CSV (.csv; its ranks, stages and microbatches fill what the "
-                             "config leaves out) or a zbopt schedule JSON (run on its stored problem unless a "
-                             "config or flag gives one)")
+                             "config leaves out) or a zbopt schedule JSON (its stored problem fills what the "
+                             "config and flags leave out)")
 
 
 def _add_input_flags(parser: argparse.ArgumentParser,
@@ -142,23 +145,16 @@ def _run_config(args: argparse.Namespace, layout: dict | None = None) -> RunConf
     return load_config(path, flags) if path else build_run_config(flags, source="flags")
 
 
-def _problem_given(args: argparse.Namespace) -> bool:
-    """Whether a config file or a problem flag describes the problem."""
-    return bool(args.config or args.config_flag or set(_flag_values(args)) - {"output_file"})
-
-
 def _schedule_from_file(args: argparse.Namespace) -> tuple[RunConfig, Schedule]:
     """--schedule-file: a torch CSV (.csv), whose layout fills what the config and flags leave out,
-    or a zbopt JSON schedule, run on its stored problem unless a config or flag gives one."""
+    or a zbopt JSON schedule, whose stored problem fills what the config and flags leave out."""
     path = Path(args.schedule_file)
     if path.suffix.lower() == ".csv":
         order = read_torch_csv(path)
         run = _run_config(args, order.layout)
         return run, order.to_schedule(run.problem, path.name)
     schedule, stored = load_schedule(path)
-    if stored is not None and not _problem_given(args):
-        return RunConfig(stored, getattr(args, "output_file", None)), schedule
-    return _run_config(args), schedule
+    return _run_config(args, None if stored is None else stored.to_dict()), schedule
 
 
 def _named_schedule(args: argparse.Namespace, problem: Problem) -> Schedule:
@@ -272,15 +268,25 @@ def _write_export(path: str, export_format: str, problem: Problem, schedule: Sch
         save_schedule(path, schedule, problem)
 
 
+def _check_output_directory(path: str) -> None:
+    """Fail before any work when the file to write cannot be created."""
+    if not Path(path).resolve().parent.is_dir():
+        raise ZboptError(f"'{path}': no such directory")
+
+
 def _command_export(args: argparse.Namespace) -> int:
     target = getattr(args, "output_file", None)
     if target is None:
         raise ZboptError("export needs -o FILE")
     export_format = _export_format(target, args.format)
+    _check_output_directory(target)
     run, schedule = _run_and_schedule(args)
     _write_export(target, export_format, run.problem, schedule)
     print(f"{EXPORT_FORMATS[export_format]} written to {target}")
-    return 0
+    simulation = simulate(run.problem, schedule)
+    for violation in simulation.violations:  # written as asked, but said, as `simulate` says it
+        print(f"zbopt: invalid schedule: {violation}", file=sys.stderr)
+    return 0 if simulation.valid else EXIT_INVALID_SCHEDULE
 
 
 def _command_solve(args: argparse.Namespace) -> int:
@@ -292,6 +298,7 @@ def _command_solve(args: argparse.Namespace) -> int:
     export_format = None if args.export is None else _export_format(args.export, None)
     if export_format is not None:
         check_exportable(run.problem, export_format)
+        _check_output_directory(args.export)
     if args.warm_start is not None:
         get(args.warm_start)
     live = not (args.json or args.quiet) and sys.stderr.isatty()
@@ -481,6 +488,7 @@ def _command_run_torch(args: argparse.Namespace) -> int:
 def _command_profile_torch(args: argparse.Namespace) -> int:
     from zbopt.torch_runtime import format_report, profile_config, save_profile
 
+    _check_output_directory(args.output)
     report = _torch_run(args)
     print(format_report(report))
     if not report.passed:
@@ -578,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # the reader left (`zbopt ... | head`): stop quietly, as Python's docs advise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return EXIT_BROKEN_PIPE
     except OSError as error:
         print(f"zbopt: {error.filename or ''}: {error.strerror}", file=sys.stderr)
         return EXIT_BAD_INPUT

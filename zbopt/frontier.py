@@ -189,6 +189,7 @@ def _carried(points: list[FrontierPoint]) -> tuple[FrontierPoint, ...]:
             continue
         makespan = None if best is None else best.makespan
         status = "unknown" if makespan is None else "optimal" if relative_gap(makespan, bound) <= 1e-9 else "feasible"
+        bound = bound if makespan is None else min(bound, makespan)  # as `settle` does, against rounding
         carried.append(replace(point, status=status, makespan=makespan, lower_bound=bound,
                                found_at=None if best is None else best.memory_limit))
     return tuple(carried)

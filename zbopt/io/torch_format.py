@@ -102,11 +102,15 @@ def _require_megatron(problem: Problem) -> None:
     _require_one_step(problem, "Megatron-LM's order")
     if problem.split_backward:
         raise ZboptError("Megatron-LM's order has no weight-gradient step: it needs a fused backward (no weight_times)")
+    if problem.placement == "v" and problem.chunks_per_device > 1:
+        raise ZboptError("Megatron-LM's interleaving puts chunk k of rank r at stage k·p + r (loop placement); "
+                         "this problem has placement v")
 
 
 def megatron_order(problem: Problem, schedule: Schedule) -> list[list[int]]:
     """Per rank, Megatron-LM's order: +k forward, -k backward of the rank's model chunk k (1-based,
-    the index of the stage among the rank's stages in increasing order, plus one), in execution order.
+    the index of the stage among the rank's stages in increasing order, plus one), in execution order;
+    loop placement only (Megatron's own).
 
     Raises ZboptError for a split backward (the order has no W step), iterations > 1, or a chunk
     that runs its microbatches out of order (the order carries no microbatch ids).

@@ -30,11 +30,12 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from zbopt.errors import DeadlockError, ScheduleError, ZboptError
-from zbopt.io.torch_format import TorchOrder, read_torch_csv
-from zbopt.problem import Problem
+from zbopt.io.torch_format import TORCH_KIND, TorchOrder, read_torch_csv
+from zbopt.problem import FUSED_KINDS, SPLIT_KINDS, Problem
 from zbopt.simulate import simulate
 
-FORWARD, INPUT_BACKWARD, WEIGHT_BACKWARD, FULL_BACKWARD = "F", "I", "W", "B"
+# torch's action letters for zbopt's F, B, W and fused BW
+FORWARD, INPUT_BACKWARD, WEIGHT_BACKWARD, FULL_BACKWARD = (TORCH_KIND[kind] for kind in SPLIT_KINDS + FUSED_KINDS[1:])
 KINDS = (FORWARD, INPUT_BACKWARD, WEIGHT_BACKWARD, FULL_BACKWARD)
 # torch.testing.assert_close's defaults for float32: the pipelined and the single-process sums of
 # microbatch gradients differ only by float rounding order.

@@ -315,8 +315,9 @@ def lower_bounds(problem: Problem) -> LowerBounds:
     load = max(min(j[0] for j in jobs) + sum(j[1] for j in jobs) + min(j[2] for j in jobs) for jobs in per_device)
     one_machine = max(jackson_preemptive(jobs) for jobs in per_device)
     lifetimes = activation_lifetimes(problem)
+    memory = memory_bound(problem, lifetimes)
     sequencing = 0.0
     for device in range(problem.num_devices):
-        needed = max(critical, load, one_machine, sequencing)
+        needed = max(critical, load, one_machine, memory, sequencing)
         sequencing = max(sequencing, device_sequencing(problem, device, heads, tails, lifetimes, needed))
-    return LowerBounds(critical, load, one_machine, memory_bound(problem, lifetimes), sequencing)
+    return LowerBounds(critical, load, one_machine, memory, sequencing)

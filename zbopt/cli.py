@@ -241,6 +241,11 @@ def _command_simulate(args: argparse.Namespace) -> int:
         plot_gantt(simulation, figure)
         if not args.json:
             print(f"\nGantt chart written to {figure}")
+    return _exit_status(simulation)
+
+
+def _exit_status(simulation: Simulation) -> int:
+    """0 for a valid schedule; else each memory violation on stderr and EXIT_INVALID_SCHEDULE."""
     for violation in simulation.violations:
         print(f"zbopt: invalid schedule: {violation}", file=sys.stderr)
     return 0 if simulation.valid else EXIT_INVALID_SCHEDULE
@@ -258,13 +263,12 @@ def _export_format(path: str, given: str | None) -> str:
 
 
 def _write_export(path: str, export_format: str, problem: Problem, schedule: Schedule) -> None:
-    """Write `schedule` as `export_format`; the JSON is checked by the simulator like the others."""
+    """Write `schedule` (already simulated: a broken one raised there) as `export_format`."""
     if export_format == "torch-csv":
         write_torch_csv(path, problem, schedule)
     elif export_format == "megatron":
         write_megatron_order(path, problem, schedule)
     else:
-        simulate(problem, schedule)
         save_schedule(path, schedule, problem)
 
 
@@ -281,12 +285,10 @@ def _command_export(args: argparse.Namespace) -> int:
     export_format = _export_format(target, args.format)
     _check_output_directory(target)
     run, schedule = _run_and_schedule(args)
+    simulation = simulate(run.problem, schedule)  # a deadlock fails here, before anything is written
     _write_export(target, export_format, run.problem, schedule)
     print(f"{EXPORT_FORMATS[export_format]} written to {target}")
-    simulation = simulate(run.problem, schedule)
-    for violation in simulation.violations:  # written as asked, but said, as `simulate` says it
-        print(f"zbopt: invalid schedule: {violation}", file=sys.stderr)
-    return 0 if simulation.valid else EXIT_INVALID_SCHEDULE
+    return _exit_status(simulation)  # over the memory limit: written as asked, but said
 
 
 def _command_solve(args: argparse.Namespace) -> int:
@@ -467,7 +469,7 @@ def _torch_run_options(args: argparse.Namespace) -> dict:
 
 
 def _torch_run(args: argparse.Namespace):
-    """Run the CSV in torch; the report, or None (with the reason on stderr) when gradients differ."""
+    """Run the CSV in torch; the report, with the reason on stderr when the gradients differ."""
     from zbopt.torch_runtime import run_torch
 
     report = run_torch(args.schedule, **_torch_run_options(args))

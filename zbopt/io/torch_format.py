@@ -70,12 +70,12 @@ def _require_one_step(problem: Problem, what: str) -> None:
         raise ZboptError(f"{what} holds one training step: iterations = {problem.iterations} must be 1")
 
 
-def _execution_orders(problem: Problem, schedule: Schedule) -> list[list[Op]]:
-    """Per device, its ops sorted by simulated start time: the order a runtime must follow. The
-    simulator also rejects a broken schedule here, before anything is written."""
-    timed = simulate(problem, schedule).timed_orders()
-    return [[op for _, op in sorted(zip(times, order, strict=True), key=lambda pair: pair[0])]
-            for order, times in zip(timed.orders, timed.start_times, strict=True)]
+def _execution_orders(problem: Problem, schedule: Schedule) -> tuple[tuple[Op, ...], ...]:
+    """Per device, its ops in the order a runtime must follow: the schedule's own, in which the
+    simulator runs them (and checks given start times against). Simulating also rejects a broken
+    schedule here, before anything is written."""
+    simulate(problem, schedule)
+    return schedule.orders
 
 
 def torch_actions(problem: Problem, schedule: Schedule) -> list[list[str]]:

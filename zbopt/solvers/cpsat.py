@@ -116,18 +116,18 @@ def solve_cpsat(
         raise ValueError(f"memory_model must be one of {MEMORY_MODELS}")
     began = time.perf_counter()
     scale = tick_scale(problem)
-    integral = tick_problem(problem, scale)
-    table = op_table(integral)
-    graph = implied_graph(integral) if symmetry_breaking else op_graph(integral)  # 3. and 5. as edges
-    heads, tails = heads_and_tails(graph)
     bounds = lower_bounds(problem)
     independent_bound = objective_bound(problem, bounds, objective)
     warm = warm_start_simulation(problem, warm_start, objective) if use_warm_start else None
     tolerance = 1e-9 * max(1.0, independent_bound)
-    if meets_bound(warm, objective, independent_bound, tolerance):
+    if meets_bound(warm, objective, independent_bound, tolerance):  # before any model is built
         status, simulation, value, lower = settle("unknown", None, warm, objective, independent_bound, tolerance, False)
         return SolveResult(status, simulation, value, lower, "cpsat", objective, time.perf_counter() - began,
                            warm[0], scale.resolution, bounds.as_dict())
+    integral = tick_problem(problem, scale)
+    table = op_table(integral)
+    graph = implied_graph(integral) if symmetry_breaking else op_graph(integral)  # 3. and 5. as edges
+    heads, tails = heads_and_tails(graph)
 
     ops = table.ops()
     duration = table.duration

@@ -89,8 +89,6 @@ def _solve_here(problem: Problem, *, backend: str, time_limit: float, warm_start
     import pulp
 
     began = time.perf_counter()
-    graph = implied_graph(problem)
-    heads, tails = heads_and_tails(graph)
     bounds = lower_bounds(problem)
     independent_bound = objective_bound(problem, bounds, objective)
     warm = warm_start_simulation(problem, warm_start, objective)
@@ -99,6 +97,8 @@ def _solve_here(problem: Problem, *, backend: str, time_limit: float, warm_start
         status, simulation, value, lower = settle("unknown", None, warm, objective, independent_bound, tolerance, True)
         return SolveResult(status, simulation, value, lower, backend, objective, time.perf_counter() - began,
                            warm[0], RESOLUTION, bounds.as_dict())
+    graph = implied_graph(problem)
+    heads, tails = heads_and_tails(graph)
     everything_in_a_row = (sum(d["duration"] for _, d in graph.nodes(data=True))
                            + sum(d["latency"] for *_, d in graph.edges(data=True)))
     horizon = warm[1].makespan if warm is not None else everything_in_a_row

@@ -129,20 +129,29 @@ def device_linear_extensions(problem: Problem, device: int) -> list[list[Op]]:
     return orders
 
 
-def brute_force_optimum(problem: Problem) -> float:
-    """The least makespan over every combination of per-device orders (deadlocks skipped, memory
-    limit enforced). Timing each order as early as possible loses nothing: a device's memory level
-    after each of its events depends only on its order, not on the times."""
+def _valid_simulations(problem: Problem):
+    """Every combination of per-device orders that runs (deadlocks skipped) within the memory
+    limit, timed as early as possible. That loses nothing: a device's memory level after each of
+    its events depends only on its order, not on the times."""
     import itertools
 
     from zbopt import DeadlockError, simulate
 
-    best = float("inf")
     for orders in itertools.product(*(device_linear_extensions(problem, d) for d in range(problem.num_devices))):
         try:
             result = simulate(problem, Schedule(orders))
         except DeadlockError:
             continue
         if result.valid:
-            best = min(best, result.makespan)
-    return best
+            yield result
+
+
+def brute_force_optimum(problem: Problem) -> float:
+    """The least makespan over every valid combination of per-device orders."""
+    return min((result.makespan for result in _valid_simulations(problem)), default=float("inf"))
+
+
+def brute_force_least_peak(problem: Problem, makespan: float) -> float:
+    """The least highest peak memory over every valid schedule with at most `makespan`."""
+    return min(max(result.peak_memory) for result in _valid_simulations(problem)
+               if result.makespan <= makespan + 1e-9)

@@ -142,11 +142,12 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, culprit):
 
 def test_answers_carry_along_the_sweep():
     """A schedule within limit 1 fits limits 2 and 3; the bound proven at limit 3 holds below it."""
-    from zbopt.frontier import FrontierPoint, _carried
+    from zbopt.frontier import FrontierPoint, _best_known_at_each_limit
 
     solved = [FrontierPoint(1, "feasible", 10.0, 8.0, 1.0, 1), FrontierPoint(2, "unknown", None, 7.0, 1.0, 2),
               FrontierPoint(3, "feasible", 12.0, 9.0, 1.0, 3)]
-    assert [(p.status, p.makespan, p.lower_bound, p.found_at) for p in _carried(solved)] == [
+    assert [(p.status, p.makespan, p.lower_bound, p.found_at) for p in _best_known_at_each_limit(solved)] == [
         ("feasible", 10.0, 9.0, 1), ("feasible", 10.0, 9.0, 1), ("feasible", 10.0, 9.0, 1)]
     proven_above = [FrontierPoint(1, "feasible", 10.0, 8.0, 1.0, 1), FrontierPoint(2, "optimal", 10.0, 10.0, 1.0, 2)]
-    assert [(p.status, p.lower_bound) for p in _carried(proven_above)] == [("optimal", 10.0), ("optimal", 10.0)]
+    carried = _best_known_at_each_limit(proven_above)
+    assert [(p.status, p.lower_bound) for p in carried] == [("optimal", 10.0), ("optimal", 10.0)]

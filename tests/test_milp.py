@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from tests.reference import brute_force_optimum, problems
 from tests.test_cpsat import TINY, unit_problem
 from zbopt import Problem, generate, simulate, solve
+from zbopt.solvers.api import Found, _verdict
 from zbopt.solvers.bounds import lower_bounds
-from zbopt.solvers.result import settle
 
 
 @pytest.mark.parametrize("backend", ["cbc", "highs"])
@@ -43,5 +43,7 @@ def test_an_independent_bound_that_meets_the_objective_proves_optimality():
     whatever the solver reports about its own search, the answer is certified optimal."""
     problem = Problem(num_devices=1, num_microbatches=3, forward_times=1, backward_times=2)
     result = simulate(problem, generate("1f1b", problem))
-    status, _, value, lower = settle("feasible", result, None, "makespan", lower_bounds(problem).best, 1e-9, False)
-    assert (status, value, lower) == ("optimal", 9.0, 9.0)
+    found = Found("feasible", None, 0.0, None, 1.0, exact=False)
+    status, simulation, lower, decided_by = _verdict(found, result, None, "makespan", lower_bounds(problem).best,
+                                                     "device_load")
+    assert (status, simulation.makespan, lower, decided_by) == ("optimal", 9.0, 9.0, "lower bound (device_load)")

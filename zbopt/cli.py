@@ -311,10 +311,12 @@ def _command_solve(args: argparse.Namespace) -> int:
     elif not args.quiet:
         gap = "n/a" if result.gap is None else f"{result.gap:.2%}"
         value = "none" if result.objective is None else f"{result.objective:.6g}"
+        resolution = "no model built" if result.resolution is None else f"resolution {result.resolution:g}"
         print(f"status          {result.status}\n{args.objective:<16}{value}\n"
               f"lower_bound     {result.lower_bound:.6g}\ngap             {gap}\n"
+              f"decided_by      {result.decided_by or 'n/a'}\n"
               f"solve_time_s    {result.solve_time_s:.2f}\nsolver          {result.solver} "
-              f"(resolution {result.resolution:g})\nwarm_start      {result.warm_start or 'none'}\n")
+              f"({resolution})\nwarm_start      {result.warm_start or 'none'}\n")
         if result.simulation is not None:
             print(_format_table(result.simulation))
     if figure is not None and result.simulation is not None:

@@ -15,6 +15,7 @@ from zbopt.problem import Problem
 from zbopt.schedules import generate_applicable, get
 from zbopt.simulate import Simulation, simulate
 from zbopt.solvers import SolveResult, lower_bounds, solve
+from zbopt.solvers.result import relative_gap
 
 OPTIMAL_ROW = "cpsat"
 COLUMNS = {"name": "schedule", "status": "status", "makespan": "makespan", "bubble_rate": "bubble rate",
@@ -56,7 +57,7 @@ class ComparisonRow:
 
     @property
     def gap(self) -> float:
-        return (self.makespan - self.lower_bound) / self.makespan
+        return relative_gap(self.makespan, self.lower_bound)
 
     def cells(self) -> dict[str, str]:
         """The row as table text, one cell per COLUMNS key, so the terminal and the report agree."""

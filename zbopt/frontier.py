@@ -22,7 +22,7 @@ from zbopt.problem import Problem
 from zbopt.schedules import generate_applicable
 from zbopt.simulate import simulate
 from zbopt.solvers import solve
-from zbopt.solvers.result import relative_gap
+from zbopt.solvers.result import meets, relative_gap
 
 MAX_LIMITS = 10_000  # a sweep longer than this is a typo in START:STOP:STEP, not a plan
 
@@ -163,7 +163,7 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
             future.result()  # an error in a solve stops the sweep here
             if bar is not None:
                 bar.advance()
-        points = _carried([future.result() for future in futures])
+        points = _best_known_at_each_limit([future.result() for future in futures])
     except BaseException:  # an error or Ctrl-C: no further solve starts, and our own workers stop now
         for future in futures:
             future.cancel()
@@ -176,7 +176,7 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
     return Frontier(problem, time_limit, points, heuristics, time.perf_counter() - began)
 
 
-def _carried(points: list[FrontierPoint]) -> tuple[FrontierPoint, ...]:
+def _best_known_at_each_limit(points: list[FrontierPoint]) -> tuple[FrontierPoint, ...]:
     """Points in increasing limit, each with the shortest makespan found at or below its limit and
     the highest bound proven at or above it; the status follows ("optimal" when they meet)."""
     bounds = list(accumulate((point.lower_bound for point in reversed(points)), max))[::-1]
@@ -188,8 +188,9 @@ def _carried(points: list[FrontierPoint]) -> tuple[FrontierPoint, ...]:
             carried.append(replace(point, found_at=point.memory_limit))
             continue
         makespan = None if best is None else best.makespan
-        status = "unknown" if makespan is None else "optimal" if relative_gap(makespan, bound) <= 1e-9 else "feasible"
-        bound = bound if makespan is None else min(bound, makespan)  # as `settle` does, against rounding
+        status = "unknown" if makespan is None else "optimal" if meets(makespan, bound) else "feasible"
+        if makespan is not None:  # as the solve driver does: the bound never above the makespan, equal when optimal
+            bound = makespan if status == "optimal" else min(bound, makespan)
         carried.append(replace(point, status=status, makespan=makespan, lower_bound=bound,
                                found_at=None if best is None else best.memory_limit))
     return tuple(carried)

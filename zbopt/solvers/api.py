@@ -1,26 +1,130 @@
-"""`solve`: one entry point for every exact solver, same inputs and outputs."""
+"""`solve`: the one driver every exact solver runs under.
+
+The driver owns what every solve method shares: the argument checks, the independent lower
+bounds, the warm start, the early exit when the warm start already meets the bound, the time
+budget, the live progress line, Ctrl-C, the re-simulation of the answer, the rule for "optimal"
+and the gap, and the second phase that lowers the peak memory at the makespan found. A backend
+(`cpsat.search`, `milp.search`) only builds its model, solves it and returns what it found.
+"""
 
 from __future__ import annotations
 
-from zbopt.errors import ZboptError
-from zbopt.problem import Problem
-from zbopt.solvers.result import OBJECTIVES, SolveResult
+import importlib
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
-SOLVERS = ("cpsat", "cbc", "highs")
+from zbopt.errors import ZboptError
+from zbopt.ops import Op
+from zbopt.problem import Problem
+from zbopt.simulate import Simulation, simulate
+from zbopt.solvers.bounds import lower_bounds
+from zbopt.solvers.result import (
+    OBJECTIVES,
+    SolveResult,
+    check_close,
+    meets,
+    objective_bound,
+    objective_value,
+    optimality_tolerance,
+    relative_gap,
+    schedule_from_starts,
+    warm_start_simulation,
+)
+
+# solver name -> (module, backend option); each module has one function `search(problem, task, **options)`
+BACKENDS = {"cpsat": ("zbopt.solvers.cpsat", {}), "cbc": ("zbopt.solvers.milp", {"engine": "cbc"}),
+            "highs": ("zbopt.solvers.milp", {"engine": "highs"})}
+SOLVERS = tuple(BACKENDS)
+LIVE_LINE_PERIOD_S = 0.5
+
+
+@dataclass
+class SearchTask:
+    """What the driver hands a backend.
+
+    objective : "makespan" or "span". With `peak_cap` set, the backend instead minimises the highest
+        peak memory over the devices, keeping the objective at most `peak_cap` (the second phase);
+        a backend that cannot says so with `Found(status="unknown")`.
+    warm : the warm start (valid under the memory limit) to hint and to cap the horizon with, or None.
+    independent_bound : the driver's lower bound on the objective (problem units).
+    deadline : `time.perf_counter()` by which the backend must have returned.
+    report : call with (incumbent, bound) in problem units whenever either improves.
+    on_stop : register a callable that stops the search (Ctrl-C); the backend then returns its best.
+    """
+
+    objective: str
+    warm: Simulation | None
+    independent_bound: float
+    deadline: float
+    workers: int
+    seed: int
+    report: Callable[[float | None, float | None], None]
+    on_stop: Callable[[Callable[[], None]], None]
+    peak_cap: float | None = None
+    stopped: threading.Event = field(default_factory=threading.Event)
+
+    def remaining(self) -> float:
+        return self.deadline - time.perf_counter()
+
+
+@dataclass(frozen=True)
+class Found:
+    """A backend's answer.
+
+    status : its own verdict on its own model: optimal, feasible, infeasible, unknown.
+    starts : the start time of every op (problem units), or None without a schedule.
+    bound : its own lower bound on the objective (problem units, rounding already taken off).
+    modelled : its objective value as its model computed it (checked against the simulator).
+    resolution : one time unit of its model (problem units); `error_bound` the most its objective
+        can differ from the simulated one through that rounding; `exact` when a proof of
+        optimality holds for the problem's own costs, not only for the rounded ones.
+    tolerance : the absolute slack its solver allows (problem units).
+    """
+
+    status: str
+    starts: dict[Op, float] | None
+    bound: float
+    modelled: float | None
+    resolution: float
+    error_bound: float = 0.0
+    exact: bool = True
+    tolerance: float = 0.0
 
 
 def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, objective: str = "makespan",
-          warm_start: str | None = None, workers: int = 2, seed: int = 0, progress: bool = False) -> SolveResult:
+          warm_start: str | None = None, use_warm_start: bool = True, lower_peak: bool = True, workers: int = 2,
+          seed: int = 0, progress: bool = False, **options) -> SolveResult:
     """The schedule with the smallest makespan (or longest device span) within the memory limit,
-    with its status, lower bound and gap. `solver`: "cpsat" (OR-Tools CP-SAT, see `solve_cpsat`),
-    "cbc" or "highs" (the disjunctive MILP through PuLP, see `solve_milp`).
+    with its status, lower bound and gap.
+
+    Parameters
+    ----------
+    solver : "cpsat" (OR-Tools CP-SAT, `zbopt.solvers.cpsat`) or "cbc" / "highs" (the disjunctive
+        MILP through PuLP, `zbopt.solvers.milp`).
+    time_limit : seconds for the whole call (bounds, warm start, model building and search).
+    objective : "makespan" or "span" (the Zero Bubble paper's longest per-device span).
+    warm_start : a registered heuristic to start from; None: the best valid one (at equal
+        objective, the one with less peak memory).
+    use_warm_start : hint the model with the warm start and cap its horizon with it.
+    lower_peak : after the search, spend at most as long again (at least 1 s, within the time
+        limit) lowering the highest peak memory while keeping the objective (CP-SAT only).
+    workers, seed : solver threads and random seed; one worker and a seed repeat exactly.
+    progress : a live line on stderr (incumbent, bound, gap, elapsed time), redrawn twice a second.
+    options : the backend's own options (CP-SAT: memory_model, symmetry_breaking).
+
+    Returns
+    -------
+    SolveResult, its schedule re-simulated; never worse than the warm start.
 
     >>> from zbopt import Problem
     >>> result = solve(Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=2), time_limit=10)
     >>> result.status, result.objective
     ('optimal', 9.0)
     """
-    if solver not in SOLVERS:
+    if solver not in BACKENDS:
         raise ZboptError(f"unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
     if objective not in OBJECTIVES:
         raise ZboptError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
@@ -28,12 +132,160 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         raise ZboptError(f"time limit {time_limit:g}: must be positive")
     if workers < 1:
         raise ZboptError(f"workers {workers}: must be at least 1")
-    if solver in ("cbc", "highs"):
-        from zbopt.solvers.milp import solve_milp
+    began = time.perf_counter()
+    module, backend_options = BACKENDS[solver]
+    search = importlib.import_module(module).search
+    bounds = lower_bounds(problem)
+    independent_bound = objective_bound(problem, bounds, objective)
+    warm = warm_start_simulation(problem, warm_start, objective) if use_warm_start else None
 
-        return solve_milp(problem, backend=solver, time_limit=time_limit, objective=objective,
-                          warm_start=warm_start, workers=workers)
-    from zbopt.solvers.cpsat import solve_cpsat
+    def finish(simulation: Simulation | None, status: str, lower: float, decided_by: str | None,
+               resolution: float | None = None) -> SolveResult:
+        value = None if simulation is None else objective_value(simulation, objective)
+        return SolveResult(status=status, simulation=simulation, objective=value, lower_bound=lower, solver=solver,
+                           objective_kind=objective, solve_time_s=time.perf_counter() - began,
+                           warm_start=None if warm is None else warm[0], resolution=resolution,
+                           decided_by=decided_by, bounds=bounds.as_dict(), binding_bound=bounds.binding)
 
-    return solve_cpsat(problem, time_limit=time_limit, objective=objective, warm_start=warm_start,
-                       workers=workers, seed=seed, progress=progress)
+    tolerance = optimality_tolerance(independent_bound)
+    if warm is not None and meets(objective_value(warm[1], objective), independent_bound, tolerance):
+        # no model is built: the warm start is proven optimal by the bound alone
+        return finish(warm[1], "optimal", objective_value(warm[1], objective), f"lower bound ({bounds.binding})")
+
+    live = _LiveLine(began, independent_bound, None if warm is None else objective_value(warm[1], objective)) \
+        if progress else None
+    task = SearchTask(objective, None if warm is None else warm[1], independent_bound, began + time_limit, workers,
+                      seed, live.update if live else _ignore, _ignore)
+    found = _run_stoppable(search, problem, task, {**backend_options, **options}, live)
+    simulation = _simulated(problem, found, objective, solver)
+    if simulation is None and task.stopped.is_set():
+        raise KeyboardInterrupt  # stopped before the backend found a schedule of its own
+    if simulation is None and warm is None:
+        lower = 0.0 if found.status == "infeasible" else max(independent_bound, found.bound)
+        return finish(None, found.status, lower, None, found.resolution)
+    status, simulation, lower, decided_by = _verdict(found, simulation, warm, objective, independent_bound,
+                                                     bounds.binding)
+    if lower_peak and not task.stopped.is_set():
+        simulation = _lower_peak(search, problem, task, {**backend_options, **options}, simulation, began, solver)
+    return finish(simulation, status, lower, decided_by, found.resolution)
+
+
+def _ignore(*_args) -> None:
+    """The report/on_stop hook of a solve without a live line (no-op)."""
+
+
+def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, live: _LiveLine | None) -> Found:
+    """Run the backend in a worker thread while this thread redraws the live line; Ctrl-C here calls
+    the stop hooks the backend registered (it then returns its best so far), or, when it
+    registered none, propagates at once."""
+    stops: list[Callable[[], None]] = []
+    task.on_stop = stops.append
+    outcome: dict[str, object] = {}
+    done = threading.Event()  # not Thread.join: a Ctrl-C inside join can leave is_alive() wrong
+
+    def work() -> None:
+        try:
+            outcome["found"] = search(problem, task, **options)
+        except BaseException as error:  # handed to the caller's thread below
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="zbopt-search", daemon=True).start()
+    while not done.is_set():
+        try:
+            done.wait(LIVE_LINE_PERIOD_S)
+            if live is not None:
+                live.draw()
+        except KeyboardInterrupt:
+            if not stops or task.stopped.is_set():
+                raise
+            task.stopped.set()
+            for stop in stops:
+                stop()
+    if live is not None:
+        live.close()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["found"]
+
+
+def _simulated(problem: Problem, found: Found, objective: str, solver: str) -> Simulation | None:
+    """The backend's schedule through the one simulator (strict: a memory violation is a bug)."""
+    if found.starts is None:
+        return None
+    simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver), strict=True)
+    if found.modelled is not None:
+        check_close(solver, objective_value(simulation, objective), found.modelled, found.error_bound)
+    return simulation
+
+
+def _verdict(found: Found, simulation: Simulation | None, warm, objective: str, independent_bound: float,
+             binding: str) -> tuple[str, Simulation, float, str | None]:
+    """(status, simulation, lower bound, what decided) of a search: the warm start when it is
+    better; the objective as its own bound when the backend proved it for the problem's own costs;
+    "optimal" exactly when the objective meets the lower bound (the one rule), else "feasible"."""
+    tolerance = max(optimality_tolerance(independent_bound), found.tolerance)
+    lower = max(independent_bound, found.bound)
+    if simulation is None or (warm is not None and objective_value(warm[1], objective)
+                              < objective_value(simulation, objective) - tolerance):
+        simulation = warm[1]
+    value = objective_value(simulation, objective)
+    decided_by = None
+    if found.status == "optimal" and found.exact and value <= found.modelled + tolerance:
+        lower, decided_by = max(lower, value), "solver"
+    elif meets(value, independent_bound, tolerance):
+        decided_by = f"lower bound ({binding})"
+    elif found.status == "optimal":
+        decided_by = (f"proven optimal at the model's tick resolution {found.resolution:g}; rounded costs leave "
+                      f"a gap of at most {relative_gap(value, lower):.4%}")
+    lower = min(lower, value)
+    status = "optimal" if meets(value, lower, tolerance) else "feasible"
+    if status == "optimal":
+        lower = value
+    return status, simulation, lower, decided_by
+
+
+def _lower_peak(search, problem: Problem, task: SearchTask, options: dict, simulation: Simulation,
+                began: float, solver: str) -> Simulation:
+    """The second phase: the same objective, less peak memory, if the backend finds it within at
+    most as long again as the search took (at least 1 s) and the time limit."""
+    value = objective_value(simulation, task.objective)
+    budget = min(task.remaining(), max(1.0, time.perf_counter() - began))
+    if budget <= 0.05:
+        return simulation
+    phase = replace(task, warm=simulation, peak_cap=value, deadline=time.perf_counter() + budget,
+                    report=_ignore, stopped=task.stopped)
+    found = _run_stoppable(search, problem, phase, options, None)
+    if found.starts is None:
+        return simulation
+    lower = simulate(problem, schedule_from_starts(problem, found.starts, solver), strict=True)
+    keeps_objective = meets(objective_value(lower, task.objective), value, optimality_tolerance(value))
+    return lower if keeps_objective and max(lower.peak_memory) < max(simulation.peak_memory) else simulation
+
+
+class _LiveLine:
+    """"  incumbent X  bound Y  gap Z  T s" on one stderr line, redrawn twice a second, so the
+    elapsed time and the bound show even while no better schedule is found."""
+
+    def __init__(self, began: float, bound: float, incumbent: float | None):
+        self.began, self.bound, self.incumbent = began, bound, incumbent
+
+    def update(self, incumbent: float | None, bound: float | None) -> None:
+        if incumbent is not None and (self.incumbent is None or incumbent < self.incumbent):
+            self.incumbent = incumbent
+        if bound is not None and bound > self.bound:
+            self.bound = bound
+
+    def draw(self) -> None:
+        gap = relative_gap(self.incumbent, self.bound)
+        incumbent = "none" if self.incumbent is None else f"{self.incumbent:.6g}"
+        gap_text = "n/a" if gap is None else f"{gap:6.2%}"
+        sys.stderr.write(f"\r  incumbent {incumbent}  bound {self.bound:.6g}  gap {gap_text}  "
+                         f"{time.perf_counter() - self.began:6.1f} s ")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        self.draw()
+        sys.stderr.write("\n")
+        sys.stderr.flush()

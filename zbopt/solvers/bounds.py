@@ -50,6 +50,13 @@ class LowerBounds:
     def best(self) -> float:
         return max(self.critical_path, self.device_load, self.one_machine, self.memory, self.device_sequencing)
 
+    @property
+    def binding(self) -> str:
+        """The name of the bound that gives `best` (the first, on a tie)."""
+        values = self.as_dict()
+        del values["best"]
+        return max(values, key=values.__getitem__)
+
     def as_dict(self) -> dict[str, float]:
         return {"critical_path": self.critical_path, "device_load": self.device_load,
                 "one_machine": self.one_machine, "memory": self.memory,

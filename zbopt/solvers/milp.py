@@ -1,4 +1,4 @@
-"""The exact optimizer as a mixed-integer program through PuLP (CBC or HiGHS).
+"""The exact optimizer as a mixed-integer program through PuLP (CBC or HiGHS): a backend of `solve`.
 
 The disjunctive big-M model of the Zero Bubble paper's Appendix G, built from the same op DAG as
 the CP-SAT model:
@@ -17,28 +17,16 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-import time
 
 import networkx as nx
 
 from zbopt.ops import Op
 from zbopt.problem import FORWARD, Problem
-from zbopt.simulate import simulate
-from zbopt.solvers.bounds import heads_and_tails, implied_graph, lower_bounds, memory_disjunctions
-from zbopt.solvers.result import (
-    OBJECTIVES,
-    SolveResult,
-    TickScale,
-    check_close,
-    meets_bound,
-    objective_bound,
-    objective_value,
-    schedule_from_starts,
-    settle,
-    warm_start_simulation,
-)
+from zbopt.solvers.api import Found, SearchTask
+from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunctions
+from zbopt.solvers.result import objective_value
 
-BACKENDS = ("cbc", "highs")
+ENGINES = ("cbc", "highs")
 RESOLUTION = 1e-6  # feasibility tolerance of CBC and HiGHS, in the problem's units
 
 
@@ -49,33 +37,35 @@ def _ordered_before(graph: nx.DiGraph) -> set[tuple[Op, Op]]:
     return {(a, b) for a, b in closure.edges if graph.nodes[a]["device"] == graph.nodes[b]["device"]}
 
 
-def solve_milp(
-    problem: Problem,
-    *,
-    backend: str = "highs",
-    time_limit: float = 60.0,
-    warm_start: str | None = None,
-    workers: int = 2,
-    objective: str = "makespan",
-) -> SolveResult:
-    """Smallest makespan (or longest device span) under the memory limit, as a MILP; see the module
-    docstring. The status is read from the solver's own solution status, not PuLP's "Optimal",
-    which PuLP also reports after a time limit.
+def search(problem: Problem, task: SearchTask, *, engine: str = "highs") -> Found:
+    """Build and solve the MILP (see the module docstring) with CBC or HiGHS until the deadline.
 
     The MILP is built and solved in a fresh process: PuLP imports highspy, and highspy and OR-Tools
     each ship their own HiGHS library; whichever loads second into a process fails to resolve its
     symbols. So PuLP never enters the caller's process, which may use CP-SAT. Ctrl-C stops the
-    child and raises KeyboardInterrupt here (no schedule: the MILP solvers keep their incumbent).
+    child; the answer then has no schedule (the MILP solvers keep their incumbent to themselves).
+    The second phase (lowering the peak memory) is CP-SAT's only: here it finds nothing.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective must be one of {OBJECTIVES}")
-    arguments = dict(backend=backend, time_limit=time_limit, warm_start=warm_start, workers=workers,
-                     objective=objective)
-    # leaving the block terminates the child, also when Ctrl-C interrupts the wait
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}")
+    if task.peak_cap is not None:
+        return Found("unknown", None, 0.0, None, RESOLUTION)
+    warm = None
+    if task.warm is not None:
+        warm = ({op: task.warm.times_of(op)[0] for op in task.warm.table.ops()}, task.warm.makespan,
+                objective_value(task.warm, task.objective))
+    arguments = dict(engine=engine, seconds=max(1.0, task.remaining()), workers=task.workers,
+                     objective=task.objective, independent_bound=task.independent_bound, warm=warm)
+    # leaving the block terminates the child, also when Ctrl-C stops the wait
     with multiprocessing.get_context("spawn").Pool(1, initializer=_ignore_interrupts) as pool:
-        return pool.apply(_solve_here, (problem,), arguments)
+        pending = pool.apply_async(_solve_in_child, (problem,), arguments)
+        task.on_stop(task.stopped.set)
+        while not pending.ready():
+            if task.stopped.wait(0.1):
+                return Found("unknown", None, 0.0, None, RESOLUTION)
+        status, starts, goal = pending.get()
+    tolerance = RESOLUTION * max(1.0, task.independent_bound)
+    return Found(status, starts, 0.0, goal, RESOLUTION, error_bound=RESOLUTION, tolerance=tolerance)
 
 
 def _ignore_interrupts() -> None:
@@ -83,55 +73,39 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _solve_here(problem: Problem, *, backend: str, time_limit: float, warm_start: str | None, workers: int,
-                objective: str) -> SolveResult:
-    """Build and solve the MILP in this process (a child of `solve_milp`)."""
+def _solve_in_child(problem: Problem, *, engine: str, seconds: float, workers: int, objective: str,
+                    independent_bound: float, warm) -> tuple[str, dict[Op, float] | None, float | None]:
+    """(status, start times, objective value) of the MILP, solved in this process (a child of
+    `search`). `warm`: (start of every op, makespan, objective value) of the warm start, or None.
+    The status is read from the solver's own solution status, not PuLP's "Optimal", which PuLP
+    also reports after a time limit."""
     import pulp
 
-    began = time.perf_counter()
-    bounds = lower_bounds(problem)
-    independent_bound = objective_bound(problem, bounds, objective)
-    warm = warm_start_simulation(problem, warm_start, objective)
-    tolerance = RESOLUTION * max(1.0, independent_bound)
-    if meets_bound(warm, objective, independent_bound, tolerance):
-        status, simulation, value, lower = settle("unknown", None, warm, objective, independent_bound, tolerance, True)
-        return SolveResult(status, simulation, value, lower, backend, objective, time.perf_counter() - began,
-                           warm[0], RESOLUTION, bounds.as_dict())
     graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
     everything_in_a_row = (sum(d["duration"] for _, d in graph.nodes(data=True))
                            + sum(d["latency"] for *_, d in graph.edges(data=True)))
-    horizon = warm[1].makespan if warm is not None else everything_in_a_row
-
+    horizon = warm[1] if warm is not None else everything_in_a_row
     model, start, before, goal = build_model(problem, graph, heads, tails, horizon, independent_bound, objective)
-    ops = list(graph)
     if warm is not None:
-        for op in ops:
-            start[op].setInitialValue(warm[1].times_of(op)[0])
-        goal.setInitialValue(objective_value(warm[1], objective))
+        warm_starts, _, warm_value = warm
+        for op, variable in start.items():
+            variable.setInitialValue(warm_starts[op])
+        goal.setInitialValue(warm_value)
         for (first, second), x in before.items():
             if isinstance(x, pulp.LpVariable):
-                x.setInitialValue(1 if warm[1].times_of(first)[0] < warm[1].times_of(second)[0] else 0)
-
-    remaining = max(1.0, time_limit - (time.perf_counter() - began))
-    if backend == "cbc":
-        engine = pulp.PULP_CBC_CMD(msg=False, timeLimit=remaining, threads=workers, gapRel=1e-7,
+                x.setInitialValue(1 if warm_starts[first] < warm_starts[second] else 0)
+    if engine == "cbc":
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=seconds, threads=workers, gapRel=1e-7,
                                     warmStart=warm is not None)
     else:
-        engine = pulp.HiGHS(msg=False, timeLimit=remaining, threads=workers, gapRel=1e-7)
-    model.solve(engine)
-    solution = model.sol_status
+        solver = pulp.HiGHS(msg=False, timeLimit=seconds, threads=workers, gapRel=1e-7)
+    model.solve(solver)
     status = {pulp.LpSolutionOptimal: "optimal", pulp.LpSolutionIntegerFeasible: "feasible",
-              pulp.LpSolutionInfeasible: "infeasible"}.get(solution, "unknown")
-    simulation = None
-    if status in ("optimal", "feasible"):
-        starts = {op: start[op].value() for op in ops}
-        simulation = simulate(problem, schedule_from_starts(problem, starts, backend), strict=True)
-        check_close(backend, objective_value(simulation, objective), goal.value(), TickScale(1, True, RESOLUTION))
-    status, simulation, value, lower = settle(status, simulation, warm, objective, independent_bound, tolerance, True)
-    return SolveResult(status, simulation, value, lower, backend,
-                       objective, time.perf_counter() - began, None if warm is None else warm[0], RESOLUTION,
-                       bounds.as_dict())
+              pulp.LpSolutionInfeasible: "infeasible"}.get(model.sol_status, "unknown")
+    if status not in ("optimal", "feasible"):
+        return status, None, None
+    return status, {op: variable.value() for op, variable in start.items()}, goal.value()
 
 
 def build_model(problem: Problem, graph: nx.DiGraph, heads: dict, tails: dict, horizon: float,

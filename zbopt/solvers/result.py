@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from zbopt.errors import ZboptError
@@ -10,70 +9,25 @@ from zbopt.ops import Op, device_work
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules import generate, generate_applicable
-from zbopt.simulate import Simulation, simulate
+from zbopt.simulate import RELATIVE_TOLERANCE, Simulation, simulate
 from zbopt.solvers.bounds import LowerBounds
 
 OBJECTIVES = ("makespan", "span")
-MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
-
-
-@dataclass(frozen=True)
-class TickScale:
-    """Times in the problem's units times `ticks_per_unit`, rounded, are the solvers' integer
-    ticks. `resolution` is one tick in the problem's units; a rounded duration is off by at most
-    half a tick, so a solver's objective is off by at most `error_bound`."""
-
-    ticks_per_unit: int
-    exact: bool
-    error_bound: float
-
-    @property
-    def resolution(self) -> float:
-        return 1.0 / self.ticks_per_unit
-
-    def ticks(self, value: float) -> int:
-        return round(value * self.ticks_per_unit)
-
-    def units(self, ticks: float) -> float:
-        return ticks / self.ticks_per_unit
-
-
-def _whole_at(values, scale: int) -> bool:
-    """Whether every value times `scale` is a whole number (up to float rounding)."""
-    return all(abs(v * scale - round(v * scale)) < 1e-9 * max(1.0, v * scale) for v in values)
-
-
-def tick_scale(problem: Problem) -> TickScale:
-    """The smallest power of ten that makes every cost and the latency whole ticks, capped so the
-    longest op stays within MAX_TICKS_PER_OP ticks (beyond that, costs are rounded)."""
-    values = [*problem.forward_times, *problem.backward_times, *(problem.weight_times or ()), problem.p2p_time]
-    longest = max(values)
-    scale = 1
-    while True:
-        if _whole_at(values, scale):
-            return TickScale(scale, True, 0.0)
-        if scale * 10 * longest > MAX_TICKS_PER_OP:
-            break
-        scale *= 10
-    # rounding: every op and latency on a chain is off by <= half a tick
-    chain = 2 * problem.num_ops / problem.num_devices + 2 * problem.num_stages
-    return TickScale(scale, False, 0.5 * chain / scale)
-
-
-def memory_scale(problem: Problem) -> int:
-    """A power of ten making every memory amount whole (up to 1e6), for cumulative demands."""
-    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.memory_limit or ())]
-    return next((10**exponent for exponent in range(7) if _whole_at(amounts, 10**exponent)), 10**6)
 
 
 @dataclass(frozen=True)
 class SolveResult:
     """A solver's answer, re-verified by the simulator.
 
-    status: optimal (proven), feasible (a schedule, gap > 0), infeasible, unknown (no schedule).
+    status: optimal (the objective meets the lower bound), feasible (a schedule, gap > 0),
+        infeasible, unknown (no schedule).
     objective: the schedule's makespan (or longest device span), from the simulator.
     lower_bound: the best of the independent bounds and the solver's own bound.
-    gap: (objective - lower_bound) / objective.
+    gap: (objective - lower_bound) / objective; 0 exactly when the status is optimal.
+    resolution: one time unit of the solver's model in the problem's units (None when no model
+        was built); decided_by: what proved the status (the solver, which lower bound, or the
+        model's resolution when rounding keeps the proof from the problem's own costs).
+    bounds: every independent lower bound; binding_bound: the name of the largest.
     """
 
     status: str
@@ -84,8 +38,10 @@ class SolveResult:
     objective_kind: str
     solve_time_s: float
     warm_start: str | None
-    resolution: float
+    resolution: float | None = None
+    decided_by: str | None = None
     bounds: dict = field(default_factory=dict)
+    binding_bound: str | None = None
 
     @property
     def schedule(self) -> Schedule | None:
@@ -99,15 +55,28 @@ class SolveResult:
         data = self.simulation.to_dict() if self.simulation is not None else {}
         data.update(status=self.status, objective=self.objective_kind, objective_value=self.objective,
                     lower_bound=self.lower_bound, gap=self.gap, solve_time_s=self.solve_time_s, solver=self.solver,
-                    warm_start=self.warm_start, resolution=self.resolution, bounds=self.bounds)
+                    warm_start=self.warm_start, resolution=self.resolution, decided_by=self.decided_by,
+                    bounds=self.bounds, binding_bound=self.binding_bound)
         return data
 
 
 def relative_gap(value: float | None, lower_bound: float) -> float | None:
-    """(value - lower_bound) / value, at least 0; None without a positive value."""
+    """The one gap formula: (value - lower_bound) / value; None without a positive value. Negative
+    only for a schedule the bound does not hold for (one over the memory limit)."""
     if value is None or value <= 0:
         return None
-    return max(0.0, (value - lower_bound) / value)
+    return (value - lower_bound) / value
+
+
+def optimality_tolerance(bound: float) -> float:
+    """How close a value must come to a lower bound to count as meeting it: the simulator's own
+    relative tolerance, so that "optimal" means the same wherever it is decided."""
+    return RELATIVE_TOLERANCE * max(1.0, abs(bound))
+
+
+def meets(value: float, lower_bound: float, tolerance: float | None = None) -> bool:
+    """The one rule for "optimal": a schedule's value meets a lower bound on every schedule."""
+    return value <= lower_bound + (optimality_tolerance(lower_bound) if tolerance is None else tolerance)
 
 
 def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> float:
@@ -122,13 +91,23 @@ def objective_value(simulation: Simulation, kind: str) -> float:
 
 
 def best_heuristic(problem: Problem, kind: str = "makespan") -> tuple[str, Simulation] | None:
-    """The registered heuristic with the best objective among those valid under the memory limit."""
+    """The registered heuristic with the best objective among those valid under the memory limit;
+    at equal objective, the one with the lower highest peak memory (1f1b before gpipe)."""
     best: tuple[str, Simulation] | None = None
     for name, schedule in generate_applicable(problem)[0].items():
         result = simulate(problem, schedule)
-        if result.valid and (best is None or objective_value(result, kind) < objective_value(best[1], kind)):
+        if result.valid and (best is None or _preferred(result, best[1], kind)):
             best = (name, result)
     return best
+
+
+def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:
+    """Whether `simulation` beats `other`: a better objective, or one as good (within the
+    optimality tolerance) with a lower highest peak memory."""
+    value, other_value = objective_value(simulation, kind), objective_value(other, kind)
+    if not meets(other_value, value):
+        return True
+    return meets(value, other_value) and max(simulation.peak_memory) < max(other.peak_memory)
 
 
 def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str) -> tuple[str, Simulation] | None:
@@ -149,41 +128,7 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str) -
     return Schedule(orders, name=name)
 
 
-def meets_bound(warm: tuple[str, Simulation] | None, kind: str, lower: float, tolerance: float) -> bool:
-    """Whether the warm start already reaches the independent lower bound: it is optimal, and a
-    search could only confirm it (zb-h1 at p·M_B on the Zero Bubble paper's models, for one)."""
-    return warm is not None and objective_value(warm[1], kind) <= lower + tolerance
-
-
-def settle(status: str, simulation: Simulation | None, warm: tuple[str, Simulation] | None, kind: str,
-           lower: float, tolerance: float, proof_is_exact: bool) -> tuple[str, Simulation | None, float | None, float]:
-    """The final (status, simulation, objective, lower bound) of a solve: the warm start when it is
-    better; the objective as its own bound when the solver proved it (and its model was exact);
-    "optimal" also when an independent bound meets the objective; "feasible" whenever a schedule
-    exists but optimality is not proven."""
-    if warm is not None and (simulation is None
-                             or objective_value(warm[1], kind) < objective_value(simulation, kind) - tolerance):
-        simulation = warm[1]
-        status = "optimal" if status == "optimal" else "feasible"
-    if simulation is None:
-        return status, None, None, lower
-    value = objective_value(simulation, kind)
-    if status == "optimal" and proof_is_exact:
-        lower = value
-    if value <= lower + tolerance:
-        status, lower = "optimal", value
-    if status != "optimal":
-        status = "feasible"
-    return status, simulation, value, min(lower, value)
-
-
-def check_close(name: str, simulated: float, modelled: float, scale: TickScale) -> None:
+def check_close(name: str, simulated: float, modelled: float, error_bound: float) -> None:
     """The simulator's objective must not exceed the model's beyond the rounding bound."""
-    if simulated > modelled + scale.error_bound + 1e-9 * max(1.0, modelled):
+    if simulated > modelled + error_bound + 1e-9 * max(1.0, modelled):
         raise RuntimeError(f"{name}: simulated objective {simulated} exceeds the model's {modelled}")
-
-
-def ceil_ticks(value: float, scale: TickScale) -> int:
-    """A bound in problem units as whole ticks, rounded up only when costs are exact."""
-    ticks = value * scale.ticks_per_unit
-    return math.ceil(ticks - 1e-6) if scale.exact else math.floor(ticks)

@@ -1,0 +1,123 @@
+"""The solve driver's shared steps, run with stand-in backends (this module's `search`) and CP-SAT:
+warm start, the one rule for "optimal", the gap, tick resolution, the second phase and the budget."""
+
+import time
+
+import pytest
+
+from tests.reference import brute_force_least_peak, brute_force_optimum
+from tests.test_cpsat import TINY
+from zbopt import Problem, generate, simulate, solve
+from zbopt.solvers import api
+from zbopt.solvers.api import Found
+from zbopt.solvers.bounds import lower_bounds
+from zbopt.solvers.result import best_heuristic
+
+ANSWER: dict = {}  # what the stand-in backend returns: set by each test
+
+
+def search(problem, task, **options):
+    """A stand-in backend: records its task and returns ANSWER["found"] (a function of the task)."""
+    ANSWER["task"] = task
+    return ANSWER["found"](problem, task)
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    monkeypatch.setitem(api.BACKENDS, "stand-in", (__name__, {}))
+    return ANSWER
+
+
+def _starts(simulation):
+    return {op: simulation.times_of(op)[0] for op in simulation.table.ops()}
+
+
+# a problem the independent bounds cannot settle, so the backend is called
+LOOSE = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=1, weight_times=1,
+                weight_memory=0.5, memory_limit=2)
+
+
+def test_a_backend_answer_worse_than_the_warm_start_is_replaced_by_it(stand_in):
+    gpipe = simulate(LOOSE.replace(memory_limit=None), generate("gpipe", LOOSE))  # no limit: any order runs
+    stand_in["found"] = lambda problem, task: Found("feasible", _starts(gpipe), 0.0, None, 1.0)
+    with pytest.raises(Exception, match="memory"):  # gpipe breaks the limit: the driver re-simulates strictly
+        solve(LOOSE, "stand-in", lower_peak=False)
+    warm_name, warm = best_heuristic(LOOSE)
+    slower = {op: start + 100.0 for op, start in _starts(warm).items()}  # the warm start, shifted: valid, worse
+    stand_in["found"] = lambda problem, task: Found("feasible", slower, 0.0, None, 1.0)
+    result = solve(LOOSE, "stand-in", lower_peak=False)
+    assert (result.status, result.warm_start, result.objective) == ("feasible", warm_name, warm.makespan)
+    assert stand_in["task"].warm is not None and stand_in["task"].independent_bound == lower_bounds(LOOSE).best
+
+
+def test_status_and_gap_agree_when_only_rounded_costs_are_proven(stand_in):
+    """A proof on rounded costs (inexact ticks) does not make the status optimal: the gap left by
+    the rounding is reported, and so is what decided."""
+    _, warm = best_heuristic(LOOSE)
+    value = warm.makespan
+    stand_in["found"] = lambda problem, task: Found("optimal", _starts(warm), value - 0.01, value, 0.001,
+                                                    error_bound=0.01, exact=False)
+    result = solve(LOOSE, "stand-in", lower_peak=False)
+    assert result.status == "feasible" and result.gap == pytest.approx(0.01 / value)
+    assert "tick resolution 0.001" in result.decided_by and result.resolution == 0.001
+    # the same proof on exact costs closes the gap
+    stand_in["found"] = lambda problem, task: Found("optimal", _starts(warm), value, value, 1.0)
+    exact = solve(LOOSE, "stand-in", lower_peak=False)
+    assert (exact.status, exact.gap, exact.lower_bound, exact.decided_by) == ("optimal", 0.0, value, "solver")
+
+
+@pytest.mark.parametrize("problem", [*TINY, LOOSE.replace(num_microbatches=4)], ids=lambda p: p.describe())
+def test_status_is_optimal_exactly_when_the_gap_is_zero(problem):
+    result = solve(problem, "cpsat", time_limit=30)
+    assert (result.status == "optimal") == (result.gap == 0)
+    assert result.lower_bound <= result.objective
+
+
+def test_equal_makespan_prefers_less_peak_memory():
+    """The issue's example: without a memory limit gpipe and 1f1b both take (m + p - 1)(F + B) = 33,
+    gpipe holding m = 8 activations on device 0 and 1f1b p = 4: solve returns the leaner one."""
+    problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2)
+    result = solve(problem, "cpsat", time_limit=30)
+    assert result.status == "optimal" and result.objective == 33
+    assert max(result.simulation.peak_memory) == 4
+
+
+@pytest.mark.parametrize("problem", [
+    Problem(num_devices=2, num_microbatches=3, forward_times=1, backward_times=2),
+    Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=1, weight_times=1),
+    Problem(num_devices=3, num_microbatches=2, forward_times=[1, 1, 2], backward_times=1, weight_times=1,
+            p2p_time=0.5),
+    TINY[0].replace(memory_limit=None),
+], ids=lambda p: p.describe())
+def test_the_second_phase_reaches_the_least_peak_at_the_optimal_makespan(problem):
+    result = solve(problem, "cpsat", time_limit=60)
+    assert result.objective == pytest.approx(brute_force_optimum(problem))
+    assert max(result.simulation.peak_memory) == pytest.approx(brute_force_least_peak(problem, result.objective))
+
+
+def test_the_second_phase_lowers_the_peak_to_the_least_at_that_makespan():
+    """p = 2, v = 2, F = B = W = 1: the search's optimum holds 5 activations, the second phase 4 at
+    the same makespan 25; and 4 is the least, as a limit of 3.5 makes the optimum longer."""
+    problem = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, forward_times=1, backward_times=1,
+                      weight_times=1)
+    first = solve(problem, "cpsat", time_limit=60, lower_peak=False)
+    second = solve(problem, "cpsat", time_limit=60)
+    assert first.status == second.status == "optimal" and first.objective == second.objective == 25
+    assert max(second.simulation.peak_memory) < max(first.simulation.peak_memory)
+    tighter = solve(problem.replace(memory_limit=max(second.simulation.peak_memory) - 0.5), "cpsat", time_limit=60)
+    assert tighter.status == "optimal" and tighter.objective > 25
+
+
+def test_the_time_limit_bounds_the_second_phase(stand_in):
+    """The backend's second-phase deadline lies within the call's time limit."""
+    _, warm = best_heuristic(LOOSE)
+    deadlines = []
+
+    def found(problem, task):
+        deadlines.append(task.deadline)
+        return Found("feasible", _starts(warm), 0.0, None, 1.0)
+
+    stand_in["found"] = found
+    began = time.perf_counter()
+    solve(LOOSE, "stand-in", time_limit=5)
+    assert len(deadlines) == 2 and all(deadline <= began + 5 + 1e-3 for deadline in deadlines)

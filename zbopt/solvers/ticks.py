@@ -1,0 +1,76 @@
+"""Integer ticks for CP-SAT: the problem's float costs as whole numbers, and how much that rounds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zbopt.problem import Problem
+
+MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
+
+
+@dataclass(frozen=True)
+class TickScale:
+    """Times in the problem's units times `ticks_per_unit`, rounded, are the solvers' integer
+    ticks. `resolution` is one tick in the problem's units; a rounded duration is off by at most
+    half a tick, so a solver's objective is off by at most `error_bound`."""
+
+    ticks_per_unit: int
+    exact: bool
+    error_bound: float
+
+    @property
+    def resolution(self) -> float:
+        return 1.0 / self.ticks_per_unit
+
+    def ticks(self, value: float) -> int:
+        return round(value * self.ticks_per_unit)
+
+    def units(self, ticks: float) -> float:
+        return ticks / self.ticks_per_unit
+
+
+def _whole_at(values, scale: int) -> bool:
+    """Whether every value times `scale` is a whole number (up to float rounding)."""
+    return all(abs(v * scale - round(v * scale)) < 1e-9 * max(1.0, v * scale) for v in values)
+
+
+def tick_scale(problem: Problem) -> TickScale:
+    """The smallest power of ten that makes every cost and the latency whole ticks, capped so the
+    longest op stays within MAX_TICKS_PER_OP ticks (beyond that, costs are rounded)."""
+    values = [*problem.forward_times, *problem.backward_times, *(problem.weight_times or ()), problem.p2p_time]
+    longest = max(values)
+    scale = 1
+    while True:
+        if _whole_at(values, scale):
+            return TickScale(scale, True, 0.0)
+        if scale * 10 * longest > MAX_TICKS_PER_OP:
+            break
+        scale *= 10
+    # rounding: every op and latency on a chain is off by <= half a tick
+    chain = 2 * problem.num_ops / problem.num_devices + 2 * problem.num_stages
+    return TickScale(scale, False, 0.5 * chain / scale)
+
+
+def memory_scale(problem: Problem) -> int:
+    """A power of ten making every memory amount whole (up to 1e6), for cumulative demands."""
+    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.memory_limit or ())]
+    return next((10**exponent for exponent in range(7) if _whole_at(amounts, 10**exponent)), 10**6)
+
+
+
+def ceil_ticks(value: float, scale: TickScale) -> int:
+    """A bound in problem units as whole ticks, rounded up only when costs are exact."""
+    ticks = value * scale.ticks_per_unit
+    return math.ceil(ticks - 1e-6) if scale.exact else math.floor(ticks)
+
+
+def tick_problem(problem: Problem, scale: TickScale) -> Problem:
+    """The problem with every cost and the latency in whole ticks (at least one per op)."""
+
+    def ticks(values):
+        return None if values is None else [max(1, scale.ticks(v)) for v in values]
+
+    return problem.replace(forward_times=ticks(problem.forward_times), backward_times=ticks(problem.backward_times),
+                           weight_times=ticks(problem.weight_times), p2p_time=scale.ticks(problem.p2p_time))

@@ -9,7 +9,8 @@ import pytest
 from zbopt import Problem, ZboptError, solve
 from zbopt.cli import main
 from zbopt.frontier import HeuristicPoint, memory_frontier, parse_memory_limits
-from zbopt.plot import _text_box, plot_frontier
+from zbopt.plot import plot_frontier
+from zbopt.plot.frontier import _text_box
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 P, M = 3, 4

@@ -1,13 +1,18 @@
 """DeepSeek's DualPipe family: DualPipeV ("DualPipe cut in half"), V placement, two chunks per device.
 
-Sources: DeepSeek-V3 Technical Report (arXiv 2412.19437, Section 3.2.1) for DualPipe; DualPipeV is
-Sea AI Lab's "cut-in-half" of it, as deepseek-ai/DualPipe ships it (README: "DualPipeV" and the table
-"Pipeline Bubbles and Memory Usage Comparison"; dualpipev.py `DualPipeV.step`) and as
-torch.distributed.pipelining `ScheduleDualPipeV` spells the same eight steps.
+Notes
+-----
+Only DualPipeV is registered. The full bidirectional DualPipe [1]_ runs half its microbatches
+through the stages on devices 0..p-1 and the other half on devices p-1..0, so a stage's device
+depends on the microbatch, while a zbopt Problem places each stage on one device for every
+microbatch. DualPipeV, Sea AI Lab's "cut-in-half" of it [2]_, places stages r and 2p-1-r on
+device r for every microbatch.
 
-The full bidirectional DualPipe is not registered: half its microbatches run the stages on devices
-0..p-1, the other half on devices p-1..0, so a stage's device depends on the microbatch, while a
-zbopt Problem places each stage on one device for every microbatch.
+References
+----------
+.. [1] DeepSeek-AI, "DeepSeek-V3 Technical Report", arXiv:2412.19437, 2024, Section 3.2.1 (DualPipe).
+.. [2] deepseek-ai/DualPipe, README ("DualPipeV" and the table "Pipeline Bubbles and Memory Usage
+   Comparison") and dualpipev.py (`DualPipeV.step`).
 """
 
 from __future__ import annotations
@@ -102,24 +107,37 @@ def _dualpipe_v_memory(problem: Problem) -> list[float]:
 @register("dualpipe-v", "DualPipeV (deepseek-ai/DualPipe, 2025): DualPipe cut in half, V placement, 2 chunks/device",
           _dualpipe_v_memory)
 def dualpipe_v(problem: Problem) -> Schedule:
-    """DualPipeV: device r holds stages r and 2p-1-r (V placement, two chunks) and runs, per
-    iteration, the eight steps of deepseek-ai/DualPipe's dualpipev.py (also torch's
-    ScheduleDualPipeV): nF0, nF0F1, nB1W1F1, n(F0&B1)(F1&B0), nB1(F1&B0), nB1B0, nWB0, nW.
+    """DualPipeV: device r holds stages r and 2p-1-r and runs the eight steps of dualpipev.py [1]_.
 
-    What zbopt's model does not capture: DualPipe overlaps the computation of a forward chunk with
-    the backward of another and hides their communication behind each other. zbopt runs one op at a
-    time per device, so an overlapped pair F&B costs F + B + W here (F, then the full backward B
-    and W); F starts without waiting for the gradient its partner B needs, and its output leaves
-    when F ends rather than when the pair ends. So the README's bubble (p-1)(F&B + B - 3W) is not
-    what the model gives: with uniform costs, no latency and B <= F <= B + W the bubble (makespan
-    minus a device's work) is (p-1)(F + max(0, B - W)) in zbopt's units. A full backward in
-    the split model is B then W back to back; "zero bubble" steps run B and queue W for later.
-    With a fused backward (F, BW) no W can be deferred, so every backward runs whole.
+    Per iteration, as torch's ScheduleDualPipeV [2]_ spells them too: nF0, nF0F1, nB1W1F1,
+    n(F0&B1)(F1&B0), nB1(F1&B0), nB1B0, nWB0, nW.
 
     Needs chunks_per_device = 2, placement "v" and m >= 2p microbatches, as dualpipev.py asserts
     (num_chunks >= num_ranks * 2; torch: n_microbatches >= number of stages). Any p >= 1: unlike
     the full DualPipe, DualPipeV does not need an even number of devices.
-    Peak memory: (2p - r) microbatches on stage r and r + 1 on stage 2p-1-r (README: PP+1).
+
+    Notes
+    -----
+    zbopt runs one op at a time per device, so it does not capture what DualPipe is built for:
+    overlapping the computation of a forward chunk with the backward of another and hiding their
+    communication behind each other. An overlapped pair F&B costs F + B + W here (F, then the full
+    backward B and W); F starts without waiting for the gradient its partner B needs, and its output
+    leaves when F ends rather than when the pair ends. So the README's bubble (p-1)(F&B + B - 3W)
+    [1]_ is not what the model gives: with uniform costs, no latency and B <= F <= B + W the bubble
+    (makespan minus a device's work) is (p-1)(F + max(0, B - W)) in zbopt's units.
+
+    A full backward in the split model is B then W back to back; "zero bubble" steps run B and
+    queue W for later. With a fused backward (F, BW) no W can be deferred, so every backward runs
+    whole.
+
+    Peak memory: 2p - r microbatches on stage r and r + 1 on stage 2p-1-r, the README's PP + 1 [1]_
+    with PP = 2p stages.
+
+    References
+    ----------
+    .. [1] deepseek-ai/DualPipe, README ("DualPipeV"; "Pipeline Bubbles and Memory Usage
+       Comparison") and dualpipev.py (`DualPipeV.step`).
+    .. [2] torch.distributed.pipelining, `ScheduleDualPipeV`, the same eight steps.
     """
     name = "dualpipe-v"
     require(problem.chunks_per_device == 2, name, "chunks_per_device = 2 (two chunks per device)")

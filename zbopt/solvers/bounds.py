@@ -1,25 +1,25 @@
 """Lower bounds on the makespan of any valid schedule, computed apart from every solver.
 
 Each bound is a relaxation of the scheduling problem, so each is <= the optimum; the solvers'
-answers are checked against them and `lower_bound` reports the best.
+answers are checked against them, and `lower_bounds` gives them all and the best:
 
 - critical path: the longest chain of dependencies and latencies (in the implied graph, below);
 - device load: per device, the earliest any of its ops can start + its total work + the least
   time any of its ops still needs after it ends;
-- one-machine (Jackson) relaxation: per device, its ops with heads (earliest start) and tails
-  (time still needed after the op ends) on one machine, preemption allowed; the preemptive
-  largest-tail-first schedule is optimal for that relaxation (Jackson's rule, Horn 1974);
-- memory: activations held on a device integrate over time to at least m · Σ_s M · lifetime(s),
-  where lifetime is the shortest time from a forward's start to the end of the op that frees it;
-  the device can hold at most its limit at any moment, so makespan >= integral / limit;
+- one-machine relaxation: per device, its ops on one machine with heads and tails, preemption
+  allowed (`jackson_preemptive`);
+- memory: per device, the memory-time its activations must hold, over its memory limit
+  (`memory_bound`);
 - device sequencing: per device holding one stage, its ops alone on one machine, without
-  preemption, with heads, tails, the least lag from each forward's end to its backward's start,
-  and the memory limit; solved by dynamic programming over the orders (`device_sequencing`).
+  preemption and within the memory limit (`device_sequencing`).
 
-Heads and tails come from `implied_graph`: the op DAG plus the precedences that every schedule
-with ops of one kind and stage in microbatch order obeys (same-device order, and the memory
-precedences of `memory_precedences`). Some optimal schedule has that order (see the CP-SAT
-module), so bounds computed on the implied graph still bound the optimum.
+Notes
+-----
+Heads (earliest starts) and tails (the time still needed after an op ends) come from
+`implied_graph`: the op DAG plus the precedences that every schedule with ops of one kind and
+stage in microbatch order obeys (same-device order, and the memory precedences of
+`memory_precedences`). Some optimal schedule has that order (see the CP-SAT module), so bounds
+computed on the implied graph still bound the optimum.
 """
 
 from __future__ import annotations
@@ -82,10 +82,18 @@ def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
     """Pairs (gradient op, forward) where the gradient op must end before the forward starts, in
     every valid schedule whose ops of one kind and stage run in microbatch order.
 
-    On a device with limit L, if B(s, i) (or BW) has not ended when F(s, i+k) starts, then B(s, j)
-    has not ended for any j >= i, so microbatches i..i+k of stage s all hold their activation M_B:
-    too much once (k+1)·M_B > L. If W(s, i) has not ended, they hold at least M_W each and the new
-    one M_B: too much once k·M_W + M_B > L. Each k is rounded up (a larger k is a weaker claim).
+    Notes
+    -----
+    M_B is a microbatch's activation memory on stage s and M_W the part of it that W keeps after
+    B, as in Table 1 of the Zero Bubble paper [1]_. On a device with limit L, if B(s, i) (or BW)
+    has not ended when F(s, i+k) starts, then B(s, j) has not ended for any j >= i, so
+    microbatches i..i+k of stage s all hold their activation M_B: too much once (k+1)·M_B > L. If
+    W(s, i) has not ended, they hold at least M_W each and the new one M_B: too much once
+    k·M_W + M_B > L. Each k is rounded up (a larger k is a weaker claim).
+
+    References
+    ----------
+    .. [1] Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 1.
     """
     if problem.memory_limit is None:
         return []
@@ -113,9 +121,12 @@ def memory_disjunctions(problem: Problem, ops) -> list[tuple[Op, Op, Op]]:
     """Triples (B(s, j), W(s, i), F(s, n)), i < j < n, where at least one of the first two must end
     before the forward starts, in every valid microbatch-ordered schedule with a split backward.
 
-    Were neither ended, microbatches j..n of stage s would hold M_B each and i..j-1 at least M_W
-    each: too much once (n-j+1)·M_B + (j-i)·M_W > L. For each j the latest such i is given (the
-    strongest claim); j = n - k with (k+1)·M_B > L is a memory precedence instead.
+    Notes
+    -----
+    The reasoning of `memory_precedences`: were neither ended, microbatches j..n of stage s would
+    hold M_B each and i..j-1 at least M_W each: too much once (n-j+1)·M_B + (j-i)·M_W > L. For each
+    j the latest such i is given (the strongest claim); j = n - k with (k+1)·M_B > L is a memory
+    precedence instead.
     """
     if problem.memory_limit is None or not problem.split_backward:
         return []
@@ -165,8 +176,21 @@ def heads_and_tails(graph: nx.DiGraph) -> tuple[dict[Op, float], dict[Op, float]
 
 def jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
     """max(completion + tail) of the preemptive largest-tail-first schedule on one machine; jobs
-    are (head, duration, tail). This is the optimum of 1 | r_j, pmtn | max(C_j + q_j).
+    are (head, duration, tail).
 
+    Notes
+    -----
+    This is the optimum of 1 | r_j, pmtn | max(C_j + q_j): Jackson's rule, largest tail first,
+    extended to release dates with preemption [1]_; no schedule without preemption does better,
+    so it is a lower bound.
+
+    References
+    ----------
+    .. [1] W. A. Horn, "Some simple scheduling algorithms", Naval Research Logistics Quarterly
+       21(1), 1974, pp. 177-185.
+
+    Examples
+    --------
     >>> jackson_preemptive([(0, 2, 5), (1, 1, 10)])  # the second preempts the first at t=1
     12.0
     """
@@ -207,7 +231,17 @@ def activation_lifetimes(problem: Problem) -> list[tuple[float, float]]:
 
 
 def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]]) -> float:
-    """makespan >= (memory-time every device must integrate) / (its memory limit); 0 without limits."""
+    """makespan >= (memory-time every device must integrate) / (its memory limit); 0 without limits.
+
+    Notes
+    -----
+    Every microbatch's activation on stage s is held from its forward's start: all of it for at
+    least the least time to the end of its input gradient (B, or BW), and the part W keeps
+    (weight_memory) for at least the least time to the end of W (`lifetimes`, see
+    `activation_lifetimes`). Summed over the microbatches and the device's stages, this
+    memory-time (the integral) must fit under the device's limit during the makespan, so
+    makespan >= integral / limit.
+    """
     if problem.memory_limit is None:
         return 0.0
     best = 0.0
@@ -237,18 +271,25 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
                       lifetimes: list[tuple[float, float]], needed: float = 0.0) -> float:
     """The least max(end + tail) of `device`'s ops run alone on it, in microbatch order per kind,
     each after its head, each backward at least the single-microbatch lag after its forward's end
-    (from `lifetimes`, see `activation_lifetimes`), every forward within the memory limit;
+    (from `lifetimes`, see `activation_lifetimes`), every forward within the memory limit.
+
     0 unless the device holds one stage of one iteration, and 0 when one greedy order already
     reaches `needed` (the bound could not exceed it; this skips most devices of a long pipeline).
 
+    Notes
+    -----
     Every valid microbatch-ordered schedule, restricted to the device, is such a sequence, so this
     bounds the optimum. For a fixed order, starting each op as early as allowed is best for every
     later op (all constraints are lower limits on starts, and memory depends only on the order),
     so the orders are searched by dynamic programming over the state (forwards, backwards, weight
     ops done). Different orders reach one state with different (time, objective, pending backward
     releases); keeping only their componentwise minimum is optimistic, so the result stays a lower
-    bound (on the Zero Bubble paper's Table 5 configurations it gave the same value as keeping up
-    to 64 Pareto-optimal labels per state).
+    bound. On the configurations of Table 5 of the Zero Bubble paper [1]_ it gave the same value as
+    keeping up to 64 Pareto-optimal labels per state.
+
+    References
+    ----------
+    .. [1] Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 5.
     """
     stages = problem.stages_of_device[device]
     if len(stages) != 1 or problem.total_microbatches != problem.num_microbatches:

@@ -1,0 +1,70 @@
+"""Comparison bars: each schedule's makespan against the lower bound, its peak memory against the limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from zbopt.plot.style import BAR_COLOR, DPI, LIMIT_COLOR, _finish, _output_path, _style_axes
+
+
+def plot_comparison(comparison, path: str | Path | None = None, *, title: str | None = None):
+    """Two horizontal bar panels, one bar per schedule in the table's order (shortest makespan on
+    top): the makespan with its gap to the lower bound (dotted line), and the peak memory (highest
+    over the devices) against the memory limit (dashed red line). A schedule over its memory limit
+    is red, hatched and named in red: a fast schedule that does not fit is no answer.
+    `comparison` is a `zbopt.compare.Comparison` or its rows. Writes PNG, SVG or PDF by the
+    extension of `path` when given.
+
+    Returns the matplotlib Figure.
+    """
+    path = _output_path(path)
+    rows = list(getattr(comparison, "rows", comparison))
+    problem, lower_bound = rows[0].simulation.problem, rows[0].lower_bound
+    limits = sorted(set(problem.memory_limit or ()))
+    over = [not row.within_memory_limit for row in rows]
+    positions = np.arange(len(rows))
+    figure, (time_axes, memory_axes) = plt.subplots(1, 2, sharey=True, figsize=(11.0, 1.6 + 0.3 * len(rows)),
+                                                    dpi=DPI, layout="constrained")
+    panels = (
+        (time_axes, "makespan", [row.makespan for row in rows], [lower_bound],
+         [f"{row.makespan:.5g}  (gap {row.gap:.1%})" for row in rows]),
+        (memory_axes, "peak memory (highest device)", [row.peak_memory for row in rows], limits,
+         [f"{row.peak_memory:g}" + ("  over limit" if o else "") for row, o in zip(rows, over, strict=True)]),
+    )
+    for axes, label, values, references, texts in panels:
+        bars = axes.barh(positions, values, height=0.7, color=[LIMIT_COLOR if o else BAR_COLOR for o in over],
+                         gid=f"bars-{label.split()[0]}")
+        for bar, o in zip(bars, over, strict=True):
+            if o:
+                bar.set_hatch("///")
+                bar.set_edgecolor("white")
+        # on white, so the lower-bound and limit lines pass behind the numbers instead of through them
+        axes.bar_label(bars, texts, padding=3, fontsize=8, zorder=4,
+                       bbox=dict(facecolor="white", edgecolor="none", pad=0.5))
+        axes.set_xlim(0, 1.3 * max([*values, *references]))
+        axes.set_xlabel(label, fontsize=9)
+        axes.tick_params(labelsize=8)
+        _style_axes(axes)
+    time_axes.axvline(lower_bound, color="black", linestyle=":", linewidth=1.2, gid="lower-bound")
+    for limit in limits:
+        memory_axes.axvline(limit, color=LIMIT_COLOR, linestyle="--", linewidth=1.2, gid="memory-limit")
+    time_axes.set_yticks(positions, [row.name + (f" ({row.status})" if row.status else "") for row in rows])
+    time_axes.set_ylim(len(rows) - 0.5, -0.5)
+    time_axes.tick_params(axis="y", length=0)
+    for tick, o in zip(time_axes.get_yticklabels(), over, strict=True):
+        if o:
+            tick.set_color(LIMIT_COLOR)
+    handles = [Line2D([], [], color="black", linestyle=":", label=f"lower bound {lower_bound:.5g}")]
+    if limits:
+        handles.append(Patch(facecolor=BAR_COLOR, label="within memory limit"))
+        if any(over):  # the key only for what the chart shows
+            handles.append(Patch(facecolor=LIMIT_COLOR, edgecolor="white", hatch="///", label="over memory limit"))
+        handles.append(Line2D([], [], color=LIMIT_COLOR, linestyle="--", label="memory limit"))
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
+    figure.suptitle(title or f"Schedules compared on {problem.describe()}", fontsize=10)
+    return _finish(figure, path)

@@ -1,0 +1,159 @@
+"""The memory–makespan frontier: the optimizer's staircase and the heuristics, labelled clear of each other."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.text import Text
+from matplotlib.transforms import Bbox
+
+from zbopt.plot.style import (
+    DPI,
+    FRONTIER_COLOR,
+    HEURISTIC_COLOR,
+    LANE_COLOR,
+    _finish,
+    _freeze_layout,
+    _output_path,
+    _style_axes,
+)
+
+LABEL_DISTANCES = (8, 16, 28, 42, 60, 80, 110)  # points from a heuristic's marker to its label, tried in order
+LABEL_DIRECTIONS = ((1, 0), (1, 1), (1, -1), (0, 1), (0, -1), (-1, 0), (-1, 1), (-1, -1))
+MARKER_CLEARANCE = 7.0  # pixels around a marker that no label may cover
+LABEL_GAP = 5.0  # pixels between two labels, so that two names never read as one label
+
+
+def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None = None):
+    """Draw the makespan against the memory limit: the optimizer's makespan at each limit of the
+    sweep as a staircase (a limit's schedule also runs under every larger limit, so each step holds
+    until the next limit), filled markers where optimality is proven, hollow ones and a band down
+    to the lower bound where it is not; each registered heuristic is a point at its own peak memory
+    and makespan, labelled with a leader line (heuristics sharing a point share one label; labels
+    are placed, measured by the renderer, clear of each other, the markers and the staircase).
+    `frontier` is a `zbopt.frontier.Frontier`. Writes PNG, SVG or PDF by the extension of `path`.
+
+    Returns the matplotlib Figure.
+    """
+    path = _output_path(path)
+    problem, points = frontier.problem, frontier.points
+    limits = np.array([point.memory_limit for point in points])
+    makespans = np.array([math.nan if point.makespan is None else point.makespan for point in points])
+    lower = np.array([point.lower_bound for point in points])
+    proven = np.array([point.status == "optimal" for point in points])
+    groups = _heuristic_groups(frontier.heuristics)
+    step = float(np.min(np.diff(limits))) if len(limits) > 1 else 1.0
+    left = min([limits[0], *(x for x, _, _ in groups)]) - step / 2
+    right = max([limits[-1], *(x for x, _, _ in groups)]) + step  # room for the labels of the rightmost points
+    # each limit's value holds up to the next limit, the last one up to the right edge
+    stairs_x, stairs_y = np.append(limits, right), np.append(makespans, makespans[-1])
+
+    figure, axes = plt.subplots(figsize=(9.0, 5.5), dpi=DPI, layout="constrained")
+    handles = [Line2D([], [], color=FRONTIER_COLOR, marker="o", label="optimal makespan (proven)")]
+    if not proven.all():
+        axes.fill_between(stairs_x, np.append(lower, lower[-1]), stairs_y, step="post", color=FRONTIER_COLOR,
+                          alpha=0.18, linewidth=0, gid="frontier-gap")
+        axes.plot(limits[~proven], makespans[~proven], "o", color=FRONTIER_COLOR, markerfacecolor="white",
+                  zorder=3, gid="frontier-unproven")
+        handles += [Line2D([], [], color=FRONTIER_COLOR, marker="o", markerfacecolor="white", linestyle="none",
+                           label="best found, not proven optimal"),
+                    Patch(facecolor=FRONTIER_COLOR, alpha=0.18, label="lower bound to best found")]
+    axes.step(stairs_x, stairs_y, where="post", color=FRONTIER_COLOR, linewidth=1.6, zorder=2, gid="frontier")
+    axes.plot(limits[proven], makespans[proven], "o", color=FRONTIER_COLOR, zorder=3, gid="frontier-optimal")
+    if groups:
+        axes.plot([x for x, _, _ in groups], [y for _, y, _ in groups], "D", color=HEURISTIC_COLOR, markersize=5,
+                  linestyle="none", zorder=4, gid="heuristics")
+        handles.append(Line2D([], [], color=HEURISTIC_COLOR, marker="D", markersize=5, linestyle="none",
+                              label="heuristic, at its own peak memory"))
+
+    values = [*makespans[~np.isnan(makespans)], *lower, *(y for _, y, _ in groups)]
+    low, high = min(values), max(values)
+    axes.set_xlim(left, right)
+    axes.set_ylim(low - 0.08 * (high - low), high + 0.08 * (high - low))
+    unit = ("1 = one microbatch's activations on one stage" if set(problem.activation_memory) == {1.0}
+            else "the problem's memory units")
+    axes.set_xlabel(f"memory per device: the limit (frontier) or the peak (heuristics); {unit}", fontsize=9)
+    axes.set_ylabel("makespan (the problem's time units)", fontsize=9)
+    axes.tick_params(labelsize=8)
+    axes.grid(color=LANE_COLOR, linewidth=0.8)
+    axes.set_axisbelow(True)
+    _style_axes(axes)
+    figure.legend(handles=handles, loc="outside lower center", ncol=2 if len(handles) > 3 else len(handles),
+                  frameon=False, fontsize=8)
+    backward = "split" if problem.split_backward else "fused"
+    axes.set_title(title or (f"memory–makespan frontier | p={problem.num_devices}, m={problem.num_microbatches}, "
+                             f"v={problem.chunks_per_device}, {backward} backward | CP-SAT, "
+                             f"{frontier.time_limit:g} s per limit"), fontsize=10)
+    _freeze_layout(figure)
+    _label_heuristics(axes, groups, stairs_x, stairs_y)
+    return _finish(figure, path)
+
+
+def _heuristic_groups(heuristics) -> list[tuple[float, float, str]]:
+    """(peak memory, makespan, "name, name, ...") per distinct point: heuristics that coincide
+    (1f1b and its 2BW variant, say) are one marker with one label."""
+    names: dict[tuple[float, float], list[str]] = {}
+    for point in heuristics:
+        names.setdefault((round(point.peak_memory, 9), round(point.makespan, 9)), []).append(point.name)
+    return [(x, y, ", ".join(group)) for (x, y), group in names.items()]
+
+
+def _label_heuristics(axes, groups: list[tuple[float, float, str]], stairs_x: np.ndarray, stairs_y: np.ndarray):
+    """Label each heuristic point at the nearest offset (LABEL_DISTANCES × LABEL_DIRECTIONS) where
+    the text, measured by the renderer, stays inside the axes, clear of every marker, the staircase
+    and the labels placed before it, and nearer its own point than any other heuristic's (so no
+    label reads as another point's); a leader line joins it to its point. A label that fits
+    nowhere still goes to the nearest offset: overlapping beats missing."""
+    renderer = axes.figure.canvas.get_renderer()
+    frame = axes.get_window_extent(renderer)
+    to_pixels = axes.transData.transform
+    clear = MARKER_CLEARANCE
+    markers = to_pixels([(x, y) for x, y, _ in groups])
+    taken = [Bbox.from_bounds(px - clear, py - clear, 2 * clear, 2 * clear)
+             for px, py in [*to_pixels(np.column_stack([stairs_x, stairs_y])[:-1]), *markers]]
+    corners = to_pixels(np.column_stack([np.repeat(stairs_x, 2)[1:], np.repeat(stairs_y, 2)[:-1]]))
+    lows, highs = np.minimum(corners[:-1], corners[1:]) - 1.5, np.maximum(corners[:-1], corners[1:]) + 1.5
+    taken += [Bbox([low, high]) for low, high in zip(lows, highs, strict=True) if np.isfinite([*low, *high]).all()]
+    offsets = [(dx * distance, dy * distance * 0.6) for distance in LABEL_DISTANCES for dx, dy in LABEL_DIRECTIONS]
+    for index, (x, y, text) in enumerate(groups):
+        for offset in offsets:
+            label = _heuristic_label(axes, text, (x, y), offset)
+            box = _text_box(label, renderer)
+            gaps = _box_distances(box, markers)
+            if (frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+                    and not any(box.overlaps(other) for other in taken) and gaps[index] <= gaps.min()):
+                break
+            label.remove()
+        else:  # nowhere clear: the nearest offset, since an overlapping label beats a missing one
+            box = _text_box(_heuristic_label(axes, text, (x, y), offsets[0]), renderer)
+        taken.append(box.padded(LABEL_GAP))
+
+
+def _box_distances(box: Bbox, points: np.ndarray) -> np.ndarray:
+    """Pixel distance from the box to each point (0 inside)."""
+    dx = np.maximum(0.0, np.maximum(box.x0 - points[:, 0], points[:, 0] - box.x1))
+    dy = np.maximum(0.0, np.maximum(box.y0 - points[:, 1], points[:, 1] - box.y1))
+    return np.hypot(dx, dy)
+
+
+def _heuristic_label(axes, text: str, point: tuple[float, float], offset: tuple[float, float]):
+    """The text `offset` points from `point`, anchored on the side facing the point, with a thin
+    leader line to it."""
+    dx, dy = offset
+    return axes.annotate(
+        text, point, xytext=offset, textcoords="offset points", fontsize=7.5, color=HEURISTIC_COLOR, zorder=5,
+        ha="left" if dx > 0 else "right" if dx < 0 else "center",
+        va="bottom" if dy > 0 else "top" if dy < 0 else "center",
+        arrowprops=dict(arrowstyle="-", color=HEURISTIC_COLOR, linewidth=0.5, shrinkA=1, shrinkB=4),
+    )
+
+
+def _text_box(label, renderer) -> Bbox:
+    """Where an annotation's text lies in pixels, without its leader line (which reaches the point)."""
+    label.update_positions(renderer)
+    return Text.get_window_extent(label, renderer)

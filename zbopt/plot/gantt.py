@@ -1,0 +1,165 @@
+"""Gantt charts: one row per device, one box per op, microbatch numbers where the renderer finds room."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.collections import LineCollection, PolyCollection
+from matplotlib.font_manager import FontProperties
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from zbopt.plot.style import (
+    DPI,
+    KIND_COLORS,
+    KIND_NAMES,
+    LANE_COLOR,
+    LATENCY_COLOR,
+    MAX_WIDTH_IN,
+    _caption,
+    _finish,
+    _freeze_layout,
+    _output_path,
+    _style_axes,
+    _time_origin,
+    chunk_color,
+)
+from zbopt.simulate import Simulation
+
+MAX_HEIGHT_IN = 12.0
+BOX_HEIGHT = 0.8  # of a device row; the lane behind it is 0.9, leaving a white gap between rows
+MIN_LABEL_POINTS, MAX_LABEL_POINTS = 5.0, 8.0
+
+
+def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title: str | None = None,
+               show_latency: bool = False):
+    """Draw one row per device, one box per op, microbatch numbers where they fit; idle time is
+    the grey lane showing through. With `show_latency` (and a problem with p2p_time > 0), a thin
+    line per cross-device dependency runs from the producer's end to the moment its data arrives
+    on the consumer's device. Writes PNG, SVG or PDF by the extension of `path` when given.
+
+    Returns the matplotlib Figure.
+    """
+    path = _output_path(path)
+    problem = simulation.problem
+    p, v = problem.num_devices, problem.chunks_per_device
+    makespan = simulation.makespan
+    figure, axes = plt.subplots(figsize=_gantt_size(simulation), dpi=DPI, layout="constrained")
+    lanes = [_box(0.0, makespan, device, 0.9) for device in range(p)]
+    axes.add_collection(PolyCollection(lanes, facecolors=LANE_COLOR, edgecolors="none", zorder=0, gid="idle-lanes"))
+    boxes = _op_boxes(simulation)
+    for (kind, chunk), (begin, width, device, _) in boxes.items():
+        rectangles = [_box(b, w, d, BOX_HEIGHT) for b, w, d in zip(begin, width, device, strict=True)]
+        axes.add_collection(PolyCollection(rectangles, facecolors=[chunk_color(kind, chunk, v)], edgecolors="white",
+                                           linewidths=0.4, zorder=2, gid=f"ops-{kind}-chunk{chunk}"))
+    handles = [Patch(facecolor=KIND_COLORS[kind], label=KIND_NAMES[kind]) for kind in problem.kinds]
+    handles.append(Patch(facecolor=LANE_COLOR, label="idle"))
+    if show_latency and problem.p2p_time > 0:
+        # under the boxes: a send to a far device (interleaved wrap-around) must not cross other devices' ops
+        axes.add_collection(LineCollection(_latency_segments(simulation), colors=LATENCY_COLOR, linewidths=0.6,
+                                           alpha=0.6, zorder=1, gid="p2p-latency"))
+        handles.append(Line2D([], [], color=LATENCY_COLOR, linewidth=0.8, label=f"p2p latency {problem.p2p_time:g}"))
+
+    axes.set_ylim(p - 0.5, -0.5)
+    axes.set_yticks(range(p), [f"device {d}" for d in range(p)] if p <= 16 else [str(d) for d in range(p)],
+                    fontsize=8 if p <= 16 else 7)
+    axes.tick_params(axis="y", length=0)
+    axes.set_xlim(0, makespan)
+    axes.set_xlabel("time")
+    if p > 16:
+        axes.set_ylabel("device")
+    _style_axes(axes)
+    legend_title = "lighter shade = earlier chunk on the device" if v > 1 else None
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8,
+                  title=legend_title, title_fontsize=7)
+    axes.set_title(title or (
+        f"{_caption(simulation)} | makespan {makespan:.4g}, bubble {simulation.bubble_rate:.1%}, "
+        f"ZB bubble {simulation.zb_bubble_rate:.1%}"
+    ), fontsize=10)
+    _freeze_layout(figure)
+    _label_boxes(axes, boxes, v)
+    return _finish(figure, path)
+
+
+def _gantt_size(simulation: Simulation) -> tuple[float, float]:
+    """Width so the shortest op has room for its microbatch number, up to MAX_WIDTH_IN (denser
+    charts thin their labels); height grows with the devices, up to MAX_HEIGHT_IN."""
+    problem = simulation.problem
+    slots = simulation.makespan / min(simulation.table.duration)
+    digits = len(str(problem.total_microbatches - 1))
+    width = min(MAX_WIDTH_IN, max(9.0, 2.0 + 0.11 * (digits + 1) * slots))
+    height = min(MAX_HEIGHT_IN, 1.5 + 0.42 * problem.num_devices)
+    return width, height
+
+
+def _box(begin: float, width: float, device: int, height: float) -> list[tuple[float, float]]:
+    top, bottom = device - height / 2, device + height / 2
+    return [(begin, top), (begin + width, top), (begin + width, bottom), (begin, bottom)]
+
+
+def _op_boxes(simulation: Simulation) -> dict[tuple[str, int], tuple[np.ndarray, ...]]:
+    """Per (kind, chunk), the arrays (begin, width, device, microbatch) of its ops' boxes."""
+    problem, table = simulation.problem, simulation.table
+    chunk_of = {stage: chunk for stages in problem.stages_of_device for chunk, stage in enumerate(stages)}
+    ops = table.ops()
+    group = [(op.kind, chunk_of[op.stage]) for op in ops]
+    microbatch = np.array([op.microbatch for op in ops])
+    begin = simulation.start - _time_origin(simulation)
+    width = np.asarray(table.duration)
+    device = np.asarray(table.device)
+    members: dict[tuple[str, int], list[int]] = {}
+    for index, key in enumerate(group):
+        members.setdefault(key, []).append(index)
+    return {key: (begin[mine], width[mine], device[mine], microbatch[mine]) for key, mine in members.items()}
+
+
+def _latency_segments(simulation: Simulation) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """Per dependency across devices, a segment from the producer's end at the edge of its box
+    to (end + latency) at the near edge of the consumer's box."""
+    table = simulation.table
+    origin = _time_origin(simulation)
+    segments = []
+    for consumer, (producer, latency) in enumerate(zip(table.predecessor, table.latency, strict=True)):
+        if producer < 0 or table.device[producer] == table.device[consumer]:
+            continue
+        source_device, target_device = table.device[producer], table.device[consumer]
+        sent = float(simulation.end[producer]) - origin
+        toward = 1 if target_device > source_device else -1
+        segments.append(((sent, source_device + toward * BOX_HEIGHT / 2),
+                         (sent + latency, target_device - toward * BOX_HEIGHT / 2)))
+    return segments
+
+
+def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chunks: int) -> None:
+    """Write each op's microbatch number in its box where the text, measured by the renderer,
+    fits with a margin on every side; skipping the rest is what keeps dense charts legible."""
+    figure = axes.figure
+    renderer = figure.canvas.get_renderer()
+    frame = axes.get_window_extent(renderer)
+    x_low, x_high = axes.get_xlim()
+    y_low, y_high = axes.get_ylim()
+    pixels_per_time = frame.width / (x_high - x_low)
+    box_pixels = BOX_HEIGHT * frame.height / abs(y_high - y_low)
+    points_per_pixel = 72 / figure.dpi
+    fontsize = min(MAX_LABEL_POINTS, 0.5 * box_pixels * points_per_pixel)
+    if fontsize < MIN_LABEL_POINTS:
+        return
+    font = FontProperties(size=fontsize)
+    margin = 0.25 * fontsize / points_per_pixel
+    text_width: dict[str, float] = {}
+    for (kind, chunk), (begin, width, device, microbatch) in boxes.items():
+        color = _text_color(chunk_color(kind, chunk, chunks))
+        for b, w, d, j in zip(begin, width, device, microbatch, strict=True):
+            text = str(j)
+            if text not in text_width:
+                text_width[text] = renderer.get_text_width_height_descent(text, font, ismath=False)[0]
+            if text_width[text] + 2 * margin <= w * pixels_per_time:
+                axes.text(b + w / 2, d, text, ha="center", va="center", fontproperties=font, color=color, zorder=3)
+
+
+def _text_color(background: tuple[float, float, float]) -> str:
+    """White on dark boxes, near-black on the light shades of earlier chunks."""
+    red, green, blue = background
+    return "white" if 0.299 * red + 0.587 * green + 0.114 * blue < 0.6 else "#1a1a1a"

@@ -25,17 +25,15 @@ from zbopt import (
 )
 from zbopt.cli import main
 from zbopt.io.torch_format import (
-    TORCH_SCHEDULES,
     check_exportable,
     megatron_json,
     megatron_order,
     parse_torch_csv,
     read_torch_csv,
     torch_csv,
-    torch_schedule,
     write_torch_csv,
 )
-from zbopt.schedules import generate_applicable, registered
+from zbopt.schedules import TORCH_SCHEDULES, generate_applicable, registered, torch_schedule
 
 SPLIT = dict(backward_times=1, weight_times=1)
 LAYOUTS = [  # p = 4, m = 8; between them every registered schedule applies to one

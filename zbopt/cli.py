@@ -18,18 +18,10 @@ import yaml
 
 from zbopt.errors import ZboptError
 from zbopt.io.config import PROBLEM_KEYS, RunConfig, build_run_config, load_config, read_config_file
-from zbopt.io.torch_format import (
-    TORCH_PREFIX,
-    TORCH_SCHEDULES,
-    check_exportable,
-    named_schedule,
-    read_torch_csv,
-    write_megatron_order,
-    write_torch_csv,
-)
+from zbopt.io.torch_format import check_exportable, read_torch_csv, write_megatron_order, write_torch_csv
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule, load_schedule, save_schedule
-from zbopt.schedules import get, registered
+from zbopt.schedules import TORCH_PREFIX, TORCH_SCHEDULES, get, named_schedule, registered
 from zbopt.simulate import Simulation, simulate
 
 EXIT_INVALID_SCHEDULE = 1

@@ -460,34 +460,31 @@ def _torch_run_options(args: argparse.Namespace) -> dict:
             "layers_per_stage": args.layers_per_stage, "seed": args.seed, "timeout_s": args.timeout}
 
 
-def _torch_run(args: argparse.Namespace):
-    """Run the CSV in torch; the report, with the reason on stderr when the gradients differ."""
-    from zbopt.torch_runtime import run_torch
-
-    report = run_torch(args.schedule, **_torch_run_options(args))
+def _say_if_gradients_differ(report) -> None:
+    """The reason for exit status 1 on stderr, when the run's gradients differ from the reference."""
     if not report.passed:
-        print(f"zbopt: {args.schedule}: gradients differ from the single-process reference "
+        print(f"zbopt: {report.path}: gradients differ from the single-process reference "
               f"(max abs diff {report.max_abs_diff:.3g})", file=sys.stderr)
-    return report
 
 
 def _command_run_torch(args: argparse.Namespace) -> int:
-    from zbopt.torch_runtime import format_report
+    from zbopt.runtime import format_report, run_torch
 
-    report = _torch_run(args)
+    report = run_torch(args.schedule, **_torch_run_options(args))
+    _say_if_gradients_differ(report)
     print(json.dumps(report.to_dict()) if args.json else format_report(report))
     return 0 if report.passed else EXIT_INVALID_SCHEDULE
 
 
 def _command_profile_torch(args: argparse.Namespace) -> int:
-    from zbopt.torch_runtime import format_report, profile_config, save_profile
+    from zbopt.runtime import format_report, profile_torch
 
     _check_output_directory(args.output)
-    report = _torch_run(args)
+    report, config = profile_torch(args.schedule, args.output, **_torch_run_options(args))
+    _say_if_gradients_differ(report)
     print(format_report(report))
-    if not report.passed:
+    if config is None:  # a wrong run: nothing written
         return EXIT_INVALID_SCHEDULE
-    save_profile(profile_config(report), args.output, report)
     print(f"config written to {args.output} (try: zbopt solve {args.output})")
     return 0
 

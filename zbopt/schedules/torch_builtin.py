@@ -7,18 +7,62 @@ checked and simulated like any schedule. torch is imported only when a built-in 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
-from zbopt.errors import NotApplicableError, ScheduleError, UnknownScheduleError, ZboptError
+from zbopt.errors import MissingSettingsError, NotApplicableError, ScheduleError, UnknownScheduleError, ZboptError
 from zbopt.io.torch_format import TorchOrder
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.registry import generate
 
-# torch 2.13's get_schedule_class names of the schedules that build their own order
-TORCH_SCHEDULES = ("GPipe", "1F1B", "LoopedBFS", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble",
-                   "DualPipeV")
+
+@dataclass(frozen=True)
+class _Needs:
+    """What a torch built-in's order needs of the problem (tests check each against torch's order)."""
+
+    chunks_per_device: int | None = None  # stages per rank; None: any number
+    placement: str = "loop"  # of the stages, when a rank holds more than one
+    split_backward: bool = False  # its order has I and W steps: the problem needs weight_times
+
+
+# torch 2.13's get_schedule_class names of the schedules that build their own order, and their needs
+TORCH_NEEDS = {
+    "GPipe": _Needs(chunks_per_device=1),
+    "1F1B": _Needs(chunks_per_device=1),
+    "LoopedBFS": _Needs(),
+    "Interleaved1F1B": _Needs(),
+    "InterleavedZeroBubble": _Needs(split_backward=True),
+    "ZBVZeroBubble": _Needs(chunks_per_device=2, placement="v", split_backward=True),
+    "DualPipeV": _Needs(chunks_per_device=2, placement="v", split_backward=True),
+}
+TORCH_SCHEDULES = tuple(TORCH_NEEDS)
+# torch 2.13's Schedule1F1B numbers its last rank's forwards 1..m: zbopt refuses its order
+TORCH_REFUSED = ("1F1B",)
 TORCH_PREFIX = "torch:"
+
+
+def _missing_settings(needs: _Needs, problem: Problem) -> dict[str, object]:
+    """Config key -> a value that works, for every setting of `problem` a built-in cannot run on."""
+    missing: dict[str, object] = {}
+    chunks = needs.chunks_per_device or problem.chunks_per_device
+    if chunks != problem.chunks_per_device:
+        missing["chunks_per_device"] = chunks
+    if chunks > 1 and problem.placement != needs.placement:
+        missing["placement"] = needs.placement
+    if needs.split_backward and not problem.split_backward:
+        missing["weight_times"] = 1
+    if problem.iterations != 1:
+        missing["iterations"] = 1
+    return missing
+
+
+def _describe(settings: dict[str, object]) -> str:
+    """The missing settings as one clause each: "chunks_per_device = 2, placement 'v' and weight_times (...)"."""
+    clauses = [f"placement '{value}'" if key == "placement"
+               else "weight_times (its order splits the backward into I and W)" if key == "weight_times"
+               else f"{key} = {value}" for key, value in settings.items()]
+    return clauses[0] if len(clauses) == 1 else f"{', '.join(clauses[:-1])} and {clauses[-1]}"
 
 
 def named_schedule(name: str, problem: Problem, **options) -> Schedule:
@@ -42,26 +86,26 @@ def torch_schedule(name: str, problem: Problem) -> Schedule:
     and 1F1B (data-parallel gradient reduction, no pipeline work) are left out; all else goes through
     the CSV reader's checks.
 
-    Raises ZboptError when torch is missing, UnknownScheduleError for an unknown name and
-    NotApplicableError when torch's class rejects the problem or needs another layout.
+    Raises ZboptError when torch is missing, UnknownScheduleError for an unknown name,
+    MissingSettingsError naming at once every setting the class needs (TORCH_NEEDS: stages per rank,
+    placement, a split backward, one training step) and NotApplicableError when torch's class
+    rejects the problem itself (e.g. too few microbatches).
     """
     key = name[len("schedule"):] if name.lower().startswith("schedule") else name
-    if key.lower() not in {known.lower() for known in TORCH_SCHEDULES}:
+    spelled = {known.lower(): known for known in TORCH_SCHEDULES}
+    if key.lower() not in spelled:
         raise UnknownScheduleError(f"unknown torch schedule '{name}' (known: {', '.join(TORCH_SCHEDULES)})")
     try:
         from torch.distributed.pipelining import schedules
     except ImportError:
         raise ZboptError("torch schedules need torch.distributed.pipelining: pip install 'zbopt[torch]'") from None
     cls = schedules.get_schedule_class(key)
-    title = cls.__name__.removeprefix("Schedule")
-    if problem.iterations != 1:
-        raise ZboptError(f"torch's {cls.__name__} holds one training step: iterations = {problem.iterations} "
-                         f"must be 1")
+    missing = _missing_settings(TORCH_NEEDS[spelled[key.lower()]], problem)
+    if missing:
+        raise MissingSettingsError(f"torch's {cls.__name__} needs {_describe(missing)}", missing)
     p, v = problem.num_devices, problem.chunks_per_device
     stages = [SimpleNamespace(num_stages=p * v, group_size=p, group_rank=0, submod=None) for _ in range(v)]
     single = issubclass(cls, schedules.PipelineScheduleSingle)
-    if single and v != 1:
-        raise NotApplicableError(f"torch's {cls.__name__} runs one stage per rank: it needs chunks_per_device = 1")
     try:
         built = cls(stages[0] if single else stages, problem.num_microbatches)
     except (ValueError, AssertionError) as error:
@@ -70,11 +114,7 @@ def torch_schedule(name: str, problem: Problem) -> Schedule:
                                     for step, action in enumerate(built.pipeline_order[rank])
                                     if action is not None and action.computation_type != schedules.REDUCE_GRAD]
                                    for rank in range(p)], f"torch {cls.__name__}")
-    if v > 1 and order.layout["placement"] != problem.placement:
-        raise NotApplicableError(f"torch's {cls.__name__} needs placement '{order.layout['placement']}'")
-    if order.split_backward and not problem.split_backward:
-        raise NotApplicableError(f"torch's {cls.__name__} splits the backward (I, W): it needs weight_times")
     try:
-        return order.to_schedule(problem, TORCH_PREFIX + title)
+        return order.to_schedule(problem, TORCH_PREFIX + cls.__name__.removeprefix("Schedule"))
     except ScheduleError as error:  # torch 2.13's Schedule1F1B numbers the last rank's forwards 1..m
         raise ScheduleError(f"torch's {cls.__name__} builds an invalid pipeline_order: {error}") from None

@@ -5,6 +5,7 @@ malformed file is one message naming its cell."""
 import csv
 import io
 import json
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -25,17 +26,17 @@ from zbopt import (
 )
 from zbopt.cli import main
 from zbopt.io.torch_format import (
-    TORCH_SCHEDULES,
+    TorchOrder,
     check_exportable,
     megatron_json,
     megatron_order,
     parse_torch_csv,
     read_torch_csv,
     torch_csv,
-    torch_schedule,
     write_torch_csv,
 )
-from zbopt.schedules import generate_applicable, registered
+from zbopt.schedules import TORCH_REFUSED, TORCH_SCHEDULES, generate_applicable, registered, torch_schedule
+from zbopt.schedules.torch_builtin import TORCH_NEEDS
 
 SPLIT = dict(backward_times=1, weight_times=1)
 LAYOUTS = [  # p = 4, m = 8; between them every registered schedule applies to one
@@ -235,13 +236,21 @@ def test_torch_1f1b_order_is_broken_in_torch_and_said_so(pipelining):
         torch_schedule("1F1B", PROBLEMS[0])
 
 
+SPLITS = "weight_times (its order splits the backward into I and W)"
+
+
 @pytest.mark.parametrize(
     ("name", "problem", "needle"),
     [
-        ("ZBVZeroBubble", PROBLEMS[3], "ScheduleZBVZeroBubble needs placement 'v'"),
-        ("ZBVZeroBubble", PROBLEMS[4], "ScheduleZBVZeroBubble splits the backward (I, W): it needs weight_times"),
-        ("ZBVZeroBubble", PROBLEMS[1], "ZBV requires exactly 2 stages per rank, but got 1."),
-        ("GPipe", PROBLEMS[2], "ScheduleGPipe runs one stage per rank: it needs chunks_per_device = 1"),
+        ("ZBVZeroBubble", PROBLEMS[3], "torch's ScheduleZBVZeroBubble needs placement 'v'"),
+        ("ZBVZeroBubble", PROBLEMS[4], f"torch's ScheduleZBVZeroBubble needs {SPLITS}"),
+        ("ZBVZeroBubble", PROBLEMS[1], "torch's ScheduleZBVZeroBubble needs chunks_per_device = 2 and placement 'v'"),
+        ("ZBVZeroBubble", PROBLEMS[0], f"torch's ScheduleZBVZeroBubble needs chunks_per_device = 2, placement 'v' "
+                                       f"and {SPLITS}"),
+        ("GPipe", PROBLEMS[2], "torch's ScheduleGPipe needs chunks_per_device = 1"),
+        ("GPipe", PROBLEMS[2].replace(iterations=2), "torch's ScheduleGPipe needs chunks_per_device = 1 and "
+                                                     "iterations = 1"),
+        ("LoopedBFS", PROBLEMS[4], "torch's ScheduleLoopedBFS needs placement 'loop'"),
         ("DualPipeV", PROBLEMS[5].replace(num_microbatches=6), "DualPipeV requires at least as many microbatches"),
     ],
 )
@@ -249,6 +258,65 @@ def test_torch_built_ins_that_do_not_apply_say_why(pipelining, name, problem, ne
     with pytest.raises(NotApplicableError) as error:
         torch_schedule(name, problem)
     assert needle in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", TORCH_SCHEDULES)
+def test_torch_needs_are_what_torchs_orders_need(pipelining, name):
+    """TORCH_NEEDS, which names every missing setting before torch runs, against torch's own orders:
+    the placement they put a rank's stages in and whether they split the backward."""
+    needs = TORCH_NEEDS[name]
+    v = needs.chunks_per_device or 2
+    problem = Problem(num_devices=4, num_microbatches=8, chunks_per_device=v, placement=needs.placement,
+                      weight_times=1 if needs.split_backward else None)
+    cls = pipelining.get_schedule_class(name)
+    stages = stand_in_stages(problem)
+    built = cls(stages[0] if issubclass(cls, pipelining.PipelineScheduleSingle) else stages, 8)
+    kinds = {action.computation_type for actions in built.pipeline_order.values() for action in actions if action}
+    assert (pipelining.BACKWARD_INPUT in kinds) == needs.split_backward
+    if v > 1:
+        cells = [[(str(action), "") for action in actions if action and action.computation_type in
+                   (pipelining.FORWARD, pipelining.BACKWARD_INPUT, pipelining.BACKWARD_WEIGHT,
+                    pipelining.FULL_BACKWARD)] for _, actions in sorted(built.pipeline_order.items())]
+        assert TorchOrder.from_cells(cells, name).layout["placement"] == needs.placement
+    if name in TORCH_REFUSED:
+        with pytest.raises(ScheduleError, match="builds an invalid pipeline_order"):
+            torch_schedule(name, problem)
+    else:
+        assert simulate(problem, torch_schedule(name, problem)).valid
+
+
+@pytest.mark.parametrize(
+    ("flags", "needs"),
+    [
+        (("--schedule", "torch:ZBVZeroBubble"),
+         f"ZBVZeroBubble needs chunks_per_device = 2, placement 'v' and {SPLITS}"),
+        (("--schedule", "torch:DualPipeV", "-v", 2), f"DualPipeV needs placement 'v' and {SPLITS}"),
+        (("--schedule", "torch:InterleavedZeroBubble"), f"InterleavedZeroBubble needs {SPLITS}"),
+        (("--schedule", "torch:InterleavedZeroBubble", "-v", 2, "--placement", "v"),
+         f"InterleavedZeroBubble needs placement 'loop' and {SPLITS}"),
+        (("--schedule", "torch:Interleaved1F1B", "-v", 2, "--placement", "v"),
+         "Interleaved1F1B needs placement 'loop'"),
+        (("--schedule", "torch:LoopedBFS", "-v", 2, "--placement", "v", "--iterations", 2),
+         "LoopedBFS needs placement 'loop' and iterations = 1"),
+        (("--schedule", "torch:GPipe", "-v", 2), "GPipe needs chunks_per_device = 1"),
+    ],
+)
+def test_cli_names_every_missing_setting_of_a_torch_built_in_and_a_command_that_runs(pipelining, capsys, flags,
+                                                                                      needs):
+    status, out, err = run(capsys, "simulate", *flags)
+    assert (status, out) == (2, "")
+    message, _, command = err.removesuffix("\n").partition("; try: ")
+    assert message == f"zbopt: torch's Schedule{needs}"
+    argv = shlex.split(command)
+    assert argv[:len(flags) + 2] == ["zbopt", "simulate", *map(str, flags)]
+    assert run(capsys, *argv[1:])[0] == 0
+
+
+def test_cli_help_lists_only_the_torch_built_ins_zbopt_takes(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(GPipe, LoopedBFS, Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV; needs torch)" in text
 
 
 def test_unknown_torch_names_and_missing_torch(monkeypatch):

@@ -6,6 +6,7 @@ and a broken CSV fails fast with one line. Run alone: pytest tests/test_torch_ru
 import dataclasses
 import multiprocessing
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -19,14 +20,16 @@ from torch.distributed.pipelining.schedules import (  # noqa: E402
     _add_send_recv,
 )
 
-from zbopt import Problem, generate, solve, torch_runtime  # noqa: E402
+from zbopt import Problem, generate, solve  # noqa: E402
+from zbopt.cli import main  # noqa: E402
 from zbopt.errors import DeadlockError, ScheduleError, ZboptError  # noqa: E402
 from zbopt.io.config import load_config  # noqa: E402
 from zbopt.io.torch_format import read_torch_csv, write_torch_csv  # noqa: E402
 from zbopt.problem import stage_device  # noqa: E402
-from zbopt.schedules import generate_applicable, registered  # noqa: E402
-from zbopt.torch_runtime import (  # noqa: E402
+from zbopt.runtime import (  # noqa: E402
     ATOL,
+    ToyModel,
+    check,
     compare_gradients,
     format_report,
     profile_config,
@@ -34,6 +37,7 @@ from zbopt.torch_runtime import (  # noqa: E402
     run_torch,
     save_profile,
 )
+from zbopt.schedules import generate_applicable, registered  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -190,6 +194,49 @@ def test_profile_torch_writes_the_config(tmp_path):
     assert load_config(tmp_path / "one.json").problem.forward_times == tuple(config["forward_times"])
 
 
+@pytest.fixture
+def doubled_reference(monkeypatch):
+    """A reference twice the true gradients: every gradient check fails."""
+    true_reference = ToyModel.reference_gradients
+
+    def doubled(model, steps):
+        return [{name: 2 * gradient for name, gradient in step.items()} for step in true_reference(model, steps)]
+
+    monkeypatch.setattr(ToyModel, "reference_gradients", doubled)
+
+
+def test_profile_torch_does_not_profile_a_wrong_run(tmp_path, doubled_reference):
+    csv_path = zbopt_csv(tmp_path / "one.csv", "1f1b", num_devices=1, num_microbatches=2)
+    report, config = profile_torch(csv_path, tmp_path / "one.yaml", **SMALL)
+    assert (report.passed, config) == (False, None)
+    assert not any(check.passed for check in report.parameters)
+    assert not (tmp_path / "one.yaml").exists()
+
+
+SMALL_FLAGS = ["--steps", "2", "--microbatch-size", "2", "--hidden", "16", "--layers-per-stage", "2"]
+
+
+def test_cli_profile_torch_writes_the_library_profile(tmp_path, capsys):
+    csv_path = zbopt_csv(tmp_path / "one.csv", "1f1b", num_devices=1, num_microbatches=2)
+    output = tmp_path / "one.yaml"
+    assert main(["profile-torch", str(csv_path), "-o", str(output), *SMALL_FLAGS]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and out.endswith(f"config written to {output} (try: zbopt solve {output})\n")
+    assert "gradients match the single-process reference" in out
+    assert load_config(output).problem.num_microbatches == 2
+
+
+def test_cli_profile_torch_exits_1_without_writing_a_wrong_run(tmp_path, capsys, doubled_reference):
+    csv_path = zbopt_csv(tmp_path / "one.csv", "1f1b", num_devices=1, num_microbatches=2)
+    output = tmp_path / "one.yaml"
+    assert main(["profile-torch", str(csv_path), "-o", str(output), *SMALL_FLAGS]) == 1
+    out, err = capsys.readouterr()
+    assert "gradients DIFFER FROM the single-process reference" in out and "config written" not in out
+    assert re.fullmatch(rf"zbopt: {re.escape(str(csv_path))}: gradients differ from the single-process reference "
+                        r"\(max abs diff [0-9.e-]+\)\n", err)
+    assert not output.exists()
+
+
 def test_a_placement_zbopt_cannot_represent_is_refused_when_read(tmp_path):
     """torch would run these (a rank holds whatever stages its row names), but zbopt's Problem, and
     so the checks and the profile, knows only loop and V placement with as many stages per rank."""
@@ -262,6 +309,8 @@ def test_missing_file_and_bad_options(tmp_path):
         run_torch(path, steps=1)
     with pytest.raises(ZboptError, match="hidden = 0"):
         run_torch(path, hidden=0)
+    with pytest.raises(ZboptError, match=r"^atol = -1.0: expected a tolerance >= 0$"):
+        run_torch(path, atol=-1.0)
 
 
 def test_a_failing_rank_is_named_and_the_others_killed(tmp_path, monkeypatch):
@@ -273,7 +322,7 @@ def test_a_failing_rank_is_named_and_the_others_killed(tmp_path, monkeypatch):
         os.remove(csv_path)
         return order
 
-    monkeypatch.setattr(torch_runtime, "read_torch_csv", read_then_delete)
+    monkeypatch.setattr(check, "read_torch_csv", read_then_delete)
     with pytest.raises(ZboptError, match=r"rank \d failed: FileNotFoundError: .*gone.csv") as caught:
         run_torch(path, **SMALL)
     assert "\n" not in str(caught.value)

@@ -11,25 +11,18 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
 import yaml
 
-from zbopt.errors import ZboptError
+from zbopt.errors import MissingSettingsError, ZboptError
 from zbopt.io.config import PROBLEM_KEYS, RunConfig, build_run_config, load_config, read_config_file
-from zbopt.io.torch_format import (
-    TORCH_PREFIX,
-    TORCH_SCHEDULES,
-    check_exportable,
-    named_schedule,
-    read_torch_csv,
-    write_megatron_order,
-    write_torch_csv,
-)
+from zbopt.io.torch_format import check_exportable, read_torch_csv, write_megatron_order, write_torch_csv
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule, load_schedule, save_schedule
-from zbopt.schedules import get, registered
+from zbopt.schedules import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES, get, named_schedule, registered
 from zbopt.simulate import Simulation, simulate
 
 EXIT_INVALID_SCHEDULE = 1
@@ -38,6 +31,7 @@ EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process ended by SIGPIPE
 DASK_CONNECT_TIMEOUT_S = 10
 EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON"}
 EXPORT_EXTENSIONS = {".csv": "torch-csv", ".json": "json"}  # the format `solve --export` and `export` infer
+_RUNNABLE_TORCH_SCHEDULES = [name for name in TORCH_SCHEDULES if name not in TORCH_REFUSED]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,7 +91,8 @@ def _add_schedule_flags(parser: argparse.ArgumentParser) -> None:
     """Which schedule: a registered name with its options, a torch built-in, or a file."""
     parser.add_argument("--schedule", metavar="NAME",
                         help=f"registered schedule name (default 1f1b), or {TORCH_PREFIX}NAME for a torch."
-                             f"distributed.pipelining built-in ({', '.join(TORCH_SCHEDULES)}; needs torch)")
+                             f"distributed.pipelining built-in ({', '.join(_RUNNABLE_TORCH_SCHEDULES)}; "
+                             f"needs torch)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", type=_schedule_option,
                         help="an option of the schedule's generator, e.g. microbatch_group_size_per_vp_stage=8")
     parser.add_argument("--schedule-file", metavar="FILE",
@@ -470,34 +465,31 @@ def _torch_run_options(args: argparse.Namespace) -> dict:
             "layers_per_stage": args.layers_per_stage, "seed": args.seed, "timeout_s": args.timeout}
 
 
-def _torch_run(args: argparse.Namespace):
-    """Run the CSV in torch; the report, with the reason on stderr when the gradients differ."""
-    from zbopt.torch_runtime import run_torch
-
-    report = run_torch(args.schedule, **_torch_run_options(args))
+def _say_if_gradients_differ(report) -> None:
+    """The reason for exit status 1 on stderr, when the run's gradients differ from the reference."""
     if not report.passed:
-        print(f"zbopt: {args.schedule}: gradients differ from the single-process reference "
+        print(f"zbopt: {report.path}: gradients differ from the single-process reference "
               f"(max abs diff {report.max_abs_diff:.3g})", file=sys.stderr)
-    return report
 
 
 def _command_run_torch(args: argparse.Namespace) -> int:
-    from zbopt.torch_runtime import format_report
+    from zbopt.runtime import format_report, run_torch
 
-    report = _torch_run(args)
+    report = run_torch(args.schedule, **_torch_run_options(args))
+    _say_if_gradients_differ(report)
     print(json.dumps(report.to_dict()) if args.json else format_report(report))
     return 0 if report.passed else EXIT_INVALID_SCHEDULE
 
 
 def _command_profile_torch(args: argparse.Namespace) -> int:
-    from zbopt.torch_runtime import format_report, profile_config, save_profile
+    from zbopt.runtime import format_report, profile_torch
 
     _check_output_directory(args.output)
-    report = _torch_run(args)
+    report, config = profile_torch(args.schedule, args.output, **_torch_run_options(args))
+    _say_if_gradients_differ(report)
     print(format_report(report))
-    if not report.passed:
+    if config is None:  # a wrong run: nothing written
         return EXIT_INVALID_SCHEDULE
-    save_profile(profile_config(report), args.output, report)
     print(f"config written to {args.output} (try: zbopt solve {args.output})")
     return 0
 
@@ -580,11 +572,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_with(argv: list[str], settings: dict[str, object]) -> str:
+    """The user's command line with flags that set `settings` (config key -> value) appended: a
+    flag overrides the config file and an earlier flag."""
+    flags = [token for key, value in settings.items() for token in (f"--{key.replace('_', '-')}", str(value))]
+    return shlex.join(["zbopt", *argv, *flags])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else [str(token) for token in argv]
     try:
         args = build_parser().parse_args(argv)
         return args.run(args)
+    except MissingSettingsError as error:
+        print(f"zbopt: {error}; try: {_command_with(argv, error.settings)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except ZboptError as error:
         print(f"zbopt: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

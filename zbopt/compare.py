@@ -10,9 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zbopt.errors import NotApplicableError
-from zbopt.io.torch_format import TORCH_PREFIX, named_schedule
 from zbopt.problem import Problem
-from zbopt.schedules import generate_applicable, get
+from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
 from zbopt.simulate import Simulation, simulate
 from zbopt.solvers import SolveResult, lower_bounds, solve
 from zbopt.solvers.result import relative_gap
@@ -93,7 +92,7 @@ class Comparison:
 def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
             time_limit: float = 60.0, workers: int = 2, progress: bool = False) -> Comparison:
     """Simulate each schedule in `schedules` (default: every registered one that applies to
-    `problem`; "torch:NAME" is torch's built-in NAME, see `zbopt.io.torch_format`) and, with
+    `problem`; "torch:NAME" is torch's built-in NAME, see `zbopt.schedules.torch_builtin`) and, with
     `optimal`, the CP-SAT solver's answer within `time_limit` seconds.
 
     Raises UnknownScheduleError for an unknown name and NotApplicableError naming a requested

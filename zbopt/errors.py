@@ -31,3 +31,12 @@ class UnknownScheduleError(ZboptError):
 
 class NotApplicableError(ZboptError):
     """A generator's preconditions do not hold for the problem (e.g. it needs v = 1)."""
+
+
+class MissingSettingsError(NotApplicableError):
+    """A schedule needs problem settings this problem lacks. `settings` maps each config key to a
+    value that works, so that the CLI can print a command line that runs."""
+
+    def __init__(self, message: str, settings: dict[str, object]):
+        self.settings = settings
+        super().__init__(message)

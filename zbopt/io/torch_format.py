@@ -14,7 +14,7 @@ at a time). A full backward B on a problem with a split backward is zbopt's B th
 execution order, k for a forward and -k for a backward of its model chunk k (1-based). It has no
 microbatch ids (each chunk runs its microbatches in order) and no weight-gradient step.
 
-torch itself is only imported by `torch_schedule`.
+torch's built-in schedules, by name, are zbopt.schedules.torch_builtin's; this module never imports torch.
 """
 
 from __future__ import annotations
@@ -27,21 +27,18 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from types import SimpleNamespace
 from typing import NamedTuple
 
-from zbopt.errors import NotApplicableError, ScheduleError, UnknownScheduleError, ZboptError
+from zbopt.errors import ScheduleError, ZboptError
 from zbopt.ops import Op
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, PLACEMENTS, WEIGHT, Problem, stage_device
 from zbopt.schedule import Schedule
-from zbopt.schedules import generate
 from zbopt.simulate import simulate
 
-TORCH_KIND = {FORWARD: "F", BACKWARD: "I", WEIGHT: "W", FUSED_BACKWARD: "B"}
-# torch 2.13's get_schedule_class names of the schedules that build their own order
-TORCH_SCHEDULES = ("GPipe", "1F1B", "LoopedBFS", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble",
-                   "DualPipeV")
-TORCH_PREFIX = "torch:"
+# torch's action letters (its _ComputationType), not zbopt's op kinds: torch's B is zbopt's BW
+TORCH_FORWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD, TORCH_FULL_BACKWARD = "F", "I", "W", "B"
+TORCH_KIND = {FORWARD: TORCH_FORWARD, BACKWARD: TORCH_INPUT_BACKWARD, WEIGHT: TORCH_WEIGHT_BACKWARD,
+              FUSED_BACKWARD: TORCH_FULL_BACKWARD}
 MEGATRON_FORMAT = "megatron-order"
 MEGATRON_VERSION = 1
 LAYOUT_KEYS = ("num_devices", "chunks_per_device", "placement", "num_microbatches")
@@ -70,7 +67,7 @@ def _require_one_step(problem: Problem, what: str) -> None:
         raise ZboptError(f"{what} holds one training step: iterations = {problem.iterations} must be 1")
 
 
-def _execution_orders(problem: Problem, schedule: Schedule) -> tuple[tuple[Op, ...], ...]:
+def _checked_orders(problem: Problem, schedule: Schedule) -> tuple[tuple[Op, ...], ...]:
     """Per device, its ops in the order a runtime must follow: the schedule's own, in which the
     simulator runs them (and checks given start times against). Simulating also rejects a broken
     schedule here, before anything is written."""
@@ -82,7 +79,7 @@ def torch_actions(problem: Problem, schedule: Schedule) -> list[list[str]]:
     """Per rank, its torch actions ("3F1", "3I1", "3W1", "3B1") in execution order."""
     _require_one_step(problem, "a torch schedule CSV")
     return [[str(TorchAction(op.stage, TORCH_KIND[op.kind], op.microbatch)) for op in order]
-            for order in _execution_orders(problem, schedule)]
+            for order in _checked_orders(problem, schedule)]
 
 
 def torch_csv(problem: Problem, schedule: Schedule) -> str:
@@ -122,7 +119,7 @@ def megatron_order(problem: Problem, schedule: Schedule) -> list[list[int]]:
     """
     _require_megatron(problem)
     orders = []
-    for device, ops in enumerate(_execution_orders(problem, schedule)):
+    for device, ops in enumerate(_checked_orders(problem, schedule)):
         chunks = problem.stages_of_device[device]
         done: Counter = Counter()
         order = []
@@ -203,7 +200,8 @@ class TorchOrder:
     @property
     def split_backward(self) -> bool:
         """True when any action is an I or a W (a schedule of full backwards B only is fused)."""
-        return any(action.kind in "IW" for actions in self.actions for action in actions)
+        split = (TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD)
+        return any(action.kind in split for actions in self.actions for action in actions)
 
     @cached_property
     def layout(self) -> dict:
@@ -286,6 +284,16 @@ class TorchOrder:
                                 f"{op.microbatch}{more}")
         return Schedule(orders, name=name)
 
+    @classmethod
+    def from_cells(cls, ranks: list[list[tuple[str, str]]], source: str) -> TorchOrder:
+        """A TorchOrder from, per rank, its cells in order as (text, where); an empty text is an idle step."""
+        actions, places = [], []
+        for cells in ranks:
+            parsed = [(action, where) for text, where in cells if text.strip() for action in _parse_cell(text, where)]
+            actions.append(tuple(action for action, _ in parsed))
+            places.append(tuple(where for _, where in parsed))
+        return cls(tuple(actions), tuple(places), source)
+
 
 def _zbopt_ops(action: TorchAction, place: str, rank: int, problem: Problem) -> list[Op]:
     """The zbopt ops of one torch action on `problem`: I is B, W is W, and a full backward B is BW,
@@ -300,25 +308,15 @@ def _zbopt_ops(action: TorchAction, place: str, rank: int, problem: Problem) -> 
     if microbatch >= problem.num_microbatches:
         raise ScheduleError(f"{place}: microbatch {microbatch} out of range (the problem has "
                             f"{problem.num_microbatches})")
-    if kind == "F":
+    if kind == TORCH_FORWARD:
         return [Op(FORWARD, stage, microbatch)]
-    if kind == "B":
+    if kind == TORCH_FULL_BACKWARD:
         kinds = (BACKWARD, WEIGHT) if problem.split_backward else (FUSED_BACKWARD,)
         return [Op(zbopt_kind, stage, microbatch) for zbopt_kind in kinds]
     if not problem.split_backward:
         raise ScheduleError(f"{place}: '{action}' is a split backward step, but the problem's backward is fused "
                             f"(give weight_times to split it)")
-    return [Op(BACKWARD if kind == "I" else WEIGHT, stage, microbatch)]
-
-
-def _torch_order(ranks: list[list[tuple[str, str]]], source: str) -> TorchOrder:
-    """A TorchOrder from, per rank, its cells in order as (text, where); an empty text is an idle step."""
-    actions, places = [], []
-    for cells in ranks:
-        parsed = [(action, where) for text, where in cells if text.strip() for action in _parse_cell(text, where)]
-        actions.append(tuple(action for action, _ in parsed))
-        places.append(tuple(where for _, where in parsed))
-    return TorchOrder(tuple(actions), tuple(places), source)
+    return [Op(BACKWARD if kind == TORCH_INPUT_BACKWARD else WEIGHT, stage, microbatch)]
 
 
 def parse_torch_csv(text: str, source: str = "torch CSV") -> TorchOrder:
@@ -328,8 +326,9 @@ def parse_torch_csv(text: str, source: str = "torch CSV") -> TorchOrder:
         rows = list(csv.reader(io.StringIO(text, newline="")))
     except csv.Error as error:
         raise ScheduleError(f"{source}: not a CSV file ({error})") from None
-    order = _torch_order([[(cell, f"{source} row {row_number}, column {column}") for column, cell in enumerate(row, 1)]
-                          for row_number, row in enumerate(rows, 1)], source)
+    order = TorchOrder.from_cells([[(cell, f"{source} row {row_number}, column {column}")
+                                    for column, cell in enumerate(row, 1)]
+                                   for row_number, row in enumerate(rows, 1)], source)
     _ = order.layout  # a schedule zbopt cannot represent fails when read
     return order
 
@@ -345,60 +344,3 @@ def read_torch_csv(path: str | Path) -> TorchOrder:
         raise ZboptError(f"schedule file '{path}': not a text file") from None
     return parse_torch_csv(text, Path(path).name)
 
-
-# ----------------------------------------------------------------------------- torch's built-ins
-def named_schedule(name: str, problem: Problem, **options) -> Schedule:
-    """A registered schedule with its `options`, or for "torch:NAME" torch's built-in NAME (which
-    takes no options): the one place a schedule name is resolved for the CLI and `compare`."""
-    if not name.startswith(TORCH_PREFIX):
-        return generate(name, problem, **options)
-    if options:
-        raise ZboptError(f"torch's schedules take no options ('{name}' given {', '.join(options)})")
-    return torch_schedule(name.removeprefix(TORCH_PREFIX), problem)
-
-
-def torch_schedule(name: str, problem: Problem) -> Schedule:
-    """torch.distributed.pipelining's built-in schedule `name` for `problem`, named "torch:<name>".
-
-    `name` is one of TORCH_SCHEDULES, as torch's `get_schedule_class` takes it (any case, "Schedule"
-    prefix optional). The classes compute every rank's `pipeline_order` in their constructor from
-    the stage count, group size and microbatch count alone; they get stand-in stages carrying those
-    numbers (and `submod=None`, which the torch.compile check skips), because a real PipelineStage
-    needs a process group and a module that the order never reads. The REDUCE_GRAD steps of GPipe
-    and 1F1B (data-parallel gradient reduction, no pipeline work) are left out; all else goes through
-    the CSV reader's checks.
-
-    Raises ZboptError when torch is missing, UnknownScheduleError for an unknown name and
-    NotApplicableError when torch's class rejects the problem or needs another layout.
-    """
-    key = name[len("schedule"):] if name.lower().startswith("schedule") else name
-    if key.lower() not in {known.lower() for known in TORCH_SCHEDULES}:
-        raise UnknownScheduleError(f"unknown torch schedule '{name}' (known: {', '.join(TORCH_SCHEDULES)})")
-    try:
-        from torch.distributed.pipelining import schedules
-    except ImportError:
-        raise ZboptError("torch schedules need torch.distributed.pipelining: pip install 'zbopt[torch]'") from None
-    cls = schedules.get_schedule_class(key)
-    title = cls.__name__.removeprefix("Schedule")
-    _require_one_step(problem, f"torch's {cls.__name__}")
-    p, v = problem.num_devices, problem.chunks_per_device
-    stages = [SimpleNamespace(num_stages=p * v, group_size=p, group_rank=0, submod=None) for _ in range(v)]
-    single = issubclass(cls, schedules.PipelineScheduleSingle)
-    if single and v != 1:
-        raise NotApplicableError(f"torch's {cls.__name__} runs one stage per rank: it needs chunks_per_device = 1")
-    try:
-        built = cls(stages[0] if single else stages, problem.num_microbatches)
-    except (ValueError, AssertionError) as error:
-        raise NotApplicableError(f"torch's {cls.__name__}: {str(error).splitlines()[0]}") from None
-    order = _torch_order([[(str(action), f"torch {cls.__name__} rank {rank}, step {step}")
-                           for step, action in enumerate(built.pipeline_order[rank])
-                           if action is not None and action.computation_type != schedules.REDUCE_GRAD]
-                          for rank in range(p)], f"torch {cls.__name__}")
-    if v > 1 and order.layout["placement"] != problem.placement:
-        raise NotApplicableError(f"torch's {cls.__name__} needs placement '{order.layout['placement']}'")
-    if order.split_backward and not problem.split_backward:
-        raise NotApplicableError(f"torch's {cls.__name__} splits the backward (I, W): it needs weight_times")
-    try:
-        return order.to_schedule(problem, TORCH_PREFIX + title)
-    except ScheduleError as error:  # torch 2.13's Schedule1F1B numbers the last rank's forwards 1..m
-        raise ScheduleError(f"torch's {cls.__name__} builds an invalid pipeline_order: {error}") from None

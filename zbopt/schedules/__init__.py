@@ -1,4 +1,5 @@
-"""Heuristic schedule generators, one module per family, all registered by name."""
+"""Heuristic schedule generators, one module per family, all registered by name; and torch's
+built-in schedules ("torch:NAME"), resolved beside them by `named_schedule`."""
 
 from zbopt.schedules import (
     classic,  # noqa: F401  (registers gpipe, 1f1b)
@@ -8,5 +9,7 @@ from zbopt.schedules import (
     zero_bubble,  # noqa: F401
 )
 from zbopt.schedules.registry import generate, generate_applicable, get, register, registered, require
+from zbopt.schedules.torch_builtin import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES, named_schedule, torch_schedule
 
-__all__ = ["generate", "generate_applicable", "get", "register", "registered", "require"]
+__all__ = ["TORCH_PREFIX", "TORCH_REFUSED", "TORCH_SCHEDULES", "generate", "generate_applicable", "get",
+           "named_schedule", "register", "registered", "require", "torch_schedule"]

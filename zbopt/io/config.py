@@ -105,19 +105,6 @@ def build_run_config(values: dict, source: str = "config") -> RunConfig:
     return RunConfig(problem, options.get("output_file"))
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
-    """Read a config file and apply `overrides` (e.g. command-line flags, which win)."""
-    values = read_config_file(path)
-    merged = _merge(values, overrides or {})
-    return build_run_config(merged, source=str(path))
-
-
-def _merge(values: dict, overrides: dict) -> dict:
-    """Overrides replace the file's value for the same parameter, whichever alias either used."""
-    merged = dict(values)
-    for key, value in overrides.items():
-        target = PROBLEM_KEYS.get(key, key)
-        for existing in [k for k in merged if PROBLEM_KEYS.get(k, k) == target]:
-            del merged[existing]
-        merged[key] = value
-    return merged
+def load_config(path: str | Path) -> RunConfig:
+    """Read a config file into a RunConfig."""
+    return build_run_config(read_config_file(path), source=str(path))

@@ -9,6 +9,7 @@ import pytest
 from tests.reference import longest_path_starts
 from zbopt import Op, Problem, Schedule
 from zbopt.cli import main
+from zbopt.problem import MAX_OPS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -140,6 +141,43 @@ def test_cli_errors_are_one_line_with_exit_2(capsys, argv, needle):
     status, _, err = run(capsys, *argv)
     assert status == 2
     assert len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_a_value_is_named_where_it_was_given(tmp_path, capsys):
+    config = tmp_path / "a.yaml"
+    config.write_text("num_stages: 2\n")
+    needs = "device 0 must hold one microbatch's activations on its stages (1); no schedule fits below that"
+    assert run(capsys, "simulate", str(config), "--memory-limit", "0.5")[2] == f"zbopt: --memory-limit 0.5: {needs}\n"
+    config.write_text("num_stages: 2\nmemory_limit: 0.5\n")
+    assert run(capsys, "simulate", str(config))[2] == f"zbopt: {config}: memory_limit = 0.5: {needs}\n"
+    # a list flag as typed, and the flag's name whichever alias was used
+    _, _, err = run(capsys, "simulate", "-s", "2", "-f", "1,0")
+    assert err == "zbopt: --forward-times 1 0: every value must be > 0 (virtual stage 1)\n"
+
+
+def test_a_stored_problem_is_named_by_its_schedule_file(tmp_path, capsys):
+    stored = Problem(num_devices=2, num_microbatches=3, memory_limit=5)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"orders": [[], []], "problem": stored.to_dict()}))  # the problem fails first
+    status, _, err = run(capsys, "simulate", str(path), "--activation-memory", "10")
+    assert status == 2
+    assert err == (f"zbopt: {path}: memory_limit = 5.0: device 0 must hold one microbatch's activations on its "
+                   "stages (10); no schedule fits below that\n")
+
+
+def test_a_problem_too_large_to_hold_is_one_line_before_any_work(tmp_path, capsys):
+    """A huge count fails with the op count, not with an OverflowError or a MemoryError."""
+    config = tmp_path / "a.yaml"
+    config.write_text("num_stages: 1000000000000000000000000000000\n")
+    status, out, err = run(capsys, "simulate", str(config))
+    ops = 2 * 10**30 * 8  # F and BW on every stage, 8 microbatches by default
+    assert (status, out) == (2, "")
+    assert err == (f"zbopt: {config}: num_stages = 1000000000000000000000000000000: the problem has {ops:,} ops, "
+                   f"more than zbopt holds (MAX_OPS = {MAX_OPS:,})\n")
+    status, out, err = run(capsys, "simulate", "-b", "100000000")
+    assert (status, out) == (2, "")
+    assert err == (f"zbopt: --num-microbatches 100000000: the problem has {2 * 4 * 10**8:,} ops, "
+                   f"more than zbopt holds (MAX_OPS = {MAX_OPS:,})\n")
 
 
 def test_json_orders_parse_back_into_ops(capsys):

@@ -2,12 +2,13 @@
 
 Keys follow the 1F1B visualizer's names so its configs run unchanged; aliases map onto the
 Problem's parameter names. Every mistake is one ZboptError line naming the key (as the user
-wrote it) and its value.
+wrote it, or the flag it was given as) and its value.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ PROBLEM_KEYS = {
 OPTION_KEYS = ("output_file",)
 # What a run uses when neither the config nor a flag says otherwise (the visualizer's example).
 DEFAULTS = {"num_devices": 4, "num_microbatches": 8}
+FLAG = "flag"  # the source of a value given as the command-line flag --KEY-WITH-DASHES
 
 
 @dataclass(frozen=True)
@@ -72,11 +74,13 @@ def read_config_file(path: str | Path) -> dict:
     return data
 
 
-def build_run_config(values: dict, source: str = "config") -> RunConfig:
+def build_run_config(values: dict, source: str = "config", sources: Mapping[str, str] | None = None) -> RunConfig:
     """Validate `values` (config keys, aliases allowed) into a RunConfig.
 
     Raises ZboptError for an unknown key, a parameter given twice under two aliases, or an
-    invalid value; the message names the key as written in `values`.
+    invalid value. The message names the key where its value came from: `sources[key]` if given
+    there (FLAG: the flag, "--memory-limit 0.5: ..."; else a file name), else `source`
+    ("a.yaml: memory_limit = 0.5: ...").
     """
     parameters: dict = {}
     written_as: dict[str, str] = {}
@@ -101,8 +105,18 @@ def build_run_config(values: dict, source: str = "config") -> RunConfig:
         problem = Problem(**parameters)
     except ProblemError as error:
         key = written_as.get(error.key, error.key)
-        raise ZboptError(f"{source}: {key} = {error.value!r}: {error.reason}") from None
+        origin = (sources or {}).get(key, source)
+        if origin == FLAG:
+            raise ZboptError(f"--{key.replace('_', '-')} {_flag_text(values[key])}: {error.reason}") from None
+        raise ZboptError(f"{origin}: {key} = {error.value!r}: {error.reason}") from None
     return RunConfig(problem, options.get("output_file"))
+
+
+def _flag_text(value: object) -> str:
+    """A flag's value as it was typed: numbers without a trailing .0, a list space-separated."""
+    if isinstance(value, list):
+        return " ".join(_flag_text(item) for item in value)
+    return repr(value).removesuffix(".0") if isinstance(value, float) else str(value)
 
 
 def load_config(path: str | Path) -> RunConfig:

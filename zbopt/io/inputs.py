@@ -2,7 +2,8 @@
 RunConfig and the Schedule to work on.
 
 Flags win over the config file; a schedule file's own layout (a torch CSV's ranks, stages and
-microbatches) or stored problem (a zbopt JSON's) fills only what neither of them gives.
+microbatches) or stored problem (a zbopt JSON's) fills only what neither of them gives. An error
+names each value where it came from: the flag, the config file's key or the schedule file's.
 """
 
 from __future__ import annotations
@@ -10,23 +11,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from zbopt.errors import ZboptError
-from zbopt.io.config import PROBLEM_KEYS, RunConfig, build_run_config, read_config_file
+from zbopt.io.config import FLAG, PROBLEM_KEYS, RunConfig, build_run_config, read_config_file
 from zbopt.io.torch_format import named_schedule, read_torch_csv
 from zbopt.schedule import Schedule, load_schedule
 
 DEFAULT_SCHEDULE = "1f1b"
 
 
-def run_config(config_file: str | Path | None, flags: dict, implied: dict | None = None) -> RunConfig:
+def run_config(config_file: str | Path | None, flags: dict, implied: dict | None = None,
+               implied_by: str = "") -> RunConfig:
     """The problem of `config_file` (optional) with `flags` (config keys given as command-line
-    flags) over it; `implied` (problem parameters a schedule file implies) fills each parameter
-    neither of them gives."""
+    flags) over it; `implied` (problem parameters the schedule file `implied_by` implies) fills
+    each parameter neither of them gives."""
     values = read_config_file(config_file) if config_file else {}
     values = _override(values, flags)
+    sources = dict.fromkeys(flags, FLAG)
     if implied:
         given = {PROBLEM_KEYS.get(key, key) for key in values}
-        values.update({key: value for key, value in implied.items() if key not in given})
-    return build_run_config(values, source=str(config_file) if config_file else "flags")
+        filled = {key: value for key, value in implied.items() if key not in given}
+        values.update(filled)
+        sources.update(dict.fromkeys(filled, implied_by))
+    return build_run_config(values, source=str(config_file) if config_file else "flags", sources=sources)
 
 
 def _override(values: dict, overrides: dict) -> dict:
@@ -56,10 +61,10 @@ def schedule_from_file(schedule_file: str | Path, config_file: str | Path | None
     path = Path(schedule_file)
     if path.suffix.lower() == ".csv":
         order = read_torch_csv(path)
-        run = run_config(config_file, flags, order.layout)
+        run = run_config(config_file, flags, order.layout, str(path))
         return run, order.to_schedule(run.problem, path.name)
     schedule, stored = load_schedule(path)
-    return run_config(config_file, flags, None if stored is None else stored.to_dict()), schedule
+    return run_config(config_file, flags, None if stored is None else stored.to_dict(), str(path)), schedule
 
 
 def run_and_schedule(config_file: str | Path | None, flags: dict, schedule: str | None = None,

@@ -143,6 +143,15 @@ def test_cli_errors_are_one_line_with_exit_2(capsys, argv, needle):
     assert len(err.strip().splitlines()) == 1 and needle in err
 
 
+@pytest.mark.parametrize("argv", [["simulate", "--bogus"], ["simulate", "--num-stages", "x"], ["frobnicate"]])
+def test_usage_mistakes_say_zbopt_once_and_point_to_the_commands_help(capsys, argv):
+    _, _, err = run(capsys, *argv)
+    command = "zbopt simulate" if argv[0] == "simulate" else "zbopt"
+    assert err.count("zbopt:") == 1 and err.endswith(f" (see '{command} --help')\n")
+    if argv[1:] == ["--bogus"]:
+        assert err == "zbopt: unrecognized arguments: --bogus (see 'zbopt simulate --help')\n"
+
+
 def test_a_value_is_named_where_it_was_given(tmp_path, capsys):
     config = tmp_path / "a.yaml"
     config.write_text("num_stages: 2\n")

@@ -32,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line (plus exit 2) instead of a usage dump."""
 
     def error(self, message: str):
-        raise ZboptError(f"{self.prog}: {message} (see '{self.prog} --help')")
+        raise ZboptError(f"{message} (see '{self.prog} --help')")
 
 
 def _inputs(args: argparse.Namespace):
@@ -323,7 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
     try:
-        args = build_parser().parse_args(argv)
+        args, unknown = build_parser().parse_known_args(argv)
+        if unknown:  # argparse's own message would point to the top-level help, not the command's
+            raise ZboptError(f"unrecognized arguments: {' '.join(unknown)} (see 'zbopt {args.command} --help')")
         return args.run(args)
     except ZboptError as error:
         print(f"zbopt: {error}", file=sys.stderr)

@@ -158,6 +158,19 @@ def test_cli_table_lists_the_rows_by_makespan(capsys):
     assert f"lower bound   {lower_bounds(Problem(**LIMITED)).best:.6g} (independent lower bounds)" in lines
 
 
+def test_cli_table_closes_with_the_best_schedule_within_the_limit(capsys):
+    best = compare(Problem(**LIMITED)).best_within_limit
+    lines = run(capsys, "compare", *LIMITED_FLAGS)[1].splitlines()
+    assert lines[-1] == f"best within the limit: {best.name} (gap {best.cells()['gap']})"
+    header = next(index for index, line in enumerate(lines) if line.startswith("schedule"))
+    assert lines[header + 1].split()[0] == best.name  # a faster schedule over the limit comes below it
+    assert run(capsys, "compare", *LIMITED_FLAGS, "--schedule", "gpipe")[1].splitlines()[-1] == \
+        "no schedule within the limit"  # gpipe holds 6 activations on device 0
+    # no limit to be within; 1f1b's (m + p - 1)(F + BW) = 9 is the critical path's bound
+    assert run(capsys, "compare", "-s", "2", "-b", "2", "--schedule", "1f1b")[1].splitlines()[-1] == \
+        "best: 1f1b (gap 0.00%)"
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (("--schedule", "1f1b", "nope"), "zbopt: unknown schedule 'nope'"),
     (("--schedule", "zb-h1"), "zbopt: schedule 'zb-h1' does not apply to this problem: zb-h1 needs a split backward"),

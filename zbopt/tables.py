@@ -46,8 +46,8 @@ def format_solve(result: SolveResult) -> str:
 
 
 def format_comparison(comparison: Comparison) -> str:
-    """The problem, the lower bound, one aligned line per row (in the comparison's order), and
-    the schedules left out with their reasons."""
+    """The problem, the lower bound, one aligned line per row (in the comparison's order), the
+    schedules left out with their reasons, and the best row within the memory limit."""
     problem, result = comparison.problem, comparison.solve_result
     limit = problem.memory_limit
     cells = [row.cells() for row in comparison.rows]
@@ -70,6 +70,10 @@ def format_comparison(comparison: Comparison) -> str:
         lines.append(f"cpsat found no schedule in {result.solve_time_s:.1f} s (status {result.status})")
     if comparison.not_applicable:
         lines += ["", "not applicable:", *(f"  {reason}" for _, reason in comparison.not_applicable)]
+    best = comparison.best_within_limit
+    label = "best" if limit is None else "best within the limit"
+    lines += ["", "no schedule within the limit" if best is None
+              else f"{label}: {best.name} (gap {best.cells()['gap']})"]
     return "\n".join(lines)
 
 

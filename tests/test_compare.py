@@ -2,6 +2,7 @@
 registered schedules that apply, rows run by makespan, and the optimizer's row is never beaten."""
 
 import json
+import sys
 
 import pytest
 
@@ -169,6 +170,18 @@ def test_cli_table_closes_with_the_best_schedule_within_the_limit(capsys):
     # no limit to be within; 1f1b's (m + p - 1)(F + BW) = 9 is the critical path's bound
     assert run(capsys, "compare", "-s", "2", "-b", "2", "--schedule", "1f1b")[1].splitlines()[-1] == \
         "best: 1f1b (gap 0.00%)"
+
+
+def test_cli_quiet_prints_nothing_not_even_the_progress_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    # the optimum (27) beats the best heuristic within the limit (33): CP-SAT searches, live on a terminal
+    argv = ("compare", "-s", "3", "-b", "4", "-f", "1", "-bw", "2", "-w", "1", "--p2p-time", "0.5",
+            "--memory-limit", "2.5", "--schedule", "1f1b", "--optimal", "--time-limit", "10")
+    status, out, err = run(capsys, *argv)
+    assert status == 0 and "incumbent" in err and "cpsat" in out
+    report = tmp_path / "report.html"
+    assert run(capsys, *argv, "--quiet", "-o", str(report)) == (0, "", "")
+    assert 'data-schedule="cpsat"' in report.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -14,7 +14,7 @@ import os
 import sys
 
 from zbopt.errors import ZboptError
-from zbopt.flags import add_input_flags, add_schedule_flags, config_file, flag_values
+from zbopt.flags import add_input_flags, add_quiet_flag, add_schedule_flags, config_file, flag_values
 from zbopt.io.export import EXPORT_FORMATS, check_export, write_export
 from zbopt.io.export import check_output_directory as _check_output_directory  # the torch commands' name
 from zbopt.io.inputs import run_and_schedule, run_config
@@ -43,6 +43,16 @@ def _inputs(args: argparse.Namespace):
 def _output_flag(args: argparse.Namespace) -> str | None:
     """-o's file unless --no-visualization; a config's output_file names a Gantt chart only."""
     return None if args.no_visualization else getattr(args, "output_file", None)
+
+
+def _talks(args: argparse.Namespace) -> bool:
+    """Whether to print text on stdout: not with --json or --quiet."""
+    return not (args.json or args.quiet)
+
+
+def _live(args: argparse.Namespace) -> bool:
+    """Whether to draw a live progress line on stderr: on a terminal, unless --json or --quiet."""
+    return _talks(args) and sys.stderr.isatty()
 
 
 def _command_schedules(args: argparse.Namespace) -> int:
@@ -109,12 +119,11 @@ def _command_solve(args: argparse.Namespace) -> int:
         check_export(args.export, run.problem)
     if args.warm_start is not None:
         get(args.warm_start)
-    live = not (args.json or args.quiet) and sys.stderr.isatty()
     result = solve(run.problem, args.solver, time_limit=args.time_limit, objective=args.objective,
-                   warm_start=args.warm_start, workers=args.workers, seed=args.seed, progress=live)
+                   warm_start=args.warm_start, workers=args.workers, seed=args.seed, progress=_live(args))
     if args.json:
         print(json.dumps(result.to_dict()))
-    elif not args.quiet:
+    elif _talks(args):
         print(format_solve(result))
     if figure is not None and result.simulation is not None:
         plot_gantt(result.simulation, figure)
@@ -138,21 +147,20 @@ def _command_compare(args: argparse.Namespace) -> int:
     report = _output_flag(args)
     if report is not None:
         report = check_report_path(report)
-    live = not args.json and sys.stderr.isatty()
     limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
-    comparison = compare(run.problem, args.schedule, optimal=args.optimal, progress=live, **limit)
+    comparison = compare(run.problem, args.schedule, optimal=args.optimal, progress=_live(args), **limit)
     frontier = None
     if frontier_limits is not None:
-        frontier = memory_frontier(run.problem, frontier_limits, progress=live, **limit)
+        frontier = memory_frontier(run.problem, frontier_limits, progress=_live(args), **limit)
     if args.json:
         print(json.dumps(comparison.to_dicts()))
-    else:
+    elif _talks(args):
         print(format_comparison(comparison))
         if frontier is not None:
             print("\n" + format_frontier(frontier))
     if report is not None:
         write_report(report, comparison, frontier=frontier)
-        if not args.json:
+        if _talks(args):
             print(f"\nreport written to {report}")
     return 0
 
@@ -184,7 +192,6 @@ def _command_frontier(args: argparse.Namespace) -> int:
     figure = _output_flag(args)
     if figure is not None:
         check_figure_path(figure)
-    live = not args.json and sys.stderr.isatty()
     with contextlib.ExitStack() as stack:
         if args.dask is not None:
             executor = stack.enter_context(_dask_client(args.dask)).get_executor()
@@ -193,14 +200,14 @@ def _command_frontier(args: argparse.Namespace) -> int:
         else:
             executor = None  # memory_frontier's own pool, one process per core
         frontier = memory_frontier(run.problem, limits, time_limit=args.time_limit, executor=executor,
-                                   progress=live)
+                                   progress=_live(args))
     if args.json:
         print(json.dumps(frontier.to_dict()))
-    else:
+    elif _talks(args):
         print(format_frontier(frontier))
     if figure is not None:
         plot_frontier(frontier, figure)
-        if not args.json:
+        if _talks(args):
             print(f"\nfrontier figure written to {figure}")
     return 0
 
@@ -282,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     solving.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
     solving.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     solving.add_argument("--json", action="store_true", help="print one JSON object")
-    solving.add_argument("--quiet", action="store_true", help="print nothing (use -o or --json)")
+    add_quiet_flag(solving)
     solving.add_argument("--export", metavar="FILE", help="write the schedule found: .csv torch CSV, .json zbopt JSON")
     add_input_flags(solving)
     solving.set_defaults(run=_command_solve)
@@ -294,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also solve at these memory limits; the report shows the frontier")
     comparing.add_argument("--time-limit", type=float, help="seconds per solve, --optimal or --frontier (default 60)")
     comparing.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    add_quiet_flag(comparing)
     add_input_flags(comparing, output_help="write an HTML report (.html) with every schedule's charts")
     comparing.set_defaults(run=_command_compare)
     sweeping = commands.add_parser("frontier", help="the optimal makespan at each memory limit of a sweep")
@@ -304,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweeping.add_argument("--dask", metavar="ADDRESS",
                           help="run the solves on a dask.distributed cluster, e.g. tcp://host:8786")
     sweeping.add_argument("--json", action="store_true", help="print the frontier as one JSON object")
+    add_quiet_flag(sweeping)
     add_input_flags(sweeping, output_help="write the frontier figure (.png, .svg or .pdf)")
     sweeping.set_defaults(run=_command_frontier)
     running = commands.add_parser("run-torch", help="run a torch CSV schedule in torch.distributed.pipelining, "

@@ -1,5 +1,5 @@
 """The command line's shared flags: every config key as a flag (with the 1F1B visualizer's
-spellings), the schedule's, the input and output files'; and what they gave."""
+spellings), the schedule's, the input and output files', and --quiet; and what they gave."""
 
 from __future__ import annotations
 
@@ -85,6 +85,11 @@ def add_input_flags(parser: argparse.ArgumentParser,
                         help=output_help)
     parser.add_argument("--no-visualization", action="store_true", help="write no chart, even if the config names one")
     add_problem_flags(parser)
+
+
+def add_quiet_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quiet", action="store_true",
+                        help="print nothing, not even a progress line (use -o or --json)")
 
 
 def config_file(args: argparse.Namespace) -> str | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.reference import longest_path_starts
-from zbopt import Op, Problem, Schedule
+from zbopt import Op, Problem, Schedule, load_schedule
 from zbopt.cli import main
 from zbopt.problem import MAX_OPS
 
@@ -213,6 +213,22 @@ def test_solve_prints_the_optimum_with_its_certificate(capsys):
     assert status == 0 and result["status"] == "optimal"
     assert result["makespan"] == 41.0 and result["lower_bound"] == 41.0 and result["gap"] == 0.0
     assert max(result["peak_memory"]) <= 2 and result["valid"] is True
+
+
+def test_solve_says_what_it_wrote_where(tmp_path, capsys):
+    chart, export = tmp_path / "best.png", tmp_path / "best.json"
+    status, out, _ = run(capsys, "solve", "-s", "2", "-b", "3", "--time-limit", "10", "-o", str(chart),
+                         "--export", str(export))
+    assert status == 0 and out.startswith("status          optimal\n")
+    assert out.endswith(f"\nGantt chart written to {chart}\n\nzbopt schedule JSON written to {export}\n")
+    assert chart.read_bytes().startswith(PNG_SIGNATURE)
+    schedule, stored = load_schedule(export)
+    assert stored == Problem(num_devices=2, num_microbatches=3) and schedule.start_times is not None  # the optimum's
+    for quiet in ("--quiet", "--json"):
+        status, out, _ = run(capsys, "solve", "-s", "2", "-b", "3", "--time-limit", "10", quiet,
+                             "--export", str(tmp_path / "quiet.csv"))
+        assert status == 0 and (tmp_path / "quiet.csv").exists()
+        assert out == "" if quiet == "--quiet" else json.loads(out)["makespan"] == 12
 
 
 @pytest.mark.parametrize(

@@ -125,13 +125,18 @@ def _command_solve(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict()))
     elif _talks(args):
         print(format_solve(result))
-    if figure is not None and result.simulation is not None:
-        plot_gantt(result.simulation, figure)
-    if args.export is not None:
-        if result.simulation is None:
+    if result.simulation is None:
+        if args.export is not None:
             print(f"zbopt: no schedule found ({result.status}); {args.export} not written", file=sys.stderr)
-        else:
-            write_export(args.export, result.simulation, with_times=True)
+        return 0
+    if figure is not None:
+        plot_gantt(result.simulation, figure)
+        if _talks(args):
+            print(f"\nGantt chart written to {figure}")
+    if args.export is not None:
+        written = write_export(args.export, result.simulation, with_times=True)
+        if _talks(args):
+            print(f"\n{EXPORT_FORMATS[written]} written to {args.export}")
     return 0
 
 

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from tests.reference import longest_path_starts
-from zbopt import Op, Problem, Schedule
+from zbopt import Op, Problem, Schedule, load_schedule
 from zbopt.cli import main
+from zbopt.problem import MAX_OPS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -142,6 +143,52 @@ def test_cli_errors_are_one_line_with_exit_2(capsys, argv, needle):
     assert len(err.strip().splitlines()) == 1 and needle in err
 
 
+@pytest.mark.parametrize("argv", [["simulate", "--bogus"], ["simulate", "--num-stages", "x"], ["frobnicate"]])
+def test_usage_mistakes_say_zbopt_once_and_point_to_the_commands_help(capsys, argv):
+    _, _, err = run(capsys, *argv)
+    command = "zbopt simulate" if argv[0] == "simulate" else "zbopt"
+    assert err.count("zbopt:") == 1 and err.endswith(f" (see '{command} --help')\n")
+    if argv[1:] == ["--bogus"]:
+        assert err == "zbopt: unrecognized arguments: --bogus (see 'zbopt simulate --help')\n"
+
+
+def test_a_value_is_named_where_it_was_given(tmp_path, capsys):
+    config = tmp_path / "a.yaml"
+    config.write_text("num_stages: 2\n")
+    needs = "device 0 must hold one microbatch's activations on its stages (1); no schedule fits below that"
+    assert run(capsys, "simulate", str(config), "--memory-limit", "0.5")[2] == f"zbopt: --memory-limit 0.5: {needs}\n"
+    config.write_text("num_stages: 2\nmemory_limit: 0.5\n")
+    assert run(capsys, "simulate", str(config))[2] == f"zbopt: {config}: memory_limit = 0.5: {needs}\n"
+    # a list flag as typed, and the flag's name whichever alias was used
+    _, _, err = run(capsys, "simulate", "-s", "2", "-f", "1,0")
+    assert err == "zbopt: --forward-times 1 0: every value must be > 0 (virtual stage 1)\n"
+
+
+def test_a_stored_problem_is_named_by_its_schedule_file(tmp_path, capsys):
+    stored = Problem(num_devices=2, num_microbatches=3, memory_limit=5)
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"orders": [[], []], "problem": stored.to_dict()}))  # the problem fails first
+    status, _, err = run(capsys, "simulate", str(path), "--activation-memory", "10")
+    assert status == 2
+    assert err == (f"zbopt: {path}: memory_limit = 5.0: device 0 must hold one microbatch's activations on its "
+                   "stages (10); no schedule fits below that\n")
+
+
+def test_a_problem_too_large_to_hold_is_one_line_before_any_work(tmp_path, capsys):
+    """A huge count fails with the op count, not with an OverflowError or a MemoryError."""
+    config = tmp_path / "a.yaml"
+    config.write_text("num_stages: 1000000000000000000000000000000\n")
+    status, out, err = run(capsys, "simulate", str(config))
+    ops = 2 * 10**30 * 8  # F and BW on every stage, 8 microbatches by default
+    assert (status, out) == (2, "")
+    assert err == (f"zbopt: {config}: num_stages = 1000000000000000000000000000000: the problem has {ops:,} ops, "
+                   f"more than zbopt holds (MAX_OPS = {MAX_OPS:,})\n")
+    status, out, err = run(capsys, "simulate", "-b", "100000000")
+    assert (status, out) == (2, "")
+    assert err == (f"zbopt: --num-microbatches 100000000: the problem has {2 * 4 * 10**8:,} ops, "
+                   f"more than zbopt holds (MAX_OPS = {MAX_OPS:,})\n")
+
+
 def test_json_orders_parse_back_into_ops(capsys):
     _, out, _ = run(capsys, "simulate", "-s", "2", "-b", "2", "-w", "1", "--json")
     orders = json.loads(out)["orders"]
@@ -166,6 +213,22 @@ def test_solve_prints_the_optimum_with_its_certificate(capsys):
     assert status == 0 and result["status"] == "optimal"
     assert result["makespan"] == 41.0 and result["lower_bound"] == 41.0 and result["gap"] == 0.0
     assert max(result["peak_memory"]) <= 2 and result["valid"] is True
+
+
+def test_solve_says_what_it_wrote_where(tmp_path, capsys):
+    chart, export = tmp_path / "best.png", tmp_path / "best.json"
+    status, out, _ = run(capsys, "solve", "-s", "2", "-b", "3", "--time-limit", "10", "-o", str(chart),
+                         "--export", str(export))
+    assert status == 0 and out.startswith("status          optimal\n")
+    assert out.endswith(f"\nGantt chart written to {chart}\n\nzbopt schedule JSON written to {export}\n")
+    assert chart.read_bytes().startswith(PNG_SIGNATURE)
+    schedule, stored = load_schedule(export)
+    assert stored == Problem(num_devices=2, num_microbatches=3) and schedule.start_times is not None  # the optimum's
+    for quiet in ("--quiet", "--json"):
+        status, out, _ = run(capsys, "solve", "-s", "2", "-b", "3", "--time-limit", "10", quiet,
+                             "--export", str(tmp_path / "quiet.csv"))
+        assert status == 0 and (tmp_path / "quiet.csv").exists()
+        assert out == "" if quiet == "--quiet" else json.loads(out)["makespan"] == 12
 
 
 @pytest.mark.parametrize(

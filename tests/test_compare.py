@@ -2,6 +2,7 @@
 registered schedules that apply, rows run by makespan, and the optimizer's row is never beaten."""
 
 import json
+import sys
 
 import pytest
 
@@ -42,10 +43,16 @@ def test_rows_are_the_simulators_numbers_and_run_by_makespan():
             "within_memory_limit": simulation.valid, "lower_bound": bound,
             "gap": (simulation.makespan - bound) / simulation.makespan,
         }
-    makespans = [row.makespan for row in comparison.rows]
-    assert makespans == sorted(makespans) and len(set(makespans)) > 2
-    # the limit splits the rows, so "within limit" is not vacuous
+    # within the limit by makespan first, then over it by makespan: a faster schedule that breaks
+    # the limit does not top the table
+    order = [(not row.within_memory_limit, row.makespan) for row in comparison.rows]
+    assert order == sorted(order) and len({makespan for _, makespan in order}) > 2
+    # the limit splits the rows, so "within limit" is not vacuous, and a row over it is faster than
+    # one within it, so the order is not the makespan's alone
     assert {row.within_memory_limit for row in comparison.rows} == {True, False}
+    makespans = [row.makespan for row in comparison.rows]
+    assert makespans != sorted(makespans)
+    assert comparison.best_within_limit is comparison.rows[0] and comparison.rows[0].within_memory_limit
 
 
 @pytest.mark.parametrize("problem", [
@@ -150,6 +157,31 @@ def test_cli_table_lists_the_rows_by_makespan(capsys):
     assert [cells[0] for cells in table] == [row.name for row in expected]
     assert [cells[6] for cells in table] == ["yes" if row.within_memory_limit else "no" for row in expected]
     assert f"lower bound   {lower_bounds(Problem(**LIMITED)).best:.6g} (independent lower bounds)" in lines
+
+
+def test_cli_table_closes_with_the_best_schedule_within_the_limit(capsys):
+    best = compare(Problem(**LIMITED)).best_within_limit
+    lines = run(capsys, "compare", *LIMITED_FLAGS)[1].splitlines()
+    assert lines[-1] == f"best within the limit: {best.name} (gap {best.cells()['gap']})"
+    header = next(index for index, line in enumerate(lines) if line.startswith("schedule"))
+    assert lines[header + 1].split()[0] == best.name  # a faster schedule over the limit comes below it
+    assert run(capsys, "compare", *LIMITED_FLAGS, "--schedule", "gpipe")[1].splitlines()[-1] == \
+        "no schedule within the limit"  # gpipe holds 6 activations on device 0
+    # no limit to be within; 1f1b's (m + p - 1)(F + BW) = 9 is the critical path's bound
+    assert run(capsys, "compare", "-s", "2", "-b", "2", "--schedule", "1f1b")[1].splitlines()[-1] == \
+        "best: 1f1b (gap 0.00%)"
+
+
+def test_cli_quiet_prints_nothing_not_even_the_progress_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    # the optimum (27) beats the best heuristic within the limit (33): CP-SAT searches, live on a terminal
+    argv = ("compare", "-s", "3", "-b", "4", "-f", "1", "-bw", "2", "-w", "1", "--p2p-time", "0.5",
+            "--memory-limit", "2.5", "--schedule", "1f1b", "--optimal", "--time-limit", "10")
+    status, out, err = run(capsys, *argv)
+    assert status == 0 and "incumbent" in err and "cpsat" in out
+    report = tmp_path / "report.html"
+    assert run(capsys, *argv, "--quiet", "-o", str(report)) == (0, "", "")
+    assert 'data-schedule="cpsat"' in report.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -126,6 +126,14 @@ def test_cli_prints_json_and_writes_the_figure(tmp_path, capsys):
     assert figure.read_bytes().startswith(PNG_SIGNATURE)
 
 
+def test_cli_quiet_prints_nothing_and_writes_the_figure(tmp_path, capsys):
+    figure = tmp_path / "frontier.svg"
+    status = main(["frontier", "--memory-limits", "1:2:1", "-s", "2", "-b", "2", "--time-limit", "10",
+                   "--workers", "1", "--quiet", "-o", str(figure)])
+    assert (status, *capsys.readouterr()) == (0, "", "")
+    assert "<svg" in figure.read_text()
+
+
 @pytest.mark.parametrize(("argv", "culprit"), [
     (["--memory-limits", "1:8:0"], "STEP must be positive"),
     (["--memory-limits", "1-8"], "START:STOP:STEP"),

@@ -1,6 +1,7 @@
 import pytest
 
 from zbopt import Problem, ProblemError
+from zbopt.problem import MAX_OPS
 
 
 def test_loop_placement_puts_stage_s_on_device_s_mod_p():
@@ -54,6 +55,17 @@ def test_invalid_parameters_name_their_key(parameters, key, reason):
         Problem(**{"num_devices": 4, "num_microbatches": 8, **parameters})
     assert error.value.key == key
     assert reason in str(error.value)
+
+
+def test_op_count_is_capped_at_max_ops_naming_the_largest_count():
+    # the largest documented workload (the benchmarks' p = 64, m = 4096, v = 2, split) fits with room
+    assert 12 * Problem(num_devices=64, num_microbatches=4096, chunks_per_device=2, weight_times=1).num_ops < MAX_OPS
+    assert Problem(num_devices=1, num_microbatches=MAX_OPS // 2).num_ops == MAX_OPS  # F and BW each
+    with pytest.raises(ProblemError) as error:
+        Problem(num_devices=2, num_microbatches=MAX_OPS // 4, iterations=3, weight_times=1)
+    assert (error.value.key, error.value.value) == ("num_microbatches", MAX_OPS // 4)
+    assert error.value.reason == (f"the problem has {3 * 2 * (MAX_OPS // 4) * 3:,} ops, more than zbopt holds "
+                                  f"(MAX_OPS = {MAX_OPS:,})")
 
 
 def test_minimum_memory_limit_is_a_microbatch_on_all_of_a_devices_stages():

@@ -74,7 +74,7 @@ class ComparisonRow:
 
 @dataclass(frozen=True)
 class Comparison:
-    """The rows sorted by makespan, the lower bound they are measured against and where it came
+    """The rows (see `row_order`), the lower bound they are measured against and where it came
     from, the schedules left out because they do not apply (name, reason), and the solver's full
     answer when it ran (its row is missing when it found no schedule in time)."""
 
@@ -85,8 +85,20 @@ class Comparison:
     not_applicable: tuple[tuple[str, str], ...] = ()
     solve_result: SolveResult | None = None
 
+    @property
+    def best_within_limit(self) -> ComparisonRow | None:
+        """The fastest row within the memory limit (the first, by `row_order`), or None."""
+        return next((row for row in self.rows if row.within_memory_limit), None)
+
     def to_dicts(self) -> list[dict]:
         return [row.to_dict() for row in self.rows]
+
+
+def row_order(row: ComparisonRow) -> tuple[bool, float]:
+    """The rows' order in the table, the report and the JSON: those within the memory limit by
+    makespan, then those over it by makespan (a faster schedule that breaks the limit is no
+    answer, so it does not top the table)."""
+    return not row.within_memory_limit, row.makespan
 
 
 def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
@@ -113,7 +125,7 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
         result = None
         lower_bound, source = lower_bounds(problem).best, "independent lower bounds"
     rows = [ComparisonRow(name, simulation, lower_bound, status) for name, simulation, status in simulations]
-    rows.sort(key=lambda row: row.makespan)
+    rows.sort(key=row_order)
     return Comparison(problem, tuple(rows), lower_bound, source, tuple(not_applicable), result)
 
 

@@ -21,6 +21,11 @@ FORWARD, BACKWARD, WEIGHT, FUSED_BACKWARD = "F", "B", "W", "BW"
 SPLIT_KINDS = (FORWARD, BACKWARD, WEIGHT)
 FUSED_KINDS = (FORWARD, FUSED_BACKWARD)
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
+# The most ops a problem may have. A simulated op costs about 400 bytes (generator's Op, the
+# simulator's arrays: measured on zb-h1, p = 32, m = 4096), so 20M ops fill some 8 GB; larger ones
+# would end in a MemoryError (or an OverflowError) instead of a message. The largest documented
+# workload (the benchmarks' p = 64, m = 4096, v = 2, split backward: ~1.6M ops) is 12x below it.
+MAX_OPS = 20_000_000
 
 PerStage = float | Sequence[float]
 
@@ -69,6 +74,17 @@ def _per_item(key: str, value: object, count: int, what: str, minimum: float, st
             where = f" ({what} {index})" if count > 1 else ""
             raise ProblemError(key, value, f"every value must be {bound}{where}")
     return values
+
+
+def _check_op_count(problem: Problem) -> None:
+    """Refuse a problem of more than MAX_OPS ops before anything is allocated for its stages,
+    naming its largest count (the likeliest typo)."""
+    if problem.num_ops > MAX_OPS:
+        counts = {"num_devices": problem.num_devices, "chunks_per_device": problem.chunks_per_device,
+                  "num_microbatches": problem.num_microbatches, "iterations": problem.iterations}
+        key = max(counts, key=counts.__getitem__)
+        raise ProblemError(key, counts[key], f"the problem has {problem.num_ops:,} ops, more than zbopt holds "
+                                             f"(MAX_OPS = {MAX_OPS:,})")
 
 
 @dataclass(frozen=True)
@@ -121,6 +137,7 @@ class Problem:
         _positive_int("iterations", self.iterations)
         if not isinstance(self.flush, bool):
             raise ProblemError("flush", self.flush, "expected true or false")
+        _check_op_count(self)
         if self.placement not in PLACEMENTS:
             raise ProblemError("placement", self.placement, f"expected one of {', '.join(PLACEMENTS)}")
         stages = p * v

@@ -2,12 +2,13 @@
 
 Keys follow the 1F1B visualizer's names so its configs run unchanged; aliases map onto the
 Problem's parameter names. Every mistake is one ZboptError line naming the key (as the user
-wrote it) and its value.
+wrote it, or the flag it was given as) and its value.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ PROBLEM_KEYS = {
 OPTION_KEYS = ("output_file",)
 # What a run uses when neither the config nor a flag says otherwise (the visualizer's example).
 DEFAULTS = {"num_devices": 4, "num_microbatches": 8}
+FLAG = "flag"  # the source of a value given as the command-line flag --KEY-WITH-DASHES
 
 
 @dataclass(frozen=True)
@@ -72,11 +74,13 @@ def read_config_file(path: str | Path) -> dict:
     return data
 
 
-def build_run_config(values: dict, source: str = "config") -> RunConfig:
+def build_run_config(values: dict, source: str = "config", sources: Mapping[str, str] | None = None) -> RunConfig:
     """Validate `values` (config keys, aliases allowed) into a RunConfig.
 
     Raises ZboptError for an unknown key, a parameter given twice under two aliases, or an
-    invalid value; the message names the key as written in `values`.
+    invalid value. The message names the key where its value came from: `sources[key]` if given
+    there (FLAG: the flag, "--memory-limit 0.5: ..."; else a file name), else `source`
+    ("a.yaml: memory_limit = 0.5: ...").
     """
     parameters: dict = {}
     written_as: dict[str, str] = {}
@@ -101,23 +105,20 @@ def build_run_config(values: dict, source: str = "config") -> RunConfig:
         problem = Problem(**parameters)
     except ProblemError as error:
         key = written_as.get(error.key, error.key)
-        raise ZboptError(f"{source}: {key} = {error.value!r}: {error.reason}") from None
+        origin = (sources or {}).get(key, source)
+        if origin == FLAG:
+            raise ZboptError(f"--{key.replace('_', '-')} {_flag_text(values[key])}: {error.reason}") from None
+        raise ZboptError(f"{origin}: {key} = {error.value!r}: {error.reason}") from None
     return RunConfig(problem, options.get("output_file"))
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> RunConfig:
-    """Read a config file and apply `overrides` (e.g. command-line flags, which win)."""
-    values = read_config_file(path)
-    merged = _merge(values, overrides or {})
-    return build_run_config(merged, source=str(path))
+def _flag_text(value: object) -> str:
+    """A flag's value as it was typed: numbers without a trailing .0, a list space-separated."""
+    if isinstance(value, list):
+        return " ".join(_flag_text(item) for item in value)
+    return repr(value).removesuffix(".0") if isinstance(value, float) else str(value)
 
 
-def _merge(values: dict, overrides: dict) -> dict:
-    """Overrides replace the file's value for the same parameter, whichever alias either used."""
-    merged = dict(values)
-    for key, value in overrides.items():
-        target = PROBLEM_KEYS.get(key, key)
-        for existing in [k for k in merged if PROBLEM_KEYS.get(k, k) == target]:
-            del merged[existing]
-        merged[key] = value
-    return merged
+def load_config(path: str | Path) -> RunConfig:
+    """Read a config file into a RunConfig."""
+    return build_run_config(read_config_file(path), source=str(path))

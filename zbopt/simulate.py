@@ -22,6 +22,12 @@ from zbopt.schedule import Schedule
 RELATIVE_TOLERANCE = 1e-9
 
 
+def memory_ceiling(limit: float) -> float:
+    """The most a device may hold under `limit`: the one memory tolerance (relative, as for times),
+    shared by the simulator, the generators that plan within a limit and the bounds."""
+    return limit + RELATIVE_TOLERANCE * max(1.0, limit)
+
+
 @lru_cache(maxsize=16)
 def op_table(problem: Problem) -> OpTable:
     """The op table of a problem, cached: solvers and benchmarks simulate one problem many times."""
@@ -377,7 +383,7 @@ def _memory_violations(problem: Problem, memory_steps) -> tuple[MemoryViolation,
         return ()
     violations = []
     for device, ((times, levels), limit) in enumerate(zip(memory_steps, problem.memory_limit, strict=True)):
-        over = np.flatnonzero(levels > limit + RELATIVE_TOLERANCE * max(1.0, limit))
+        over = np.flatnonzero(levels > memory_ceiling(limit))
         if over.size:
             i = over[0]
             violations.append(MemoryViolation(device, float(times[i]), float(levels[i]), limit))

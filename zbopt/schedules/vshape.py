@@ -22,6 +22,7 @@ from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import input_gradient, repeat_per_iteration
 from zbopt.schedules.registry import register, require
+from zbopt.timeline import Timeline
 
 PERIOD = 6
 """Repetition interval of the building blocks in slots: each op lasts one slot (F = B = W per
@@ -47,7 +48,7 @@ def _to_schedule(problem: Problem, orders: list[list[Pass]]) -> Schedule:
     for device, passes in enumerate(orders):
         order = []
         for kind, chunk, microbatch in passes:
-            stage = device if chunk == 0 else 2 * p - 1 - device
+            stage = _stage(p, device, chunk)
             if kind == FORWARD:
                 order.append(Op(FORWARD, stage, microbatch))
             elif kind == BACKWARD:
@@ -61,7 +62,7 @@ def _to_schedule(problem: Problem, orders: list[list[Pass]]) -> Schedule:
 def _chunk_activations(problem: Problem, device: int) -> tuple[float, float]:
     """activation_memory of the device's chunk 0 and chunk 1."""
     p = problem.num_devices
-    return problem.activation_memory[device], problem.activation_memory[2 * p - 1 - device]
+    return problem.activation_memory[device], problem.activation_memory[_stage(p, device, 1)]
 
 
 # --------------------------------------------------------------------------------------- ZB-V
@@ -162,56 +163,66 @@ def v_half_peak(p: int) -> int:
     return 2 * ((p + 2) // 2)
 
 
-def _predecessor(p: int, device: int, kind: str, chunk: int) -> tuple[int, str, int] | None:
-    """(device, kind, chunk) of the pass this one waits for within its microbatch (the op DAG)."""
-    if kind == WEIGHT:
-        return device, BACKWARD, chunk
-    down = (kind == FORWARD and chunk == 0) or (kind == BACKWARD and chunk == 1)
-    if down:
-        if device > 0:
-            return device - 1, kind, chunk
-        return None if kind == FORWARD else (device, FORWARD, 1)
-    if device < p - 1:
-        return device + 1, kind, chunk
-    return device, kind, 1 - chunk  # the turn of the V at device p-1: F0 -> F1, B1 -> B0
+def _slot_problem(p: int, m: int) -> Problem:
+    """The slot model as a problem, so the shared `Timeline` and `Problem.memory_delta` time it: V
+    placement, each pass one time unit (a slot), no latency; memory in chunk activations, held from
+    F to W (weight_memory = activation_memory, so B frees nothing: an upper bound on any problem's
+    own memory model, where B frees part of it)."""
+    return Problem(num_devices=p, num_microbatches=m, chunks_per_device=2, placement="v", forward_times=1,
+                   backward_times=1, weight_times=1, activation_memory=1, weight_memory=1)
+
+
+def _stage(p: int, device: int, chunk: int) -> int:
+    """The virtual stage of a device's chunk under V placement: d for chunk 0, 2p-1-d for chunk 1."""
+    return device if chunk == 0 else 2 * p - 1 - device
 
 
 class _SlotPlan:
-    """A slot-model schedule (each pass lasts one slot, no latency): per device, slot -> pass,
-    and the slot of every pass."""
+    """A slot-model schedule: per device, slot -> pass; the passes' slots are start times on a
+    `Timeline` of the slot problem, which says when each pass may start."""
 
-    def __init__(self, p: int, slots: list[dict[int, Pass]]):
-        self.p = p
+    def __init__(self, problem: Problem, slots: list[dict[int, Pass]]):
+        self.problem = problem
         self.slots = slots
-        self.where = {(device, step): slot for device, by_slot in enumerate(slots) for slot, step in by_slot.items()}
+        self.timeline = Timeline(problem)
+        for device, by_slot in enumerate(slots):
+            for slot, step in by_slot.items():
+                self.timeline.put(self.op(device, step), slot)
+
+    def op(self, device: int, step: Pass) -> Op:
+        kind, chunk, microbatch = step
+        return Op(kind, _stage(self.problem.num_devices, device, chunk), microbatch)
+
+    def slot_of(self, device: int, step: Pass) -> int:
+        return round(self.timeline.start_of(self.op(device, step)))
 
     def ready(self, device: int, step: Pass) -> int:
-        """Earliest slot `step` may take: one after the pass it waits for."""
-        source = _predecessor(self.p, device, step[0], step[1])
-        if source is None:
-            return 0
-        source_device, kind, chunk = source
-        return self.where[source_device, (kind, chunk, step[2])] + 1
+        """Earliest slot `step` may take: the end of the pass it waits for."""
+        return round(self.timeline.ready(self.op(device, step)))
+
+    def place(self, device: int, step: Pass, slot: int) -> None:
+        self.slots[device][slot] = step
+        self.timeline.put(self.op(device, step), slot)
 
     def move(self, device: int, old: int, new: int) -> None:
-        step = self.slots[device].pop(old)
-        self.slots[device][new] = step
-        self.where[device, step] = new
+        self.place(device, self.slots[device].pop(old), new)
 
     def in_slot_order(self) -> list[tuple[int, int]]:
         """(slot, device) of every pass, earliest first: every pass after the passes it waits for."""
         return sorted((slot, device) for device, by_slot in enumerate(self.slots) for slot in by_slot)
 
+    def change(self, device: int, step: Pass) -> float:
+        """The memory a pass adds (F), frees (W) or leaves (B), in chunk activations."""
+        return self.problem.memory_delta(step[0], _stage(self.problem.num_devices, device, step[1]))
 
-def _held(passes: dict[int, Pass], length: int) -> list[int]:
-    """Chunk activations a device holds after each slot 0..length-1: F holds one from its slot, W
-    releases it after its slot (an upper bound on zbopt's model, where B releases part of it)."""
-    held, levels = 0, []
-    for slot in range(length):
-        kind = passes.get(slot, ("",))[0]
-        held += (kind == FORWARD) - (kind == WEIGHT)
-        levels.append(held)
-    return levels
+    def held(self, device: int, passes: dict[int, Pass], length: int) -> list[float]:
+        """Chunk activations the device holds after each slot 0..length-1 if it ran `passes`."""
+        held, levels = 0.0, []
+        for slot in range(length):
+            step = passes.get(slot)
+            held += 0.0 if step is None else self.change(device, step)
+            levels.append(held)
+        return levels
 
 
 def _fill_weights(passes: dict[int, Pass], start: int = 0) -> dict[int, Pass]:
@@ -241,13 +252,12 @@ def _repeat(block: Block, m: int) -> list[dict[int, Pass]]:
 
 def _squeeze(plan: _SlotPlan) -> _SlotPlan:
     """Every pass as early as its device order and its dependency allow (the paper's squeezing)."""
-    squeezed = _SlotPlan(plan.p, [{} for _ in plan.slots])
-    free = [0] * plan.p
+    squeezed = _SlotPlan(plan.problem, [{} for _ in plan.slots])
+    free = [0] * len(plan.slots)
     for slot, device in plan.in_slot_order():
         step = plan.slots[device][slot]
         new = max(free[device], squeezed.ready(device, step))
-        squeezed.slots[device][new] = step
-        squeezed.where[device, step] = new
+        squeezed.place(device, step, new)
         free[device] = new + 1
     return squeezed
 
@@ -256,7 +266,7 @@ def _reorder_outside_stable_phase(plan: _SlotPlan, cap: int, stable: range) -> N
     """Move each warm-up and cool-down pass, in slot order, to the earliest free slot after the
     pass it waits for, unless an F moved there would lift its device above `cap` activations."""
     length = max(max(by_slot, default=0) for by_slot in plan.slots) + 1
-    levels = [_held(by_slot, length) for by_slot in plan.slots]
+    levels = [plan.held(device, by_slot, length) for device, by_slot in enumerate(plan.slots)]
     for slot, device in plan.in_slot_order():
         if slot in stable:
             continue
@@ -264,10 +274,10 @@ def _reorder_outside_stable_phase(plan: _SlotPlan, cap: int, stable: range) -> N
         for new in range(plan.ready(device, step), slot):
             if new in plan.slots[device]:
                 continue
-            if step[0] == FORWARD and max(levels[device][new:slot]) + 1 > cap:
+            change = plan.change(device, step)
+            if change > 0 and max(levels[device][new:slot]) + change > cap:
                 continue
             plan.move(device, slot, new)
-            change = (step[0] == FORWARD) - (step[0] == WEIGHT)
             for moved in range(new, slot):
                 levels[device][moved] += change
             break
@@ -279,7 +289,7 @@ def _reorder_cool_down(plan: _SlotPlan, cap: int, start: int) -> _SlotPlan:
     refilled device stays within `cap`. B's go first, W's fill the gaps (the Zero Bubble idea)."""
     passes = [{slot: step for slot, step in by_slot.items() if slot < start or step[0] != WEIGHT}
               for by_slot in plan.slots]
-    lean = _SlotPlan(plan.p, passes)
+    lean = _SlotPlan(plan.problem, passes)
     for slot, device in lean.in_slot_order():
         if slot < start:
             continue
@@ -289,10 +299,10 @@ def _reorder_cool_down(plan: _SlotPlan, cap: int, start: int) -> _SlotPlan:
                 continue
             lean.move(device, slot, new)
             refilled = _fill_weights(lean.slots[device], start)
-            if max(_held(refilled, max(refilled) + 1)) <= cap:
+            if max(lean.held(device, refilled, max(refilled) + 1)) <= cap:
                 break
             lean.move(device, new, slot)
-    return _SlotPlan(plan.p, [_fill_weights(by_slot, start) for by_slot in lean.slots])
+    return _SlotPlan(plan.problem, [_fill_weights(by_slot, start) for by_slot in lean.slots])
 
 
 def _controllable_memory_passes(block: Block, m: int, cap: int) -> list[list[Pass]]:
@@ -300,10 +310,9 @@ def _controllable_memory_passes(block: Block, m: int, cap: int) -> list[list[Pas
 
     The stable phase runs from device 0's first chunk-0 backward to its last chunk-0 forward; it
     keeps the block's pattern. Warm-up and cool-down are reordered within `cap` activations."""
-    p = len(block)
-    plan = _squeeze(_SlotPlan(p, _repeat(block, m)))
-    first_backward = plan.where[0, (BACKWARD, 0, 0)]
-    last_forward = plan.where[0, (FORWARD, 0, m - 1)]
+    plan = _squeeze(_SlotPlan(_slot_problem(len(block), m), _repeat(block, m)))
+    first_backward = plan.slot_of(0, (BACKWARD, 0, 0))
+    last_forward = plan.slot_of(0, (FORWARD, 0, m - 1))
     _reorder_outside_stable_phase(plan, cap, range(first_backward, last_forward + 1))
     plan = _reorder_cool_down(plan, cap, last_forward + 1)
     return [[by_slot[slot] for slot in sorted(by_slot)] for by_slot in plan.slots]

@@ -21,9 +21,8 @@ from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import repeat_per_iteration
 from zbopt.schedules.registry import register, require
-from zbopt.simulate import simulate
-
-MEMORY_TOLERANCE = 1e-9
+from zbopt.simulate import memory_ceiling, simulate
+from zbopt.timeline import Timeline
 
 
 def _require_split_single_chunk(problem: Problem, name: str) -> None:
@@ -124,11 +123,9 @@ class GreedyChoices:
 
 @dataclass
 class _Device:
-    """The greedy's running view of one device (= stage, v = 1) while it builds its order."""
+    """The greedy's own bookkeeping for one device (= stage, v = 1): its idle time and how many ops
+    of each kind it has placed. Times, order and memory held live in the shared `Timeline`."""
 
-    order: list[Op] = field(default_factory=list)
-    free_at: float = 0.0  # end of its last placed op
-    held: float = 0.0  # memory it holds after its last placed op
     idle: float = 0.0  # idle time since its first op
     placed: dict[str, int] = field(default_factory=lambda: {FORWARD: 0, BACKWARD: 0, WEIGHT: 0})
 
@@ -138,41 +135,36 @@ class _Device:
 
 
 class _AutoGreedy:
-    """One run of the greedy for one iteration (microbatches 0..m-1), timing ops as it places them
-    (an op starts when its device is free and its predecessor, plus latency, has ended)."""
+    """One run of the greedy for one iteration (microbatches 0..m-1), timing ops on a `Timeline` as
+    it places them (an op starts when its device is free and its predecessor, plus latency, has ended)."""
 
     def __init__(self, problem: Problem, limits: Sequence[float], choices: GreedyChoices):
         self.problem, self.limits, self.choices = problem, limits, choices
-        p, m = problem.num_devices, problem.num_microbatches
-        self.devices = [_Device() for _ in range(p)]
-        self.end = {FORWARD: [[0.0] * m for _ in range(p)], BACKWARD: [[0.0] * m for _ in range(p)]}
+        self.timeline = Timeline(problem.replace(iterations=1))
+        self.devices = [_Device() for _ in range(problem.num_devices)]
 
     # -- placing ops
+    def next_op(self, stage: int, kind: str) -> Op:
+        return Op(kind, stage, self.devices[stage].placed[kind])
+
     def arrival(self, stage: int, kind: str) -> float:
         """When the next op of `kind` (F or B) on `stage` has its input: the upstream F or the
-        downstream B end plus latency; 0 on the first stage (F) and the last stage (B)."""
-        j = self.devices[stage].placed[kind]
-        if kind == FORWARD:
-            return self.end[FORWARD][stage - 1][j] + self.problem.p2p_time if stage > 0 else 0.0
-        if stage == self.problem.num_devices - 1:
-            return self.end[FORWARD][stage][j]
-        return self.end[BACKWARD][stage + 1][j] + self.problem.p2p_time
+        downstream B end plus latency; 0 on the first stage (F)."""
+        return self.timeline.ready(self.next_op(stage, kind))
+
+    def free_at(self, stage: int) -> float:
+        """The end of the device's last placed op."""
+        return self.timeline.free[stage]
 
     def place(self, stage: int, kind: str) -> None:
-        device, problem = self.devices[stage], self.problem
-        j = device.placed[kind]
-        start = device.free_at if kind == WEIGHT else max(device.free_at, self.arrival(stage, kind))
-        if device.order:
-            device.idle += start - device.free_at
-        device.free_at = start + problem.cost(kind, stage)
-        device.held += problem.memory_delta(kind, stage)
-        if kind != WEIGHT:
-            self.end[kind][stage][j] = device.free_at
-        device.order.append(Op(kind, stage, j))
+        device, free = self.devices[stage], self.free_at(stage)
+        start = self.timeline.append(self.next_op(stage, kind))
+        if len(self.timeline.orders[stage]) > 1:
+            device.idle += start - free
         device.placed[kind] += 1
 
     def fits_forward(self, stage: int, held: float) -> bool:
-        return held + self.problem.activation_memory[stage] <= self.limits[stage] + MEMORY_TOLERANCE
+        return held + self.problem.activation_memory[stage] <= memory_ceiling(self.limits[stage])
 
     def budget(self, stage: int) -> float:
         """Idle a device may still accept: the worst idle so far minus its own."""
@@ -182,16 +174,16 @@ class _AutoGreedy:
         """Run pending W's in the wait before `arrival`: those that end by then, and one more that
         overruns it when eager or when the wait would exceed the bubble budget."""
         device, cost = self.devices[stage], self.problem.cost(WEIGHT, stage)
-        while device.pending_weights and device.free_at + cost <= arrival:
+        while device.pending_weights and self.free_at(stage) + cost <= arrival:
             self.place(stage, WEIGHT)
-        wait = arrival - device.free_at
+        wait = arrival - self.free_at(stage)
         if device.pending_weights and wait > 0 and (self.choices.fill_gaps_eagerly or wait > self.budget(stage)):
             self.place(stage, WEIGHT)
 
     def make_room(self, stage: int) -> None:
         """Run pending W's until the next forward's activations fit in the memory limit."""
         device = self.devices[stage]
-        while device.pending_weights and not self.fits_forward(stage, device.held):
+        while device.pending_weights and not self.fits_forward(stage, self.timeline.held[stage]):
             self.place(stage, WEIGHT)
 
     # -- phases
@@ -202,11 +194,11 @@ class _AutoGreedy:
         for stage in range(p):
             self.place(stage, FORWARD)
         extra = [0] * p
-        backward_end = self.end[FORWARD][p - 1][0] + self.problem.cost(BACKWARD, p - 1)
+        backward_end = self.timeline.end(Op(FORWARD, p - 1, 0)) + self.problem.cost(BACKWARD, p - 1)
         for stage in range(p - 2, -1, -1):
-            device, forward = self.devices[stage], self.problem.cost(FORWARD, stage)
+            forward = self.problem.cost(FORWARD, stage)
             arrival = backward_end + c
-            time, held = device.free_at, device.held
+            time, held = self.free_at(stage), self.timeline.held[stage]
             while 1 + extra[stage] < m and self.fits_forward(stage, held):
                 if time >= arrival or (not self.choices.overfill_warmup and time + forward > arrival):
                     break
@@ -228,18 +220,18 @@ class _AutoGreedy:
         if device.placed[FORWARD] < following.placed[FORWARD] + 2:
             return False
         problem = self.problem
-        backward_ready = (following.free_at + problem.cost(FORWARD, stage + 1) + problem.cost(BACKWARD, stage + 1)
+        backward_ready = (self.free_at(stage + 1) + problem.cost(FORWARD, stage + 1) + problem.cost(BACKWARD, stage + 1)
                           + problem.p2p_time)
-        if device.free_at >= backward_ready:
+        if self.free_at(stage) >= backward_ready:
             return True
-        held, weights, work = device.held, device.pending_weights, problem.cost(FORWARD, stage)
+        held, weights, work = self.timeline.held[stage], device.pending_weights, problem.cost(FORWARD, stage)
         while weights and not self.fits_forward(stage, held):
             held -= problem.weight_memory[stage]
             weights -= 1
             work += problem.cost(WEIGHT, stage)
-        if device.free_at + work <= backward_ready:
+        if self.free_at(stage) + work <= backward_ready:
             return False
-        return backward_ready - device.free_at <= self.budget(stage)
+        return backward_ready - self.free_at(stage) <= self.budget(stage)
 
     def steady_round(self) -> None:
         """One forward per device (a device runs one only if the next device does), then the next B
@@ -273,7 +265,7 @@ class _AutoGreedy:
         for stage, device in enumerate(self.devices):
             while device.pending_weights:
                 self.place(stage, WEIGHT)
-        return [device.order for device in self.devices]
+        return self.timeline.orders
 
 
 def _memory_limits(problem: Problem, memory_limit: float | Sequence[float] | None, name: str) -> tuple[float, ...]:
@@ -295,7 +287,7 @@ def _best_greedy_schedule(problem: Problem, limits: tuple[float, ...], name: str
         orders = _AutoGreedy(problem, limits, GreedyChoices(*flags)).run()
         schedule = repeat_per_iteration(problem, orders)
         result = simulate(problem, schedule)
-        if any(peak > limit + MEMORY_TOLERANCE for peak, limit in zip(result.peak_memory, limits, strict=True)):
+        if any(peak > memory_ceiling(limit) for peak, limit in zip(result.peak_memory, limits, strict=True)):
             continue
         key = (max(result.span), result.makespan)
         if best_key is None or key < best_key:

@@ -32,7 +32,7 @@ import networkx as nx
 
 from zbopt.ops import Op, earliest_finish, op_graph
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
-from zbopt.simulate import RELATIVE_TOLERANCE
+from zbopt.simulate import memory_ceiling
 
 
 @dataclass(frozen=True)
@@ -301,7 +301,7 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
     forward_time, backward_time = problem.cost(forward_kind, stage), problem.cost(backward_kind, stage)
     lag = lifetimes[stage][0] - forward_time - backward_time
     limit = math.inf if problem.memory_limit is None else problem.memory_limit[device]
-    limit += RELATIVE_TOLERANCE * max(1.0, limit)  # the simulator's own tolerance: never stricter than it
+    limit = memory_ceiling(limit)  # the simulator's own tolerance: never stricter than it
     activation = problem.activation_memory[stage]
     kept = problem.weight_memory[stage] if split else 0.0
 

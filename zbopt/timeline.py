@@ -1,0 +1,87 @@
+"""The incremental timeline generators build their orders on.
+
+A generator that decides op by op (the Zero Bubble greedy, the building-block slot plans) needs the
+times and memory of what it has placed so far. It reads them here, from the same rules the
+simulator uses: dependencies, latencies and durations from `OpTable`, memory from
+`Problem.memory_delta`, the limit through `memory_ceiling`. A new op kind is added there and every
+generator times it the same way. `simulate` stays the one judge of the finished schedule.
+"""
+
+from __future__ import annotations
+
+import math
+
+from zbopt.ops import Op
+from zbopt.problem import Problem
+from zbopt.schedule import Schedule
+from zbopt.simulate import memory_ceiling, op_table
+
+
+class Timeline:
+    """Ops placed one at a time on their devices (one iteration: no weight-update barriers).
+
+    `append(op)` runs an op next on its device, as early as the device and its dependency allow,
+    as `simulate` does for an order; `put(op, start)` records an op at a chosen start, for plans
+    that fill gaps. `ready(op)` is when an op's input arrives, `held[d]` the memory device d holds
+    after the ops appended to it, `orders` the appended ops per device.
+
+    >>> from zbopt import Problem
+    >>> timeline = Timeline(Problem(num_devices=2, num_microbatches=1, forward_times=1, backward_times=2,
+    ...                             p2p_time=0.5))
+    >>> timeline.append(Op("F", 0, 0)), timeline.ready(Op("F", 1, 0)), timeline.held
+    (0.0, 1.5, [1.0, 0.0])
+    """
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.table = op_table(problem)
+        self.start: list[float | None] = [None] * self.table.size
+        self.free = [0.0] * problem.num_devices
+        self.held = [0.0] * problem.num_devices
+        self.orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+
+    def start_of(self, op: Op) -> float | None:
+        """When a placed op starts; None while it is not placed."""
+        return self.start[self.table.index(op)]
+
+    def end(self, op: Op) -> float | None:
+        """When a placed op ends; None while it is not placed."""
+        index = self.table.index(op)
+        start = self.start[index]
+        return None if start is None else start + self.table.duration[index]
+
+    def ready(self, op: Op) -> float:
+        """The earliest start its dependency allows: its predecessor's end plus latency (0 without
+        a predecessor; infinity while the predecessor is not placed)."""
+        index = self.table.index(op)
+        source = self.table.predecessor[index]
+        if source < 0:
+            return 0.0
+        began = self.start[source]
+        return math.inf if began is None else began + self.table.duration[source] + self.table.latency[index]
+
+    def device_of(self, op: Op) -> int:
+        return self.problem.device_of(op.stage)
+
+    def append(self, op: Op) -> float:
+        """Run `op` next on its device as early as possible; its start time."""
+        device = self.device_of(op)
+        start = max(self.free[device], self.ready(op))
+        index = self.table.index(op)
+        self.start[index] = start
+        self.free[device] = start + self.table.duration[index]
+        self.held[device] += self.table.memory_delta[index]
+        self.orders[device].append(op)
+        return start
+
+    def put(self, op: Op, start: float) -> None:
+        """Record `op` at `start` (or move it there), outside any device order."""
+        self.start[self.table.index(op)] = start
+
+    def fits(self, device: int, amount: float, limit: float) -> bool:
+        """Whether device `device` can take `amount` more memory under `limit` (the simulator's rule)."""
+        return self.held[device] + amount <= memory_ceiling(limit)
+
+    def schedule(self) -> Schedule:
+        """The appended ops as per-device orders."""
+        return Schedule(self.orders)

@@ -41,6 +41,10 @@ SOLVERS = tuple(BACKENDS)
 LIVE_LINE_PERIOD_S = 0.5
 
 
+def _ignore(*_args) -> None:
+    """A hook nobody listens to: `report` without a live line, `on_stop` outside `_run_stoppable`."""
+
+
 @dataclass
 class SearchTask:
     """What the driver hands a backend.
@@ -61,8 +65,8 @@ class SearchTask:
     deadline: float
     workers: int
     seed: int
-    report: Callable[[float | None, float | None], None]
-    on_stop: Callable[[Callable[[], None]], None]
+    report: Callable[[float | None, float | None], None] = _ignore
+    on_stop: Callable[[Callable[[], None]], None] = _ignore
     peak_cap: float | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
 
@@ -104,13 +108,15 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     ----------
     solver : "cpsat" (OR-Tools CP-SAT, `zbopt.solvers.cpsat`) or "cbc" / "highs" (the disjunctive
         MILP through PuLP, `zbopt.solvers.milp`).
-    time_limit : seconds for the whole call (bounds, warm start, model building and search).
+    time_limit : seconds for the call: the independent bounds and the warm start come first, the
+        search and the second phase share what is left (the search at least 0.01 s).
     objective : "makespan" or "span" (the Zero Bubble paper's longest per-device span).
     warm_start : a registered heuristic to start from; None: the best valid one (at equal
         objective, the one with less peak memory).
     use_warm_start : hint the model with the warm start and cap its horizon with it.
-    lower_peak : after the search, spend at most as long again (at least 1 s, within the time
-        limit) lowering the highest peak memory while keeping the objective (CP-SAT only).
+    lower_peak : after the search, spend at most as long again as the call took so far (at least
+        1 s, within the time limit) lowering the highest peak memory while keeping the objective
+        (CP-SAT only; skipped when less time than that is left).
     workers, seed : solver threads and random seed; one worker and a seed repeat exactly.
     progress : a live line on stderr (incumbent, bound, gap, elapsed time), redrawn twice a second.
     options : the backend's own options (CP-SAT: memory_model, symmetry_breaking).
@@ -155,7 +161,7 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     live = _LiveLine(began, independent_bound, None if warm is None else objective_value(warm[1], objective)) \
         if progress else None
     task = SearchTask(objective, None if warm is None else warm[1], independent_bound, began + time_limit, workers,
-                      seed, live.update if live else _ignore, _ignore)
+                      seed, report=live.update if live else _ignore)
     found = _run_stoppable(search, problem, task, {**backend_options, **options}, live)
     simulation = _simulated(problem, found, objective, solver)
     if simulation is None and task.stopped.is_set():
@@ -168,10 +174,6 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     if lower_peak and not task.stopped.is_set():
         simulation = _lower_peak(search, problem, task, {**backend_options, **options}, simulation, began, solver)
     return finish(simulation, status, lower, decided_by, found.resolution)
-
-
-def _ignore(*_args) -> None:
-    """The report/on_stop hook of a solve without a live line (no-op)."""
 
 
 def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, live: _LiveLine | None) -> Found:
@@ -192,19 +194,21 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
             done.set()
 
     threading.Thread(target=work, name="zbopt-search", daemon=True).start()
-    while not done.is_set():
-        try:
-            done.wait(LIVE_LINE_PERIOD_S)
-            if live is not None:
-                live.draw()
-        except KeyboardInterrupt:
-            if not stops or task.stopped.is_set():
-                raise
-            task.stopped.set()
-            for stop in stops:
-                stop()
-    if live is not None:
-        live.close()
+    try:
+        while not done.is_set():
+            try:
+                done.wait(LIVE_LINE_PERIOD_S)
+                if live is not None:
+                    live.draw()
+            except KeyboardInterrupt:
+                if not stops or task.stopped.is_set():
+                    raise
+                task.stopped.set()
+                for stop in stops:
+                    stop()
+    finally:
+        if live is not None:
+            live.close()
     if "error" in outcome:
         raise outcome["error"]
     return outcome["found"]
@@ -249,10 +253,12 @@ def _verdict(found: Found, simulation: Simulation | None, warm, objective: str, 
 def _lower_peak(search, problem: Problem, task: SearchTask, options: dict, simulation: Simulation,
                 began: float, solver: str) -> Simulation:
     """The second phase: the same objective, less peak memory, if the backend finds it within at
-    most as long again as the search took (at least 1 s) and the time limit."""
+    most as long again as the call took so far (at least 1 s). Skipped when less time is left than
+    that: its model costs about as much to build as the first one."""
     value = objective_value(simulation, task.objective)
-    budget = min(task.remaining(), max(1.0, time.perf_counter() - began))
-    if budget <= 0.05:
+    elapsed = time.perf_counter() - began
+    budget = min(task.remaining(), max(1.0, elapsed))
+    if task.remaining() < elapsed or budget <= 0.05:
         return simulation
     phase = replace(task, warm=simulation, peak_cap=value, deadline=time.perf_counter() + budget,
                     report=_ignore, stopped=task.stopped)

@@ -123,6 +123,8 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     if task.stopped.is_set():  # stopped before the search: the hint is its incumbent
         return _hinted_only(task, scale)
     solver.parameters.max_time_in_seconds = max(0.01, task.remaining())
+    if task.peak_cap is not None:  # the second phase stops on work done, so one worker and a seed repeat
+        solver.parameters.max_deterministic_time = max(0.01, task.remaining())
     solver.parameters.num_workers = task.workers
     solver.parameters.random_seed = task.seed
     solver.parameters.catch_sigint_signal = False  # Ctrl-C is the driver's: it calls StopSearch

@@ -27,8 +27,13 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 
+# All four benchmarks with quick settings: about 4 minutes on 2 cores. The full runs:
+# bench_solver.py A (60 s per solve, CP-SAT and HiGHS), bench_solver.py B, bench_milp_models.py (60 s).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_simulator.py
+	$(BIN)/python benchmarks/bench_heuristics.py
+	$(BIN)/python benchmarks/bench_solver.py A --solvers cpsat --time-limit 2
+	$(BIN)/python benchmarks/bench_milp_models.py --time-limit 3
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -540,6 +540,14 @@ def test_cli_simulates_a_csv_with_its_layout_and_the_given_costs(tmp_path, capsy
     assert result["makespan"] == simulate(problem, generate("zb-v", problem)).makespan
 
 
+def test_cli_takes_a_csv_in_the_configs_place_with_costs_from_a_config(tmp_path, capsys):
+    problem = PROBLEMS[5]
+    write_torch_csv(tmp_path / "zbv.csv", problem, generate("zb-v", problem))
+    (tmp_path / "costs.yaml").write_text("weight_times: 1\nbackward_times: 1\np2p_time: 0.25\n")
+    status, out, err = run(capsys, "simulate", tmp_path / "zbv.csv", "-c", tmp_path / "costs.yaml", "--json")
+    assert (status, err) == (0, "") and json.loads(out)["makespan"] == simulate(problem, generate("zb-v", problem)).makespan
+
+
 def test_cli_simulates_torch_built_ins_by_name(pipelining, capsys):
     status, out, _ = run(capsys, "simulate", "-s", 4, "-b", 8, "-v", 2, "--placement", "v", "-w", 1, "-bw", 1,
                          "--schedule", "torch:ZBVZeroBubble", "--json")

@@ -18,7 +18,7 @@ from zbopt.errors import MissingSettingsError, ZboptError
 from zbopt.flags import add_input_flags, add_quiet_flag, add_schedule_flags, config_file, flag_values
 from zbopt.io.export import EXPORT_FORMATS, check_export, write_export
 from zbopt.io.export import check_output_directory as _check_output_directory  # the torch commands' name
-from zbopt.io.inputs import run_and_schedule, run_config
+from zbopt.io.inputs import is_schedule_file, run_and_schedule, run_config
 from zbopt.schedules import get, registered
 from zbopt.simulate import Simulation, simulate
 from zbopt.tables import format_comparison, format_frontier, format_simulation, format_solve
@@ -37,7 +37,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _inputs(args: argparse.Namespace):
-    """The run config and schedule of `simulate` and `export`."""
+    """The run config and schedule of `simulate` and `export`. A schedule file in CONFIG's place
+    is the schedule file, so `-c CONFIG` can still give its costs."""
+    if args.schedule_file is None and args.config and args.config_flag and is_schedule_file(args.config):
+        args.schedule_file, args.config = args.config, None
     return run_and_schedule(config_file(args), flag_values(args), args.schedule, dict(args.option), args.schedule_file)
 
 

@@ -26,6 +26,8 @@ Within an iteration only, when iterations are separated by a flush.
 
 from __future__ import annotations
 
+import threading
+
 from ortools.sat.python import cp_model
 
 from zbopt.ops import Op, op_graph
@@ -128,7 +130,13 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     solver.parameters.num_workers = task.workers
     solver.parameters.random_seed = task.seed
     solver.parameters.catch_sigint_signal = False  # Ctrl-C is the driver's: it calls StopSearch
-    code = solver.Solve(model, _Progress(scale, task.report) if task.peak_cap is None else None)
+    # CP-SAT's workers can run past max_time_in_seconds on a busy machine; a stop at the deadline cuts that
+    deadline_stop = threading.Timer(max(0.0, task.remaining()), solver.StopSearch)
+    deadline_stop.start()
+    try:
+        code = solver.Solve(model, _Progress(scale, task.report) if task.peak_cap is None else None)
+    finally:
+        deadline_stop.cancel()
     status = _STATUS[code]
     found = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     if not found and task.stopped.is_set():

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import time
 
 import networkx as nx
 
@@ -27,6 +28,7 @@ from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunct
 from zbopt.solvers.result import objective_value
 
 ENGINES = ("cbc", "highs")
+MIN_SEARCH_S = 0.1  # the least time a solver is given, even past the deadline (it needs one to answer)
 RESOLUTION = 1e-6  # feasibility tolerance of CBC and HiGHS, in the problem's units
 
 
@@ -54,7 +56,7 @@ def search(problem: Problem, task: SearchTask, *, engine: str = "highs") -> Foun
     if task.warm is not None:
         warm = ({op: task.warm.times_of(op)[0] for op in task.warm.table.ops()}, task.warm.makespan,
                 objective_value(task.warm, task.objective))
-    arguments = dict(engine=engine, seconds=max(1.0, task.remaining()), workers=task.workers,
+    arguments = dict(engine=engine, deadline=time.time() + task.remaining(), workers=task.workers,
                      objective=task.objective, independent_bound=task.independent_bound, warm=warm)
     # leaving the block terminates the child, also when Ctrl-C stops the wait
     with multiprocessing.get_context("spawn").Pool(1, initializer=_ignore_interrupts) as pool:
@@ -73,10 +75,11 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _solve_in_child(problem: Problem, *, engine: str, seconds: float, workers: int, objective: str,
+def _solve_in_child(problem: Problem, *, engine: str, deadline: float, workers: int, objective: str,
                     independent_bound: float, warm) -> tuple[str, dict[Op, float] | None, float | None]:
     """(status, start times, objective value) of the MILP, solved in this process (a child of
-    `search`). `warm`: (start of every op, makespan, objective value) of the warm start, or None.
+    `search`) until `deadline` (wall clock, `time.time()`: the child's start-up and model building
+    count too). `warm`: (start of every op, makespan, objective value) of the warm start, or None.
     The status is read from the solver's own solution status, not PuLP's "Optimal", which PuLP
     also reports after a time limit."""
     import pulp
@@ -95,6 +98,7 @@ def _solve_in_child(problem: Problem, *, engine: str, seconds: float, workers: i
         for (first, second), x in before.items():
             if isinstance(x, pulp.LpVariable):
                 x.setInitialValue(1 if warm_starts[first] < warm_starts[second] else 0)
+    seconds = max(MIN_SEARCH_S, deadline - time.time())
     if engine == "cbc":
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=seconds, threads=workers, gapRel=1e-7,
                                     warmStart=warm is not None)

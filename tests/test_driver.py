@@ -1,13 +1,15 @@
 """The solve driver's shared steps, run with stand-in backends (this module's `search`) and CP-SAT:
 warm start, the one rule for "optimal", the gap, tick resolution, the second phase and the budget."""
 
+import _thread
+import threading
 import time
 
 import pytest
 
 from tests.reference import brute_force_least_peak, brute_force_optimum
 from tests.test_cpsat import TINY
-from zbopt import Problem, generate, simulate, solve
+from zbopt import Problem, ZboptError, generate, simulate, solve
 from zbopt.solvers import api
 from zbopt.solvers.api import Found
 from zbopt.solvers.bounds import lower_bounds
@@ -121,3 +123,58 @@ def test_the_time_limit_bounds_the_second_phase(stand_in):
     began = time.perf_counter()
     solve(LOOSE, "stand-in", time_limit=5)
     assert len(deadlines) == 2 and all(deadline <= began + 5 + 1e-3 for deadline in deadlines)
+
+
+def _interrupt_soon(seconds: float = 0.3) -> None:
+    """Ctrl-C as a terminal would send it, to this (the main) thread, a moment from now."""
+    threading.Timer(seconds, _thread.interrupt_main).start()
+
+
+def test_ctrl_c_calls_the_backends_stop_hook_and_keeps_its_best(stand_in):
+    _, warm = best_heuristic(LOOSE)
+
+    def found(problem, task):
+        stopped = threading.Event()
+        task.on_stop(stopped.set)
+        assert stopped.wait(30), "the stop hook was not called"
+        return Found("feasible", _starts(warm), 0.0, None, 1.0)
+
+    stand_in["found"] = found
+    _interrupt_soon()
+    result = solve(LOOSE, "stand-in", time_limit=60)
+    assert (result.status, result.objective) == ("feasible", warm.makespan)
+    assert stand_in["task"].stopped.is_set() and result.solve_time_s < 30
+
+
+def test_ctrl_c_propagates_when_the_backend_cannot_stop(stand_in):
+    release = threading.Event()
+    stand_in["found"] = lambda problem, task: release.wait(30) and None
+    _interrupt_soon()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            solve(LOOSE, "stand-in", time_limit=60)
+    finally:
+        release.set()
+
+
+def test_an_error_in_the_backend_reaches_the_caller(stand_in):
+    def found(problem, task):
+        raise RuntimeError("model broke")
+
+    stand_in["found"] = found
+    with pytest.raises(RuntimeError, match="model broke"):
+        solve(LOOSE, "stand-in", time_limit=60)
+
+
+def test_an_option_the_backend_does_not_take_is_refused_before_any_work():
+    with pytest.raises(ZboptError, match=r"solver 'highs'.*memory_model"):
+        solve(LOOSE, "highs", memory_model="reservoir")
+
+
+def test_span_names_its_own_bound():
+    """With the span objective the bound is the busiest device's work, not a makespan bound
+    (here device_load, 25, is above the optimal span, 24)."""
+    problem = Problem(num_devices=2, num_microbatches=8, forward_times=1, backward_times=1, weight_times=1)
+    result = solve(problem, "cpsat", objective="span", time_limit=30)
+    assert (result.status, result.objective, result.binding_bound) == ("optimal", 24, "device_work")
+    assert result.decided_by in ("solver", "lower bound (device_work)")

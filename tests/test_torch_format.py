@@ -545,7 +545,8 @@ def test_cli_takes_a_csv_in_the_configs_place_with_costs_from_a_config(tmp_path,
     write_torch_csv(tmp_path / "zbv.csv", problem, generate("zb-v", problem))
     (tmp_path / "costs.yaml").write_text("weight_times: 1\nbackward_times: 1\np2p_time: 0.25\n")
     status, out, err = run(capsys, "simulate", tmp_path / "zbv.csv", "-c", tmp_path / "costs.yaml", "--json")
-    assert (status, err) == (0, "") and json.loads(out)["makespan"] == simulate(problem, generate("zb-v", problem)).makespan
+    assert (status, err) == (0, "")
+    assert json.loads(out)["makespan"] == simulate(problem, generate("zb-v", problem)).makespan
 
 
 def test_cli_simulates_torch_built_ins_by_name(pipelining, capsys):

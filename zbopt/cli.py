@@ -21,6 +21,7 @@ from zbopt.io.export import check_output_directory as _check_output_directory  #
 from zbopt.io.inputs import is_schedule_file, run_and_schedule, run_config
 from zbopt.schedules import get, registered
 from zbopt.simulate import Simulation, simulate
+from zbopt.solvers.api import SOLVERS
 from zbopt.tables import format_comparison, format_frontier, format_simulation, format_solve
 
 EXIT_INVALID_SCHEDULE = 1
@@ -286,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_input_flags(exporting, output_help="the file to write (required)")
     exporting.set_defaults(run=_command_export)
     solving = commands.add_parser("solve", help="find the optimal schedule under the memory limit")
-    solving.add_argument("--solver", default="cpsat", choices=["cpsat", "cbc", "highs"],
+    solving.add_argument("--solver", default="cpsat", choices=SOLVERS,
                          help="cpsat (OR-Tools CP-SAT) or the MILP with cbc or highs (default cpsat)")
     solving.add_argument("--objective", default="makespan", choices=["makespan", "span"],
                          help="minimize the makespan or the longest device span (the ZB paper's)")

@@ -14,7 +14,7 @@ from zbopt.problem import Problem
 from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
 from zbopt.simulate import Simulation, simulate
 from zbopt.solvers import SolveResult, lower_bounds, solve
-from zbopt.solvers.result import relative_gap
+from zbopt.solvers.result import gap_text, relative_gap
 
 OPTIMAL_ROW = "cpsat"
 COLUMNS = {"name": "schedule", "status": "status", "makespan": "makespan", "bubble_rate": "bubble rate",
@@ -63,7 +63,7 @@ class ComparisonRow:
         return {"name": self.name, "status": self.status or "-", "makespan": f"{self.makespan:.6g}",
                 "bubble_rate": f"{self.bubble_rate:.4f}", "zb_bubble_rate": f"{self.zb_bubble_rate:.4f}",
                 "peak_memory": f"{self.peak_memory:g}",
-                "within_memory_limit": "yes" if self.within_memory_limit else "no", "gap": f"{self.gap:.2%}"}
+                "within_memory_limit": "yes" if self.within_memory_limit else "no", "gap": gap_text(self.gap)}
 
     def to_dict(self) -> dict:
         return {"name": self.name, "status": self.status, "makespan": self.makespan,

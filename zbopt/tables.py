@@ -7,6 +7,7 @@ from zbopt.compare import COLUMNS, Comparison
 from zbopt.frontier import Frontier
 from zbopt.simulate import Simulation
 from zbopt.solvers import SolveResult
+from zbopt.solvers.result import gap_text
 
 
 def format_simulation(simulation: Simulation) -> str:
@@ -34,7 +35,7 @@ def format_simulation(simulation: Simulation) -> str:
 
 def format_solve(result: SolveResult) -> str:
     """The solver's status and certificate, then the schedule's metrics when it found one."""
-    gap = "n/a" if result.gap is None else f"{result.gap:.2%}"
+    gap = gap_text(result.gap)
     value = "none" if result.objective is None else f"{result.objective:.6g}"
     resolution = "no model built" if result.resolution is None else f"resolution {result.resolution:g}"
     text = (f"status          {result.status}\n{result.objective_kind:<16}{value}\n"
@@ -91,7 +92,7 @@ def format_frontier(frontier: Frontier) -> str:
     ]
     for point in points:
         makespan = "none" if point.makespan is None else f"{point.makespan:.6g}"
-        gap = "n/a" if point.gap is None else f"{point.gap:.2%}"
+        gap = gap_text(point.gap)
         carried = "" if point.found_at in (None, point.memory_limit) else f"  (found at limit {point.found_at:g})"
         lines.append(f"{point.memory_limit:>12g}  {point.status:<8}  {makespan:>10}  {point.lower_bound:>11.6g}  "
                      f"{gap:>7}  {point.solve_time_s:>7.2f}{carried}")

@@ -3,7 +3,7 @@
 A generator that decides op by op (the Zero Bubble greedy, the building-block slot plans) needs the
 times and memory of what it has placed so far. It reads them here, from the same rules the
 simulator uses: dependencies, latencies and durations from `OpTable`, memory from
-`Problem.memory_delta`, the limit through `memory_ceiling`. A new op kind is added there and every
+`Problem.memory_delta`. A new op kind is added there and every
 generator times it the same way. `simulate` stays the one judge of the finished schedule.
 """
 
@@ -14,7 +14,7 @@ import math
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.simulate import memory_ceiling, op_table
+from zbopt.simulate import op_table
 
 
 class Timeline:
@@ -60,12 +60,9 @@ class Timeline:
         began = self.start[source]
         return math.inf if began is None else began + self.table.duration[source] + self.table.latency[index]
 
-    def device_of(self, op: Op) -> int:
-        return self.problem.device_of(op.stage)
-
     def append(self, op: Op) -> float:
         """Run `op` next on its device as early as possible; its start time."""
-        device = self.device_of(op)
+        device = self.problem.device_of(op.stage)
         start = max(self.free[device], self.ready(op))
         index = self.table.index(op)
         self.start[index] = start
@@ -77,10 +74,6 @@ class Timeline:
     def put(self, op: Op, start: float) -> None:
         """Record `op` at `start` (or move it there), outside any device order."""
         self.start[self.table.index(op)] = start
-
-    def fits(self, device: int, amount: float, limit: float) -> bool:
-        """Whether device `device` can take `amount` more memory under `limit` (the simulator's rule)."""
-        return self.held[device] + amount <= memory_ceiling(limit)
 
     def schedule(self) -> Schedule:
         """The appended ops as per-device orders."""

@@ -10,6 +10,7 @@ and the gap, and the second phase that lowers the peak memory at the makespan fo
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 import threading
 import time
@@ -49,9 +50,10 @@ def _ignore(*_args) -> None:
 class SearchTask:
     """What the driver hands a backend.
 
-    objective : "makespan" or "span". With `peak_cap` set, the backend instead minimises the highest
-        peak memory over the devices, keeping the objective at most `peak_cap` (the second phase);
-        a backend that cannot says so with `Found(status="unknown")`.
+    objective : "makespan" or "span". With `peak_cap` set (the second phase; `warm` is then the
+        first phase's schedule and `peak_cap` its objective), the backend instead minimises the
+        highest peak memory over the devices, keeping the objective at most the warm start's; a
+        backend that cannot says so with `Found(status="unknown")`.
     warm : the warm start (valid under the memory limit) to hint and to cap the horizon with, or None.
     independent_bound : the driver's lower bound on the objective (problem units).
     deadline : `time.perf_counter()` by which the backend must have returned.
@@ -134,15 +136,17 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         raise ZboptError(f"unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
     if objective not in OBJECTIVES:
         raise ZboptError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
-    if time_limit <= 0:
-        raise ZboptError(f"time limit {time_limit:g}: must be positive")
+    if not time_limit > 0:  # NaN too
+        raise ZboptError(f"time limit {time_limit:g}: must be a positive number of seconds")
     if workers < 1:
         raise ZboptError(f"workers {workers}: must be at least 1")
     began = time.perf_counter()
     module, backend_options = BACKENDS[solver]
     search = importlib.import_module(module).search
+    options = {**backend_options, **options}
+    _check_options(search, solver, options)
     bounds = lower_bounds(problem)
-    independent_bound = objective_bound(problem, bounds, objective)
+    independent_bound, binding = objective_bound(problem, bounds, objective)
     warm = warm_start_simulation(problem, warm_start, objective) if use_warm_start else None
 
     def finish(simulation: Simulation | None, status: str, lower: float, decided_by: str | None,
@@ -151,29 +155,39 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         return SolveResult(status=status, simulation=simulation, objective=value, lower_bound=lower, solver=solver,
                            objective_kind=objective, solve_time_s=time.perf_counter() - began,
                            warm_start=None if warm is None else warm[0], resolution=resolution,
-                           decided_by=decided_by, bounds=bounds.as_dict(), binding_bound=bounds.binding)
+                           decided_by=decided_by, bounds=bounds.as_dict(), binding_bound=binding)
 
     tolerance = optimality_tolerance(independent_bound)
     if warm is not None and meets(objective_value(warm[1], objective), independent_bound, tolerance):
         # no model is built: the warm start is proven optimal by the bound alone
-        return finish(warm[1], "optimal", objective_value(warm[1], objective), f"lower bound ({bounds.binding})")
+        return finish(warm[1], "optimal", objective_value(warm[1], objective), f"lower bound ({binding})")
 
     live = _LiveLine(began, independent_bound, None if warm is None else objective_value(warm[1], objective)) \
         if progress else None
     task = SearchTask(objective, None if warm is None else warm[1], independent_bound, began + time_limit, workers,
                       seed, report=live.update if live else _ignore)
-    found = _run_stoppable(search, problem, task, {**backend_options, **options}, live)
+    found = _run_stoppable(search, problem, task, options, live)
     simulation = _simulated(problem, found, objective, solver)
     if simulation is None and task.stopped.is_set():
         raise KeyboardInterrupt  # stopped before the backend found a schedule of its own
     if simulation is None and warm is None:
-        lower = 0.0 if found.status == "infeasible" else max(independent_bound, found.bound)
-        return finish(None, found.status, lower, None, found.resolution)
-    status, simulation, lower, decided_by = _verdict(found, simulation, warm, objective, independent_bound,
-                                                     bounds.binding)
+        proved = "solver" if found.status == "infeasible" else None
+        return finish(None, found.status, max(independent_bound, found.bound), proved, found.resolution)
+    status, simulation, lower, decided_by = _verdict(found, simulation, warm, objective, independent_bound, binding)
     if lower_peak and not task.stopped.is_set():
-        simulation = _lower_peak(search, problem, task, {**backend_options, **options}, simulation, began, solver)
+        try:
+            simulation = _lower_peak(search, problem, task, options, simulation, began, solver)
+        except KeyboardInterrupt:  # Ctrl-C between the phases: the first phase's answer stands
+            task.stopped.set()
     return finish(simulation, status, lower, decided_by, found.resolution)
+
+
+def _check_options(search, solver: str, options: dict) -> None:
+    """Refuse an option the backend does not take, before any work (not only when a model is built)."""
+    try:
+        inspect.signature(search).bind(None, None, **options)
+    except TypeError as error:
+        raise ZboptError(f"solver '{solver}': {error}") from None
 
 
 def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, live: _LiveLine | None) -> Found:
@@ -262,17 +276,16 @@ def _lower_peak(search, problem: Problem, task: SearchTask, options: dict, simul
         return simulation
     phase = replace(task, warm=simulation, peak_cap=value, deadline=time.perf_counter() + budget,
                     report=_ignore, stopped=task.stopped)
-    found = _run_stoppable(search, problem, phase, options, None)
-    if found.starts is None:
+    leaner = _simulated(problem, _run_stoppable(search, problem, phase, options, None), task.objective, solver)
+    if leaner is None or objective_value(leaner, task.objective) > value:  # not even a rounding worse
         return simulation
-    lower = simulate(problem, schedule_from_starts(problem, found.starts, solver), strict=True)
-    keeps_objective = meets(objective_value(lower, task.objective), value, optimality_tolerance(value))
-    return lower if keeps_objective and max(lower.peak_memory) < max(simulation.peak_memory) else simulation
+    return leaner if max(leaner.peak_memory) < max(simulation.peak_memory) else simulation
 
 
 class _LiveLine:
     """"  incumbent X  bound Y  gap Z  T s" on one stderr line, redrawn twice a second, so the
-    elapsed time and the bound show even while no better schedule is found."""
+    elapsed time and the bound show, and the bound rises as the backend reports it, even while no
+    better schedule is found."""
 
     def __init__(self, began: float, bound: float, incumbent: float | None):
         self.began, self.bound, self.incumbent = began, bound, incumbent

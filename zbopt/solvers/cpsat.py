@@ -38,6 +38,7 @@ from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunct
 from zbopt.solvers.ticks import ceil_ticks, memory_scale, tick_problem, tick_scale
 
 MEMORY_MODELS = ("cumulative", "reservoir")
+STOP_POLL_S = 0.05  # how often a running solve checks for the deadline and Ctrl-C
 _STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
            cp_model.MODEL_INVALID: "unknown", cp_model.UNKNOWN: "unknown"}
 
@@ -65,7 +66,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     if memory_model not in MEMORY_MODELS:
         raise ValueError(f"memory_model must be one of {MEMORY_MODELS}")
     solver = cp_model.CpSolver()
-    task.on_stop(solver.StopSearch)  # registered first: Ctrl-C while the model is built counts too
+    task.on_stop(solver.StopSearch)  # marks this backend stoppable; `_stop_at_deadline_or_ctrl_c` does the stopping
     scale = tick_scale(problem)
     integral = tick_problem(problem, scale)
     table = op_table(integral)
@@ -130,13 +131,14 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     solver.parameters.num_workers = task.workers
     solver.parameters.random_seed = task.seed
     solver.parameters.catch_sigint_signal = False  # Ctrl-C is the driver's: it calls StopSearch
-    # CP-SAT's workers can run past max_time_in_seconds on a busy machine; a stop at the deadline cuts that
-    deadline_stop = threading.Timer(max(0.0, task.remaining()), solver.StopSearch)
-    deadline_stop.start()
+    if task.peak_cap is None:
+        solver.best_bound_callback = lambda bound: task.report(None, scale.units(bound) - scale.error_bound)
+    solving = threading.Event()
+    threading.Thread(target=_stop_at_deadline_or_ctrl_c, args=(solver, task, solving), daemon=True).start()
     try:
         code = solver.Solve(model, _Progress(scale, task.report) if task.peak_cap is None else None)
     finally:
-        deadline_stop.cancel()
+        solving.set()
     status = _STATUS[code]
     found = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     if not found and task.stopped.is_set():
@@ -150,6 +152,15 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         modelled=scale.units(solver.Value(goal)) if found else None,
         resolution=scale.resolution, error_bound=scale.error_bound, exact=scale.exact,
     )
+
+
+def _stop_at_deadline_or_ctrl_c(solver, task: SearchTask, solved: threading.Event) -> None:
+    """Until the solve ends, stop it once the deadline passes (CP-SAT's workers can run past
+    max_time_in_seconds on a busy machine) or Ctrl-C came; StopSearch is repeated because it has no
+    effect before Solve has started."""
+    while not solved.wait(STOP_POLL_S):
+        if task.stopped.is_set() or task.remaining() <= 0:
+            solver.StopSearch()
 
 
 def _hinted_only(task: SearchTask, scale) -> Found:

@@ -15,9 +15,15 @@ Times are the problem's own floats (no ticks); the MILP's tolerances state its r
 
 from __future__ import annotations
 
-import multiprocessing
+import os
+import pickle
 import signal
+import subprocess
+import sys
+import tempfile
+import threading
 import time
+from pathlib import Path
 
 import networkx as nx
 
@@ -28,6 +34,7 @@ from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunct
 from zbopt.solvers.result import objective_value
 
 ENGINES = ("cbc", "highs")
+DEADLINE_GRACE_S = 2.0  # past the deadline the child is killed: its solver had its own limit, this covers start-up
 MIN_SEARCH_S = 0.1  # the least time a solver is given, even past the deadline (it needs one to answer)
 RESOLUTION = 1e-6  # feasibility tolerance of CBC and HiGHS, in the problem's units
 
@@ -42,11 +49,13 @@ def _ordered_before(graph: nx.DiGraph) -> set[tuple[Op, Op]]:
 def search(problem: Problem, task: SearchTask, *, engine: str = "highs") -> Found:
     """Build and solve the MILP (see the module docstring) with CBC or HiGHS until the deadline.
 
-    The MILP is built and solved in a fresh process: PuLP imports highspy, and highspy and OR-Tools
+    The MILP is built and solved in a child process: PuLP imports highspy, and highspy and OR-Tools
     each ship their own HiGHS library; whichever loads second into a process fails to resolve its
-    symbols. So PuLP never enters the caller's process, which may use CP-SAT. Ctrl-C stops the
-    child; the answer then has no schedule (the MILP solvers keep their incumbent to themselves).
-    The second phase (lowering the peak memory) is CP-SAT's only: here it finds nothing.
+    symbols. So PuLP never enters the caller's process, which may use CP-SAT. The child runs in a
+    session of its own, so a terminal's Ctrl-C reaches only the caller; stopping (Ctrl-C, or the
+    deadline passed by more than DEADLINE_GRACE_S) kills the child and the CBC it started. The
+    answer then has no schedule (the MILP solvers keep their incumbent to themselves). The second
+    phase (lowering the peak memory) is CP-SAT's only: here it finds nothing.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}")
@@ -58,21 +67,44 @@ def search(problem: Problem, task: SearchTask, *, engine: str = "highs") -> Foun
                 objective_value(task.warm, task.objective))
     arguments = dict(engine=engine, deadline=time.time() + task.remaining(), workers=task.workers,
                      objective=task.objective, independent_bound=task.independent_bound, warm=warm)
-    # leaving the block terminates the child, also when Ctrl-C stops the wait
-    with multiprocessing.get_context("spawn").Pool(1, initializer=_ignore_interrupts) as pool:
-        pending = pool.apply_async(_solve_in_child, (problem,), arguments)
-        task.on_stop(task.stopped.set)
-        while not pending.ready():
-            if task.stopped.wait(0.1):
-                return Found("unknown", None, 0.0, None, RESOLUTION)
-        status, starts, goal = pending.get()
+    stop = threading.Event()
+    task.on_stop(stop.set)
+    answer = _run_child(problem, arguments, stop, task.deadline + DEADLINE_GRACE_S)
+    if answer is None:
+        return Found("unknown", None, 0.0, None, RESOLUTION)
+    status, starts, goal = answer
     tolerance = RESOLUTION * max(1.0, task.independent_bound)
     return Found(status, starts, 0.0, goal, RESOLUTION, error_bound=RESOLUTION, tolerance=tolerance)
 
 
-def _ignore_interrupts() -> None:
-    """Ctrl-C is the parent's to handle: it stops the child, which should not print a traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _run_child(problem: Problem, arguments: dict, stop: threading.Event, kill_at: float):
+    """`_solve_in_child(problem, **arguments)` in a fresh interpreter in its own session, through
+    files (no `__main__` re-import, so scripts need no guard); None when stopped or killed at
+    `kill_at` (`time.perf_counter()`)."""
+    with tempfile.TemporaryDirectory(prefix="zbopt-milp-") as folder:
+        given, answer, errors = (Path(folder) / name for name in ("given.pickle", "answer.pickle", "stderr.txt"))
+        given.write_bytes(pickle.dumps((problem, arguments)))
+        command = [sys.executable, "-c", f"from zbopt.solvers.milp import _child_main; _child_main({str(folder)!r})"]
+        with open(errors, "wb") as stderr:
+            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                                     start_new_session=True, env={**os.environ, "TMPDIR": folder})  # PuLP's files too
+        try:
+            while child.poll() is None:
+                if stop.wait(0.1) or time.perf_counter() > kill_at:
+                    return None
+        finally:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)  # the child and the CBC it started
+                child.wait()
+        if child.returncode != 0:
+            raise RuntimeError(f"the MILP child failed (exit {child.returncode}): {errors.read_text()[-2000:]}")
+        return pickle.loads(answer.read_bytes())
+
+
+def _child_main(folder: str) -> None:
+    """The child's side of `_run_child`: read the problem, solve, write the answer."""
+    problem, arguments = pickle.loads((Path(folder) / "given.pickle").read_bytes())
+    (Path(folder) / "answer.pickle").write_bytes(pickle.dumps(_solve_in_child(problem, **arguments)))
 
 
 def _solve_in_child(problem: Problem, *, engine: str, deadline: float, workers: int, objective: str,

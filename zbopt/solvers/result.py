@@ -68,6 +68,19 @@ def relative_gap(value: float | None, lower_bound: float) -> float | None:
     return (value - lower_bound) / value
 
 
+def gap_text(gap: float | None) -> str:
+    """A gap for people: "n/a" without one, else percent with two decimals, and more digits where a
+    gap that is not zero would print as 0.00% (so "feasible" never shows a zero gap).
+
+    >>> gap_text(0.0123), gap_text(2.5e-7), gap_text(0.0), gap_text(None)
+    ('1.23%', '2.5e-05%', '0.00%', 'n/a')
+    """
+    if gap is None:
+        return "n/a"
+    text = f"{gap:.2%}"
+    return f"{gap * 100:.1e}%" if gap != 0 and text.lstrip("-") == "0.00%" else text
+
+
 def optimality_tolerance(bound: float) -> float:
     """How close a value must come to a lower bound to count as meeting it: the simulator's own
     relative tolerance, so that "optimal" means the same wherever it is decided."""
@@ -79,10 +92,11 @@ def meets(value: float, lower_bound: float, tolerance: float | None = None) -> b
     return value <= lower_bound + (optimality_tolerance(lower_bound) if tolerance is None else tolerance)
 
 
-def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> float:
-    """The independent lower bound on the objective: the best makespan bound, or for the span
-    objective a device's own work (the other bounds speak of the makespan only)."""
-    return bounds.best if kind == "makespan" else max(device_work(problem))
+def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> tuple[float, str]:
+    """The independent lower bound on the objective and its name: the best makespan bound, or for
+    the span objective the busiest device's own work, "device_work" (the others speak of the
+    makespan only)."""
+    return (bounds.best, bounds.binding) if kind == "makespan" else (max(device_work(problem)), "device_work")
 
 
 def objective_value(simulation: Simulation, kind: str) -> float:

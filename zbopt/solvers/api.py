@@ -137,7 +137,7 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     if objective not in OBJECTIVES:
         raise ZboptError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
     if not time_limit > 0:  # NaN too
-        raise ZboptError(f"time limit {time_limit:g}: must be a positive number of seconds")
+        raise ZboptError(f"time limit {time_limit:g}: must be positive")
     if workers < 1:
         raise ZboptError(f"workers {workers}: must be at least 1")
     began = time.perf_counter()

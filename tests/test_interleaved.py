@@ -53,3 +53,14 @@ def test_preconditions(changes, needs):
     problem = Problem(**{"num_devices": 4, "num_microbatches": 8, "chunks_per_device": 2, **changes})
     with pytest.raises(NotApplicableError, match=f"interleaved-1f1b needs {needs}"):
         generate("interleaved-1f1b", problem)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "true", "1.5"])
+def test_a_bad_group_size_is_one_line_naming_the_option(capsys, value):
+    from zbopt.cli import main
+
+    status = main(["simulate", "-s", "4", "-b", "8", "-v", "2", "--schedule", "interleaved-1f1b",
+                   "--option", f"microbatch_group_size_per_vp_stage={value}"])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "microbatch_group_size_per_vp_stage" in err and "positive whole number" in err

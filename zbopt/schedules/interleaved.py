@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from zbopt.errors import ZboptError
 from zbopt.ops import Op
 from zbopt.problem import FORWARD, Problem
 from zbopt.schedule import Schedule
@@ -51,7 +52,11 @@ def interleaved_one_f_one_b(problem: Problem, microbatch_group_size_per_vp_stage
     v = 3, m = 5).
     """
     p, v, m = problem.num_devices, problem.chunks_per_device, problem.num_microbatches
-    group = microbatch_group_size_per_vp_stage or p
+    given = microbatch_group_size_per_vp_stage
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+        raise ZboptError(f"interleaved-1f1b option microbatch_group_size_per_vp_stage = {given!r}: "
+                         "must be a positive whole number")
+    group = given or p
     require(v >= 2, "interleaved-1f1b", "chunks_per_device >= 2 (use 1f1b for one chunk)")
     require(problem.placement == "loop", "interleaved-1f1b", "placement loop (chunk c of device r is stage c·p + r)")
     require(p <= group and m % group == 0, "interleaved-1f1b",

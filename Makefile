@@ -27,13 +27,15 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 
-# All four benchmarks with quick settings: about 4 minutes on 2 cores. The full runs:
-# bench_solver.py A (60 s per solve, CP-SAT and HiGHS), bench_solver.py B, bench_milp_models.py (60 s).
+# All five benchmarks with quick settings: about 5 minutes on 2 cores. The full runs:
+# bench_solver.py A (60 s per solve, CP-SAT and HiGHS), bench_solver.py B, bench_milp_models.py (60 s),
+# bench_scale.py (p = 64, m = 4096 at 60 s and the V-shape grid at 60 s per solve).
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_simulator.py
 	$(BIN)/python benchmarks/bench_heuristics.py
 	$(BIN)/python benchmarks/bench_solver.py A --solvers cpsat --time-limit 2
 	$(BIN)/python benchmarks/bench_milp_models.py --time-limit 3
+	$(BIN)/python benchmarks/bench_scale.py --quick --time-limit 10
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -178,3 +178,34 @@ def test_span_names_its_own_bound():
     result = solve(problem, "cpsat", objective="span", time_limit=30)
     assert (result.status, result.objective, result.binding_bound) == ("optimal", 24, "device_work")
     assert result.decided_by in ("solver", "lower bound (device_work)")
+
+
+def test_a_backend_still_busy_past_the_deadline_is_left_behind(stand_in):
+    """A backend that ignores its stop hook (say, still building a huge model) does not hold the
+    call: past the deadline and a grace, the warm start is the answer."""
+    release = threading.Event()
+    stand_in["found"] = lambda problem, task: release.wait(60) and None
+    try:
+        result = solve(LOOSE, "stand-in", time_limit=0.5)
+    finally:
+        release.set()
+    warm_name, warm = best_heuristic(LOOSE)
+    assert (result.status, result.warm_start, result.objective) == ("feasible", warm_name, warm.makespan)
+
+
+def test_past_the_heuristics_deadline_the_first_valid_heuristic_is_the_warm_start():
+    problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2)
+    assert best_heuristic(problem, deadline=0.0)[0] == "gpipe"  # the first registered, valid without a limit
+    assert best_heuristic(problem.replace(memory_limit=4), deadline=0.0)[0] == "1f1b"  # gpipe holds 8
+
+
+def test_bounds_cut_by_a_deadline_are_still_bounds():
+    """With no time, only the bounds that need no graph: one microbatch's critical path and the
+    busiest device's work, each at most the full bound; the device sequencing bound reports 0."""
+    from zbopt.ops import critical_path, device_work
+
+    problem = LOOSE.replace(num_microbatches=6)
+    full, cut = lower_bounds(problem), lower_bounds(problem, deadline=0.0)
+    assert full.complete and not cut.complete
+    assert (cut.critical_path, cut.device_load) == (critical_path(problem), max(device_work(problem)))
+    assert cut.best <= full.best and cut.device_sequencing == 0

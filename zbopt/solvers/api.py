@@ -40,6 +40,9 @@ BACKENDS = {"cpsat": ("zbopt.solvers.cpsat", {}), "cbc": ("zbopt.solvers.milp", 
             "highs": ("zbopt.solvers.milp", {"engine": "highs"})}
 SOLVERS = tuple(BACKENDS)
 LIVE_LINE_PERIOD_S = 0.5
+HEURISTICS_SHARE = 0.3  # of the time limit: no further heuristic starts after it (once one is valid)
+BOUNDS_SHARE = 0.3  # of what the heuristics left: the lower bounds stop after it
+ABANDON_GRACE_S = 1.0  # a backend still running this long past the deadline is left behind
 
 
 def _ignore(*_args) -> None:
@@ -84,7 +87,7 @@ class Found:
     starts : the start time of every op (problem units), or None without a schedule.
     bound : its own lower bound on the objective (problem units, rounding already taken off).
     modelled : its objective value as its model computed it (checked against the simulator).
-    resolution : one time unit of its model (problem units); `error_bound` the most its objective
+    resolution : one time unit of its model (problem units; None without a model); `error_bound` the most its objective
         can differ from the simulated one through that rounding; `exact` when a proof of
         optimality holds for the problem's own costs, not only for the rounded ones.
     tolerance : the absolute slack its solver allows (problem units).
@@ -94,7 +97,7 @@ class Found:
     starts: dict[Op, float] | None
     bound: float
     modelled: float | None
-    resolution: float
+    resolution: float | None
     error_bound: float = 0.0
     exact: bool = True
     tolerance: float = 0.0
@@ -110,8 +113,11 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     ----------
     solver : "cpsat" (OR-Tools CP-SAT, `zbopt.solvers.cpsat`) or "cbc" / "highs" (the disjunctive
         MILP through PuLP, `zbopt.solvers.milp`).
-    time_limit : seconds for the call: the independent bounds and the warm start come first, the
-        search and the second phase share what is left (the search at least 0.01 s).
+    time_limit : seconds for the whole call, shared by stages: the heuristics (no further one
+        starts after HEURISTICS_SHARE of it, once one is valid), the lower bounds (cut after
+        BOUNDS_SHARE of what is left; `bounds_complete` says so), then the search and the second
+        phase; a backend still busy ABANDON_GRACE_S past the deadline is left behind (its
+        thread ends on its own) and the best schedule so far is the answer.
     objective : "makespan" or "span" (the Zero Bubble paper's longest per-device span).
     warm_start : a registered heuristic to start from; None: the best valid one (at equal
         objective, the one with less peak memory).
@@ -145,9 +151,13 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     search = importlib.import_module(module).search
     options = {**backend_options, **options}
     _check_options(search, solver, options)
-    bounds = lower_bounds(problem)
+    deadline = began + time_limit
+    # the stages share the limit: heuristics, then bounds, each up to a share; the search gets the rest
+    warm = None
+    if use_warm_start:
+        warm = warm_start_simulation(problem, warm_start, objective, began + HEURISTICS_SHARE * time_limit)
+    bounds = lower_bounds(problem, time.perf_counter() + BOUNDS_SHARE * max(0.0, deadline - time.perf_counter()))
     independent_bound, binding = objective_bound(problem, bounds, objective)
-    warm = warm_start_simulation(problem, warm_start, objective) if use_warm_start else None
 
     def finish(simulation: Simulation | None, status: str, lower: float, decided_by: str | None,
                resolution: float | None = None) -> SolveResult:
@@ -155,7 +165,8 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         return SolveResult(status=status, simulation=simulation, objective=value, lower_bound=lower, solver=solver,
                            objective_kind=objective, solve_time_s=time.perf_counter() - began,
                            warm_start=None if warm is None else warm[0], resolution=resolution,
-                           decided_by=decided_by, bounds=bounds.as_dict(), binding_bound=binding)
+                           decided_by=decided_by, bounds=bounds.as_dict(), binding_bound=binding,
+                           bounds_complete=bounds.complete)
 
     tolerance = optimality_tolerance(independent_bound)
     if warm is not None and meets(objective_value(warm[1], objective), independent_bound, tolerance):
@@ -164,7 +175,7 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
 
     live = _LiveLine(began, independent_bound, None if warm is None else objective_value(warm[1], objective)) \
         if progress else None
-    task = SearchTask(objective, None if warm is None else warm[1], independent_bound, began + time_limit, workers,
+    task = SearchTask(objective, None if warm is None else warm[1], independent_bound, deadline, workers,
                       seed, report=live.update if live else _ignore)
     found = _run_stoppable(search, problem, task, options, live)
     simulation = _simulated(problem, found, objective, solver)
@@ -214,6 +225,10 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
                 done.wait(LIVE_LINE_PERIOD_S)
                 if live is not None:
                     live.draw()
+                if not done.is_set() and time.perf_counter() > task.deadline + ABANDON_GRACE_S:
+                    for stop in stops:
+                        stop()
+                    return Found("unknown", None, 0.0, None, None)  # e.g. still building a model too large
             except KeyboardInterrupt:
                 if not stops or task.stopped.is_set():
                     raise

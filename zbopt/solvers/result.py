@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 
-from zbopt.errors import ZboptError
+from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.ops import Op, device_work
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules import generate, generate_applicable
+from zbopt.schedules import generate, registered
 from zbopt.simulate import RELATIVE_TOLERANCE, Simulation, simulate
 from zbopt.solvers.bounds import LowerBounds
 
@@ -27,7 +29,8 @@ class SolveResult:
     resolution: one time unit of the solver's model in the problem's units (None when no model
         was built); decided_by: what proved the status (the solver, which lower bound, or the
         model's resolution when rounding keeps the proof from the problem's own costs).
-    bounds: every independent lower bound; binding_bound: the name of the largest.
+    bounds: every independent lower bound; binding_bound: the name of the largest;
+        bounds_complete: False when the time limit cut some of them short.
     """
 
     status: str
@@ -42,6 +45,7 @@ class SolveResult:
     decided_by: str | None = None
     bounds: dict = field(default_factory=dict)
     binding_bound: str | None = None
+    bounds_complete: bool = True
 
     @property
     def schedule(self) -> Schedule | None:
@@ -56,7 +60,7 @@ class SolveResult:
         data.update(status=self.status, objective=self.objective_kind, objective_value=self.objective,
                     lower_bound=self.lower_bound, gap=self.gap, solve_time_s=self.solve_time_s, solver=self.solver,
                     warm_start=self.warm_start, resolution=self.resolution, decided_by=self.decided_by,
-                    bounds=self.bounds, binding_bound=self.binding_bound)
+                    bounds=self.bounds, binding_bound=self.binding_bound, bounds_complete=self.bounds_complete)
         return data
 
 
@@ -104,14 +108,21 @@ def objective_value(simulation: Simulation, kind: str) -> float:
     return simulation.makespan if kind == "makespan" else max(simulation.span)
 
 
-def best_heuristic(problem: Problem, kind: str = "makespan") -> tuple[str, Simulation] | None:
+def best_heuristic(problem: Problem, kind: str = "makespan",
+                   deadline: float = math.inf) -> tuple[str, Simulation] | None:
     """The registered heuristic with the best objective among those valid under the memory limit;
-    at equal objective, the one with the lower highest peak memory (1f1b before gpipe)."""
+    at equal objective, the one with the lower highest peak memory (1f1b before gpipe). Past
+    `deadline` (`time.perf_counter()`) no further heuristic is tried once one is valid."""
     best: tuple[str, Simulation] | None = None
-    for name, schedule in generate_applicable(problem)[0].items():
-        result = simulate(problem, schedule)
+    for entry in registered():
+        if best is not None and time.perf_counter() > deadline:
+            break
+        try:
+            result = simulate(problem, generate(entry.name, problem))
+        except NotApplicableError:
+            continue
         if result.valid and (best is None or _preferred(result, best[1], kind)):
-            best = (name, result)
+            best = (entry.name, result)
     return best
 
 
@@ -124,10 +135,12 @@ def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:
     return meets(value, other_value) and max(simulation.peak_memory) < max(other.peak_memory)
 
 
-def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str) -> tuple[str, Simulation] | None:
-    """The named heuristic's simulation (an error if it breaks the memory limit), or the best one."""
+def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str,
+                          deadline: float = math.inf) -> tuple[str, Simulation] | None:
+    """The named heuristic's simulation (an error if it breaks the memory limit), or the best one
+    (see `best_heuristic` for the deadline)."""
     if warm_start is None:
-        return best_heuristic(problem, kind)
+        return best_heuristic(problem, kind, deadline)
     result = simulate(problem, generate(warm_start, problem))
     if not result.valid:
         raise ZboptError(f"warm start '{warm_start}' breaks the memory limit: {result.violations[0]}")

@@ -1,0 +1,83 @@
+"""The optimizer at training scale: does the time limit bound the whole call, and how far is it?
+
+Rows (the Zero Bubble paper's 1.5B costs, F 18.522, B 18.086, W 9.337, comm 0.601 ms):
+- "limit": v = 1, memory p·M_B, at p = 32, m = 512 (10 s) and p = 64, m = 4096 (60 s): the wall time of
+  `solve` against its limit, what it answered and with which bounds (issue 14, item 5);
+- "vshape": issue 14's V-shape grid, v = 2, V placement, the costs halved per chunk (activation 0.5,
+  M_W 0.183 per chunk), memory limit = the named heuristic's own peak: the gap CP-SAT certifies today.
+
+Prints a table and writes benchmarks/results/bench_scale.json.
+Usage: python benchmarks/bench_scale.py [--rows limit,vshape] [--time-limit S (vshape rows; default 60)] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+from zbopt import Problem, generate, simulate, solve
+
+COSTS = dict(forward_times=18.522, backward_times=18.086, weight_times=9.337, p2p_time=0.601)
+HALVED = dict(forward_times=9.261, backward_times=9.043, weight_times=4.6685, p2p_time=0.601, activation_memory=0.5,
+              weight_memory=0.183)
+LIMIT_ROWS = [(32, 512, 10.0), (64, 4096, 60.0)]
+VSHAPE_ROWS = [(4, 8, "v-min"), (4, 12, "v-min"), (8, 16, "v-min"), (8, 16, "v-half"), (8, 24, "v-min")]
+
+
+def limit_rows(quick: bool) -> list[dict]:
+    rows = []
+    for p, m, limit in LIMIT_ROWS[:1] if quick else LIMIT_ROWS:
+        problem = Problem(num_devices=p, num_microbatches=m, memory_limit=p, **COSTS)
+        began = time.perf_counter()
+        result = solve(problem, "cpsat", time_limit=limit)
+        rows.append({"row": "limit", "p": p, "m": m, "v": 1, "time_limit": limit,
+                     "wall_s": time.perf_counter() - began, "status": result.status, "objective": result.objective,
+                     "lower_bound": result.lower_bound, "gap": result.gap, "warm_start": result.warm_start,
+                     "bounds_complete": result.bounds_complete, "binding_bound": result.binding_bound})
+    return rows
+
+
+def vshape_rows(time_limit: float, quick: bool) -> list[dict]:
+    rows = []
+    for p, m, name in VSHAPE_ROWS[:2] if quick else VSHAPE_ROWS:
+        base = Problem(num_devices=p, num_microbatches=m, chunks_per_device=2, placement="v", **HALVED)
+        heuristic = simulate(base, generate(name, base))
+        problem = base.replace(memory_limit=max(heuristic.peak_memory))
+        began = time.perf_counter()
+        result = solve(problem, "cpsat", time_limit=time_limit)
+        rows.append({"row": "vshape", "p": p, "m": m, "v": 2, "time_limit": time_limit,
+                     "wall_s": time.perf_counter() - began, "memory_limit": max(heuristic.peak_memory),
+                     "heuristic": name, "heuristic_makespan": heuristic.makespan, "status": result.status,
+                     "objective": result.objective, "lower_bound": result.lower_bound, "gap": result.gap,
+                     "warm_start": result.warm_start, "bounds_complete": result.bounds_complete,
+                     "binding_bound": result.binding_bound})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="limit,vshape")
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--quick", action="store_true", help="the first row(s) of each kind only")
+    args = parser.parse_args()
+    kinds = args.rows.split(",")
+    rows = (limit_rows(args.quick) if "limit" in kinds else []) + \
+        (vshape_rows(args.time_limit, args.quick) if "vshape" in kinds else [])
+    print(f"{'row':<7}{'p':>4}{'m':>6}{'v':>3}{'limit s':>9}{'wall s':>8}  {'status':<9}{'objective':>11}"
+          f"{'bound':>11}{'gap':>8}  warm start / heuristic")
+    for row in rows:
+        extra = row["warm_start"] if row["row"] == "limit" else f"{row['heuristic']} {row['heuristic_makespan']:.1f}"
+        print(f"{row['row']:<7}{row['p']:>4}{row['m']:>6}{row['v']:>3}{row['time_limit']:>9g}{row['wall_s']:>8.1f}  "
+              f"{row['status']:<9}{row['objective']:>11.1f}{row['lower_bound']:>11.1f}{row['gap']:>8.2%}  {extra}"
+              f"{'' if row['bounds_complete'] else '  (bounds cut)'}")
+    out = Path(__file__).resolve().parent / "results" / "bench_scale.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"machine": platform.platform(), "rows": rows}, indent=1))
+    print(f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()

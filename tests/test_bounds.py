@@ -1,10 +1,10 @@
 """Lower bounds: closed forms, and never above any schedule's makespan."""
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from tests.reference import problems, random_topological_schedule
+from tests.reference import brute_force_optimum, problems, random_topological_schedule
 from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate, solve
 from zbopt.schedules import registered
 from zbopt.solvers.bounds import (
@@ -160,3 +160,27 @@ def test_device_sequencing_is_as_tolerant_as_the_simulator_in_large_memory_units
     tighter = problem.replace(memory_limit=3e6 - 1e-4)
     assert simulate(tighter, best.schedule).valid
     assert lower_bounds(tighter).best <= best.makespan + 1e-9
+
+
+@settings(max_examples=25)
+@given(problems(max_devices=2, max_microbatches=2, chunks=(2,)), st.sampled_from([0.0, 0.5, 1.0, None]))
+def test_device_relaxation_never_exceeds_the_brute_force_optimum(problem, extra_memory):
+    """Fused backward (F, BW), or one device split: small enough to try every order."""
+    assume(not problem.split_backward or problem.num_devices == 1)
+    if extra_memory is not None:
+        problem = problem.replace(memory_limit=[need + extra_memory for need in problem.min_memory_limit])
+    bounds = lower_bounds(problem)
+    assert bounds.device_relaxation <= brute_force_optimum(problem) + 1e-9
+
+
+@settings(max_examples=10)
+@given(problems(max_devices=3, max_microbatches=4, chunks=(2,)))
+def test_device_relaxation_holds_for_every_heuristic_within_its_own_peak(problem):
+    for entry in registered():
+        try:
+            result = simulate(problem, generate(entry.name, problem))
+        except NotApplicableError:
+            continue
+        limited = problem.replace(memory_limit=[max(peak, need) for peak, need in
+                                                zip(result.peak_memory, problem.min_memory_limit, strict=True)])
+        assert lower_bounds(limited).device_relaxation <= result.makespan + 1e-9, entry.name

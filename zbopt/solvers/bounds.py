@@ -35,6 +35,7 @@ from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.simulate import memory_ceiling
 
+RELAXATION_MAX_S = 5.0  # the single-device relaxations' total time (v >= 2), or less if the deadline says so
 GRAPH_SECONDS_PER_OP = 1e-4  # building the implied graph and its heads and tails (measured: 4 s for 49k ops)
 
 
@@ -48,11 +49,13 @@ class LowerBounds:
     one_machine: float
     memory: float
     device_sequencing: float
+    device_relaxation: float = 0.0
     complete: bool = True  # False when a deadline cut some bounds short (those report 0 or less)
 
     @property
     def best(self) -> float:
-        return max(self.critical_path, self.device_load, self.one_machine, self.memory, self.device_sequencing)
+        return max(self.critical_path, self.device_load, self.one_machine, self.memory, self.device_sequencing,
+                   self.device_relaxation)
 
     @property
     def binding(self) -> str:
@@ -64,7 +67,8 @@ class LowerBounds:
     def as_dict(self) -> dict[str, float]:
         return {"critical_path": self.critical_path, "device_load": self.device_load,
                 "one_machine": self.one_machine, "memory": self.memory,
-                "device_sequencing": self.device_sequencing, "best": self.best}
+                "device_sequencing": self.device_sequencing, "device_relaxation": self.device_relaxation,
+                "best": self.best}
 
 
 def _same_order_group(problem: Problem, microbatch: int, other: int) -> bool:
@@ -366,7 +370,9 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     The bounds on the op graph cost about GRAPH_SECONDS_PER_OP per op (networkx); when that does
     not fit before the deadline only the two that need no graph are computed (one microbatch's
     critical path, the busiest device's work) and `complete` is False. The device sequencing
-    bound stops at the deadline, device by device (0 where it did not finish).
+    bound (v = 1) stops at the deadline, device by device (0 where it did not finish); the
+    single-device relaxations (v >= 2, `relaxation.device_relaxation`) share the time left before
+    the deadline, at most RELAXATION_MAX_S, each reporting the bound CP-SAT proved.
     """
     if time.perf_counter() + problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         return LowerBounds(critical_path(problem), max(device_work(problem)), 0.0, 0.0, 0.0, complete=False)
@@ -380,10 +386,21 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     one_machine = max(jackson_preemptive(jobs) for jobs in per_device)
     lifetimes = activation_lifetimes(problem)
     memory = memory_bound(problem, lifetimes)
-    sequencing = 0.0
-    for device in range(problem.num_devices):
-        if time.perf_counter() > deadline:
-            return LowerBounds(critical, load, one_machine, memory, sequencing, complete=False)
-        needed = max(critical, load, one_machine, memory, sequencing)
-        sequencing = max(sequencing, device_sequencing(problem, device, heads, tails, lifetimes, needed, deadline))
+    sequencing = relaxed = 0.0
+    if problem.chunks_per_device == 1:
+        for device in range(problem.num_devices):
+            if time.perf_counter() > deadline:
+                return LowerBounds(critical, load, one_machine, memory, sequencing, complete=False)
+            needed = max(critical, load, one_machine, memory, sequencing)
+            sequencing = max(sequencing, device_sequencing(problem, device, heads, tails, lifetimes, needed, deadline))
+    else:
+        from zbopt.solvers.relaxation import device_relaxation
+
+        budget = min(RELAXATION_MAX_S, deadline - time.perf_counter())
+        for device in range(problem.num_devices):
+            seconds = budget / problem.num_devices
+            if seconds <= 0.01:
+                return LowerBounds(critical, load, one_machine, memory, 0.0, relaxed, complete=False)
+            relaxed = max(relaxed, device_relaxation(problem, device, graph, heads, tails, seconds))
+        return LowerBounds(critical, load, one_machine, memory, 0.0, relaxed)  # each device had its share
     return LowerBounds(critical, load, one_machine, memory, sequencing, complete=time.perf_counter() <= deadline)

@@ -1,0 +1,105 @@
+"""The single-device relaxation: one device's ops alone, solved exactly (CP-SAT), as a lower bound.
+
+Where a device holds several stages (v >= 2) the device sequencing bound does not apply; this one
+does. It keeps everything that involves only the device and relaxes the rest:
+
+- each op starts after its head and is followed by its tail (the implied graph's, see `bounds`);
+- between two of the device's ops in one microbatch's chain (F on chunk 0 ... F on chunk 1, B on
+  chunk 1 ... B on chunk 0, B before its W) at least the work and latency of the ops between them
+  on other devices (the "round trip");
+- the implied graph's edges among the device's ops (microbatch order per kind and stage, memory
+  precedences, iteration barriers);
+- one op at a time, and the device's memory limit;
+- objective: the latest end plus tail.
+
+Notes
+-----
+Some optimal schedule runs the ops of each kind and stage in microbatch order (see `cpsat`), and
+every such valid schedule, restricted to the device, satisfies all of the above; so the
+relaxation's optimum, and any lower bound CP-SAT proves on it, bounds the makespan. Durations,
+heads, tails and lags are rounded down to integer ticks and memory amounts down (the limit up),
+which only relaxes it further.
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+
+from zbopt.ops import Op
+from zbopt.problem import FORWARD, Problem
+from zbopt.simulate import op_table
+from zbopt.solvers.ticks import memory_scale, tick_scale
+
+
+def chain_lags(problem: Problem, device: int) -> list[tuple[Op, Op, float]]:
+    """(earlier op, later op, least time between the end of one and the start of the other) for
+    consecutive ops of `device` in each microbatch's dependency chain: the durations and latencies
+    of the ops between them, which run on other devices."""
+    table = op_table(problem)
+    lags = []
+    for index in range(table.size):
+        if table.device[index] != device:
+            continue
+        gap, current = 0.0, index
+        while True:
+            gap += table.latency[current]
+            source = table.predecessor[current]
+            if source < 0:
+                break
+            if table.device[source] == device:
+                lags.append((table.op(source), table.op(index), gap))
+                break
+            gap += table.duration[source]
+            current = source
+    return lags
+
+
+def device_relaxation(problem: Problem, device: int, graph: nx.DiGraph, heads: dict[Op, float],
+                      tails: dict[Op, float], seconds: float) -> float:
+    """A lower bound on the makespan from `device` alone (see the module docstring), proven by
+    CP-SAT within `seconds` (its best bound when it does not finish)."""
+    from ortools.sat.python import cp_model
+
+    scale = tick_scale(problem)
+
+    def ticks(value: float) -> int:
+        return math.floor(value * scale.ticks_per_unit + 1e-6)
+
+    mine = [op for op in graph if graph.nodes[op]["device"] == device]
+    duration = {op: ticks(graph.nodes[op]["duration"]) for op in mine}
+    horizon = max(ticks(heads[op]) for op in mine) + sum(duration.values()) + max(ticks(tails[op]) for op in mine)
+    model = cp_model.CpModel()
+    start = {op: model.NewIntVar(ticks(heads[op]), horizon, f"s_{op}") for op in mine}
+    end = {op: start[op] + duration[op] for op in mine}
+    model.AddNoOverlap([model.NewFixedSizeIntervalVar(start[op], duration[op], f"i_{op}") for op in mine])
+    for earlier, later, lag in chain_lags(problem, device):
+        model.Add(start[later] >= end[earlier] + ticks(lag))
+    for source, target, data in graph.edges(data=True):
+        if graph.nodes[source]["device"] == device == graph.nodes[target]["device"]:
+            model.Add(start[target] >= end[source] + ticks(data["latency"]))
+    if problem.memory_limit is not None:
+        unit = memory_scale(problem)
+        lives, amounts = [], []
+        for forward in (op for op in mine if op.kind == FORWARD):
+            for kind in problem.kinds:
+                freed = -problem.memory_delta(kind, forward.stage)
+                if freed > 0:
+                    release = Op(kind, forward.stage, forward.microbatch)
+                    size = model.NewIntVar(0, horizon, f"held_{release}")
+                    lives.append(model.NewIntervalVar(start[forward], size, end[release], f"life_{release}"))
+                    amounts.append(math.floor(freed * unit + 1e-9))
+        model.AddCumulative(lives, amounts, math.ceil(problem.memory_limit[device] * unit - 1e-9))
+    goal = model.NewIntVar(0, 2 * horizon, "goal")
+    for op in mine:
+        model.Add(goal >= end[op] + ticks(tails[op]))
+    model.Minimize(goal)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, seconds)
+    solver.parameters.num_workers = 1
+    solver.parameters.catch_sigint_signal = False
+    code = solver.Solve(model)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
+        return 0.0  # infeasible cannot happen for a valid problem; prove nothing rather than too much
+    return scale.units(solver.BestObjectiveBound())

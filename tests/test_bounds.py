@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from tests.reference import brute_force_optimum, problems, random_topological_schedule
 from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate, solve
-from zbopt.schedules import registered
+from zbopt.schedules import applicable, registered
 from zbopt.solvers.bounds import (
     activation_lifetimes,
     device_sequencing,
@@ -93,16 +93,19 @@ def test_no_bound_exceeds_any_schedule(problem):
         assert bounds.best <= result.makespan + 1e-9, entry.name
 
 
-@given(problems(max_devices=3, max_microbatches=5))
-def test_memory_bound_holds_for_schedules_within_the_limit(problem):
-    for entry in registered():
-        try:
-            result = simulate(problem, generate(entry.name, problem))
-        except NotApplicableError:
-            continue
+def heuristics_within_their_own_peak(problem):
+    """(name, its simulation, the problem limited to its own peak) of every heuristic that applies."""
+    for name, schedule in applicable(problem):
+        result = simulate(problem, schedule)
         limited = problem.replace(memory_limit=[max(peak, need) for peak, need in
                                                 zip(result.peak_memory, problem.min_memory_limit, strict=True)])
-        assert lower_bounds(limited).memory <= result.makespan + 1e-9, entry.name
+        yield name, result, limited
+
+
+@given(problems(max_devices=3, max_microbatches=5))
+def test_memory_bound_holds_for_schedules_within_the_limit(problem):
+    for name, result, limited in heuristics_within_their_own_peak(problem):
+        assert lower_bounds(limited).memory <= result.makespan + 1e-9, name
 
 
 def test_memory_precedences_closed_form():
@@ -176,11 +179,5 @@ def test_device_relaxation_never_exceeds_the_brute_force_optimum(problem, extra_
 @settings(max_examples=10)
 @given(problems(max_devices=3, max_microbatches=4, chunks=(2,)))
 def test_device_relaxation_holds_for_every_heuristic_within_its_own_peak(problem):
-    for entry in registered():
-        try:
-            result = simulate(problem, generate(entry.name, problem))
-        except NotApplicableError:
-            continue
-        limited = problem.replace(memory_limit=[max(peak, need) for peak, need in
-                                                zip(result.peak_memory, problem.min_memory_limit, strict=True)])
-        assert lower_bounds(limited).device_relaxation <= result.makespan + 1e-9, entry.name
+    for name, result, limited in heuristics_within_their_own_peak(problem):
+        assert lower_bounds(limited).device_relaxation <= result.makespan + 1e-9, name

@@ -13,7 +13,7 @@ from zbopt import Problem, ZboptError, generate, simulate, solve
 from zbopt.solvers import api
 from zbopt.solvers.api import Found
 from zbopt.solvers.bounds import lower_bounds
-from zbopt.solvers.result import best_heuristic
+from zbopt.solvers.result import best_heuristic, start_times
 
 ANSWER: dict = {}  # what the stand-in backend returns: set by each test
 
@@ -30,10 +30,6 @@ def stand_in(monkeypatch):
     return ANSWER
 
 
-def _starts(simulation):
-    return {op: simulation.times_of(op)[0] for op in simulation.table.ops()}
-
-
 # a problem the independent bounds cannot settle, so the backend is called
 LOOSE = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=1, weight_times=1,
                 weight_memory=0.5, memory_limit=2)
@@ -41,11 +37,11 @@ LOOSE = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_tim
 
 def test_a_backend_answer_worse_than_the_warm_start_is_replaced_by_it(stand_in):
     gpipe = simulate(LOOSE.replace(memory_limit=None), generate("gpipe", LOOSE))  # no limit: any order runs
-    stand_in["found"] = lambda problem, task: Found("feasible", _starts(gpipe), 0.0, None, 1.0)
+    stand_in["found"] = lambda problem, task: Found("feasible", start_times(gpipe), 0.0, None, 1.0)
     with pytest.raises(Exception, match="memory"):  # gpipe breaks the limit: the driver re-simulates strictly
         solve(LOOSE, "stand-in", lower_peak=False)
     warm_name, warm = best_heuristic(LOOSE)
-    slower = {op: start + 100.0 for op, start in _starts(warm).items()}  # the warm start, shifted: valid, worse
+    slower = {op: start + 100.0 for op, start in start_times(warm).items()}  # the warm start, shifted: valid, worse
     stand_in["found"] = lambda problem, task: Found("feasible", slower, 0.0, None, 1.0)
     result = solve(LOOSE, "stand-in", lower_peak=False)
     assert (result.status, result.warm_start, result.objective) == ("feasible", warm_name, warm.makespan)
@@ -57,13 +53,13 @@ def test_status_and_gap_agree_when_only_rounded_costs_are_proven(stand_in):
     the rounding is reported, and so is what decided."""
     _, warm = best_heuristic(LOOSE)
     value = warm.makespan
-    stand_in["found"] = lambda problem, task: Found("optimal", _starts(warm), value - 0.01, value, 0.001,
+    stand_in["found"] = lambda problem, task: Found("optimal", start_times(warm), value - 0.01, value, 0.001,
                                                     error_bound=0.01, exact=False)
     result = solve(LOOSE, "stand-in", lower_peak=False)
     assert result.status == "feasible" and result.gap == pytest.approx(0.01 / value)
     assert "tick resolution 0.001" in result.decided_by and result.resolution == 0.001
     # the same proof on exact costs closes the gap
-    stand_in["found"] = lambda problem, task: Found("optimal", _starts(warm), value, value, 1.0)
+    stand_in["found"] = lambda problem, task: Found("optimal", start_times(warm), value, value, 1.0)
     exact = solve(LOOSE, "stand-in", lower_peak=False)
     assert (exact.status, exact.gap, exact.lower_bound, exact.decided_by) == ("optimal", 0.0, value, "solver")
 
@@ -117,7 +113,7 @@ def test_the_time_limit_bounds_the_second_phase(stand_in):
 
     def found(problem, task):
         deadlines.append(task.deadline)
-        return Found("feasible", _starts(warm), 0.0, None, 1.0)
+        return Found("feasible", start_times(warm), 0.0, None, 1.0)
 
     stand_in["found"] = found
     began = time.perf_counter()
@@ -137,7 +133,7 @@ def test_ctrl_c_calls_the_backends_stop_hook_and_keeps_its_best(stand_in):
         stopped = threading.Event()
         task.on_stop(stopped.set)
         assert stopped.wait(30), "the stop hook was not called"
-        return Found("feasible", _starts(warm), 0.0, None, 1.0)
+        return Found("feasible", start_times(warm), 0.0, None, 1.0)
 
     stand_in["found"] = found
     _interrupt_soon()

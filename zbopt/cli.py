@@ -16,8 +16,7 @@ import sys
 
 from zbopt.errors import MissingSettingsError, ZboptError
 from zbopt.flags import add_input_flags, add_quiet_flag, add_schedule_flags, config_file, flag_values
-from zbopt.io.export import EXPORT_FORMATS, check_export, write_export
-from zbopt.io.export import check_output_directory as _check_output_directory  # the torch commands' name
+from zbopt.io.export import EXPORT_FORMATS, check_export, check_output_directory, write_export
 from zbopt.io.inputs import is_schedule_file, run_and_schedule, run_config
 from zbopt.schedules import get, registered
 from zbopt.simulate import Simulation, simulate
@@ -246,7 +245,7 @@ def _command_run_torch(args: argparse.Namespace) -> int:
 def _command_profile_torch(args: argparse.Namespace) -> int:
     from zbopt.runtime import format_report, profile_torch
 
-    _check_output_directory(args.output)
+    check_output_directory(args.output)
     report, config = profile_torch(args.schedule, args.output, **_torch_run_options(args))
     _say_if_gradients_differ(report)
     print(format_report(report))

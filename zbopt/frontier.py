@@ -22,7 +22,7 @@ from zbopt.problem import Problem
 from zbopt.schedules import generate_applicable
 from zbopt.simulate import simulate
 from zbopt.solvers import solve
-from zbopt.solvers.result import meets, relative_gap
+from zbopt.solvers.result import relative_gap, settle
 
 MAX_LIMITS = 10_000  # a sweep longer than this is a typo in START:STOP:STEP, not a plan
 
@@ -188,9 +188,9 @@ def _best_known_at_each_limit(points: list[FrontierPoint]) -> tuple[FrontierPoin
             carried.append(replace(point, found_at=point.memory_limit))
             continue
         makespan = None if best is None else best.makespan
-        status = "unknown" if makespan is None else "optimal" if meets(makespan, bound) else "feasible"
-        if makespan is not None:  # as the solve driver does: the bound never above the makespan, equal when optimal
-            bound = makespan if status == "optimal" else min(bound, makespan)
+        status = "unknown"
+        if makespan is not None:  # the solve driver's rule
+            status, bound = settle(makespan, bound)
         carried.append(replace(point, status=status, makespan=makespan, lower_bound=bound,
                                found_at=None if best is None else best.memory_limit))
     return tuple(carried)

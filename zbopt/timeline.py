@@ -53,7 +53,9 @@ class Timeline:
     def ready(self, op: Op) -> float:
         """The earliest start its dependency allows: its predecessor's end plus latency (0 without
         a predecessor; infinity while the predecessor is not placed)."""
-        index = self.table.index(op)
+        return self._ready(self.table.index(op))
+
+    def _ready(self, index: int) -> float:
         source = self.table.predecessor[index]
         if source < 0:
             return 0.0
@@ -62,9 +64,9 @@ class Timeline:
 
     def append(self, op: Op) -> float:
         """Run `op` next on its device as early as possible; its start time."""
-        device = self.problem.device_of(op.stage)
-        start = max(self.free[device], self.ready(op))
         index = self.table.index(op)
+        device = self.table.device[index]
+        start = max(self.free[device], self._ready(index))
         self.start[index] = start
         self.free[device] = start + self.table.duration[index]
         self.held[device] += self.table.memory_delta[index]

@@ -8,8 +8,16 @@ from zbopt.schedules import (
     vshape,  # noqa: F401
     zero_bubble,  # noqa: F401
 )
-from zbopt.schedules.registry import generate, generate_applicable, get, register, registered, require
+from zbopt.schedules.registry import (
+    applicable,
+    generate,
+    generate_applicable,
+    get,
+    register,
+    registered,
+    require,
+)
 from zbopt.schedules.torch_builtin import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES, named_schedule, torch_schedule
 
-__all__ = ["TORCH_PREFIX", "TORCH_REFUSED", "TORCH_SCHEDULES", "generate", "generate_applicable", "get",
+__all__ = ["TORCH_PREFIX", "TORCH_REFUSED", "TORCH_SCHEDULES", "applicable", "generate", "generate_applicable", "get",
            "named_schedule", "register", "registered", "require", "torch_schedule"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from zbopt.errors import NotApplicableError, UnknownScheduleError, ZboptError
@@ -79,16 +79,25 @@ def generate(name: str, problem: Problem, **options) -> Schedule:
     return Schedule(schedule.orders, schedule.start_times, name)
 
 
+def applicable(problem: Problem, reasons: dict[str, str] | None = None) -> Iterator[tuple[str, Schedule]]:
+    """(name, schedule) of every registered schedule that applies to `problem`, built one at a time
+    in registry order (a caller may stop early); the reason each other one does not apply goes into
+    `reasons` when given."""
+    for entry in registered():
+        try:
+            schedule = generate(entry.name, problem)
+        except NotApplicableError as error:
+            if reasons is not None:
+                reasons[entry.name] = str(error)
+            continue
+        yield entry.name, schedule
+
+
 def generate_applicable(problem: Problem) -> tuple[dict[str, Schedule], dict[str, str]]:
     """Every registered schedule built for `problem`: those that apply, by name in registry order,
     and for each of the others the reason it does not."""
-    schedules, reasons = {}, {}
-    for entry in registered():
-        try:
-            schedules[entry.name] = generate(entry.name, problem)
-        except NotApplicableError as error:
-            reasons[entry.name] = str(error)
-    return schedules, reasons
+    reasons: dict[str, str] = {}
+    return dict(applicable(problem, reasons)), reasons
 
 
 def require(condition: bool, schedule: str, needs: str) -> None:

@@ -26,12 +26,14 @@ from zbopt.solvers.result import (
     OBJECTIVES,
     SolveResult,
     check_close,
+    gap_text,
     meets,
     objective_bound,
     objective_value,
     optimality_tolerance,
     relative_gap,
     schedule_from_starts,
+    settle,
     warm_start_simulation,
 )
 
@@ -272,10 +274,7 @@ def _verdict(found: Found, simulation: Simulation | None, warm, objective: str, 
     elif found.status == "optimal":
         decided_by = (f"proven optimal at the model's tick resolution {found.resolution:g}; rounded costs leave "
                       f"a gap of at most {relative_gap(value, lower):.4%}")
-    lower = min(lower, value)
-    status = "optimal" if meets(value, lower, tolerance) else "feasible"
-    if status == "optimal":
-        lower = value
+    status, lower = settle(value, lower, tolerance)
     return status, simulation, lower, decided_by
 
 
@@ -312,10 +311,9 @@ class _LiveLine:
             self.bound = bound
 
     def draw(self) -> None:
-        gap = relative_gap(self.incumbent, self.bound)
         incumbent = "none" if self.incumbent is None else f"{self.incumbent:.6g}"
-        gap_text = "n/a" if gap is None else f"{gap:6.2%}"
-        sys.stderr.write(f"\r  incumbent {incumbent}  bound {self.bound:.6g}  gap {gap_text}  "
+        gap = gap_text(relative_gap(self.incumbent, self.bound))
+        sys.stderr.write(f"\r  incumbent {incumbent}  bound {self.bound:.6g}  gap {gap:>6}  "
                          f"{time.perf_counter() - self.began:6.1f} s ")
         sys.stderr.flush()
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import networkx as nx
 
@@ -52,23 +52,22 @@ class LowerBounds:
     device_relaxation: float = 0.0
     complete: bool = True  # False when a deadline cut some bounds short (those report 0 or less)
 
+    def by_name(self) -> dict[str, float]:
+        """Every bound by its name (the dataclass fields but `complete`)."""
+        return {item.name: getattr(self, item.name) for item in fields(self) if item.name != "complete"}
+
     @property
     def best(self) -> float:
-        return max(self.critical_path, self.device_load, self.one_machine, self.memory, self.device_sequencing,
-                   self.device_relaxation)
+        return max(self.by_name().values())
 
     @property
     def binding(self) -> str:
         """The name of the bound that gives `best` (the first, on a tie)."""
-        values = self.as_dict()
-        del values["best"]
+        values = self.by_name()
         return max(values, key=values.__getitem__)
 
     def as_dict(self) -> dict[str, float]:
-        return {"critical_path": self.critical_path, "device_load": self.device_load,
-                "one_machine": self.one_machine, "memory": self.memory,
-                "device_sequencing": self.device_sequencing, "device_relaxation": self.device_relaxation,
-                "best": self.best}
+        return {**self.by_name(), "best": self.best}
 
 
 def _same_order_group(problem: Problem, microbatch: int, other: int) -> bool:

@@ -35,6 +35,7 @@ from zbopt.problem import FORWARD, Problem
 from zbopt.simulate import op_table, simulate
 from zbopt.solvers.api import Found, SearchTask
 from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunctions
+from zbopt.solvers.result import start_times
 from zbopt.solvers.ticks import ceil_ticks, memory_scale, tick_problem, tick_scale
 
 MEMORY_MODELS = ("cumulative", "reservoir")
@@ -102,7 +103,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     # 4. memory
     lifetimes = None
     if problem.memory_limit is not None or task.peak_cap is not None:
-        lifetimes = _lifetimes(model, problem, ops, start, end, horizon)
+        lifetimes = lifetime_intervals(model, problem, ops, start, end, horizon)
     if problem.memory_limit is not None:
         _limit_memory(model, problem, lifetimes, memory_model)
     # 5. the memory disjunctions (the precedences are edges of the implied graph)
@@ -166,7 +167,7 @@ def _stop_at_deadline_or_ctrl_c(solver, task: SearchTask, solved: threading.Even
 def _hinted_only(task: SearchTask, scale) -> Found:
     """The answer of a search stopped before it found a schedule of its own: the warm start it was
     hinted with (its incumbent from the start), nothing proven."""
-    starts = None if task.warm is None else {op: task.warm.times_of(op)[0] for op in task.warm.table.ops()}
+    starts = None if task.warm is None else start_times(task.warm)
     return Found("feasible" if starts else "unknown", starts, 0.0, None, scale.resolution,
                  error_bound=scale.error_bound, exact=scale.exact)
 
@@ -188,10 +189,11 @@ def _objective(model, task: SearchTask, scale, ops, ops_of_device, start, end, t
     return goal
 
 
-def _lifetimes(model, problem: Problem, ops: list[Op], start, end, horizon: int) -> list[list[tuple]]:
+def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, amount=round) -> list[list[tuple]]:
     """Per device, (F start, release end, amount in memory units, interval) of every part of an
-    activation: F allocates its stage's activation, each op with a negative `Problem.memory_delta`
-    frees its part (B and W when split, BW when fused)."""
+    activation among `ops`: F allocates its stage's activation, each op with a negative
+    `Problem.memory_delta` frees its part (B and W when split, BW when fused). `amount` turns a
+    memory amount in `memory_scale` units into a whole number (the relaxation rounds down)."""
     unit = memory_scale(problem)
     per_device: list[list[tuple]] = [[] for _ in range(problem.num_devices)]
     for forward in (op for op in ops if op.kind == FORWARD):
@@ -202,8 +204,8 @@ def _lifetimes(model, problem: Problem, ops: list[Op], start, end, horizon: int)
             release = Op(kind, forward.stage, forward.microbatch)
             size = model.NewIntVar(0, horizon, f"held_{release}")
             life = model.NewIntervalVar(start[forward], size, end[release], f"life_{release}")
-            amount = round(freed * unit)
-            per_device[problem.device_of(forward.stage)].append((start[forward], end[release], amount, life))
+            per_device[problem.device_of(forward.stage)].append((start[forward], end[release],
+                                                                  amount(freed * unit), life))
     return per_device
 
 

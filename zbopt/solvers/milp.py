@@ -31,7 +31,7 @@ from zbopt.ops import Op
 from zbopt.problem import FORWARD, Problem
 from zbopt.solvers.api import Found, SearchTask
 from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunctions
-from zbopt.solvers.result import objective_value
+from zbopt.solvers.result import objective_value, start_times
 
 ENGINES = ("cbc", "highs")
 DEADLINE_GRACE_S = 2.0  # past the deadline the child is killed: its solver had its own limit, this covers start-up
@@ -63,7 +63,7 @@ def search(problem: Problem, task: SearchTask, *, engine: str = "highs") -> Foun
         return Found("unknown", None, 0.0, None, RESOLUTION)
     warm = None
     if task.warm is not None:
-        warm = ({op: task.warm.times_of(op)[0] for op in task.warm.table.ops()}, task.warm.makespan,
+        warm = (start_times(task.warm), task.warm.makespan,
                 objective_value(task.warm, task.objective))
     arguments = dict(engine=engine, deadline=time.time() + task.remaining(), workers=task.workers,
                      objective=task.objective, independent_bound=task.independent_bound, warm=warm)

@@ -28,7 +28,7 @@ import math
 import networkx as nx
 
 from zbopt.ops import Op
-from zbopt.problem import FORWARD, Problem
+from zbopt.problem import Problem
 from zbopt.simulate import op_table
 from zbopt.solvers.ticks import memory_scale, tick_scale
 
@@ -62,6 +62,8 @@ def device_relaxation(problem: Problem, device: int, graph: nx.DiGraph, heads: d
     CP-SAT within `seconds` (its best bound when it does not finish)."""
     from ortools.sat.python import cp_model
 
+    from zbopt.solvers.cpsat import lifetime_intervals
+
     scale = tick_scale(problem)
 
     def ticks(value: float) -> int:
@@ -79,18 +81,10 @@ def device_relaxation(problem: Problem, device: int, graph: nx.DiGraph, heads: d
     for source, target, data in graph.edges(data=True):
         if graph.nodes[source]["device"] == device == graph.nodes[target]["device"]:
             model.Add(start[target] >= end[source] + ticks(data["latency"]))
-    if problem.memory_limit is not None:
-        unit = memory_scale(problem)
-        lives, amounts = [], []
-        for forward in (op for op in mine if op.kind == FORWARD):
-            for kind in problem.kinds:
-                freed = -problem.memory_delta(kind, forward.stage)
-                if freed > 0:
-                    release = Op(kind, forward.stage, forward.microbatch)
-                    size = model.NewIntVar(0, horizon, f"held_{release}")
-                    lives.append(model.NewIntervalVar(start[forward], size, end[release], f"life_{release}"))
-                    amounts.append(math.floor(freed * unit + 1e-9))
-        model.AddCumulative(lives, amounts, math.ceil(problem.memory_limit[device] * unit - 1e-9))
+    if problem.memory_limit is not None:  # amounts rounded down, the limit up: a relaxation
+        held = lifetime_intervals(model, problem, mine, start, end, horizon, lambda amount: math.floor(amount + 1e-9))
+        capacity = math.ceil(problem.memory_limit[device] * memory_scale(problem) - 1e-9)
+        model.AddCumulative([life for *_, life in held[device]], [amount for _, _, amount, _ in held[device]], capacity)
     goal = model.NewIntVar(0, 2 * horizon, "goal")
     for op in mine:
         model.Add(goal >= end[op] + ticks(tails[op]))

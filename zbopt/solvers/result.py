@@ -6,11 +6,11 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from zbopt.errors import NotApplicableError, ZboptError
+from zbopt.errors import ZboptError
 from zbopt.ops import Op, device_work
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules import generate, registered
+from zbopt.schedules import applicable, generate
 from zbopt.simulate import RELATIVE_TOLERANCE, Simulation, simulate
 from zbopt.solvers.bounds import LowerBounds
 
@@ -96,6 +96,14 @@ def meets(value: float, lower_bound: float, tolerance: float | None = None) -> b
     return value <= lower_bound + (optimality_tolerance(lower_bound) if tolerance is None else tolerance)
 
 
+def settle(value: float, lower_bound: float, tolerance: float | None = None) -> tuple[str, float]:
+    """(status, lower bound) of a schedule's value against a bound: "optimal" with the value as its
+    own bound when they meet, else "feasible" with the bound, never above the value (rounding)."""
+    if meets(value, lower_bound, tolerance):
+        return "optimal", value
+    return "feasible", min(lower_bound, value)
+
+
 def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> tuple[float, str]:
     """The independent lower bound on the objective and its name: the best makespan bound, or for
     the span objective the busiest device's own work, "device_work" (the others speak of the
@@ -114,15 +122,12 @@ def best_heuristic(problem: Problem, kind: str = "makespan",
     at equal objective, the one with the lower highest peak memory (1f1b before gpipe). Past
     `deadline` (`time.perf_counter()`) no further heuristic is tried once one is valid."""
     best: tuple[str, Simulation] | None = None
-    for entry in registered():
+    for name, schedule in applicable(problem):
+        result = simulate(problem, schedule)
+        if result.valid and (best is None or _preferred(result, best[1], kind)):
+            best = (name, result)
         if best is not None and time.perf_counter() > deadline:
             break
-        try:
-            result = simulate(problem, generate(entry.name, problem))
-        except NotApplicableError:
-            continue
-        if result.valid and (best is None or _preferred(result, best[1], kind)):
-            best = (entry.name, result)
     return best
 
 
@@ -145,6 +150,11 @@ def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str,
     if not result.valid:
         raise ZboptError(f"warm start '{warm_start}' breaks the memory limit: {result.violations[0]}")
     return warm_start, result
+
+
+def start_times(simulation: Simulation) -> dict[Op, float]:
+    """The start of every op of a simulated schedule, by op (a warm start handed to a model)."""
+    return dict(zip(simulation.table.ops(), simulation.start.tolist(), strict=True))
 
 
 def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str) -> Schedule:

@@ -53,20 +53,22 @@ class Timeline:
     def ready(self, op: Op) -> float:
         """The earliest start its dependency allows: its predecessor's end plus latency (0 without
         a predecessor; infinity while the predecessor is not placed)."""
-        return self._ready(self.table.index(op))
+        return self.ready_at(self.table.index(op))
 
-    def _ready(self, index: int) -> float:
+    def ready_at(self, index: int) -> float:
+        """`ready` of the op numbered `index` in `self.table` (for planners' inner loops)."""
         source = self.table.predecessor[index]
         if source < 0:
             return 0.0
         began = self.start[source]
         return math.inf if began is None else began + self.table.duration[source] + self.table.latency[index]
 
-    def append(self, op: Op) -> float:
-        """Run `op` next on its device as early as possible; its start time."""
+    def append(self, op: Op, not_before: float = 0.0) -> float:
+        """Run `op` next on its device as early as possible, and not before `not_before` (a
+        planner's own reason to wait, e.g. memory); its start time."""
         index = self.table.index(op)
         device = self.table.device[index]
-        start = max(self.free[device], self._ready(index))
+        start = max(self.free[device], self.ready_at(index), not_before)
         self.start[index] = start
         self.free[device] = start + self.table.duration[index]
         self.held[device] += self.table.memory_delta[index]

@@ -137,7 +137,7 @@ def zero_bubble_v(problem: Problem) -> Schedule:
 # ----------------------------------------------------------------- controllable-memory blocks
 
 
-def _v_min_block(p: int) -> Block:
+def v_min_block(p: int) -> Block:
     """V-Min: every pass one slot after the same pass on the previous device (offset 1 in both
     directions); a gap of 2 before the backward when 3 divides p keeps the repeats from colliding."""
     gap = 2 if p % 3 == 0 else 0
@@ -145,7 +145,7 @@ def _v_min_block(p: int) -> Block:
              (BACKWARD, 1): 2 * p + gap + d, (BACKWARD, 0): 4 * p + gap - 1 - d} for d in range(p)]
 
 
-def _v_half_block(p: int) -> Block:
+def v_half_block(p: int) -> Block:
     """V-Half: chunk-0 forward and chunk-1 backward advance 2 slots per device, the other two 1;
     a gap of 3 before the backward when p is even avoids collisions."""
     gap = 3 if p % 2 == 0 else 0
@@ -241,6 +241,19 @@ def _fill_weights(passes: dict[int, Pass], start: int = 0) -> dict[int, Pass]:
             filled[slot] = pending.popleft()
         slot += 1
     return filled
+
+
+def weight_slots(block: Block) -> list[dict[tuple[str, int], int]]:
+    """The block with its W's: each device's F and B slots and the slots its W's take once the
+    repeated block is in its steady state (a microbatch in the middle of a long run)."""
+    span = max(slot for device_block in block for slot in device_block.values()) // PERIOD + 2
+    middle = 2 * span
+    slots = []
+    for device, passes in enumerate(_repeat(block, 2 * middle + 1)):
+        weights = {(kind, chunk): slot - PERIOD * middle for slot, (kind, chunk, j) in passes.items()
+                   if kind == WEIGHT and j == middle}
+        slots.append({**block[device], **weights})
+    return slots
 
 
 def _repeat(block: Block, m: int) -> list[dict[int, Pass]]:
@@ -349,7 +362,7 @@ def v_min(problem: Problem) -> Schedule:
     4p slots, rate ~2p/(3m). Block from the authors' repository (zbv_greedy.py). Needs placement
     v and v = 2; a fused backward runs the same order with BW in B's place.
     """
-    return _controllable_memory_schedule(problem, "v-min", _v_min_block(problem.num_devices),
+    return _controllable_memory_schedule(problem, "v-min", v_min_block(problem.num_devices),
                                          v_min_peak(problem.num_devices))
 
 
@@ -366,7 +379,7 @@ def v_half(problem: Problem) -> Schedule:
     1F1B's (the authors' table: (p+2)//2 microbatches); bubble 6p-1-3·peak slots, about 3p,
     rate ~p/(2m). Block from the authors' repository (zbv_greedy.py). Needs placement v, v = 2.
     """
-    return _controllable_memory_schedule(problem, "v-half", _v_half_block(problem.num_devices),
+    return _controllable_memory_schedule(problem, "v-half", v_half_block(problem.num_devices),
                                          v_half_peak(problem.num_devices))
 
 

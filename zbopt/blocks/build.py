@@ -1,0 +1,157 @@
+"""From a block to a schedule: repeat it for m microbatches, then squeeze without raising the peak.
+
+"Pipeline Parallelism with Controllable Memory" (section 3): the block repeated every T is a valid
+schedule; *squeezing* then starts every op as early as its device and its input allow, which removes
+the idle warm-up and cool-down. Squeezing alone may raise the memory (forwards move earlier than
+the backwards that free it), so a forward here also waits until its device has room under the
+repeated schedule's own peak: the squeezed schedule is never later, op by op, nor higher.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+
+from zbopt.blocks.model import Block
+from zbopt.errors import NotApplicableError
+from zbopt.ops import Op
+from zbopt.problem import FORWARD, WEIGHT
+from zbopt.schedule import Schedule
+from zbopt.simulate import memory_ceiling, simulate
+from zbopt.timeline import Timeline
+
+
+def repeat(block: Block, microbatches: int | None = None) -> dict[Op, float]:
+    """Every op's start when the block repeats for `microbatches` (default: the problem's m):
+    microbatch g·group + i runs the block's op (kind, stage, i) at its offset + g·period."""
+    m = block.problem.num_microbatches if microbatches is None else microbatches
+    return {Op(op.kind, op.stage, g * block.group + op.microbatch): block.offsets[op] + g * block.period
+            for g in range(math.ceil(m / block.group)) for op in block.ops if g * block.group + op.microbatch < m}
+
+
+def block_schedule(block: Block) -> Schedule:
+    """The block repeated for the problem's m microbatches and squeezed (see the module doc): each
+    device runs its ops in the repeated schedule's order, each as early as its device, its input
+    and its device's memory (at most the repeated schedule's peak) allow. One iteration."""
+    problem = block.problem
+    if problem.iterations != 1:
+        raise NotApplicableError(f"a block schedule needs iterations = 1 (got {problem.iterations})")
+    starts = repeat(block)
+    in_time_order = sorted(starts, key=lambda op: (starts[op], op.stage, op.microbatch))
+    orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+    for op in in_time_order:
+        orders[problem.device_of(op.stage)].append(op)
+    repeated = Schedule(orders, [[starts[op] for op in order] for order in orders])
+    peaks = simulate(problem.replace(memory_limit=None), repeated).peak_memory
+    candidates = (_squeeze(block, in_time_order, peaks), _fill_gaps(block, orders, peaks))
+    return min(candidates, key=lambda schedule: simulate(problem, schedule).makespan)
+
+
+def _squeeze(block: Block, in_time_order: list[Op], peaks) -> Schedule:
+    """Place the ops in the repeated schedule's time order, each as early as allowed, a forward
+    only once its device's held memory plus its activation fits under the device's peak."""
+    problem = block.problem
+    timeline = Timeline(problem)
+    pending = [_Releases() for _ in range(problem.num_devices)]
+    for op in in_time_order:
+        device = problem.device_of(op.stage)
+        change = problem.memory_delta(op.kind, op.stage)
+        not_before = 0.0
+        if op.kind == FORWARD:
+            room = memory_ceiling(peaks[device]) - change - timeline.held[device]
+            not_before = pending[device].time_when_at_most(room, timeline.free[device])
+        start = timeline.append(op, not_before)
+        if change < 0:
+            pending[device].add(start + problem.cost(op.kind, op.stage), -change)
+    return Schedule(timeline.orders, [[timeline.start_of(op) for op in order] for order in timeline.orders])
+
+
+def _fill_gaps(block: Block, orders: list[list[Op]], peaks) -> Schedule:
+    """List scheduling by the repeated schedule's order: whenever a device is free it runs, of
+    the ops it could start now, the first F or B in that order, else the first W (B's first, W's
+    fill the gaps: the Zero Bubble idea, and the paper's reordering of warm-up and cool-down);
+    when none can start it waits for the first that can. It looks as far ahead as one block's
+    length of its order. A forward passes only W's (so it never takes memory that a B before it
+    would free: no deadlock) and waits for room under the device's peak."""
+    problem = block.problem
+    ahead = math.ceil(block.length / block.period + 1) * len(block.ops) // problem.num_devices + 1
+    timeline = Timeline(problem)
+    pending = [_Releases() for _ in range(problem.num_devices)]
+    unplaced = [list(order) for order in orders]
+    waited: dict[int, int] = {}
+    placed, turns = 0, itertools.count()
+    decide = [(0.0, next(turns), device) for device in range(problem.num_devices) if orders[device]]
+    while decide:
+        now, _, device = heapq.heappop(decide)
+        op, earliest = _first_startable(timeline, unplaced[device][:ahead], now, pending[device],
+                                        memory_ceiling(peaks[device]))
+        if earliest > now:  # nothing can start now: wait; other devices may place what it needs
+            if earliest == math.inf:  # after the others' turns now, or their next turn if none moved
+                later = [when for when, _, _ in decide if when > now]
+                earliest = now if waited.get(device) != placed else min(later)
+                waited[device] = placed
+            heapq.heappush(decide, (earliest, next(turns), device))
+            continue
+        start = timeline.append(op, now)
+        placed += 1
+        unplaced[device].remove(op)
+        change = problem.memory_delta(op.kind, op.stage)
+        if change < 0:
+            pending[device].add(start + problem.cost(op.kind, op.stage), -change)
+        if unplaced[device]:
+            heapq.heappush(decide, (timeline.free[device], next(turns), device))
+    return Schedule(timeline.orders, [[timeline.start_of(op) for op in order] for order in timeline.orders])
+
+
+def _first_startable(timeline: Timeline, candidates: list[Op], now: float, pending: _Releases,
+                     ceiling: float) -> tuple[Op | None, float]:
+    """(op, when) for `_fill_gaps`: the first F or B of `candidates` that can start at `now`, else
+    the first such W, else the op that can start first (infinity: none can until others move)."""
+    table = timeline.table
+    weight, soonest, passed_backward = None, (math.inf, None), False
+    for op in candidates:
+        if op.kind == FORWARD and passed_backward:
+            continue
+        passed_backward |= op.kind != WEIGHT
+        index = table.index(op)
+        ready = timeline.ready_at(index)
+        if ready <= now and op.kind == FORWARD:
+            room = ceiling - table.memory_delta[index] - timeline.held[table.device[index]]
+            ready = pending.time_when_at_most(room, now)
+        if ready <= now:
+            if op.kind != WEIGHT:
+                return op, now
+            weight = weight or op
+        elif ready < soonest[0]:
+            soonest = (ready, op)
+    return (weight, now) if weight else (soonest[1], soonest[0])
+
+
+class _Releases:
+    """A device's frees still to come, (end, amount) in end order (a device runs one op at a time).
+    `Timeline.held` already subtracts them, so the memory held at a moment is held + what is still
+    pending then."""
+
+    def __init__(self):
+        self.queue: deque[tuple[float, float]] = deque()
+        self.total = 0.0
+
+    def add(self, end: float, amount: float) -> None:
+        self.queue.append((end, amount))
+        self.total += amount
+
+    def time_when_at_most(self, room: float, earliest: float) -> float:
+        """The first moment from `earliest` on when at most `room` is still pending; infinity when
+        the frees so far never get there."""
+        while self.queue and self.queue[0][0] <= earliest:
+            self.total -= self.queue.popleft()[1]
+        left = self.total
+        if left <= room:
+            return earliest
+        for end, amount in self.queue:
+            left -= amount
+            if left <= room:
+                return end
+        return math.inf

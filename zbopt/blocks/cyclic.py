@@ -1,0 +1,71 @@
+"""The tightest block for given per-device cyclic orders: a linear program.
+
+A published schedule's steady state fixes, on every device, the cycle of ops it repeats and which
+group of microbatches each op serves (1F1B: F of microbatch c + p-s-1, then B and W of c). Given
+those cycles, the block's offsets o and its period P only have to satisfy difference constraints:
+    o[y] - o[x] >= duration[x] + latency          (y needs x, same microbatch)
+    o[y] - o[x] >= duration[x] + (lag[y] - lag[x]) * P   (y after x in a device's cycle)
+and one more per device for the wrap into the next cycle. The smallest P is a linear program
+(HiGHS); with P fixed, every op as early as the constraints allow is the squeezed block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import highspy
+
+from zbopt.blocks.model import Block, BlockError, block_ops
+from zbopt.ops import Op
+from zbopt.problem import Problem
+from zbopt.simulate import op_table
+from zbopt.solvers.ticks import tick_scale
+
+Step = tuple[Op, int]
+"""An op of the block (its microbatch field is its place i in the group) and its lag: in cycle c
+the device runs it for group c - lag."""
+
+
+def tightest_block(problem: Problem, cycles: Sequence[Sequence[Step]], group: int = 1, name: str = "") -> Block:
+    """The block with the smallest period whose devices repeat `cycles` (one per device, see
+    `Step`), every op then as early as it may start; BlockError when the cycles deadlock."""
+    ops = block_ops(problem, group)
+    lags = {op: lag for cycle in cycles for op, lag in cycle}
+    if sorted(lags) != sorted(ops) or sum(map(len, cycles)) != len(ops):
+        raise BlockError(f"block {name}: the cycles must hold every op of the group exactly once")
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    period = highs.addVariable(lb=0)
+    offset = {op: highs.addVariable(lb=0) for op in ops}
+    for later, earlier, gap in _precedences(problem, cycles, group, lags):
+        highs.addConstr(offset[later] - offset[earlier] - gap[1] * period >= gap[0])
+    highs.minimize(period)
+    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        raise BlockError(f"block {name}: its cycles deadlock (no period lets every op wait for its input)")
+    best = highs.val(period)
+    highs.changeColBounds(period.index, best, best)
+    highs.minimize(sum(offset.values()))
+    scale = tick_scale(problem)
+
+    def snapped(value: float) -> float:
+        """Offsets and P add up costs (over a cycle's lags): whole ticks, bar the LP's float noise."""
+        ticks = value * scale.ticks_per_unit
+        return scale.units(round(ticks)) if abs(ticks - round(ticks)) < 1e-6 else value
+
+    return Block(problem, {op: snapped(highs.val(offset[op])) for op in ops}, snapped(best), group, name)
+
+
+def _precedences(problem: Problem, cycles, group: int, lags: dict[Op, int]):
+    """(later, earlier, (constant, per-period)) for o[later] - o[earlier] >= constant + per-period·P."""
+    table = op_table(problem.replace(num_microbatches=group, iterations=1, memory_limit=None))
+    for op in lags:
+        index = table.index(op)
+        source = table.predecessor[index]
+        if source >= 0:
+            before = table.op(source)
+            yield op, before, (problem.cost(before.kind, before.stage) + table.latency[index], 0)
+    for cycle in cycles:
+        for position, (op, lag) in enumerate(cycle):
+            before, before_lag = cycle[position - 1]
+            wrap = 1 if position == 0 else 0
+            yield op, before, (problem.cost(before.kind, before.stage), lag - before_lag - wrap)

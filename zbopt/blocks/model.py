@@ -1,0 +1,178 @@
+"""A building block: one group of microbatches' ops, each at an offset, repeated every period.
+
+"Pipeline Parallelism with Controllable Memory" (Qi et al., NeurIPS 2024, section 3): most pipeline
+schedules repeat one microbatch's passes on every device (the block) at a fixed interval T. A stage's
+*lifespan* runs from its forward's start to the end of the op that frees the activation (B for the
+part B frees, W for the rest; BW when fused); in the steady state a device holds about
+Σ lifespan / T activations, so the lifespans set the memory and T the time per microbatch.
+
+Here a block may hold a *group* of k microbatches repeated every `period` = k·T (Megatron's
+interleaved 1F1B repeats groups of p); its ops are `Op(kind, stage, i)` with i the microbatch's
+place in the group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from zbopt.errors import ZboptError
+from zbopt.ops import Op
+from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
+from zbopt.simulate import RELATIVE_TOLERANCE, op_table
+
+
+class BlockError(ZboptError):
+    """A block that cannot repeat: a missing op, a broken dependency, an overlap modulo its period."""
+
+
+@dataclass(frozen=True)
+class Lifespan:
+    """How long one microbatch's activation on one stage lives: from its F's start to the end of
+    the op that frees each part (B and W; both the fused BW when the backward is not split)."""
+
+    stage: int
+    index: int
+    to_backward: float
+    to_weight: float
+
+
+@dataclass(frozen=True)
+class Block:
+    """Offsets of one group of microbatches' ops, repeated every `period` (see the module doc).
+
+    The group is numbered i = 0..group-1; microbatch g·group + i runs op (kind, stage, i) at
+    offsets[op] + g·period. `name` says where the block comes from ("1f1b", "optimal", ...).
+    """
+
+    problem: Problem
+    offsets: Mapping[Op, float]
+    period: float
+    group: int = 1
+    name: str = ""
+    ops: tuple[Op, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ops", tuple(sorted(self.offsets, key=self.offsets.__getitem__)))
+        check_block(self)
+
+    @property
+    def interval(self) -> float:
+        """T, the time per microbatch in the steady state: the period over the group size."""
+        return self.period / self.group
+
+    def end(self, op: Op) -> float:
+        return self.offsets[op] + self.problem.cost(op.kind, op.stage)
+
+    @property
+    def length(self) -> float:
+        """From the block's first op's start to its last op's end."""
+        return max(map(self.end, self.ops)) - min(self.offsets.values())
+
+    def repeated_span(self, microbatches: int) -> float:
+        """The makespan of the block repeated for `microbatches` before any squeeze: the last group
+        starts (groups - 1)·period after the first, then runs the block's length."""
+        return (math.ceil(microbatches / self.group) - 1) * self.period + self.length
+
+
+def block_ops(problem: Problem, group: int) -> list[Op]:
+    """The ops one block of `group` microbatches must hold: every kind on every stage."""
+    return [Op(kind, stage, i) for kind in problem.kinds for stage in range(problem.num_stages) for i in range(group)]
+
+
+def check_block(block: Block) -> None:
+    """Raise BlockError unless the block can repeat forever: every op once, each after its
+    predecessor's end plus latency, and no two ops of a device overlapping modulo the period."""
+    problem, offsets = block.problem, block.offsets
+    if not (block.period > 0 and math.isfinite(block.period)):
+        raise BlockError(f"block period {block.period!r}: must be a positive number")
+    expected = block_ops(problem, block.group)
+    missing = [op for op in expected if op not in offsets]
+    extra = sorted(set(offsets) - set(expected))
+    if missing or extra:
+        culprit = f"misses op {missing[0]}" if missing else f"has op {extra[0]}, which is not an op of its group"
+        raise BlockError(f"block {block.name or '(unnamed)'} {culprit}")
+    tolerance = RELATIVE_TOLERANCE * max(1.0, block.period, *map(abs, offsets.values()))
+    table = op_table(problem.replace(num_microbatches=block.group, iterations=1, memory_limit=None))
+    for op in expected:
+        index = table.index(op)
+        source = table.predecessor[index]
+        if source >= 0:
+            before = table.op(source)
+            ready = block.end(before) + table.latency[index]
+            if offsets[op] < ready - tolerance:
+                raise BlockError(f"block op {op} starts at {offsets[op]:g}, before its input from {before} "
+                                 f"arrives at {ready:g}")
+    for device, stages in enumerate(problem.stages_of_device):
+        busy = sorted(((offsets[op] % block.period, problem.cost(op.kind, op.stage), op) for op in expected
+                       if op.stage in stages), key=lambda item: item[0])
+        work = sum(duration for _, duration, _ in busy)
+        if work > block.period + tolerance:
+            raise BlockError(f"block period {block.period:g} is shorter than device {device}'s work per "
+                             f"period ({work:g})")
+        wrapped = (busy[0][0] + block.period, 0.0, busy[0][2])
+        for (start, duration, op), (after, _, other) in zip(busy, [*busy[1:], wrapped], strict=True):
+            if start + duration > after + tolerance:
+                raise BlockError(f"block ops {op} and {other} overlap on device {device} when repeated every "
+                                 f"{block.period:g}")
+
+
+def lifespans(block: Block) -> list[Lifespan]:
+    """Every stage's lifespan for every microbatch of the group (see `Lifespan`)."""
+    problem, spans = block.problem, []
+    for stage in range(problem.num_stages):
+        for i in range(block.group):
+            start = block.offsets[Op(FORWARD, stage, i)]
+            if problem.split_backward:
+                to_backward = block.end(Op(BACKWARD, stage, i)) - start
+                to_weight = block.end(Op(WEIGHT, stage, i)) - start
+            else:
+                to_backward = to_weight = block.end(Op(FUSED_BACKWARD, stage, i)) - start
+            spans.append(Lifespan(stage, i, to_backward, to_weight))
+    return spans
+
+
+def _held_intervals(block: Block) -> list[list[tuple[float, float, float]]]:
+    """Per device, (start, end, amount) of every memory the block holds: what B frees lives to B's
+    end, what W frees to W's end (`Problem.memory_delta`)."""
+    problem = block.problem
+    held: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
+    for span in lifespans(block):
+        start = block.offsets[Op(FORWARD, span.stage, span.index)]
+        device = problem.device_of(span.stage)
+        if problem.split_backward:
+            held[device].append((start, start + span.to_backward, -problem.memory_delta(BACKWARD, span.stage)))
+            held[device].append((start, start + span.to_weight, -problem.memory_delta(WEIGHT, span.stage)))
+        else:
+            held[device].append((start, start + span.to_weight, problem.activation_memory[span.stage]))
+    return held
+
+
+def lifespan_bound(block: Block) -> list[float]:
+    """The paper's rule, per device: each part of an activation is held by at most ⌈lifespan / T⌉
+    microbatches at once (T = the period), so the device holds at most the sum of those. An upper
+    bound on the steady state's peak; `steady_peak` is exact."""
+    return [sum(amount * math.ceil((end - start) / block.period - RELATIVE_TOLERANCE) for start, end, amount in held)
+            for held in _held_intervals(block)]
+
+
+def steady_peak(block: Block) -> list[float]:
+    """Per device, the most memory it holds in the steady state (the block repeated forever).
+
+    An interval [a, b) repeated every P covers the moment t in floor((t-a)/P) - floor((t-b)/P)
+    copies; memory only rises when an interval starts, so the maximum over the period is taken at
+    the starts (frees at the same moment come first, as in the simulator)."""
+    return [max((_level(held, start, block.period) for start, _, _ in held), default=0.0)
+            for held in _held_intervals(block)]
+
+
+def _level(held: list[tuple[float, float, float]], moment: float, period: float) -> float:
+    """Memory held at `moment` in the steady state: each interval's copies covering it."""
+    return sum(amount * (_copies_started(moment - start, period) - _copies_started(moment - end, period))
+               for start, end, amount in held)
+
+
+def _copies_started(elapsed: float, period: float) -> int:
+    """floor(elapsed / period), robust to float noise at whole multiples."""
+    return math.floor(elapsed / period + RELATIVE_TOLERANCE)

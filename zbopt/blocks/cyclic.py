@@ -6,20 +6,19 @@ those cycles, the block's offsets o and its period P only have to satisfy differ
     o[y] - o[x] >= duration[x] + latency          (y needs x, same microbatch)
     o[y] - o[x] >= duration[x] + (lag[y] - lag[x]) * P   (y after x in a device's cycle)
 and one more per device for the wrap into the next cycle. The smallest P is a linear program
-(HiGHS); with P fixed, every op as early as the constraints allow is the squeezed block.
+(GLOP, OR-Tools' own: highspy and OR-Tools 9.15 clash in one process, each bundling its HiGHS);
+with P fixed, every op as early as the constraints allow is the squeezed block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import highspy
-
 from zbopt.blocks.model import Block, BlockError, block_ops
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.simulate import op_table
-from zbopt.solvers.ticks import tick_scale
+from zbopt.ticks import tick_scale
 
 Step = tuple[Op, int]
 """An op of the block (its microbatch field is its place i in the group) and its lag: in cycle c
@@ -33,18 +32,20 @@ def tightest_block(problem: Problem, cycles: Sequence[Sequence[Step]], group: in
     lags = {op: lag for cycle in cycles for op, lag in cycle}
     if sorted(lags) != sorted(ops) or sum(map(len, cycles)) != len(ops):
         raise BlockError(f"block {name}: the cycles must hold every op of the group exactly once")
-    highs = highspy.Highs()
-    highs.setOptionValue("output_flag", False)
-    period = highs.addVariable(lb=0)
-    offset = {op: highs.addVariable(lb=0) for op in ops}
-    for later, earlier, gap in _precedences(problem, cycles, group, lags):
-        highs.addConstr(offset[later] - offset[earlier] - gap[1] * period >= gap[0])
-    highs.minimize(period)
-    if highs.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+    from ortools.linear_solver import pywraplp  # here: the MILP's child process must not load OR-Tools
+
+    solver = pywraplp.Solver.CreateSolver("GLOP")
+    period = solver.NumVar(0, solver.infinity(), "P")
+    offset = {op: solver.NumVar(0, solver.infinity(), str(op)) for op in ops}
+    for later, earlier, (constant, per_period) in _precedences(problem, cycles, group, lags):
+        solver.Add(offset[later] - offset[earlier] - per_period * period >= constant)
+    solver.Minimize(period)
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
         raise BlockError(f"block {name}: its cycles deadlock (no period lets every op wait for its input)")
-    best = highs.val(period)
-    highs.changeColBounds(period.index, best, best)
-    highs.minimize(sum(offset.values()))
+    best = period.solution_value()
+    period.SetBounds(best, best)
+    solver.Minimize(sum(offset.values()))
+    solver.Solve()
     scale = tick_scale(problem)
 
     def snapped(value: float) -> float:
@@ -52,7 +53,7 @@ def tightest_block(problem: Problem, cycles: Sequence[Sequence[Step]], group: in
         ticks = value * scale.ticks_per_unit
         return scale.units(round(ticks)) if abs(ticks - round(ticks)) < 1e-6 else value
 
-    return Block(problem, {op: snapped(highs.val(offset[op])) for op in ops}, snapped(best), group, name)
+    return Block(problem, {op: snapped(offset[op].solution_value()) for op in ops}, snapped(best), group, name)
 
 
 def _precedences(problem: Problem, cycles, group: int, lags: dict[Op, int]):

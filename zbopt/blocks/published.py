@@ -28,14 +28,14 @@ def _backward(problem: Problem, stage: int, index: int, lag: int) -> list[Step]:
 def one_f_one_b_cycles(problem: Problem) -> Cycles:
     """1F1B (Narayanan et al., SC 2021): stage s runs F of microbatch c + p-s-1, then the backward
     of c (B and W back to back when split)."""
-    require(problem.chunks_per_device == 1, "the 1f1b block", "chunks_per_device = 1")
+    require(problem.chunks_per_device == 1, "block-1f1b", "chunks_per_device = 1")
     p = problem.num_devices
     return [[(Op(FORWARD, s, 0), -(p - s - 1)), *_backward(problem, s, 0, 0)] for s in range(p)]
 
 
 def zb_h1_cycles(problem: Problem) -> Cycles:
     """ZB-H1 (Qi et al., ICLR 2024, Figure 3): stage s runs B of c, W of c - s, F of c + p - s."""
-    require(problem.chunks_per_device == 1 and problem.split_backward, "the zb-h1 block",
+    require(problem.chunks_per_device == 1 and problem.split_backward, "block-zb-h1",
             "chunks_per_device = 1 and a split backward")
     p = problem.num_devices
     return [[(Op(BACKWARD, s, 0), 0), (Op(WEIGHT, s, 0), s), (Op(FORWARD, s, 0), -(p - s))] for s in range(p)]
@@ -47,7 +47,7 @@ def interleaved_cycles(problem: Problem) -> Cycles:
     for its forwards, 2(p-d-1) + (v-1)·p entries ahead of the same table, chunks reversed, for its
     backwards; one forward and one backward alternate. One cycle is a group's p·v table entries."""
     p, v = problem.num_devices, problem.chunks_per_device
-    require(v >= 2 and problem.placement == "loop", "the interleaved-1f1b block", "v >= 2 and placement loop")
+    require(v >= 2 and problem.placement == "loop", "block-interleaved-1f1b", "v >= 2 and placement loop")
     entries = p * v
     cycles = []
     for device in range(p):
@@ -112,7 +112,7 @@ def v_half_cycles(problem: Problem) -> Cycles:
 
 
 def _require_v(problem: Problem, name: str) -> None:
-    require(problem.placement == "v" and problem.chunks_per_device == 2, f"the {name} block",
+    require(problem.placement == "v" and problem.chunks_per_device == 2, f"block-{name}",
             "placement v and chunks_per_device = 2")
 
 

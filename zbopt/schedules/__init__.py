@@ -2,6 +2,7 @@
 built-in schedules ("torch:NAME"), resolved beside them by `named_schedule`."""
 
 from zbopt.schedules import (
+    block_built,  # noqa: F401  (registers block-NAME after the families it builds)
     classic,  # noqa: F401  (registers gpipe, 1f1b)
     dualpipe,  # noqa: F401
     interleaved,  # noqa: F401

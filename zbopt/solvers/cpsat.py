@@ -36,7 +36,7 @@ from zbopt.simulate import op_table, simulate
 from zbopt.solvers.api import Found, SearchTask
 from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunctions
 from zbopt.solvers.result import start_times
-from zbopt.solvers.ticks import ceil_ticks, memory_scale, tick_problem, tick_scale
+from zbopt.ticks import ceil_ticks, memory_scale, tick_problem, tick_scale
 
 MEMORY_MODELS = ("cumulative", "reservoir")
 STOP_POLL_S = 0.05  # how often a running solve checks for the deadline and Ctrl-C

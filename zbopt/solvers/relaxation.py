@@ -30,7 +30,7 @@ import networkx as nx
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.simulate import op_table
-from zbopt.solvers.ticks import memory_scale, tick_scale
+from zbopt.ticks import memory_scale, tick_scale
 
 
 def chain_lags(problem: Problem, device: int) -> list[tuple[Op, Op, float]]:

@@ -1,0 +1,108 @@
+"""The optimal block against brute force over blocks, the published blocks and the simulator."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from zbopt import Op, Problem, simulate
+from zbopt.blocks import block_schedule, published_block, steady_peak
+from zbopt.blocks.search import optimal_block
+from zbopt.errors import ZboptError
+from zbopt.schedules.vshape import v_half_peak, v_min_peak
+
+
+def _held(offsets: dict[str, int], period: int, limit: float | None) -> bool:
+    """Brute force: the repeated block's memory (F frees half at B's end, half at W's end) counted
+    copy by copy over one period deep in the steady state, for p = 2, v = 1, unit costs."""
+    if limit is None:
+        return True
+    deep = 100 * period
+    for device in (0, 1):
+        start, b_end, w_end = offsets[f"F{device}"], offsets[f"B{device}"] + 1, offsets[f"W{device}"] + 1
+        for moment in range(deep, deep + period):
+            level = sum(0.5 * ((start + k * period <= moment < b_end + k * period)
+                               + (start + k * period <= moment < w_end + k * period)) for k in range(0, 2 * deep))
+            if level > limit:
+                return False
+    return True
+
+
+def _fits_modulo(times: list[int], period: int) -> bool:
+    phases = sorted(t % period for t in times)
+    return len(set(phases)) == len(phases)  # unit ops on integer phases: distinct phases, no overlap
+
+
+def _brute_force_block(limit: float | None, horizon: int = 12) -> tuple[int, int]:
+    """(least T, least length at that T) over integer blocks of p = 2, v = 1, F = B = W = 1."""
+    for period in itertools.count(3):
+        best = None
+        for f1, b1, b0, w1, w0 in itertools.product(range(1, horizon), repeat=5):
+            offsets = {"F0": 0, "F1": f1, "B1": b1, "B0": b0, "W1": w1, "W0": w0}
+            if not (b1 >= f1 + 1 and b0 >= b1 + 1 and w1 >= b1 + 1 and w0 >= b0 + 1):
+                continue
+            if not (_fits_modulo([0, b0, w0], period) and _fits_modulo([f1, b1, w1], period)):
+                continue
+            length = max(offsets.values()) + 1
+            if (best is None or length < best) and _held(offsets, period, limit):
+                best = length
+        if best is not None:
+            return period, best
+
+
+@pytest.mark.parametrize("limit", [None, 2.0, 1.5, 1.0])
+def test_optimal_block_agrees_with_brute_force(limit):
+    problem = Problem(num_devices=2, num_microbatches=4, forward_times=1, backward_times=1, weight_times=1,
+                      memory_limit=limit)
+    found = optimal_block(problem, time_limit=20)
+    period, length = _brute_force_block(limit)
+    assert found.status == "optimal"
+    assert (found.block.interval, found.block.length) == (period, length)
+    assert found.least_interval == period
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_optimal_block_is_no_slower_than_the_published_at_their_memory(p):
+    """F = B = W, whole activations held to W: at V-Min's, V-Half's and V-ZB's peak the optimal
+    block repeats every 6 slots, as theirs do (none can do better: 6 is a device's work)."""
+    for name, limit in (("v-min", v_min_peak(p)), ("v-half", v_half_peak(p)), ("v-zb", 2 * p)):
+        problem = Problem(num_devices=p, num_microbatches=4 * p, chunks_per_device=2, placement="v",
+                          forward_times=1, backward_times=1, weight_times=1, weight_memory=1, memory_limit=limit)
+        found = optimal_block(problem, time_limit=20)
+        published = published_block(name, problem.replace(memory_limit=None))
+        assert found.block.interval <= published.interval == 6
+        assert found.status == "optimal"
+        assert found.block.length <= published.length
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_optimal_block_builds_a_valid_schedule_within_the_limit(seed):
+    """Unequal costs and latency: the block's steady peak is within the limit and its schedule is
+    valid under it (the simulator, strict); T is at least a device's work per microbatch."""
+    rng = random.Random(seed)
+    p = rng.randint(2, 4)
+    v = rng.choice([1, 2])
+    stages = p * v
+    problem = Problem(num_devices=p, num_microbatches=rng.randint(2, 3 * p), chunks_per_device=v,
+                      placement=rng.choice(["loop", "v"]), forward_times=[rng.randint(2, 4) for _ in range(stages)],
+                      backward_times=[rng.randint(2, 5) for _ in range(stages)],
+                      weight_times=[rng.randint(1, 2) for _ in range(stages)], p2p_time=rng.choice([0, 1]))
+    limit = max(problem.min_memory_limit) * rng.choice([1, 1.5, 2, 3])
+    problem = problem.replace(memory_limit=limit)
+    found = optimal_block(problem, time_limit=5)
+    assert all(peak <= limit + 1e-9 for peak in steady_peak(found.block))
+    run = simulate(problem, block_schedule(found.block), strict=True)
+    assert run.valid
+    work = max(sum(problem.cost(kind, s) for kind in problem.kinds for s in stages)
+               for stages in problem.stages_of_device)
+    assert found.block.interval >= work - 1e-9
+    assert found.least_interval <= found.block.interval
+
+
+def test_optimal_block_time_limit_must_be_positive():
+    problem = Problem(num_devices=2, num_microbatches=2)
+    with pytest.raises(ZboptError, match="time_limit = 0"):
+        optimal_block(problem, time_limit=0)
+    assert Op("F", 0, 0) in optimal_block(problem, time_limit=5).block.offsets

@@ -1,0 +1,211 @@
+"""The optimal block: CP-SAT models of one period, T searched by bisection.
+
+For one microbatch (a group of one), find the smallest interval T at which a block exists, then the
+shortest block at that T: for large m that minimises (m - 1)·T + length, the makespan of the block
+repeated for the problem's m before any squeeze. At a fixed T the model is linear:
+  1. each op starts after its input (duration plus latency);
+  2. no two ops of a device overlap when the block repeats every T: with o = q·T + r, r in [0, T),
+     the intervals [r, r + d) and [r + T, r + T + d) of a device's ops do not overlap;
+  3. the repeated block holds at most the memory limit on every device: an activation part held
+     for L = n·T + rem is n copies at every moment plus one more during [r_F, r_F + rem) (mod T),
+     so a cumulative over those remainders (again at r and r + T) gets the limit minus the n's.
+A block at T can be stretched to any larger T (offsets scaled, durations kept: nothing overlaps,
+no lifespan covers more periods), so feasibility is monotone in T and bisection finds the least T,
+proven when the T one tick below is proven infeasible. Times are integer ticks (`zbopt.ticks`);
+when costs do not round to whole ticks the answer is stretched by the largest rounding ratio,
+which keeps it valid. A block's T bounds block schedules only, never schedules in general: it is
+reported as the best block, not as a lower bound.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from zbopt.blocks.model import Block, block_ops, steady_peak
+from zbopt.blocks.published import PUBLISHED, published_block
+from zbopt.errors import NotApplicableError, ZboptError
+from zbopt.ops import Op, critical_path
+from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
+from zbopt.simulate import memory_ceiling, op_table
+from zbopt.ticks import memory_scale, tick_problem, tick_scale
+
+
+@dataclass(frozen=True)
+class BlockSearch:
+    """The best block found; "optimal" when its T is proven the least and its length the least at
+    that T (among one-microbatch blocks on the tick grid); `least_interval`: no such block repeats
+    faster; `start`: the published block the search started from."""
+
+    block: Block
+    status: str
+    least_interval: float
+    start: str
+
+
+def block_objective(block: Block) -> float:
+    """(m - 1)·T + length: what the search minimises (the repeated span for the problem's m)."""
+    return block.repeated_span(block.problem.num_microbatches)
+
+
+def best_published_block(problem: Problem) -> Block | None:
+    """The published block with the smallest objective that applies and fits the memory limit."""
+    fitting = []
+    for name in PUBLISHED:
+        try:
+            block = published_block(name, problem)
+        except (NotApplicableError, ZboptError):
+            continue
+        if problem.memory_limit is None or all(
+                peak <= memory_ceiling(limit) for peak, limit in zip(steady_peak(block), problem.memory_limit,
+                                                                     strict=True)):
+            fitting.append(block)
+    return min(fitting, key=block_objective, default=None)
+
+
+def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 2, seed: int = 0) -> BlockSearch:
+    """The block of one microbatch with the least interval T, then the least length, within the
+    problem's memory limit (see the module doc), in at most `time_limit` seconds: bisection on T
+    from the devices' work per microbatch up to the best published block that fits."""
+    if not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise ZboptError(f"time_limit = {time_limit!r}: must be a positive number of seconds")
+    deadline = time.perf_counter() + time_limit
+    scale = tick_scale(problem)
+    integral = tick_problem(problem, scale)
+    start = best_published_block(problem)
+    shape = _Shape(integral, problem, memory_scale(problem))
+    found: dict[int, dict[Op, int]] = {}
+    low, high = shape.least_period - 1, shape.chain  # no block at `low` (known), one at `high`
+    if start is not None:
+        found[round(start.period * scale.ticks_per_unit)] = {op: round(t * scale.ticks_per_unit)
+                                                              for op, t in start.offsets.items()}
+        high = min(high, max(found))
+    proven = True
+    while high - low > 1 and time.perf_counter() < deadline:
+        middle = (low + high) // 2
+        remaining = (deadline - time.perf_counter()) / max(1, math.ceil(math.log2(high - low)))
+        code, offsets = shape.solve(middle, remaining, workers, seed, hint=found.get(high), shortest=False)
+        if offsets is not None:
+            found[middle], high = offsets, middle
+        else:
+            low = middle
+            proven &= code == cp_model.INFEASIBLE
+    proven &= high - low <= 1
+    code, offsets = shape.solve(high, max(0.01, deadline - time.perf_counter()), workers, seed,
+                                hint=found.get(high), shortest=True)
+    if offsets is None:
+        offsets = found.get(high)
+        if offsets is None:
+            raise ZboptError(_not_found(problem, time_limit))
+        code = cp_model.FEASIBLE
+    proven &= code == cp_model.OPTIMAL
+    stretch = max([problem.cost(kind, stage) * scale.ticks_per_unit / integral.cost(kind, stage)
+                   for kind in problem.kinds for stage in range(problem.num_stages)]
+                  + [problem.p2p_time * scale.ticks_per_unit / max(1, integral.p2p_time), 1.0])
+    to_units = stretch / scale.ticks_per_unit
+    block = Block(problem, {op: offsets[op] * to_units for op in shape.ops}, high * to_units, 1, "optimal")
+    exact = scale.exact and stretch == 1.0
+    return BlockSearch(block, "optimal" if proven and exact else "feasible", (low + 1) * to_units,
+                       start.name if start is not None else "none")
+
+
+def _not_found(problem: Problem, time_limit: float) -> str:
+    if problem.memory_limit is None:
+        return f"no block found within time_limit = {time_limit:g} s; give it more time"
+    return (f"no block of one microbatch found within the memory limit in {time_limit:g} s (none of the "
+            f"published blocks fits it; a longer search or a schedule that is not a block may)")
+
+
+class _Shape:
+    """The problem's block ops in integer ticks, and the CP-SAT model of the module doc at one T."""
+
+    def __init__(self, integral: Problem, problem: Problem, memory_unit: int):
+        self.integral, self.problem, self.memory_unit = integral, problem, memory_unit
+        self.table = op_table(integral.replace(num_microbatches=1, iterations=1, memory_limit=None))
+        self.ops = block_ops(integral, 1)
+        self.duration = {op: int(integral.cost(op.kind, op.stage)) for op in self.ops}
+        self.least_period = max(sum(self.duration[op] for op in self.ops if op.stage in stages)
+                                for stages in integral.stages_of_device)
+        self.chain = math.ceil(critical_path(integral)) + max(self.duration.values())  # T = chain always fits
+
+    def solve(self, period: int, time_limit: float, workers: int, seed: int, hint: dict[Op, int] | None,
+              shortest: bool) -> tuple[int, dict[Op, int] | None]:
+        """(CP-SAT status, offsets or None) of a block at `period`; the shortest one if asked."""
+        model, offset, phase, whole, length = self._model(period)
+        if shortest:
+            model.Minimize(length)
+        if hint is not None:  # a complete hint: offsets with their phases and periods
+            for op, value in hint.items():
+                model.AddHint(offset[op], value)
+                model.AddHint(phase[op], value % period)
+                model.AddHint(whole[op], value // period)
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(0.01, time_limit)
+        solver.parameters.num_workers = workers
+        solver.parameters.random_seed = seed
+        code = solver.Solve(model)
+        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return code, None
+        return code, {op: solver.Value(offset[op]) for op in self.ops}
+
+    def _model(self, period: int):
+        model, ops, duration = cp_model.CpModel(), self.ops, self.duration
+        horizon = self.chain * len(ops)
+        offset, phase, whole = {}, {}, {}
+        for op in ops:
+            offset[op] = model.NewIntVar(0, horizon, f"o_{op}")
+            phase[op] = model.NewIntVar(0, period - 1, f"r_{op}")
+            whole[op] = model.NewIntVar(0, horizon // period, f"q_{op}")
+            model.Add(offset[op] == whole[op] * period + phase[op])
+        model.Add(offset[Op(FORWARD, 0, 0)] == 0)
+        # 1. dependencies
+        for op in ops:
+            index = self.table.index(op)
+            source = self.table.predecessor[index]
+            if source >= 0:
+                before = self.table.op(source)
+                model.Add(offset[op] >= offset[before] + duration[before] + int(self.table.latency[index]))
+        # 2. no overlap modulo T
+        for stages in self.integral.stages_of_device:
+            mine = [op for op in ops if op.stage in stages]
+            model.AddNoOverlap([model.NewFixedSizeIntervalVar(phase[op] + shift, duration[op], f"i_{op}_{shift}")
+                                for op in mine for shift in (0, period)])
+        # 3. memory of the repeated block
+        if self.problem.memory_limit is not None:
+            for device, stages in enumerate(self.integral.stages_of_device):
+                self._limit_memory(model, offset, phase, period, stages, self.problem.memory_limit[device], horizon)
+        length = model.NewIntVar(0, horizon + self.chain, "length")
+        for op in ops:
+            model.Add(length >= offset[op] + duration[op])
+        return model, offset, phase, whole, length
+
+    def _limit_memory(self, model, offset, phase, period: int, stages, limit: float, horizon: int) -> None:
+        problem, unit = self.problem, self.memory_unit
+        intervals, demands, always = [], [], []
+        for stage in stages:
+            forward = Op(FORWARD, stage, 0)
+            if problem.split_backward:
+                parts = [(Op(BACKWARD, stage, 0), -problem.memory_delta(BACKWARD, stage)),
+                         (Op(WEIGHT, stage, 0), -problem.memory_delta(WEIGHT, stage))]
+            else:
+                parts = [(Op(FUSED_BACKWARD, stage, 0), problem.activation_memory[stage])]
+            for freer, amount in parts:
+                demand = round(amount * unit)
+                if demand == 0:
+                    continue
+                copies = model.NewIntVar(0, horizon // period + 1, f"n_{freer}")
+                rest = model.NewIntVar(0, period - 1, f"rem_{freer}")
+                model.Add(offset[freer] + self.duration[freer] - offset[forward] == copies * period + rest)
+                for shift in (0, period):
+                    until = model.NewIntVar(0, 3 * period, f"e_{freer}_{shift}")
+                    model.Add(until == phase[forward] + shift + rest)
+                    intervals.append(model.NewIntervalVar(phase[forward] + shift, rest, until, f"m_{freer}_{shift}"))
+                    demands.append(demand)
+                always.append((copies, demand))
+        capacity = int(limit * unit + 1e-6)
+        room = model.NewIntVar(0, capacity, "room")
+        model.Add(room + sum(copies * demand for copies, demand in always) == capacity)
+        model.AddCumulative(intervals, demands, room)

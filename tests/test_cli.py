@@ -256,3 +256,29 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
                             stdout=reader.stdin, stderr=subprocess.PIPE, text=True, check=False)
     reader.stdin.close()
     assert (writer.returncode, writer.stderr) == (141, "")
+
+
+def test_block_prints_the_optimal_block_and_draws_it(tmp_path, capsys):
+    """p = 2, F = B = W = 1, half of an activation freed by B: at a limit of 1.5 the least T is 4
+    (brute force, tests/test_block_search.py), above a device's work of 3."""
+    drawing = tmp_path / "block.png"
+    status, out, _ = run(capsys, "block", "-s", "2", "-b", "4", "-f", "1", "-bw", "1", "-w", "1",
+                         "--memory-limit", "1.5", "-o", str(drawing))
+    assert status == 0 and "status          optimal" in out and "T               4 per microbatch" in out
+    assert out.endswith(f"\nblock drawing written to {drawing}\n")
+    assert drawing.read_bytes().startswith(PNG_SIGNATURE)
+    status, out, _ = run(capsys, "block", "-s", "2", "-b", "4", "-f", "1", "-bw", "1", "-w", "1",
+                         "--memory-limit", "1.5", "--json")
+    result = json.loads(out)
+    assert result["block"]["interval"] == 4 and result["least_interval"] == 4
+    assert max(result["steady_peak"]) == 1.5 and max(result["schedule"]["peak_memory"]) <= 1.5
+    assert [row["name"] for row in result["published"] if row.get("fits")] == []
+
+
+@pytest.mark.parametrize(("flags", "culprit"), [
+    (["--time-limit", "0"], "time_limit = 0"),
+    (["-o", "block.txt"], "unsupported extension"),
+])
+def test_block_mistakes_are_one_line(capsys, flags, culprit):
+    status, out, err = run(capsys, "block", "-s", "2", "-b", "2", *flags)
+    assert status == 2 and out == "" and culprit in err and err.count("\n") == 1

@@ -187,3 +187,27 @@ def test_figures_are_written_in_the_format_of_their_extension(plot, tmp_path):
     with pytest.raises(ZboptError, match=r"chart\.jpg.*\.png, \.svg, \.pdf"):
         plot(simulation, tmp_path / "chart.jpg")
     assert not (tmp_path / "chart.jpg").exists()
+
+
+def test_block_drawing_folds_each_device_into_one_full_period():
+    """The middle panel is one period wide; its boxes, clipped to [0, T), add up to each device's
+    work per microbatch (an op that wraps is drawn in two pieces); the top panel's boxes start at
+    the block's offsets."""
+    from zbopt.blocks import published_block
+    from zbopt.plot.block import plot_block
+
+    problem = Problem(num_devices=3, num_microbatches=6, chunks_per_device=2, placement="v",
+                      forward_times=[2, 3, 2, 1, 2, 3], backward_times=2, weight_times=1, p2p_time=0.5)
+    block = published_block("v-half", problem)
+    figure = plot_block(block)
+    first, folded, _ = figure.axes
+    assert folded.get_xlim() == (0, block.period)
+    covered = [0.0] * 3
+    for path in collection(folded, "folded-ops").get_paths():
+        (x0, y0), (x1, _) = path.vertices[0], path.vertices[1]
+        covered[round(y0 + 0.4)] += min(x1, block.period) - max(x0, 0.0)
+    work = [sum(problem.cost(kind, s) for kind in problem.kinds for s in stages) for stages in problem.stages_of_device]
+    assert covered == pytest.approx(work)
+    starts = sorted(path.vertices[0][0] for path in collection(first, "block-ops").get_paths())
+    assert starts == pytest.approx(sorted(block.offsets.values()))
+    plt.close(figure)

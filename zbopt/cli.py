@@ -21,7 +21,7 @@ from zbopt.io.inputs import is_schedule_file, run_and_schedule, run_config
 from zbopt.schedules import get, registered
 from zbopt.simulate import Simulation, simulate
 from zbopt.solvers.api import SOLVERS
-from zbopt.tables import format_comparison, format_frontier, format_simulation, format_solve
+from zbopt.tables import format_block, format_comparison, format_frontier, format_simulation, format_solve
 
 EXIT_INVALID_SCHEDULE = 1
 EXIT_BAD_INPUT = 2
@@ -174,6 +174,29 @@ def _command_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_block(args: argparse.Namespace) -> int:
+    from zbopt.blocks import block_schedule
+    from zbopt.blocks.search import optimal_block, published_rows
+    from zbopt.plot.block import plot_block
+
+    run = run_config(config_file(args), flag_values(args))
+    figure = _figure_path(args, getattr(args, "output_file", None))
+    search = optimal_block(run.problem, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
+    simulation = simulate(run.problem, block_schedule(search.block))
+    published = published_rows(run.problem)
+    if args.json:
+        print(json.dumps({**search.to_dict(), "schedule": {"makespan": simulation.makespan,
+                                                          "peak_memory": list(simulation.peak_memory)},
+                          "published": published}))
+    elif _talks(args):
+        print(format_block(search, simulation, published))
+    if figure is not None:
+        plot_block(search.block, figure)
+        if _talks(args):
+            print(f"\nblock drawing written to {figure}")
+    return 0
+
+
 def _dask_client(address: str):
     """A dask.distributed Client connected to the scheduler at `address` (an optional dependency)."""
     try:
@@ -310,6 +333,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_quiet_flag(comparing)
     add_input_flags(comparing, output_help="write an HTML report (.html) with every schedule's charts")
     comparing.set_defaults(run=_command_compare)
+    blocking = commands.add_parser("block", help="the optimal building block (least interval T) under the memory "
+                                   "limit, beside the published ones")
+    blocking.add_argument("--time-limit", type=float, default=10.0, help="seconds for the whole search (default 10)")
+    blocking.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
+    blocking.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    blocking.add_argument("--json", action="store_true", help="print one JSON object")
+    add_quiet_flag(blocking)
+    add_input_flags(blocking, output_help="draw the block (.png, .svg or .pdf)")
+    blocking.set_defaults(run=_command_block)
     sweeping = commands.add_parser("frontier", help="the optimal makespan at each memory limit of a sweep")
     sweeping.add_argument("--memory-limits", required=True, metavar="START:STOP:STEP",
                           help="per-device memory limits to solve at, STOP included (e.g. 1:8:1)")

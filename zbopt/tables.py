@@ -3,6 +3,8 @@ for any terminal or log."""
 
 from __future__ import annotations
 
+from zbopt.blocks import lifespan_bound, steady_peak
+from zbopt.blocks.search import BlockSearch
 from zbopt.compare import COLUMNS, Comparison
 from zbopt.frontier import Frontier
 from zbopt.simulate import Simulation
@@ -46,6 +48,39 @@ def format_solve(result: SolveResult) -> str:
     if result.simulation is None:
         return text
     return text + "\n" + format_simulation(result.simulation)
+
+
+def format_block(search: BlockSearch, simulation: Simulation, published: list[dict]) -> str:
+    """The optimal block (T, how sure, per-device memory by the lifespan rule and exactly), the
+    schedule it builds, and the published blocks at the same costs."""
+    block, problem = search.block, search.block.problem
+    limit = problem.memory_limit
+    sure = ("no block of one microbatch repeats faster, none at this T is shorter" if search.status == "optimal"
+            else f"the best found; no block of one microbatch repeats faster than {search.least_interval:.6g}")
+    lines = [f"problem         {problem.describe()}",
+             f"status          {search.status} ({sure})",
+             f"T               {block.interval:.6g} per microbatch",
+             f"length          {block.length:.6g} (one microbatch's block)",
+             f"repeated span   {block.repeated_span(problem.num_microbatches):.6g} ((m - 1)·T + length, m = "
+             f"{problem.num_microbatches})",
+             f"started from    {search.start}",
+             f"schedule        makespan {simulation.makespan:.6g} after squeezing, peak memory "
+             f"{max(simulation.peak_memory):.6g}",
+             "",
+             f"{'device':>6}  {'lifespan rule':>13}  {'steady peak':>11}  {'limit':>8}"]
+    rule, steady = lifespan_bound(block), steady_peak(block)
+    for device in range(problem.num_devices):
+        cap = "none" if limit is None else f"{limit[device]:g}"
+        lines.append(f"{device:>6}  {rule[device]:>13.6g}  {steady[device]:>11.6g}  {cap:>8}")
+    lines += ["", "published blocks at these costs:",
+              f"{'name':<18}  {'T':>10}  {'length':>10}  {'steady peak':>11}  within limit"]
+    for row in published:
+        if "not_applicable" in row:
+            lines.append(f"{row['name']:<18}  {row['not_applicable']}")
+        else:
+            lines.append(f"{row['name']:<18}  {row['interval']:>10.6g}  {row['length']:>10.6g}  "
+                         f"{row['steady_peak']:>11.6g}  {'yes' if row['fits'] else 'no'}")
+    return "\n".join(lines)
 
 
 def format_comparison(comparison: Comparison) -> str:

@@ -70,6 +70,11 @@ class Block:
         """From the block's first op's start to its last op's end."""
         return max(map(self.end, self.ops)) - min(self.offsets.values())
 
+    def to_dict(self) -> dict:
+        """Name, period, group, T, length and every op's offset (keys in Op's text form, "0F0")."""
+        return {"name": self.name, "period": self.period, "group": self.group, "interval": self.interval,
+                "length": self.length, "offsets": {str(op): offset for op, offset in self.offsets.items()}}
+
     def repeated_span(self, microbatches: int) -> float:
         """The makespan of the block repeated for `microbatches` before any squeeze: the last group
         starts (groups - 1)·period after the first, then runs the block's length."""

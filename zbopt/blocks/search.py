@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from zbopt.blocks.model import Block, block_ops, steady_peak
+from zbopt.blocks.model import Block, block_ops, lifespan_bound, steady_peak
 from zbopt.blocks.published import PUBLISHED, published_block
 from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.ops import Op, critical_path
@@ -46,6 +46,34 @@ class BlockSearch:
     start: str
 
 
+    def to_dict(self) -> dict:
+        """The block, its lifespans' rule and exact steady peak per device, and how it was found."""
+        return {"status": self.status, "least_interval": self.least_interval, "start": self.start,
+                "block": self.block.to_dict(), "steady_peak": steady_peak(self.block),
+                "lifespan_bound": lifespan_bound(self.block), "repeated_span": block_objective(self.block)}
+
+
+def published_rows(problem: Problem) -> list[dict]:
+    """Each published block at the problem's costs: T, length, steady peak, whether it fits the
+    memory limit; or why it does not apply."""
+    rows = []
+    for name in PUBLISHED:
+        try:
+            block = published_block(name, problem)
+        except NotApplicableError as reason:
+            rows.append({"name": name, "not_applicable": str(reason)})
+            continue
+        peaks = steady_peak(block)
+        rows.append({"name": name, "interval": block.interval, "length": block.length, "steady_peak": max(peaks),
+                     "fits": _fits(problem, peaks)})
+    return rows
+
+
+def _fits(problem: Problem, peaks: list[float]) -> bool:
+    return problem.memory_limit is None or all(
+        peak <= memory_ceiling(limit) for peak, limit in zip(peaks, problem.memory_limit, strict=True))
+
+
 def block_objective(block: Block) -> float:
     """(m - 1)·T + length: what the search minimises (the repeated span for the problem's m)."""
     return block.repeated_span(block.problem.num_microbatches)
@@ -59,9 +87,7 @@ def best_published_block(problem: Problem) -> Block | None:
             block = published_block(name, problem)
         except (NotApplicableError, ZboptError):
             continue
-        if problem.memory_limit is None or all(
-                peak <= memory_ceiling(limit) for peak, limit in zip(steady_peak(block), problem.memory_limit,
-                                                                     strict=True)):
+        if _fits(problem, steady_peak(block)):
             fitting.append(block)
     return min(fitting, key=block_objective, default=None)
 
@@ -78,12 +104,12 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     start = best_published_block(problem)
     shape = _Shape(integral, problem, memory_scale(problem))
     found: dict[int, dict[Op, int]] = {}
-    low, high = shape.least_period - 1, shape.chain  # no block at `low` (known), one at `high`
+    low = refuted = shape.least_period - 1  # no block at `low`; proven none at `refuted`
+    high = shape.chain  # a block at `high`
     if start is not None:
         found[round(start.period * scale.ticks_per_unit)] = {op: round(t * scale.ticks_per_unit)
                                                               for op, t in start.offsets.items()}
         high = min(high, max(found))
-    proven = True
     while high - low > 1 and time.perf_counter() < deadline:
         middle = (low + high) // 2
         remaining = (deadline - time.perf_counter()) / max(1, math.ceil(math.log2(high - low)))
@@ -92,8 +118,9 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
             found[middle], high = offsets, middle
         else:
             low = middle
-            proven &= code == cp_model.INFEASIBLE
-    proven &= high - low <= 1
+            if code == cp_model.INFEASIBLE:
+                refuted = middle
+    proven = high - refuted <= 1
     code, offsets = shape.solve(high, max(0.01, deadline - time.perf_counter()), workers, seed,
                                 hint=found.get(high), shortest=True)
     if offsets is None:
@@ -108,8 +135,15 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     to_units = stretch / scale.ticks_per_unit
     block = Block(problem, {op: offsets[op] * to_units for op in shape.ops}, high * to_units, 1, "optimal")
     exact = scale.exact and stretch == 1.0
-    return BlockSearch(block, "optimal" if proven and exact else "feasible", (low + 1) * to_units,
+    least = (refuted + 1) / scale.ticks_per_unit if exact else max(_work(problem))
+    return BlockSearch(block, "optimal" if proven and exact else "feasible", least,
                        start.name if start is not None else "none")
+
+
+def _work(problem: Problem) -> list[float]:
+    """Per device, its ops' durations for one microbatch: no block repeats faster."""
+    return [sum(problem.cost(kind, stage) for kind in problem.kinds for stage in stages)
+            for stages in problem.stages_of_device]
 
 
 def _not_found(problem: Problem, time_limit: float) -> str:

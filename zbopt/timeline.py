@@ -10,11 +10,13 @@ generator times it the same way. `simulate` stays the one judge of the finished 
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Sequence
 
 from zbopt.ops import Op
-from zbopt.problem import Problem
+from zbopt.problem import FORWARD, Problem
 from zbopt.schedule import Schedule
-from zbopt.simulate import op_table
+from zbopt.simulate import memory_ceiling, op_table
 
 
 class Timeline:
@@ -82,3 +84,55 @@ class Timeline:
     def schedule(self) -> Schedule:
         """The appended ops as per-device orders."""
         return Schedule(self.orders)
+
+
+class PendingFrees:
+    """A device's frees still to come, (end, amount) in end order (a device runs one op at a
+    time). `Timeline.held` already subtracts them, so the memory held at a moment is `held` plus
+    what is still pending then."""
+
+    def __init__(self):
+        self.queue: deque[tuple[float, float]] = deque()
+        self.total = 0.0
+
+    def add(self, end: float, amount: float) -> None:
+        self.queue.append((end, amount))
+        self.total += amount
+
+    def time_when_at_most(self, room: float, earliest: float) -> float:
+        """The first moment from `earliest` on when at most `room` is still pending; infinity when
+        the frees so far never get there."""
+        while self.queue and self.queue[0][0] <= earliest:
+            self.total -= self.queue.popleft()[1]
+        left = self.total
+        if left <= room:
+            return earliest
+        for end, amount in self.queue:
+            left -= amount
+            if left <= room:
+                return end
+        return math.inf
+
+
+def compact(problem: Problem, in_time_order: Sequence[Op], caps: Sequence[float]) -> Schedule:
+    """Every op, taken in `in_time_order` (a valid schedule's ops by start time), as early as its
+    device, its input and its device's memory cap allow: a forward waits until its device holds
+    at most cap - its activation. When the schedule the order came from stays within `caps`, each
+    op starts no later than there (by induction over the order), so compacting never lengthens it
+    nor breaks the caps. Returns the timed schedule."""
+    timeline = Timeline(problem)
+    pending = [PendingFrees() for _ in range(problem.num_devices)]
+    for op in in_time_order:
+        index = timeline.table.index(op)
+        device = timeline.table.device[index]
+        change = timeline.table.memory_delta[index]
+        not_before = 0.0
+        if op.kind == FORWARD:
+            room = memory_ceiling(caps[device]) - change - timeline.held[device]
+            not_before = pending[device].time_when_at_most(room, timeline.free[device])
+            if not_before == math.inf:
+                raise ValueError(f"{op} can never fit under device {device}'s cap {caps[device]:g} in this order")
+        start = timeline.append(op, not_before)
+        if change < 0:
+            pending[device].add(start + timeline.table.duration[index], -change)
+    return Schedule(timeline.orders, [[timeline.start_of(op) for op in order] for order in timeline.orders])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import deque
 
 from zbopt.blocks.model import Block
 from zbopt.errors import NotApplicableError
@@ -20,7 +19,7 @@ from zbopt.ops import Op
 from zbopt.problem import FORWARD, WEIGHT
 from zbopt.schedule import Schedule
 from zbopt.simulate import memory_ceiling, simulate
-from zbopt.timeline import Timeline
+from zbopt.timeline import PendingFrees, Timeline, compact
 
 
 def repeat(block: Block, microbatches: int | None = None) -> dict[Op, float]:
@@ -45,27 +44,8 @@ def block_schedule(block: Block) -> Schedule:
         orders[problem.device_of(op.stage)].append(op)
     repeated = Schedule(orders, [[starts[op] for op in order] for order in orders])
     peaks = simulate(problem.replace(memory_limit=None), repeated).peak_memory
-    candidates = (_squeeze(block, in_time_order, peaks), _fill_gaps(block, orders, peaks))
+    candidates = (compact(problem, in_time_order, peaks), _fill_gaps(block, orders, peaks))
     return min(candidates, key=lambda schedule: simulate(problem, schedule).makespan)
-
-
-def _squeeze(block: Block, in_time_order: list[Op], peaks) -> Schedule:
-    """Place the ops in the repeated schedule's time order, each as early as allowed, a forward
-    only once its device's held memory plus its activation fits under the device's peak."""
-    problem = block.problem
-    timeline = Timeline(problem)
-    pending = [_Releases() for _ in range(problem.num_devices)]
-    for op in in_time_order:
-        device = problem.device_of(op.stage)
-        change = problem.memory_delta(op.kind, op.stage)
-        not_before = 0.0
-        if op.kind == FORWARD:
-            room = memory_ceiling(peaks[device]) - change - timeline.held[device]
-            not_before = pending[device].time_when_at_most(room, timeline.free[device])
-        start = timeline.append(op, not_before)
-        if change < 0:
-            pending[device].add(start + problem.cost(op.kind, op.stage), -change)
-    return Schedule(timeline.orders, [[timeline.start_of(op) for op in order] for order in timeline.orders])
 
 
 def _fill_gaps(block: Block, orders: list[list[Op]], peaks) -> Schedule:
@@ -78,7 +58,7 @@ def _fill_gaps(block: Block, orders: list[list[Op]], peaks) -> Schedule:
     problem = block.problem
     ahead = math.ceil(block.length / block.period + 1) * len(block.ops) // problem.num_devices + 1
     timeline = Timeline(problem)
-    pending = [_Releases() for _ in range(problem.num_devices)]
+    pending = [PendingFrees() for _ in range(problem.num_devices)]
     unplaced = [list(order) for order in orders]
     waited: dict[int, int] = {}
     placed, turns = 0, itertools.count()
@@ -105,7 +85,7 @@ def _fill_gaps(block: Block, orders: list[list[Op]], peaks) -> Schedule:
     return Schedule(timeline.orders, [[timeline.start_of(op) for op in order] for order in timeline.orders])
 
 
-def _first_startable(timeline: Timeline, candidates: list[Op], now: float, pending: _Releases,
+def _first_startable(timeline: Timeline, candidates: list[Op], now: float, pending: PendingFrees,
                      ceiling: float) -> tuple[Op | None, float]:
     """(op, when) for `_fill_gaps`: the first F or B of `candidates` that can start at `now`, else
     the first such W, else the op that can start first (infinity: none can until others move)."""
@@ -127,31 +107,3 @@ def _first_startable(timeline: Timeline, candidates: list[Op], now: float, pendi
         elif ready < soonest[0]:
             soonest = (ready, op)
     return (weight, now) if weight else (soonest[1], soonest[0])
-
-
-class _Releases:
-    """A device's frees still to come, (end, amount) in end order (a device runs one op at a time).
-    `Timeline.held` already subtracts them, so the memory held at a moment is held + what is still
-    pending then."""
-
-    def __init__(self):
-        self.queue: deque[tuple[float, float]] = deque()
-        self.total = 0.0
-
-    def add(self, end: float, amount: float) -> None:
-        self.queue.append((end, amount))
-        self.total += amount
-
-    def time_when_at_most(self, room: float, earliest: float) -> float:
-        """The first moment from `earliest` on when at most `room` is still pending; infinity when
-        the frees so far never get there."""
-        while self.queue and self.queue[0][0] <= earliest:
-            self.total -= self.queue.popleft()[1]
-        left = self.total
-        if left <= room:
-            return earliest
-        for end, amount in self.queue:
-            left -= amount
-            if left <= room:
-                return end
-        return math.inf

@@ -28,7 +28,7 @@ from ortools.sat.python import cp_model
 from zbopt.blocks.model import Block, block_ops, lifespan_bound, steady_peak
 from zbopt.blocks.published import PUBLISHED, published_block
 from zbopt.errors import NotApplicableError, ZboptError
-from zbopt.ops import Op, critical_path
+from zbopt.ops import Op, critical_path, device_work
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
 from zbopt.simulate import memory_ceiling, op_table
 from zbopt.ticks import memory_scale, tick_problem, tick_scale
@@ -135,15 +135,9 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     to_units = stretch / scale.ticks_per_unit
     block = Block(problem, {op: offsets[op] * to_units for op in shape.ops}, high * to_units, 1, "optimal")
     exact = scale.exact and stretch == 1.0
-    least = (refuted + 1) / scale.ticks_per_unit if exact else max(_work(problem))
+    least = (refuted + 1) / scale.ticks_per_unit if exact else max(device_work(problem)) / problem.num_microbatches
     return BlockSearch(block, "optimal" if proven and exact else "feasible", least,
                        start.name if start is not None else "none")
-
-
-def _work(problem: Problem) -> list[float]:
-    """Per device, its ops' durations for one microbatch: no block repeats faster."""
-    return [sum(problem.cost(kind, stage) for kind in problem.kinds for stage in stages)
-            for stages in problem.stages_of_device]
 
 
 def _not_found(problem: Problem, time_limit: float) -> str:

@@ -39,7 +39,7 @@ from zbopt.solvers.result import (
 
 # solver name -> (module, backend option); each module has one function `search(problem, task, **options)`
 BACKENDS = {"cpsat": ("zbopt.solvers.cpsat", {}), "cbc": ("zbopt.solvers.milp", {"engine": "cbc"}),
-            "highs": ("zbopt.solvers.milp", {"engine": "highs"})}
+            "highs": ("zbopt.solvers.milp", {"engine": "highs"}), "lns": ("zbopt.solvers.lns", {})}
 SOLVERS = tuple(BACKENDS)
 LIVE_LINE_PERIOD_S = 0.5
 HEURISTICS_SHARE = 0.3  # of the time limit: no further heuristic starts after it (once one is valid)
@@ -113,8 +113,9 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
 
     Parameters
     ----------
-    solver : "cpsat" (OR-Tools CP-SAT, `zbopt.solvers.cpsat`) or "cbc" / "highs" (the disjunctive
-        MILP through PuLP, `zbopt.solvers.milp`).
+    solver : "cpsat" (OR-Tools CP-SAT, `zbopt.solvers.cpsat`), "cbc" / "highs" (the disjunctive
+        MILP through PuLP, `zbopt.solvers.milp`) or "lns" (large-neighbourhood search from the warm
+        start, `zbopt.solvers.lns`).
     time_limit : seconds for the whole call, shared by stages: the heuristics (no further one
         starts after HEURISTICS_SHARE of it, once one is valid), the lower bounds (cut after
         BOUNDS_SHARE of what is left; `bounds_complete` says so), then the search and the second

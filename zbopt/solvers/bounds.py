@@ -35,7 +35,7 @@ from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.simulate import memory_ceiling
 
-RELAXATION_MAX_S = 5.0  # the single-device relaxations' total time (v >= 2), or less if the deadline says so
+RELAXATION_MAX_S = 20.0  # the single-device relaxations' total time (v >= 2), or less if the deadline says so
 GRAPH_SECONDS_PER_OP = 1e-4  # building the implied graph and its heads and tails (measured: 4 s for 49k ops)
 
 
@@ -395,9 +395,9 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     else:
         from zbopt.solvers.relaxation import device_relaxation
 
-        budget = min(RELAXATION_MAX_S, deadline - time.perf_counter())
-        for device in range(problem.num_devices):
-            seconds = budget / problem.num_devices
+        until = min(time.perf_counter() + RELAXATION_MAX_S, deadline)
+        for device in range(problem.num_devices):  # a device proven early leaves its time to the rest
+            seconds = (until - time.perf_counter()) / (problem.num_devices - device)
             if seconds <= 0.01:
                 return LowerBounds(critical, load, one_machine, memory, 0.0, relaxed, complete=False)
             relaxed = max(relaxed, device_relaxation(problem, device, graph, heads, tails, seconds))

@@ -32,6 +32,8 @@ from zbopt.problem import Problem
 from zbopt.simulate import op_table
 from zbopt.ticks import memory_scale, tick_scale
 
+RELAXATION_SUBSOLVERS = ("max_lp", "core")
+
 
 def chain_lags(problem: Problem, device: int) -> list[tuple[Op, Op, float]]:
     """(earlier op, later op, least time between the end of one and the start of the other) for
@@ -91,7 +93,10 @@ def device_relaxation(problem: Problem, device: int, graph: nx.DiGraph, heads: d
     model.Minimize(goal)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, seconds)
-    solver.parameters.num_workers = 1
+    # two workers that prove these small models fast together (measured: p = 4, v = 2, V-Min's memory:
+    # optima proven in 2-7 s, where the default search's bound stalls ~10% lower after 20 s)
+    solver.parameters.num_workers = len(RELAXATION_SUBSOLVERS)
+    solver.parameters.subsolvers.extend(RELAXATION_SUBSOLVERS)
     solver.parameters.catch_sigint_signal = False
     code = solver.Solve(model)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):

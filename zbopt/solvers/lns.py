@@ -1,0 +1,169 @@
+"""Large-neighbourhood search: improve a schedule one time window at a time with CP-SAT.
+
+For problems too large for one model (v = 2 at p >= 8, say), the search keeps an incumbent and
+repeats: free the ops of a window of consecutive starts, fix all others at their times, and let
+CP-SAT re-place the free ones (dependencies with latency, no overlap with any op of their device,
+every activation's lifetime within the device's memory limit) so the window ends as early as it
+can; then compact the whole schedule in its new order (`timeline.compact`: every op as early as
+its device, input and memory allow, never later than before) and keep it if the makespan fell,
+or stayed and the ops start earlier in sum. The window grows while CP-SAT solves it to optimality
+quickly and shrinks when it does not.
+
+It proves nothing: the driver's independent lower bounds give the gap. Makespan objective,
+one iteration; otherwise it returns no schedule and the driver keeps the warm start.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+
+from ortools.sat.python import cp_model
+
+from zbopt.ops import Op
+from zbopt.problem import FORWARD, Problem
+from zbopt.simulate import op_table, simulate
+from zbopt.solvers.api import Found, SearchTask
+from zbopt.solvers.cpsat import lifetime_intervals
+from zbopt.ticks import memory_scale, tick_problem, tick_scale
+from zbopt.timeline import compact
+
+FIRST_WINDOW_OPS = 120
+MIN_WINDOW_OPS = 30
+STEP_S = 2.0  # the most one window's model gets
+
+
+def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW_OPS) -> Found:
+    """Improve the warm start window by window until the deadline or a stop (see the module doc)."""
+    scale = tick_scale(problem)
+    if task.warm is None or task.objective != "makespan" or problem.iterations != 1 or task.peak_cap is not None:
+        return Found("unknown", None, 0.0, None, scale.resolution)
+    stopping = threading.Event()
+    running: list[cp_model.CpSolver] = []
+
+    def stop() -> None:
+        stopping.set()
+        for solver in running:
+            solver.StopSearch()
+
+    task.on_stop(stop)
+    integral = tick_problem(problem, scale)
+    unlimited = [math.inf] * problem.num_devices
+    caps = unlimited if problem.memory_limit is None else list(problem.memory_limit)
+    table = op_table(integral)
+    current = _timed(integral, _by_start(table, task.warm.start.tolist()), caps)
+    rng = random.Random(task.seed)
+    size = window_ops
+    while task.remaining() > 0.05 and not stopping.is_set() and not task.stopped.is_set():
+        order = sorted(range(table.size), key=lambda i: current[i])
+        # half the windows at the cool-down, where the makespan is decided; the rest anywhere
+        middle = table.size - 1 - size // 2 if rng.random() < 0.5 else rng.randrange(table.size)
+        free = order[max(0, middle - size // 2): middle + size // 2 + 1]
+        solver = cp_model.CpSolver()
+        running[:] = [solver]
+        placed, solved = _reoptimise(integral, table, current, set(free), solver, caps,
+                                     min(STEP_S, task.remaining()), task.workers, rng.randrange(1 << 30))
+        size = min(table.size, int(size * 1.25)) if solved else max(MIN_WINDOW_OPS, int(size * 0.8))
+        if placed is None:
+            continue
+        try:
+            candidate = _timed(integral, _by_start(table, placed), caps)
+        except ValueError:  # cannot happen for a model that holds the limit; keep the incumbent
+            continue
+        if (max(_ends(table, candidate)), sum(candidate)) < (max(_ends(table, current)), sum(current)):
+            current = candidate
+            task.report(scale.units(max(_ends(table, current))), None)
+    schedule = compact(problem, [table.op(i) for i in sorted(range(table.size), key=lambda i: current[i])], caps)
+    result = simulate(problem, schedule)
+    starts = dict(zip(result.table.ops(), result.start.tolist(), strict=True))
+    return Found("feasible", starts, 0.0, None, scale.resolution, error_bound=scale.error_bound, exact=scale.exact)
+
+
+def _by_start(table, starts) -> list[Op]:
+    """The ops in start order (a topological order: every op starts after its input's start)."""
+    return [table.op(i) for i in sorted(range(table.size), key=lambda i: (starts[i], i))]
+
+
+def _timed(problem: Problem, order: list[Op], caps) -> list[float]:
+    """Start of every op (by op index) once `order` is compacted under the memory caps."""
+    result = simulate(problem.replace(memory_limit=None), compact(problem, order, caps))
+    return result.start.tolist()
+
+
+def _ends(table, starts) -> list[float]:
+    return [start + duration for start, duration in zip(starts, table.duration, strict=True)]
+
+
+def _reoptimise(problem: Problem, table, current: list[float], free: set[int], solver: cp_model.CpSolver, caps,
+                seconds: float, workers: int, seed: int) -> tuple[list[float] | None, bool]:
+    """CP-SAT over the `free` ops (indices), all others fixed at `current`; (new starts of every
+    op or None, whether it was solved to optimality). The free ops stay within the window's span
+    (from the first of them to start to the last to end), so only the fixed ops and lifetimes that
+    overlap it can collide with them; the window ends as early as possible (then the sum of ends)."""
+    model = cp_model.CpModel()
+    latest = int(max(current[i] + table.duration[i] for i in free))
+    earliest = int(min(current[i] for i in free))
+    start: dict[Op, object] = {}
+    for index in free:
+        start[table.op(index)] = model.NewIntVar(earliest, latest - int(table.duration[index]), f"s{index}")
+    duration = {}
+    for index in range(table.size):
+        op = table.op(index)
+        duration[op] = int(table.duration[index])
+        if index not in free:
+            start[op] = int(current[index])
+    end = {op: start[op] + duration[op] for op in start}
+    for index in free:  # dependencies touching a free op
+        source = table.predecessor[index]
+        if source >= 0:
+            model.Add(start[table.op(index)] >= end[table.op(source)] + int(table.latency[index]))
+    for index in range(table.size):
+        source = table.predecessor[index]
+        if source in free and index not in free:
+            model.Add(end[table.op(source)] + int(table.latency[index]) <= start[table.op(index)])
+    busy = [[] for _ in range(problem.num_devices)]
+    for index in range(table.size):
+        if index in free or (current[index] < latest and current[index] + table.duration[index] > earliest):
+            op = table.op(index)
+            busy[table.device[index]].append(model.NewFixedSizeIntervalVar(start[op], duration[op], f"i{index}"))
+    for intervals in busy:
+        model.AddNoOverlap(intervals)
+    if problem.memory_limit is not None:
+        _limit_memory(model, problem, table, current, free, start, end, earliest, latest, caps)
+    window_end = model.NewIntVar(earliest, latest, "window_end")
+    for index in free:
+        model.Add(window_end >= end[table.op(index)])
+    model.Minimize((len(free) + 1) * window_end + sum(end[table.op(index)] for index in free))
+    for index in free:
+        model.AddHint(start[table.op(index)], int(current[index]))
+    solver.parameters.max_time_in_seconds = max(0.01, seconds)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    code = solver.Solve(model)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, False
+    placed = list(current)
+    for index in free:
+        placed[index] = solver.Value(start[table.op(index)])
+    return placed, code == cp_model.OPTIMAL
+
+
+def _limit_memory(model, problem: Problem, table, current, free, start, end, earliest, latest, caps) -> None:
+    """Every lifetime that touches a free op or the window's time span, in one cumulative per device."""
+    touching = set()
+    for index in range(table.size):
+        op = table.op(index)
+        if op.kind != FORWARD:
+            continue
+        lifetime = [table.index(Op(kind, op.stage, op.microbatch)) for kind in problem.kinds]
+        last_end = max(current[i] + table.duration[i] for i in lifetime)
+        if any(i in free for i in lifetime) or (current[index] < latest and last_end > earliest):
+            touching.update(table.op(i) for i in lifetime)
+    forwards = [op for op in touching if op.kind == FORWARD]
+    held = lifetime_intervals(model, problem, forwards, start, end, int(max(_ends(table, current))))
+    unit = memory_scale(problem)
+    for device, lives in enumerate(held):
+        if lives:
+            model.AddCumulative([life for *_, life in lives], [amount for _, _, amount, _ in lives],
+                                int(caps[device] * unit + 1e-6))

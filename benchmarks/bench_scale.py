@@ -77,8 +77,8 @@ def interleaved_rows(time_limit: float, quick: bool, solver: str) -> list[dict]:
     for p, m, memory in INTERLEAVED_ROWS[:1] if quick else INTERLEAVED_ROWS:
         problem = Problem(num_devices=p, num_microbatches=m, chunks_per_device=2, memory_limit=memory, **HALVED)
         best = best_heuristic(problem)
-        rows.append(_solved("interl", problem, solver, time_limit, heuristic=best[0] if best else "none",
-                            heuristic_makespan=best[1].makespan if best else float("nan")))
+        rows.append(_solved("interl", problem, solver, time_limit, heuristic=best[0] if best else "no heuristic fits",
+                            heuristic_makespan=best[1].makespan if best else None))
     return rows
 
 
@@ -110,10 +110,12 @@ def main() -> None:
     print(f"{'row':<7}{'p':>4}{'m':>6}{'v':>3}{'memory':>8}{'limit s':>9}{'wall s':>8}  {'status':<9}{'objective':>11}"
           f"{'bound':>11}{'gap':>8}  warm start / heuristic; binding bound")
     for row in rows:
-        extra = row["warm_start"] if row["row"] == "limit" else f"{row['heuristic']} {row['heuristic_makespan']:.1f}"
+        extra = row["warm_start"] if row["row"] == "limit" else \
+            f"{row['heuristic']} {row['heuristic_makespan'] or '':.6}"
         memory = row.get("memory_limit", row["p"])
+        objective = "none" if row["objective"] is None else f"{row['objective']:.1f}"
         print(f"{row['row']:<7}{row['p']:>4}{row['m']:>6}{row['v']:>3}{memory:>8.3g}{row['time_limit']:>9g}"
-              f"{row['wall_s']:>8.1f}  {row['status']:<9}{row['objective']:>11.1f}{row['lower_bound']:>11.1f}"
+              f"{row['wall_s']:>8.1f}  {row['status']:<9}{objective:>11}{row['lower_bound']:>11.1f}"
               f"{row['gap']:>8.2%}  {extra}; {row['binding_bound']}{'' if row['bounds_complete'] else ' (bounds cut)'}")
     blocks = block_rows(min(args.time_limit, 30.0), args.quick) if "block" in kinds else []
     if blocks:

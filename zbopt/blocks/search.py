@@ -31,6 +31,7 @@ from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.ops import Op, critical_path, device_work
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
 from zbopt.simulate import memory_ceiling, op_table
+from zbopt.solvers.cpsat import timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale
 
 
@@ -170,10 +171,7 @@ class _Shape:
                 model.AddHint(offset[op], value)
                 model.AddHint(phase[op], value % period)
                 model.AddHint(whole[op], value // period)
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(0.01, time_limit)
-        solver.parameters.num_workers = workers
-        solver.parameters.random_seed = seed
+        solver = timed_solver(time_limit, workers, seed)
         code = solver.Solve(model)
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return code, None

@@ -155,6 +155,16 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     )
 
 
+def timed_solver(seconds: float, workers: int, seed: int) -> cp_model.CpSolver:
+    """A CP-SAT solver limited to `seconds` (at least 0.01) with `workers` threads and `seed`, for
+    the small models solved many times over (block search, LNS windows)."""
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, seconds)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    return solver
+
+
 def _stop_at_deadline_or_ctrl_c(solver, task: SearchTask, solved: threading.Event) -> None:
     """Until the solve ends, stop it once the deadline passes (CP-SAT's workers can run past
     max_time_in_seconds on a busy machine) or Ctrl-C came; StopSearch is repeated because it has no

@@ -25,7 +25,7 @@ from zbopt.ops import Op
 from zbopt.problem import FORWARD, Problem
 from zbopt.simulate import op_table, simulate
 from zbopt.solvers.api import Found, SearchTask
-from zbopt.solvers.cpsat import lifetime_intervals
+from zbopt.solvers.cpsat import lifetime_intervals, timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale
 from zbopt.timeline import compact
 
@@ -60,10 +60,9 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
         # half the windows at the cool-down, where the makespan is decided; the rest anywhere
         middle = table.size - 1 - size // 2 if rng.random() < 0.5 else rng.randrange(table.size)
         free = order[max(0, middle - size // 2): middle + size // 2 + 1]
-        solver = cp_model.CpSolver()
+        solver = timed_solver(min(STEP_S, task.remaining()), task.workers, rng.randrange(1 << 30))
         running[:] = [solver]
-        placed, solved = _reoptimise(integral, table, current, set(free), solver, caps,
-                                     min(STEP_S, task.remaining()), task.workers, rng.randrange(1 << 30))
+        placed, solved = _reoptimise(integral, table, current, set(free), solver, caps)
         size = min(table.size, int(size * 1.25)) if solved else max(MIN_WINDOW_OPS, int(size * 0.8))
         if placed is None:
             continue
@@ -95,8 +94,8 @@ def _ends(table, starts) -> list[float]:
     return [start + duration for start, duration in zip(starts, table.duration, strict=True)]
 
 
-def _reoptimise(problem: Problem, table, current: list[float], free: set[int], solver: cp_model.CpSolver, caps,
-                seconds: float, workers: int, seed: int) -> tuple[list[float] | None, bool]:
+def _reoptimise(problem: Problem, table, current: list[float], free: set[int], solver: cp_model.CpSolver,
+                caps) -> tuple[list[float] | None, bool]:
     """CP-SAT over the `free` ops (indices), all others fixed at `current`; (new starts of every
     op or None, whether it was solved to optimality). The free ops stay within the window's span
     (from the first of them to start to the last to end), so only the fixed ops and lifetimes that
@@ -137,9 +136,6 @@ def _reoptimise(problem: Problem, table, current: list[float], free: set[int], s
     model.Minimize((len(free) + 1) * window_end + sum(end[table.op(index)] for index in free))
     for index in free:
         model.AddHint(start[table.op(index)], int(current[index]))
-    solver.parameters.max_time_in_seconds = max(0.01, seconds)
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
     code = solver.Solve(model)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, False

@@ -106,3 +106,21 @@ def test_optimal_block_time_limit_must_be_positive():
     with pytest.raises(ZboptError, match="time_limit = 0"):
         optimal_block(problem, time_limit=0)
     assert Op("F", 0, 0) in optimal_block(problem, time_limit=5).block.offsets
+
+
+def test_optimal_block_starts_from_a_group_block_and_keeps_a_tiny_latency():
+    """Interleaved 1F1B's block holds p microbatches: its first microbatch alone seeds the search.
+    A latency far below the tick resolution still holds in the answer (it is at least one tick)."""
+    problem = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, forward_times=1, backward_times=1,
+                      weight_times=1, p2p_time=3)
+    found = optimal_block(problem, time_limit=5)
+    assert found.block.interval == found.least_interval == 6 and found.status == "optimal"
+    tiny = Problem(num_devices=2, num_microbatches=4, forward_times=1, backward_times=2, weight_times=1,
+                   p2p_time=1e-6)
+    block = optimal_block(tiny, time_limit=3).block
+    assert block.offsets[Op("F", 1, 0)] >= block.offsets[Op("F", 0, 0)] + 1 + 1e-6
+
+
+def test_optimal_block_refuses_several_iterations_before_searching():
+    with pytest.raises(ZboptError, match="iterations = 1"):
+        optimal_block(Problem(num_devices=2, num_microbatches=2, iterations=2), time_limit=60)

@@ -67,10 +67,12 @@ def ceil_ticks(value: float, scale: TickScale) -> int:
 
 
 def tick_problem(problem: Problem, scale: TickScale) -> Problem:
-    """The problem with every cost and the latency in whole ticks (at least one per op)."""
+    """The problem with every cost and the latency in whole ticks (at least one per op, and per
+    latency when there is one: a latency rounded to nothing would let an answer break it)."""
 
     def ticks(values):
         return None if values is None else [max(1, scale.ticks(v)) for v in values]
 
     return problem.replace(forward_times=ticks(problem.forward_times), backward_times=ticks(problem.backward_times),
-                           weight_times=ticks(problem.weight_times), p2p_time=scale.ticks(problem.p2p_time))
+                           weight_times=ticks(problem.weight_times),
+                           p2p_time=max(1, scale.ticks(problem.p2p_time)) if problem.p2p_time > 0 else 0)

@@ -70,6 +70,8 @@ def _fill_gaps(block: Block, orders: list[list[Op]], peaks) -> Schedule:
         if earliest > now:  # nothing can start now: wait; other devices may place what it needs
             if earliest == math.inf:  # after the others' turns now, or their next turn if none moved
                 later = [when for when, _, _ in decide if when > now]
+                if waited.get(device) == placed and not later:  # nobody can move: cannot happen (see above)
+                    raise RuntimeError(f"block schedule of {block.name}: no op can start on any device")
                 earliest = now if waited.get(device) != placed else min(later)
                 waited[device] = placed
             heapq.heappush(decide, (earliest, next(turns), device))

@@ -156,7 +156,7 @@ def _held_intervals(block: Block) -> list[list[tuple[float, float, float]]]:
 
 def lifespan_bound(block: Block) -> list[float]:
     """The paper's rule, per device: each part of an activation is held by at most ⌈lifespan / T⌉
-    microbatches at once (T = the period), so the device holds at most the sum of those. An upper
+    microbatches at once (T = the period, k·T for a group of k), so the device holds at most the sum of those. An upper
     bound on the steady state's peak; `steady_peak` is exact."""
     return [sum(amount * math.ceil((end - start) / block.period - RELATIVE_TOLERANCE) for start, end, amount in held)
             for held in _held_intervals(block)]

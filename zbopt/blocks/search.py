@@ -9,8 +9,9 @@ repeated for the problem's m before any squeeze. At a fixed T the model is linea
   3. the repeated block holds at most the memory limit on every device: an activation part held
      for L = n·T + rem is n copies at every moment plus one more during [r_F, r_F + rem) (mod T),
      so a cumulative over those remainders (again at r and r + T) gets the limit minus the n's.
-A block at T can be stretched to any larger T (offsets scaled, durations kept: nothing overlaps,
-no lifespan covers more periods), so feasibility is monotone in T and bisection finds the least T,
+A block at T gives one at any larger T' (keep each op's phase r and period count q: o' = q·T' + r;
+phases keep their order and gaps, inputs only wait longer, no lifespan covers more periods), so
+feasibility is monotone in T and bisection finds the least T,
 proven when the T one tick below is proven infeasible. Times are integer ticks (`zbopt.ticks`);
 when costs do not round to whole ticks the answer is stretched by the largest rounding ratio,
 which keeps it valid. A block's T bounds block schedules only, never schedules in general: it is
@@ -33,6 +34,8 @@ from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
 from zbopt.simulate import memory_ceiling, op_table
 from zbopt.solvers.cpsat import timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale
+
+FINAL_SHARE = 0.2  # of the time limit, kept for the shortest block at the least T
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def best_published_block(problem: Problem) -> Block | None:
     for name in PUBLISHED:
         try:
             block = published_block(name, problem)
-        except (NotApplicableError, ZboptError):
+        except NotApplicableError:
             continue
         if _fits(problem, steady_peak(block)):
             fitting.append(block)
@@ -99,21 +102,25 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     from the devices' work per microbatch up to the best published block that fits."""
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
         raise ZboptError(f"time_limit = {time_limit!r}: must be a positive number of seconds")
+    if problem.iterations != 1:
+        raise NotApplicableError(f"a block schedule needs iterations = 1 (got {problem.iterations})")
     deadline = time.perf_counter() + time_limit
     scale = tick_scale(problem)
     integral = tick_problem(problem, scale)
     start = best_published_block(problem)
+    seed_block = None if start is None else _first_microbatch(start)
     shape = _Shape(integral, problem, memory_scale(problem))
     found: dict[int, dict[Op, int]] = {}
     low = refuted = shape.least_period - 1  # no block at `low`; proven none at `refuted`
     high = shape.chain  # a block at `high`
-    if start is not None:
-        found[round(start.period * scale.ticks_per_unit)] = {op: round(t * scale.ticks_per_unit)
-                                                              for op, t in start.offsets.items()}
-        high = min(high, max(found))
-    while high - low > 1 and time.perf_counter() < deadline:
+    if seed_block is not None and scale.exact:
+        period = math.ceil(seed_block.period * scale.ticks_per_unit - 1e-6)
+        found[period] = {op: round(t * scale.ticks_per_unit) for op, t in seed_block.offsets.items()}
+        high = min(high, period)
+    final_share = FINAL_SHARE * time_limit  # kept for the shortest block at the least T
+    while high - low > 1 and time.perf_counter() < deadline - final_share:
         middle = (low + high) // 2
-        remaining = (deadline - time.perf_counter()) / max(1, math.ceil(math.log2(high - low)))
+        remaining = (deadline - final_share - time.perf_counter()) / max(1, math.ceil(math.log2(high - low)))
         code, offsets = shape.solve(middle, remaining, workers, seed, hint=found.get(high), shortest=False)
         if offsets is not None:
             found[middle], high = offsets, middle
@@ -127,6 +134,9 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     if offsets is None:
         offsets = found.get(high)
         if offsets is None:
+            if seed_block is not None:  # costs that are not whole ticks: the published block itself
+                return BlockSearch(seed_block, "feasible", max(device_work(problem)) / problem.num_microbatches,
+                                   start.name)
             raise ZboptError(_not_found(problem, time_limit))
         code = cp_model.FEASIBLE
     proven &= code == cp_model.OPTIMAL
@@ -139,6 +149,14 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     least = (refuted + 1) / scale.ticks_per_unit if exact else max(device_work(problem)) / problem.num_microbatches
     return BlockSearch(block, "optimal" if proven and exact else "feasible", least,
                        start.name if start is not None else "none")
+
+
+def _first_microbatch(block: Block) -> Block:
+    """The first microbatch of a group block, alone, repeated every period (still valid: its ops
+    are a subset of the group's), its first forward at 0 as the search pins it."""
+    first = {op: t for op, t in block.offsets.items() if op.microbatch == 0}
+    origin = first[Op(FORWARD, 0, 0)]
+    return Block(block.problem, {op: t - origin for op, t in first.items()}, block.period, 1, block.name)
 
 
 def _not_found(problem: Problem, time_limit: float) -> str:

@@ -240,6 +240,12 @@ class Problem:
         kept = self.weight_memory[stage]
         return -(activation - kept) if kind == BACKWARD else -kept
 
+    def releases(self, stage: int) -> tuple[tuple[str, float], ...]:
+        """(kind, amount) of each op that frees part of one microbatch's activation on `stage`
+        (B and W when split, BW when fused), amount > 0: what every memory model holds per op."""
+        return tuple((kind, -self.memory_delta(kind, stage)) for kind in self.kinds
+                     if self.memory_delta(kind, stage) < 0)
+
     @cached_property
     def min_memory_limit(self) -> tuple[float, ...]:
         """Per device, the least memory any schedule needs: one microbatch's activations on all its

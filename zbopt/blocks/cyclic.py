@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from zbopt.blocks.model import Block, BlockError, block_ops
+from zbopt.blocks.model import Block, BlockError, block_ops, group_table
 from zbopt.ops import Op
 from zbopt.problem import Problem
-from zbopt.simulate import op_table
 from zbopt.ticks import tick_scale
 
 Step = tuple[Op, int]
@@ -58,7 +57,7 @@ def tightest_block(problem: Problem, cycles: Sequence[Sequence[Step]], group: in
 
 def _precedences(problem: Problem, cycles, group: int, lags: dict[Op, int]):
     """(later, earlier, (constant, per-period)) for o[later] - o[earlier] >= constant + per-period·P."""
-    table = op_table(problem.replace(num_microbatches=group, iterations=1, memory_limit=None))
+    table = group_table(problem, group)
     for op in lags:
         index = table.index(op)
         source = table.predecessor[index]

@@ -86,6 +86,12 @@ def block_ops(problem: Problem, group: int) -> list[Op]:
     return [Op(kind, stage, i) for kind in problem.kinds for stage in range(problem.num_stages) for i in range(group)]
 
 
+def group_table(problem: Problem, group: int):
+    """The op table of one group of `group` microbatches, one iteration, no memory limit: the ops,
+    predecessors and latencies a block's offsets refer to."""
+    return op_table(problem.replace(num_microbatches=group, iterations=1, memory_limit=None))
+
+
 def check_block(block: Block) -> None:
     """Raise BlockError unless the block can repeat forever: every op once, each after its
     predecessor's end plus latency, and no two ops of a device overlapping modulo the period."""
@@ -99,7 +105,7 @@ def check_block(block: Block) -> None:
         culprit = f"misses op {missing[0]}" if missing else f"has op {extra[0]}, which is not an op of its group"
         raise BlockError(f"block {block.name or '(unnamed)'} {culprit}")
     tolerance = RELATIVE_TOLERANCE * max(1.0, block.period, *map(abs, offsets.values()))
-    table = op_table(problem.replace(num_microbatches=block.group, iterations=1, memory_limit=None))
+    table = group_table(problem, block.group)
     for op in expected:
         index = table.index(op)
         source = table.predecessor[index]
@@ -139,18 +145,15 @@ def lifespans(block: Block) -> list[Lifespan]:
 
 
 def _held_intervals(block: Block) -> list[list[tuple[float, float, float]]]:
-    """Per device, (start, end, amount) of every memory the block holds: what B frees lives to B's
-    end, what W frees to W's end (`Problem.memory_delta`)."""
+    """Per device, (start, end, amount) of every memory the block holds: each part lives from its
+    F's start to the end of the op that frees it (`Problem.releases`)."""
     problem = block.problem
     held: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
-    for span in lifespans(block):
-        start = block.offsets[Op(FORWARD, span.stage, span.index)]
-        device = problem.device_of(span.stage)
-        if problem.split_backward:
-            held[device].append((start, start + span.to_backward, -problem.memory_delta(BACKWARD, span.stage)))
-            held[device].append((start, start + span.to_weight, -problem.memory_delta(WEIGHT, span.stage)))
-        else:
-            held[device].append((start, start + span.to_weight, problem.activation_memory[span.stage]))
+    for stage in range(problem.num_stages):
+        for i in range(block.group):
+            start = block.offsets[Op(FORWARD, stage, i)]
+            held[problem.device_of(stage)] += [(start, block.end(Op(kind, stage, i)), amount)
+                                               for kind, amount in problem.releases(stage)]
     return held
 
 

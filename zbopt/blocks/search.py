@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from zbopt.blocks.model import Block, block_ops, lifespan_bound, steady_peak
+from zbopt.blocks.model import Block, block_ops, group_table, lifespan_bound, steady_peak
 from zbopt.blocks.published import PUBLISHED, published_block
 from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.ops import Op, critical_path, device_work
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
-from zbopt.simulate import memory_ceiling, op_table
+from zbopt.problem import FORWARD, Problem
+from zbopt.simulate import memory_ceiling
 from zbopt.solvers.cpsat import timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale
 
@@ -48,7 +48,6 @@ class BlockSearch:
     status: str
     least_interval: float
     start: str
-
 
     def to_dict(self) -> dict:
         """The block, its lifespans' rule and exact steady peak per device, and how it was found."""
@@ -171,7 +170,7 @@ class _Shape:
 
     def __init__(self, integral: Problem, problem: Problem, memory_unit: int):
         self.integral, self.problem, self.memory_unit = integral, problem, memory_unit
-        self.table = op_table(integral.replace(num_microbatches=1, iterations=1, memory_limit=None))
+        self.table = group_table(integral, 1)
         self.ops = block_ops(integral, 1)
         self.duration = {op: int(integral.cost(op.kind, op.stage)) for op in self.ops}
         self.least_period = max(sum(self.duration[op] for op in self.ops if op.stage in stages)
@@ -231,12 +230,8 @@ class _Shape:
         intervals, demands, always = [], [], []
         for stage in stages:
             forward = Op(FORWARD, stage, 0)
-            if problem.split_backward:
-                parts = [(Op(BACKWARD, stage, 0), -problem.memory_delta(BACKWARD, stage)),
-                         (Op(WEIGHT, stage, 0), -problem.memory_delta(WEIGHT, stage))]
-            else:
-                parts = [(Op(FUSED_BACKWARD, stage, 0), problem.activation_memory[stage])]
-            for freer, amount in parts:
+            for kind, amount in problem.releases(stage):
+                freer = Op(kind, stage, 0)
                 demand = round(amount * unit)
                 if demand == 0:
                     continue

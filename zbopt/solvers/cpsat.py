@@ -207,10 +207,7 @@ def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, a
     unit = memory_scale(problem)
     per_device: list[list[tuple]] = [[] for _ in range(problem.num_devices)]
     for forward in (op for op in ops if op.kind == FORWARD):
-        for kind in problem.kinds:
-            freed = -problem.memory_delta(kind, forward.stage)
-            if freed <= 0:
-                continue
+        for kind, freed in problem.releases(forward.stage):
             release = Op(kind, forward.stage, forward.microbatch)
             size = model.NewIntVar(0, horizon, f"held_{release}")
             life = model.NewIntervalVar(start[forward], size, end[release], f"life_{release}")

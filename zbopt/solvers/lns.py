@@ -85,9 +85,15 @@ def _by_start(table, starts) -> list[Op]:
 
 
 def _timed(problem: Problem, order: list[Op], caps) -> list[float]:
-    """Start of every op (by op index) once `order` is compacted under the memory caps."""
-    result = simulate(problem.replace(memory_limit=None), compact(problem, order, caps))
-    return result.start.tolist()
+    """Start of every op (by op index) once `order` is compacted under the memory caps (the
+    compaction times them; the simulator judges only the final answer)."""
+    table = op_table(problem)
+    compacted = compact(problem, order, caps)
+    starts = [0.0] * table.size
+    for ops, times in zip(compacted.orders, compacted.start_times, strict=True):
+        for op, start in zip(ops, times, strict=True):
+            starts[table.index(op)] = start
+    return starts
 
 
 def _ends(table, starts) -> list[float]:

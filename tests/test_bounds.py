@@ -8,7 +8,6 @@ from tests.reference import brute_force_optimum, problems, random_topological_sc
 from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate, solve
 from zbopt.schedules import applicable, registered
 from zbopt.solvers.bounds import (
-    activation_lifetimes,
     device_sequencing,
     heads_and_tails,
     implied_graph,
@@ -53,10 +52,9 @@ def test_device_sequencing_closed_form_at_one_activation():
     problem = Problem(num_devices=p, num_microbatches=m, forward_times=f, backward_times=b, weight_times=w,
                       p2p_time=c, weight_memory=0.5, memory_limit=1)
     heads, tails = heads_and_tails(implied_graph(problem))
-    lifetimes = activation_lifetimes(problem)
     closed_form = m * (p * (f + b) + w + 2 * (p - 1) * c)
-    assert device_sequencing(problem, 0, heads, tails, lifetimes) == pytest.approx(closed_form)
-    assert device_sequencing(problem, 0, heads, tails, lifetimes, needed=closed_form) == 0.0
+    assert device_sequencing(problem, 0, heads, tails) == pytest.approx(closed_form)
+    assert device_sequencing(problem, 0, heads, tails, needed=closed_form) == 0.0
     assert lower_bounds(problem).best == pytest.approx(closed_form)
 
 
@@ -149,9 +147,8 @@ def test_memory_precedences_and_disjunctions_hold_in_every_microbatch_ordered_sc
         begins = timed.times_of(forward)[0] + 1e-9
         assert timed.times_of(backward)[1] <= begins or timed.times_of(weight)[1] <= begins, (backward, weight)
     heads, tails = heads_and_tails(implied_graph(limited))
-    lifetimes = activation_lifetimes(limited)
     for device in range(limited.num_devices):
-        assert device_sequencing(limited, device, heads, tails, lifetimes) <= timed.makespan + 1e-9, device
+        assert device_sequencing(limited, device, heads, tails) <= timed.makespan + 1e-9, device
 
 
 def test_device_sequencing_is_as_tolerant_as_the_simulator_in_large_memory_units():
@@ -167,17 +164,38 @@ def test_device_sequencing_is_as_tolerant_as_the_simulator_in_large_memory_units
 
 @settings(max_examples=25)
 @given(problems(max_devices=2, max_microbatches=2, chunks=(2,)), st.sampled_from([0.0, 0.5, 1.0, None]))
-def test_device_relaxation_never_exceeds_the_brute_force_optimum(problem, extra_memory):
+def test_single_device_bounds_never_exceed_the_brute_force_optimum(problem, extra_memory):
     """Fused backward (F, BW), or one device split: small enough to try every order."""
     assume(not problem.split_backward or problem.num_devices == 1)
     if extra_memory is not None:
         problem = problem.replace(memory_limit=[need + extra_memory for need in problem.min_memory_limit])
     bounds = lower_bounds(problem)
-    assert bounds.device_relaxation <= brute_force_optimum(problem) + 1e-9
+    optimum = brute_force_optimum(problem)
+    assert bounds.device_relaxation <= optimum + 1e-9
+    assert bounds.device_sequencing <= optimum + 1e-9
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5])
+def test_device_sequencing_closed_form_with_two_chunks(m):
+    """p = 2, V placement (device 0 holds stages 0 and 3), F = 1, BW = 2, p2p c, memory for one
+    microbatch (2 activations). After F(3, i) device 0 is full: F(0, i+1) waits for BW(3, i), and
+    F(3, i+1) for BW(0, i), which waits for BW(3, i) and the round trip BW(2, i), BW(1, i) on device
+    1 (4 + 2c). From the end t of F(3, i) to that of F(3, i+1): 2 + 2c + 4 + 2 + 1 = 9 + 2c; the
+    first F(3, 0) ends at 4 + 2c, the last BW(0) 8 + 2c after the last F(3):
+    (9 + 2c)·m + 3 + 2c. Device 1 fits its work in those gaps, so that is the optimum too."""
+    c = 0.25
+    problem = Problem(num_devices=2, num_microbatches=m, chunks_per_device=2, placement="v", forward_times=1,
+                      backward_times=2, p2p_time=c, memory_limit=2)
+    closed_form = (9 + 2 * c) * m + 3 + 2 * c
+    heads, tails = heads_and_tails(implied_graph(problem))
+    assert device_sequencing(problem, 0, heads, tails) == pytest.approx(closed_form)
+    assert lower_bounds(problem).best == pytest.approx(closed_form)
+    assert solve(problem, time_limit=30).objective == pytest.approx(closed_form)
 
 
 @settings(max_examples=10)
 @given(problems(max_devices=3, max_microbatches=4, chunks=(2,)))
-def test_device_relaxation_holds_for_every_heuristic_within_its_own_peak(problem):
+def test_single_device_bounds_hold_for_every_heuristic_within_its_own_peak(problem):
     for name, result, limited in heuristics_within_their_own_peak(problem):
-        assert lower_bounds(limited).device_relaxation <= result.makespan + 1e-9, name
+        bounds = lower_bounds(limited)
+        assert max(bounds.device_relaxation, bounds.device_sequencing) <= result.makespan + 1e-9, name

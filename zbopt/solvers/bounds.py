@@ -10,8 +10,10 @@ answers are checked against them, and `lower_bounds` gives them all and the best
   allowed (`jackson_preemptive`);
 - memory: per device, the memory-time its activations must hold, over its memory limit
   (`memory_bound`);
-- device sequencing: per device holding one stage, its ops alone on one machine, without
-  preemption and within the memory limit (`device_sequencing`).
+- device sequencing: per device, its ops alone on one machine, without preemption, each a
+  round trip after the op before it in its microbatch's chain, within the memory limit
+  (`device_sequencing`, a dynamic program);
+- device relaxation (v >= 2): the same single device solved by CP-SAT (`relaxation`).
 
 Notes
 -----
@@ -34,8 +36,10 @@ import networkx as nx
 from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.simulate import memory_ceiling
+from zbopt.solvers.relaxation import chain_lags, device_relaxation
 
-RELAXATION_MAX_S = 20.0  # the single-device relaxations' total time (v >= 2), or less if the deadline says so
+RELAXATION_MAX_S = 20.0  # the single-device bounds' total time (v >= 2), or less if the deadline says so
+SEQUENCING_SHARE = 0.3  # of it, for the device sequencing dynamic program before the CP-SAT relaxation
 GRAPH_SECONDS_PER_OP = 1e-4  # building the implied graph and its heads and tails (measured: 4 s for 49k ops)
 
 
@@ -263,103 +267,120 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]]) -> floa
     return best
 
 
-_Label = tuple[float, float, tuple[float, ...]]  # (time, max end + tail, release of each pending backward)
-
-
-def _keep_least(states: dict[tuple[int, int, int], _Label], state: tuple[int, int, int], label: _Label) -> None:
-    """Store `label` at `state`, or the componentwise minimum with the label already there."""
-    known = states.get(state)
-    if known is not None:
-        label = (min(label[0], known[0]), min(label[1], known[1]), tuple(map(min, label[2], known[2])))
-    states[state] = label
+def _chain(problem: Problem, device: int) -> list[tuple[str, int, float]]:
+    """(kind, stage, lag) of the device's ops in one microbatch's dependency chain, in chain order
+    (its forwards by stage, then its input backwards in reverse), each with the least time between
+    the end of the one before it and its start (`relaxation.chain_lags`; 0 for the first)."""
+    after = {(earlier.kind, earlier.stage): (later, lag) for earlier, later, lag in chain_lags(problem, device)
+             if earlier.microbatch == 0 and later.kind != WEIGHT}
+    first = min(problem.stages_of_device[device])
+    chain = [(problem.kinds[0], first, 0.0)]
+    while (chain[-1][0], chain[-1][1]) in after:
+        later, lag = after[chain[-1][0], chain[-1][1]]
+        chain.append((later.kind, later.stage, lag))
+    return chain
 
 
 def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tails: dict[Op, float],
-                      lifetimes: list[tuple[float, float]], needed: float = 0.0, deadline: float = math.inf) -> float:
-    """The least max(end + tail) of `device`'s ops run alone on it, in microbatch order per kind,
-    each after its head, each backward at least the single-microbatch lag after its forward's end
-    (from `lifetimes`, see `activation_lifetimes`), every forward within the memory limit.
+                      needed: float = 0.0, deadline: float = math.inf) -> float:
+    """The least max(end + tail) of `device`'s ops run alone on it, in microbatch order per kind
+    and stage, each after its head, each op of a microbatch's chain at least its lag after the one
+    before it on the device (the round trip through the other devices, `_chain`), W after its B,
+    every forward within the memory limit; for any number of stages per device.
 
-    0 unless the device holds one stage of one iteration, and 0 when one greedy order already
-    reaches `needed` (the bound could not exceed it; this skips most devices of a long pipeline),
-    or when `time.perf_counter()` passes `deadline` before the dynamic program ends.
+    0 for several iterations, 0 when one greedy order already reaches `needed` (the bound could
+    not exceed it; this skips most devices of a long pipeline), and 0 when
+    `time.perf_counter()` passes `deadline` before the dynamic program ends.
 
     Notes
     -----
     Every valid microbatch-ordered schedule, restricted to the device, is such a sequence, so this
     bounds the optimum. For a fixed order, starting each op as early as allowed is best for every
     later op (all constraints are lower limits on starts, and memory depends only on the order),
-    so the orders are searched by dynamic programming over the state (forwards, backwards, weight
-    ops done). Different orders reach one state with different (time, objective, pending backward
-    releases); keeping only their componentwise minimum is optimistic, so the result stays a lower
-    bound. On the configurations of Table 5 of the Zero Bubble paper [1]_ it gave the same value as
-    keeping up to 64 Pareto-optimal labels per state.
+    so the orders are searched by dynamic programming over the state (ops done per kind and
+    stage). Different orders reach one state with different labels (time, objective, the release
+    of each op waiting for its chain predecessor's lag); keeping only their componentwise minimum
+    is optimistic, so the result stays a lower bound. On the configurations of Table 5 of the
+    Zero Bubble paper [1]_ (one stage per device) it gave the same value as keeping up to 64
+    Pareto-optimal labels per state; with two (p = 4, m = 8, v = 2, V placement, V-Min's memory) it
+    equals the optimum of the CP-SAT single-device relaxation (517.6 on the last device, reached
+    there in 0.04 s against an unproven 30 s search).
 
     References
     ----------
     .. [1] Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 5.
     """
-    stages = problem.stages_of_device[device]
-    if len(stages) != 1 or problem.total_microbatches != problem.num_microbatches:
+    if problem.total_microbatches != problem.num_microbatches:
         return 0.0
-    (stage,) = stages
     m = problem.num_microbatches
-    forward_kind, backward_kind, weight_kind = problem.kinds[0], problem.kinds[1], WEIGHT
-    split = problem.split_backward
-    forward_time, backward_time = problem.cost(forward_kind, stage), problem.cost(backward_kind, stage)
-    lag = lifetimes[stage][0] - forward_time - backward_time
-    limit = math.inf if problem.memory_limit is None else problem.memory_limit[device]
-    limit = memory_ceiling(limit)  # the simulator's own tolerance: never stricter than it
-    activation = problem.activation_memory[stage]
-    kept = problem.weight_memory[stage] if split else 0.0
+    chain = _chain(problem, device)
+    links = len(chain)
+    weights = [(WEIGHT, stage, 0.0) for stage in problem.stages_of_device[device]] if problem.split_backward else []
+    kinds = [(kind, stage) for kind, stage, _ in chain + weights]
+    lag = [lag for *_, lag in chain]
+    duration = [problem.cost(kind, stage) for kind, stage in kinds]
+    op_heads = [[heads[Op(kind, stage, i)] for i in range(m)] for kind, stage in kinds]
+    op_tails = [[tails[Op(kind, stage, i)] for i in range(m)] for kind, stage in kinds]
+    position = {pair: index for index, pair in enumerate(kinds)}
+    allocates = [problem.activation_memory[stage] if kind == problem.kinds[0] else 0.0 for kind, stage in kinds]
+    frees = [0.0] * len(kinds)
+    for stage in problem.stages_of_device[device]:
+        for kind, amount in problem.releases(stage):
+            frees[position[kind, stage]] = amount
+    # the op whose count bounds each op's: its chain predecessor, or for W its stage's B
+    waits_for = [None, *range(links - 1)] + [position[problem.kinds[1], stage] for _, stage, _ in weights]
+    limit = memory_ceiling(math.inf if problem.memory_limit is None else problem.memory_limit[device])
+    order = [*range(links - 1, -1, -1), *range(links, len(kinds))]  # on ties: backwards, forwards, W
 
-    def head_tail(kind: str) -> tuple[list[float], list[float]]:
-        ops = [Op(kind, stage, i) for i in range(m)]
-        return [heads[op] for op in ops], [tails[op] for op in ops]
+    def successors(state: tuple[int, ...], label: tuple[float, ...]):
+        """(start, rank, state, label) for each op that can run next, started as early as allowed.
+        A label is (time, objective, releases...): the releases of chain position c's waiting ops
+        (microbatches state[c] .. state[c-1]-1) in one flat run per position, in chain order."""
+        held = sum(count * (alloc - free) for count, alloc, free in zip(state, allocates, frees, strict=True))
+        ends = [2]
+        for c in range(1, links):
+            ends.append(ends[-1] + state[c - 1] - state[c])
+        for rank, index in enumerate(order):
+            done = state[index]
+            if done >= m or (waits_for[index] is not None and done >= state[waits_for[index]]):
+                continue
+            if allocates[index] and held + allocates[index] > limit:
+                continue
+            begin = max(label[0], op_heads[index][done])
+            releases = label[2:]
+            if index < links:
+                if index:
+                    begin = max(begin, label[ends[index - 1]])
+                    releases = label[2:ends[index - 1]] + label[ends[index - 1] + 1:]
+                if index + 1 < links:
+                    cut = ends[index + 1] - 2 - (1 if index else 0)  # the end of position index + 1's run
+                    releases = (*releases[:cut], begin + duration[index] + lag[index + 1], *releases[cut:])
+            end = begin + duration[index]
+            yield (begin, rank, (*state[:index], done + 1, *state[index + 1:]),
+                   (end, max(label[1], end + op_tails[index][done]), *releases))
 
-    forward_heads, forward_tails = head_tail(forward_kind)
-    backward_heads, backward_tails = head_tail(backward_kind)
-    weight_heads, weight_tails = head_tail(weight_kind) if split else ([], [])
-    weight_time = problem.cost(weight_kind, stage) if split else 0.0
-
-    def successors(state: tuple[int, int, int], label: _Label):
-        """(start, priority, state, label) for each op that can run next, started as early as allowed."""
-        (forwards, backwards, weights), (time, objective, releases) = state, label
-        held = (forwards - backwards) * activation + (backwards - weights) * kept
-        if backwards < forwards:
-            begin = max(time, releases[0])
-            end = begin + backward_time
-            yield (begin, 0, (forwards, backwards + 1, weights if split else backwards + 1),
-                   (end, max(objective, end + backward_tails[backwards]), releases[1:]))
-        if forwards < m and held + activation <= limit:
-            begin = max(time, forward_heads[forwards])
-            end = begin + forward_time
-            yield (begin, 1, (forwards + 1, backwards, weights),
-                   (end, max(objective, end + forward_tails[forwards]),
-                    (*releases, max(backward_heads[forwards], end + lag))))
-        if weights < backwards and split:
-            begin = max(time, weight_heads[weights])
-            end = begin + weight_time
-            yield (begin, 2, (forwards, backwards, weights + 1),
-                   (end, max(objective, end + weight_tails[weights]), releases))
-
-    steps = len(problem.kinds) * m
-    start: tuple[tuple[int, int, int], _Label] = ((0, 0, 0), (0.0, 0.0, ()))
+    start = (tuple(0 for _ in kinds), (0.0, 0.0))
+    steps = len(kinds) * m
     greedy = start
-    for _ in range(steps):  # one order (earliest start; backward, forward, weight op on ties) bounds the DP above
-        greedy = min(successors(*greedy))[2:]
-    if greedy[1][1] <= needed:
-        return 0.0
+    for _ in range(steps):  # one order (earliest start, then `order`) bounds the DP above, unless it deadlocks
+        options = list(successors(*greedy))
+        if not options:
+            break
+        greedy = min(options)[2:]
+    else:
+        if greedy[1][1] <= needed:
+            return 0.0
     layer = dict([start])
     for _ in range(steps):
         if time.perf_counter() > deadline:
             return 0.0
-        following: dict[tuple[int, int, int], _Label] = {}
+        following: dict[tuple[int, ...], tuple[float, ...]] = {}
         for state, label in layer.items():
-            for _begin, _priority, reached, reached_label in successors(state, label):
-                _keep_least(following, reached, reached_label)
+            for _begin, _rank, reached, reached_label in successors(state, label):
+                known = following.get(reached)
+                following[reached] = reached_label if known is None else tuple(map(min, reached_label, known))
         layer = following
-    return layer[(m, m, m)][1]
+    return layer[tuple(m for _ in kinds)][1]
 
 
 def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
@@ -368,10 +389,12 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
 
     The bounds on the op graph cost about GRAPH_SECONDS_PER_OP per op (networkx); when that does
     not fit before the deadline only the two that need no graph are computed (one microbatch's
-    critical path, the busiest device's work) and `complete` is False. The device sequencing
-    bound (v = 1) stops at the deadline, device by device (0 where it did not finish); the
-    single-device relaxations (v >= 2, `relaxation.device_relaxation`) share the time left before
-    the deadline, at most RELAXATION_MAX_S, each reporting the bound CP-SAT proved.
+    critical path, the busiest device's work) and `complete` is False. With one stage per device
+    the device sequencing bound stops at the deadline, device by device (0 where it did not
+    finish). With more, the single-device bounds share the time left before the deadline, at most
+    RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it; 0 on a device that did
+    not finish in its share), then the CP-SAT relaxations (`relaxation.device_relaxation`), each
+    reporting the bound CP-SAT proved; a device done early leaves its time to the next.
     """
     if time.perf_counter() + problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         return LowerBounds(critical_path(problem), max(device_work(problem)), 0.0, 0.0, 0.0, complete=False)
@@ -391,15 +414,20 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
             if time.perf_counter() > deadline:
                 return LowerBounds(critical, load, one_machine, memory, sequencing, complete=False)
             needed = max(critical, load, one_machine, memory, sequencing)
-            sequencing = max(sequencing, device_sequencing(problem, device, heads, tails, lifetimes, needed, deadline))
-    else:
-        from zbopt.solvers.relaxation import device_relaxation
-
-        until = min(time.perf_counter() + RELAXATION_MAX_S, deadline)
-        for device in range(problem.num_devices):  # a device proven early leaves its time to the rest
-            seconds = (until - time.perf_counter()) / (problem.num_devices - device)
+            sequencing = max(sequencing, device_sequencing(problem, device, heads, tails, needed, deadline))
+        return LowerBounds(critical, load, one_machine, memory, sequencing, complete=time.perf_counter() <= deadline)
+    until = min(time.perf_counter() + RELAXATION_MAX_S, deadline)
+    for share, method in ((SEQUENCING_SHARE, "sequencing"), (1.0, "relaxation")):
+        ends = time.perf_counter() + share * (until - time.perf_counter())
+        for device in range(problem.num_devices):  # a device done early leaves its time to the rest
+            seconds = (ends - time.perf_counter()) / (problem.num_devices - device)
             if seconds <= 0.01:
-                return LowerBounds(critical, load, one_machine, memory, 0.0, relaxed, complete=False)
-            relaxed = max(relaxed, device_relaxation(problem, device, graph, heads, tails, seconds))
-        return LowerBounds(critical, load, one_machine, memory, 0.0, relaxed)  # each device had its share
+                return LowerBounds(critical, load, one_machine, memory, sequencing, relaxed, complete=False)
+            if method == "sequencing":
+                needed = max(critical, load, one_machine, memory, sequencing)
+                found = device_sequencing(problem, device, heads, tails, needed, time.perf_counter() + seconds)
+                sequencing = max(sequencing, found)
+            else:
+                relaxed = max(relaxed, device_relaxation(problem, device, graph, heads, tails, seconds))
+    return LowerBounds(critical, load, one_machine, memory, sequencing, relaxed)  # each device had its share
     return LowerBounds(critical, load, one_machine, memory, sequencing, complete=time.perf_counter() <= deadline)

@@ -5,6 +5,7 @@ from zbopt.schedules import (
     block_built,  # noqa: F401  (registers block-NAME after the families it builds)
     classic,  # noqa: F401  (registers gpipe, 1f1b)
     dualpipe,  # noqa: F401
+    greedy,  # noqa: F401  (the fallback for any memory limit)
     interleaved,  # noqa: F401
     vshape,  # noqa: F401
     zero_bubble,  # noqa: F401

@@ -1,0 +1,108 @@
+"""A memory-capped list schedule for any placement, chunk count and memory limit.
+
+The published heuristics each fix a memory level (1F1B's, V-Min's, ...); below it none applies,
+and the optimizer then starts from nothing. This one fits any limit at or above the floor (one
+microbatch's activations on every stage of a device), so every problem has a warm start:
+
+- whenever a device is free it runs, of the ops whose input has arrived, a B (the lowest
+  microbatch, the later stage on a tie), else an F of a microbatch it has already taken in, else
+  it takes in the next microbatch (the F on its first stage) if there is room, else a W: B's first
+  and W's in the gaps, as the Zero Bubble schedules do;
+- a device takes microbatches in, in microbatch order, only when its memory can hold all of the
+  microbatch's activations on the device at once, which it then reserves. So an F of a taken-in
+  microbatch always fits, and the lowest unfinished microbatch is always taken in everywhere (what
+  a device holds then is reserved for lower, finished microbatches, or is freed by W's, which can
+  always run): the schedule never deadlocks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+
+from zbopt.ops import Op
+from zbopt.problem import FORWARD, WEIGHT, Problem
+from zbopt.schedule import Schedule
+from zbopt.schedules.registry import register, require
+from zbopt.simulate import memory_ceiling
+from zbopt.timeline import PendingFrees, Timeline
+
+_BACKWARD, _CONTINUE, _TAKE_IN, _WEIGHT = range(4)  # priorities, first wins
+
+
+def _within_limit(problem: Problem) -> list[float]:
+    return [math.inf] * problem.num_devices if problem.memory_limit is None else list(problem.memory_limit)
+
+
+@register("greedy", "zbopt's memory-capped list schedule: any placement and chunk count, within the memory "
+                    "limit (B first, F when the whole microbatch fits, W in the gaps)", _within_limit)
+def greedy(problem: Problem) -> Schedule:
+    """The list schedule of the module docstring, timed as the simulator times it. One iteration."""
+    require(problem.iterations == 1, "greedy", "iterations = 1 (it plans one iteration)")
+    timeline = Timeline(problem)
+    table = timeline.table
+    m = problem.num_microbatches
+    stages = [sorted(device_stages) for device_stages in problem.stages_of_device]
+    footprint = problem.min_memory_limit
+    ceiling = [memory_ceiling(limit) for limit in _within_limit(problem)]
+    reserved = [0.0] * problem.num_devices
+    pending = [PendingFrees() for _ in range(problem.num_devices)]
+    done = {(kind, stage): 0 for kind in problem.kinds for stage in range(problem.num_stages)}
+    left = table.size
+    followers: list[list[int]] = [[] for _ in range(table.size)]
+    for index, source in enumerate(table.predecessor):
+        if source >= 0:
+            followers[source].append(index)
+    turns = itertools.count()
+    wake = [(0.0, next(turns), device) for device in range(problem.num_devices)]
+
+    def candidates(device: int, now: float):
+        """(ready time, priority, op) of each op the device could run next."""
+        for stage in stages[device]:
+            for kind in problem.kinds:
+                count = done[kind, stage]
+                if count >= m:
+                    continue
+                op = Op(kind, stage, count)
+                index = table.index(op)
+                ready = timeline.ready_at(index)
+                if kind == WEIGHT:
+                    yield ready, _WEIGHT, op
+                    continue
+                if kind != FORWARD:
+                    yield ready, _BACKWARD, op
+                elif stage != stages[device][0]:
+                    yield ready, _CONTINUE, op
+                else:
+                    room = ceiling[device] - footprint[device] - reserved[device] - timeline.held[device]
+                    yield max(ready, pending[device].time_when_at_most(room, now)), _TAKE_IN, op
+
+    while left:
+        if not wake:
+            raise RuntimeError("greedy: no op can start on any device")  # cannot happen (module docstring)
+        now, _, device = heapq.heappop(wake)
+        now = max(now, timeline.free[device])
+        options = list(candidates(device, now))
+        if not options:
+            continue
+        startable = [(priority, op.microbatch, -op.stage, op) for ready, priority, op in options if ready <= now]
+        if not startable:
+            soonest = min(ready for ready, _, _ in options)
+            if soonest < math.inf:
+                heapq.heappush(wake, (soonest, next(turns), device))
+            continue  # otherwise another device's op wakes it
+        *_, op = min(startable)
+        index = table.index(op)
+        if op.kind == FORWARD:
+            reserved[device] += footprint[device] if op.stage == stages[device][0] else 0.0
+            reserved[device] -= table.memory_delta[index]
+        start = timeline.append(op, now)
+        if table.memory_delta[index] < 0:
+            pending[device].add(start + table.duration[index], -table.memory_delta[index])
+        done[op.kind, op.stage] += 1
+        left -= 1
+        heapq.heappush(wake, (timeline.free[device], next(turns), device))
+        for successor in followers[index]:
+            heapq.heappush(wake, (timeline.ready_at(successor), next(turns), table.device[successor]))
+    return Schedule(timeline.orders, [[timeline.start_of(op) for op in order] for order in timeline.orders])

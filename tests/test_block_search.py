@@ -101,6 +101,21 @@ def test_optimal_block_builds_a_valid_schedule_within_the_limit(seed):
     assert found.least_interval <= found.block.interval
 
 
+def test_optimal_block_always_has_a_block_even_without_time_or_a_fitting_published_one():
+    """At the memory floor no published block fits; with almost no time the search still answers
+    with a block within the limit, at worst one microbatch's ops one after another (T at most
+    their work plus one latency per hop)."""
+    problem = Problem(num_devices=3, num_microbatches=6, chunks_per_device=2, forward_times=2, backward_times=3,
+                      weight_times=1, p2p_time=1)
+    problem = problem.replace(memory_limit=problem.min_memory_limit)
+    found = optimal_block(problem, time_limit=0.05)
+    assert found.start == "none"
+    assert all(peak <= limit + 1e-9 for peak, limit in zip(steady_peak(found.block), problem.memory_limit, strict=True))
+    hops = 2 * (problem.num_stages - 1)
+    assert found.block.interval <= problem.num_stages * (2 + 3 + 1) + hops * 1 + 1e-9
+    assert simulate(problem, block_schedule(found.block), strict=True).valid
+
+
 def test_optimal_block_time_limit_must_be_positive():
     problem = Problem(num_devices=2, num_microbatches=2)
     with pytest.raises(ZboptError, match="time_limit = 0"):

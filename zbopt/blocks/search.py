@@ -29,11 +29,12 @@ from ortools.sat.python import cp_model
 from zbopt.blocks.model import Block, block_ops, group_table, lifespan_bound, steady_peak
 from zbopt.blocks.published import PUBLISHED, published_block
 from zbopt.errors import NotApplicableError, ZboptError
-from zbopt.ops import Op, critical_path, device_work
+from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.problem import FORWARD, Problem
 from zbopt.simulate import memory_ceiling
 from zbopt.solvers.cpsat import timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale
+from zbopt.timeline import Timeline
 
 FINAL_SHARE = 0.2  # of the time limit, kept for the shortest block at the least T
 
@@ -98,7 +99,8 @@ def best_published_block(problem: Problem) -> Block | None:
 def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 2, seed: int = 0) -> BlockSearch:
     """The block of one microbatch with the least interval T, then the least length, within the
     problem's memory limit (see the module doc), in at most `time_limit` seconds: bisection on T
-    from the devices' work per microbatch up to the best published block that fits."""
+    from the devices' work per microbatch up to the best published block that fits, or the serial
+    block (`_Shape.serial`) when none does; never worse than that published block."""
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
         raise ZboptError(f"time_limit = {time_limit!r}: must be a positive number of seconds")
     if problem.iterations != 1:
@@ -111,7 +113,8 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     shape = _Shape(integral, problem, memory_scale(problem))
     found: dict[int, dict[Op, int]] = {}
     low = refuted = shape.least_period - 1  # no block at `low`; proven none at `refuted`
-    high = shape.chain  # a block at `high`
+    high, serial = shape.serial()  # a block at `high`
+    found[high] = serial
     if seed_block is not None and scale.exact:
         period = math.ceil(seed_block.period * scale.ticks_per_unit - 1e-6)
         found[period] = {op: round(t * scale.ticks_per_unit) for op, t in seed_block.offsets.items()}
@@ -131,13 +134,7 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     code, offsets = shape.solve(high, max(0.01, deadline - time.perf_counter()), workers, seed,
                                 hint=found.get(high), shortest=True)
     if offsets is None:
-        offsets = found.get(high)
-        if offsets is None:
-            if seed_block is not None:  # costs that are not whole ticks: the published block itself
-                return BlockSearch(seed_block, "feasible", max(device_work(problem)) / problem.num_microbatches,
-                                   start.name)
-            raise ZboptError(_not_found(problem, time_limit))
-        code = cp_model.FEASIBLE
+        offsets, code = found[high], cp_model.FEASIBLE
     proven &= code == cp_model.OPTIMAL
     stretch = max([problem.cost(kind, stage) * scale.ticks_per_unit / integral.cost(kind, stage)
                    for kind in problem.kinds for stage in range(problem.num_stages)]
@@ -146,6 +143,8 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     block = Block(problem, {op: offsets[op] * to_units for op in shape.ops}, high * to_units, 1, "optimal")
     exact = scale.exact and stretch == 1.0
     least = (refuted + 1) / scale.ticks_per_unit if exact else max(device_work(problem)) / problem.num_microbatches
+    if seed_block is not None and block_objective(seed_block) < block_objective(block):  # e.g. costs not whole ticks
+        return BlockSearch(seed_block, "feasible", least, start.name)
     return BlockSearch(block, "optimal" if proven and exact else "feasible", least,
                        start.name if start is not None else "none")
 
@@ -158,13 +157,6 @@ def _first_microbatch(block: Block) -> Block:
     return Block(block.problem, {op: t - origin for op, t in first.items()}, block.period, 1, block.name)
 
 
-def _not_found(problem: Problem, time_limit: float) -> str:
-    if problem.memory_limit is None:
-        return f"no block found within time_limit = {time_limit:g} s; give it more time"
-    return (f"no block of one microbatch found within the memory limit in {time_limit:g} s (none of the "
-            f"published blocks fits it; a longer search or a schedule that is not a block may)")
-
-
 class _Shape:
     """The problem's block ops in integer ticks, and the CP-SAT model of the module doc at one T."""
 
@@ -175,7 +167,19 @@ class _Shape:
         self.duration = {op: int(integral.cost(op.kind, op.stage)) for op in self.ops}
         self.least_period = max(sum(self.duration[op] for op in self.ops if op.stage in stages)
                                 for stages in integral.stages_of_device)
-        self.chain = math.ceil(critical_path(integral)) + max(self.duration.values())  # T = chain always fits
+        self.chain = math.ceil(critical_path(integral)) + max(self.duration.values())
+
+    def serial(self) -> tuple[int, dict[Op, int]]:
+        """(T, offsets) of a block that always exists: one microbatch's ops in earliest-start order,
+        each device running its own in turn, repeated every T = its length, so one microbatch is in
+        flight at a time (the memory floor). The bisection's upper end."""
+        single = self.integral.replace(num_microbatches=1, memory_limit=None)
+        finish = earliest_finish(op_graph(single))
+        timeline = Timeline(single)
+        for op in sorted(self.ops, key=lambda op: (finish[op] - self.duration[op], op.stage, op.kind)):
+            timeline.append(op)
+        offsets = {op: round(timeline.start_of(op)) for op in self.ops}
+        return max(offsets[op] + self.duration[op] for op in self.ops), offsets
 
     def solve(self, period: int, time_limit: float, workers: int, seed: int, hint: dict[Op, int] | None,
               shortest: bool) -> tuple[int, dict[Op, int] | None]:

@@ -26,7 +26,7 @@ from zbopt.problem import FORWARD, WEIGHT, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.registry import register, require
 from zbopt.simulate import memory_ceiling
-from zbopt.timeline import PendingFrees, Timeline
+from zbopt.timeline import Timeline
 
 _BACKWARD, _CONTINUE, _TAKE_IN, _WEIGHT = range(4)  # priorities, first wins
 
@@ -47,7 +47,6 @@ def greedy(problem: Problem) -> Schedule:
     footprint = problem.min_memory_limit
     ceiling = [memory_ceiling(limit) for limit in _within_limit(problem)]
     reserved = [0.0] * problem.num_devices
-    pending = [PendingFrees() for _ in range(problem.num_devices)]
     done = {(kind, stage): 0 for kind in problem.kinds for stage in range(problem.num_stages)}
     left = table.size
     followers: list[list[int]] = [[] for _ in range(table.size)]
@@ -57,8 +56,9 @@ def greedy(problem: Problem) -> Schedule:
     turns = itertools.count()
     wake = [(0.0, next(turns), device) for device in range(problem.num_devices)]
 
-    def candidates(device: int, now: float):
-        """(ready time, priority, op) of each op the device could run next."""
+    def candidates(device: int):
+        """(ready time, priority, op) of each op the device could run next (it is free: every op it
+        ran has ended and freed what it frees); a new microbatch only if it fits."""
         for stage in stages[device]:
             for kind in problem.kinds:
                 count = done[kind, stage]
@@ -74,16 +74,15 @@ def greedy(problem: Problem) -> Schedule:
                     yield ready, _BACKWARD, op
                 elif stage != stages[device][0]:
                     yield ready, _CONTINUE, op
-                else:
-                    room = ceiling[device] - footprint[device] - reserved[device] - timeline.held[device]
-                    yield max(ready, pending[device].time_when_at_most(room, now)), _TAKE_IN, op
+                elif timeline.held[device] + reserved[device] + footprint[device] <= ceiling[device]:
+                    yield ready, _TAKE_IN, op
 
     while left:
         if not wake:
             raise RuntimeError("greedy: no op can start on any device")  # cannot happen (module docstring)
         now, _, device = heapq.heappop(wake)
         now = max(now, timeline.free[device])
-        options = list(candidates(device, now))
+        options = list(candidates(device))
         if not options:
             continue
         startable = [(priority, op.microbatch, -op.stage, op) for ready, priority, op in options if ready <= now]
@@ -91,15 +90,13 @@ def greedy(problem: Problem) -> Schedule:
             soonest = min(ready for ready, _, _ in options)
             if soonest < math.inf:
                 heapq.heappush(wake, (soonest, next(turns), device))
-            continue  # otherwise another device's op wakes it
+            continue  # otherwise another device's op, or this device's own, wakes it
         *_, op = min(startable)
         index = table.index(op)
         if op.kind == FORWARD:
             reserved[device] += footprint[device] if op.stage == stages[device][0] else 0.0
             reserved[device] -= table.memory_delta[index]
-        start = timeline.append(op, now)
-        if table.memory_delta[index] < 0:
-            pending[device].add(start + table.duration[index], -table.memory_delta[index])
+        timeline.append(op, now)
         done[op.kind, op.stage] += 1
         left -= 1
         heapq.heappush(wake, (timeline.free[device], next(turns), device))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+import time
 
 from ortools.sat.python import cp_model
 
@@ -52,10 +53,12 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
     unlimited = [math.inf] * problem.num_devices
     caps = unlimited if problem.memory_limit is None else list(problem.memory_limit)
     table = op_table(integral)
+    began = time.perf_counter()
     current = _timed(integral, _by_start(table, task.warm.start.tolist()), caps)
+    finishing = 2 * (time.perf_counter() - began)  # kept for the final compaction and its simulation
     rng = random.Random(task.seed)
     size = window_ops
-    while task.remaining() > 0.05 and not stopping.is_set() and not task.stopped.is_set():
+    while task.remaining() > 0.05 + finishing and not stopping.is_set() and not task.stopped.is_set():
         order = sorted(range(table.size), key=lambda i: current[i])
         # half the windows at the cool-down, where the makespan is decided; the rest anywhere
         middle = table.size - 1 - size // 2 if rng.random() < 0.5 else rng.randrange(table.size)

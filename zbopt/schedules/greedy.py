@@ -56,48 +56,47 @@ def greedy(problem: Problem) -> Schedule:
     turns = itertools.count()
     wake = [(0.0, next(turns), device) for device in range(problem.num_devices)]
 
+    first_index = {(kind, stage): table.index(Op(kind, stage, 0)) for kind, stage in done}
+
     def candidates(device: int):
-        """(ready time, priority, op) of each op the device could run next (it is free: every op it
-        ran has ended and freed what it frees); a new microbatch only if it fits."""
+        """(ready time, priority, microbatch, -stage, kind) of each op the device could run next (it
+        is free: every op it ran has ended and freed what it frees); a new microbatch only if it fits."""
         for stage in stages[device]:
             for kind in problem.kinds:
                 count = done[kind, stage]
                 if count >= m:
                     continue
-                op = Op(kind, stage, count)
-                index = table.index(op)
-                ready = timeline.ready_at(index)
+                ready = timeline.ready_at(first_index[kind, stage] + count)
                 if kind == WEIGHT:
-                    yield ready, _WEIGHT, op
-                    continue
-                if kind != FORWARD:
-                    yield ready, _BACKWARD, op
+                    yield ready, _WEIGHT, count, -stage, kind
+                elif kind != FORWARD:
+                    yield ready, _BACKWARD, count, -stage, kind
                 elif stage != stages[device][0]:
-                    yield ready, _CONTINUE, op
+                    yield ready, _CONTINUE, count, -stage, kind
                 elif timeline.held[device] + reserved[device] + footprint[device] <= ceiling[device]:
-                    yield ready, _TAKE_IN, op
+                    yield ready, _TAKE_IN, count, -stage, kind
 
     while left:
         if not wake:
             raise RuntimeError("greedy: no op can start on any device")  # cannot happen (module docstring)
         now, _, device = heapq.heappop(wake)
-        now = max(now, timeline.free[device])
+        if now < timeline.free[device]:
+            continue  # busy: it woke itself for when it is free
         options = list(candidates(device))
-        if not options:
-            continue
-        startable = [(priority, op.microbatch, -op.stage, op) for ready, priority, op in options if ready <= now]
+        startable = [option[1:] for option in options if option[0] <= now]
         if not startable:
-            soonest = min(ready for ready, _, _ in options)
+            soonest = min((option[0] for option in options), default=math.inf)
             if soonest < math.inf:
                 heapq.heappush(wake, (soonest, next(turns), device))
             continue  # otherwise another device's op, or this device's own, wakes it
-        *_, op = min(startable)
-        index = table.index(op)
-        if op.kind == FORWARD:
+        _, microbatch, negative_stage, kind = min(startable)
+        op = Op(kind, -negative_stage, microbatch)
+        index = first_index[kind, op.stage] + microbatch
+        if kind == FORWARD:
             reserved[device] += footprint[device] if op.stage == stages[device][0] else 0.0
             reserved[device] -= table.memory_delta[index]
         timeline.append(op, now)
-        done[op.kind, op.stage] += 1
+        done[kind, op.stage] += 1
         left -= 1
         heapq.heappush(wake, (timeline.free[device], next(turns), device))
         for successor in followers[index]:

@@ -394,8 +394,10 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     finish). With more, the single-device bounds share the time left before the deadline, at most
     RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it; 0 on a device that did
     not finish in its share), then the CP-SAT relaxations (`relaxation.device_relaxation`), each
-    reporting the bound CP-SAT proved; a device done early leaves its time to the next, and the
-    devices go in decreasing order of their preemptive one-machine bound.
+    reporting the bound CP-SAT proved. The devices go in decreasing order of their preemptive
+    one-machine bound, each with half of the phase's time left (the last with all of it), so a
+    device done early leaves its time to the next; `complete` is False when some device had no
+    time left.
     """
     if time.perf_counter() + problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         return LowerBounds(critical_path(problem), max(device_work(problem)), 0.0, 0.0, 0.0, complete=False)
@@ -419,20 +421,21 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
             sequencing = max(sequencing, device_sequencing(problem, device, heads, tails, needed, deadline))
         return LowerBounds(critical, load, one_machine, memory, sequencing, complete=time.perf_counter() <= deadline)
     until = min(time.perf_counter() + RELAXATION_MAX_S, deadline)
-    # the device whose preemptive one-machine bound is highest first: it binds in every case measured
-    # (V shapes at V-Min's memory: the last device; interleaved: the first)
+    # the device whose preemptive one-machine bound is highest first, with half of the time left: it
+    # binds in every case measured (V shapes at V-Min's memory: the last device; interleaved: the first)
     devices = sorted(range(problem.num_devices), key=lambda device: -preemptive[device])
+    complete = True
     for share, method in ((SEQUENCING_SHARE, "sequencing"), (1.0, "relaxation")):
         ends = time.perf_counter() + share * (until - time.perf_counter())
         for turn, device in enumerate(devices):  # a device done early leaves its time to the rest
-            seconds = (ends - time.perf_counter()) / (problem.num_devices - turn)
+            seconds = (ends - time.perf_counter()) / min(2, problem.num_devices - turn)
             if seconds <= 0.01:
-                return LowerBounds(critical, load, one_machine, memory, sequencing, relaxed, complete=False)
+                complete = False
+                break
             if method == "sequencing":
                 needed = max(critical, load, one_machine, memory, sequencing)
                 found = device_sequencing(problem, device, heads, tails, needed, time.perf_counter() + seconds)
                 sequencing = max(sequencing, found)
             else:
                 relaxed = max(relaxed, device_relaxation(problem, device, graph, heads, tails, seconds))
-    return LowerBounds(critical, load, one_machine, memory, sequencing, relaxed)  # each device had its share
-    return LowerBounds(critical, load, one_machine, memory, sequencing, complete=time.perf_counter() <= deadline)
+    return LowerBounds(critical, load, one_machine, memory, sequencing, relaxed, complete=complete)

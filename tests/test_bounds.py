@@ -1,5 +1,7 @@
 """Lower bounds: closed forms, and never above any schedule's makespan."""
 
+import random
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -7,7 +9,9 @@ from hypothesis import strategies as st
 from tests.reference import brute_force_optimum, problems, random_topological_schedule
 from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate, solve
 from zbopt.schedules import applicable, registered
+from zbopt.solvers import api
 from zbopt.solvers.bounds import (
+    LowerBounds,
     device_sequencing,
     heads_and_tails,
     implied_graph,
@@ -190,7 +194,35 @@ def test_device_sequencing_closed_form_with_two_chunks(m):
     heads, tails = heads_and_tails(implied_graph(problem))
     assert device_sequencing(problem, 0, heads, tails) == pytest.approx(closed_form)
     assert lower_bounds(problem).best == pytest.approx(closed_form)
-    assert solve(problem, time_limit=30).objective == pytest.approx(closed_form)
+    optimum = _solved_without_bounds(problem)
+    assert optimum.status == "optimal" and optimum.objective == pytest.approx(closed_form)
+
+
+def _solved_without_bounds(problem: Problem, time_limit: float = 30):
+    """CP-SAT's own optimum, the driver's bounds all 0: a check on the bounds that does not lean on them."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(api, "lower_bounds", lambda *_args: LowerBounds(0.0, 0.0, 0.0, 0.0, 0.0))
+        return solve(problem, time_limit=time_limit, lower_peak=False)
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(2, 3), st.integers(2, 3), st.sampled_from(["loop", "v"]), st.integers(0, 10**6))
+def test_device_sequencing_never_exceeds_the_cpsat_optimum_with_split_backward(v, m, placement, seed):
+    """The dynamic program's main case, which brute force cannot reach: p = 2, split backward,
+    unequal costs, memory at the floor or half an activation above it."""
+    rng = random.Random(seed)
+    stages = 2 * v
+    problem = Problem(num_devices=2, num_microbatches=m, chunks_per_device=v, placement=placement,
+                      forward_times=[rng.choice([1, 2]) for _ in range(stages)],
+                      backward_times=[rng.choice([1, 2, 3]) for _ in range(stages)],
+                      weight_times=[rng.choice([1, 2]) for _ in range(stages)], weight_memory=0.3,
+                      p2p_time=rng.choice([0, 0.5]))
+    problem = problem.replace(memory_limit=[need + rng.choice([0, 0.5]) for need in problem.min_memory_limit])
+    optimum = _solved_without_bounds(problem)
+    assert optimum.status == "optimal"
+    heads, tails = heads_and_tails(implied_graph(problem))
+    for device in range(2):
+        assert device_sequencing(problem, device, heads, tails) <= optimum.objective + 1e-9, device
 
 
 @settings(max_examples=10)
@@ -199,3 +231,12 @@ def test_single_device_bounds_hold_for_every_heuristic_within_its_own_peak(probl
     for name, result, limited in heuristics_within_their_own_peak(problem):
         bounds = lower_bounds(limited)
         assert max(bounds.device_relaxation, bounds.device_sequencing) <= result.makespan + 1e-9, name
+
+
+def test_a_stage_that_holds_nothing_sets_no_memory_precedence():
+    """activation_memory 0 (and a limit of 0, the floor): memory never binds, so the best bound is
+    one device's work (p = 1: F + B per microbatch)."""
+    problem = Problem(num_devices=1, num_microbatches=2, forward_times=1, backward_times=2, activation_memory=0,
+                      memory_limit=0)
+    assert memory_precedences(problem, list(op_graph(problem))) == []
+    assert lower_bounds(problem).best == pytest.approx(6)

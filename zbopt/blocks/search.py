@@ -100,7 +100,9 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     """The block of one microbatch with the least interval T, then the least length, within the
     problem's memory limit (see the module doc), in at most `time_limit` seconds: bisection on T
     from the devices' work per microbatch up to the best published block that fits, or the serial
-    block (`_Shape.serial`) when none does; never worse than that published block."""
+    block (`_Shape.serial`) when none does. When that published block's (m - 1)·T + length is
+    smaller than the block found (costs not whole ticks, a search cut short, or a small m), it is
+    the answer instead, with status "feasible"."""
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
         raise ZboptError(f"time_limit = {time_limit!r}: must be a positive number of seconds")
     if problem.iterations != 1:
@@ -167,6 +169,7 @@ class _Shape:
         self.duration = {op: int(integral.cost(op.kind, op.stage)) for op in self.ops}
         self.least_period = max(sum(self.duration[op] for op in self.ops if op.stage in stages)
                                 for stages in integral.stages_of_device)
+        # sizes the model's horizon (chain per op: room for any block up to the serial one)
         self.chain = math.ceil(critical_path(integral)) + max(self.duration.values())
 
     def serial(self) -> tuple[int, dict[Op, int]]:

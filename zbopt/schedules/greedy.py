@@ -10,9 +10,10 @@ microbatch's activations on every stage of a device), so every problem has a war
   and W's in the gaps, as the Zero Bubble schedules do;
 - a device takes microbatches in, in microbatch order, only when its memory can hold all of the
   microbatch's activations on the device at once, which it then reserves. So an F of a taken-in
-  microbatch always fits, and the lowest unfinished microbatch is always taken in everywhere (what
-  a device holds then is reserved for lower, finished microbatches, or is freed by W's, which can
-  always run): the schedule never deadlocks.
+  microbatch always fits. A device waiting to take in the lowest unfinished microbatch (W's
+  included) holds nothing: lower ones are finished, higher ones not yet taken in. So that
+  microbatch is always taken in, its F's fit and its B's and W's need no room: the schedule never
+  deadlocks.
 """
 
 from __future__ import annotations

@@ -120,8 +120,10 @@ def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
             if kept <= 0:
                 continue
             distance = math.floor((limit - activation) / kept + 1e-9) + 1
-        else:
+        elif activation > 0:
             distance = math.floor(limit / activation + 1e-9)
+        else:
+            continue  # a stage that holds nothing never fills the memory
         forward = Op(FORWARD, op.stage, op.microbatch + distance)
         if forward in present and _same_order_group(problem, op.microbatch, forward.microbatch):
             pairs.append((op, forward))
@@ -263,7 +265,8 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]]) -> floa
             kept = problem.weight_memory[stage] if problem.split_backward else 0.0
             to_input, to_weight = lifetimes[stage]
             integral += (activation - kept) * to_input + kept * to_weight
-        best = max(best, problem.total_microbatches * integral / problem.memory_limit[device])
+        if integral > 0:  # then the limit is positive too (at least the device's activations)
+            best = max(best, problem.total_microbatches * integral / problem.memory_limit[device])
     return best
 
 
@@ -316,21 +319,21 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
     chain = _chain(problem, device)
     links = len(chain)
     weights = [(WEIGHT, stage, 0.0) for stage in problem.stages_of_device[device]] if problem.split_backward else []
-    kinds = [(kind, stage) for kind, stage, _ in chain + weights]
+    positions = [(kind, stage) for kind, stage, _ in chain + weights]  # one per kind and stage of the device
     lag = [lag for *_, lag in chain]
-    duration = [problem.cost(kind, stage) for kind, stage in kinds]
-    op_heads = [[heads[Op(kind, stage, i)] for i in range(m)] for kind, stage in kinds]
-    op_tails = [[tails[Op(kind, stage, i)] for i in range(m)] for kind, stage in kinds]
-    position = {pair: index for index, pair in enumerate(kinds)}
-    allocates = [problem.activation_memory[stage] if kind == problem.kinds[0] else 0.0 for kind, stage in kinds]
-    frees = [0.0] * len(kinds)
+    duration = [problem.cost(kind, stage) for kind, stage in positions]
+    op_heads = [[heads[Op(kind, stage, i)] for i in range(m)] for kind, stage in positions]
+    op_tails = [[tails[Op(kind, stage, i)] for i in range(m)] for kind, stage in positions]
+    position = {pair: index for index, pair in enumerate(positions)}
+    allocates = [problem.activation_memory[stage] if kind == FORWARD else 0.0 for kind, stage in positions]
+    frees = [0.0] * len(positions)
     for stage in problem.stages_of_device[device]:
         for kind, amount in problem.releases(stage):
             frees[position[kind, stage]] = amount
-    # the op whose count bounds each op's: its chain predecessor, or for W its stage's B
+    # the op whose count bounds each op's: its chain predecessor, or for W its stage's B (kinds[1])
     waits_for = [None, *range(links - 1)] + [position[problem.kinds[1], stage] for _, stage, _ in weights]
     limit = memory_ceiling(math.inf if problem.memory_limit is None else problem.memory_limit[device])
-    order = [*range(links - 1, -1, -1), *range(links, len(kinds))]  # on ties: backwards, forwards, W
+    order = [*range(links - 1, -1, -1), *range(links, len(positions))]  # on ties: backwards, forwards, W
 
     def successors(state: tuple[int, ...], label: tuple[float, ...]):
         """(start, rank, state, label) for each op that can run next, started as early as allowed.
@@ -359,16 +362,16 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
             yield (begin, rank, (*state[:index], done + 1, *state[index + 1:]),
                    (end, max(label[1], end + op_tails[index][done]), *releases))
 
-    start = (tuple(0 for _ in kinds), (0.0, 0.0))
-    steps = len(kinds) * m
-    greedy = start
+    start = (tuple(0 for _ in positions), (0.0, 0.0))
+    steps = len(positions) * m
+    probe = start
     for _ in range(steps):  # one order (earliest start, then `order`) bounds the DP above, unless it deadlocks
-        options = list(successors(*greedy))
+        options = list(successors(*probe))
         if not options:
             break
-        greedy = min(options)[2:]
+        probe = min(options)[2:]
     else:
-        if greedy[1][1] <= needed:
+        if probe[1][1] <= needed:
             return 0.0
     layer = dict([start])
     for _ in range(steps):
@@ -380,7 +383,7 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
                 known = following.get(reached)
                 following[reached] = reached_label if known is None else tuple(map(min, reached_label, known))
         layer = following
-    return layer[tuple(m for _ in kinds)][1]
+    return layer[tuple(m for _ in positions)][1]
 
 
 def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:

@@ -1,7 +1,9 @@
 """The single-device relaxation: one device's ops alone, solved exactly (CP-SAT), as a lower bound.
 
-Where a device holds several stages (v >= 2) the device sequencing bound does not apply; this one
-does. It keeps everything that involves only the device and relaxes the rest:
+Where a device holds several stages (v >= 2) this complements the device sequencing bound (a
+dynamic program over the same device, `bounds.device_sequencing`, which merges orders and so can
+be weaker, but needs no solver and is often far faster). It keeps everything that involves only
+the device and relaxes the rest:
 
 - each op starts after its head and is followed by its tail (the implied graph's, see `bounds`);
 - between two of the device's ops in one microbatch's chain (F on chunk 0 ... F on chunk 1, B on

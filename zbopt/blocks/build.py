@@ -59,14 +59,14 @@ def _fill_gaps(block: Block, orders: list[list[Op]], peaks) -> Schedule:
     ahead = math.ceil(block.length / block.period + 1) * len(block.ops) // problem.num_devices + 1
     timeline = Timeline(problem)
     pending = [PendingFrees() for _ in range(problem.num_devices)]
-    unplaced = [list(order) for order in orders]
+    unplaced = [[timeline.table.index(op) for op in order] for order in orders]  # op numbers: the scan is hot
     waited: dict[int, int] = {}
     placed, turns = 0, itertools.count()
     decide = [(0.0, next(turns), device) for device in range(problem.num_devices) if orders[device]]
     while decide:
         now, _, device = heapq.heappop(decide)
-        op, earliest = _first_startable(timeline, unplaced[device][:ahead], now, pending[device],
-                                        memory_ceiling(peaks[device]))
+        index, earliest = _first_startable(timeline, unplaced[device][:ahead], now, pending[device],
+                                           memory_ceiling(peaks[device]))
         if earliest > now:  # nothing can start now: wait; other devices may place what it needs
             if earliest == math.inf:  # after the others' turns now, or their next turn if none moved
                 later = [when for when, _, _ in decide if when > now]
@@ -76,36 +76,39 @@ def _fill_gaps(block: Block, orders: list[list[Op]], peaks) -> Schedule:
                 waited[device] = placed
             heapq.heappush(decide, (earliest, next(turns), device))
             continue
-        start = timeline.append(op, now)
+        start = timeline.append(timeline.table.op(index), now)
         placed += 1
-        unplaced[device].remove(op)
-        change = problem.memory_delta(op.kind, op.stage)
+        unplaced[device].remove(index)
+        change = timeline.table.memory_delta[index]
         if change < 0:
-            pending[device].add(start + problem.cost(op.kind, op.stage), -change)
+            pending[device].add(start + timeline.table.duration[index], -change)
         if unplaced[device]:
             heapq.heappush(decide, (timeline.free[device], next(turns), device))
     return Schedule(timeline.orders, [[timeline.start_of(op) for op in order] for order in timeline.orders])
 
 
-def _first_startable(timeline: Timeline, candidates: list[Op], now: float, pending: PendingFrees,
-                     ceiling: float) -> tuple[Op | None, float]:
-    """(op, when) for `_fill_gaps`: the first F or B of `candidates` that can start at `now`, else
-    the first such W, else the op that can start first (infinity: none can until others move)."""
+def _first_startable(timeline: Timeline, candidates: list[int], now: float, pending: PendingFrees,
+                     ceiling: float) -> tuple[int | None, float]:
+    """(op number, when) for `_fill_gaps`: the first F or B of `candidates` (op numbers in
+    `timeline.table`) that can start at `now`, else the first such W, else the op that can start
+    first (infinity: none can until others move)."""
     table = timeline.table
     weight, soonest, passed_backward = None, (math.inf, None), False
-    for op in candidates:
-        if op.kind == FORWARD and passed_backward:
+    forward, weight_kind = table.kinds.index(FORWARD), table.kinds.index(WEIGHT) if WEIGHT in table.kinds else -1
+    per_kind = table.num_stages * table.num_microbatches
+    for index in candidates:
+        kind = index // per_kind
+        if kind == forward and passed_backward:
             continue
-        passed_backward |= op.kind != WEIGHT
-        index = table.index(op)
+        passed_backward |= kind != weight_kind
         ready = timeline.ready_at(index)
-        if ready <= now and op.kind == FORWARD:
+        if ready <= now and kind == forward:
             room = ceiling - table.memory_delta[index] - timeline.held[table.device[index]]
             ready = pending.time_when_at_most(room, now)
         if ready <= now:
-            if op.kind != WEIGHT:
-                return op, now
-            weight = weight or op
+            if kind != weight_kind:
+                return index, now
+            weight = index if weight is None else weight
         elif ready < soonest[0]:
-            soonest = (ready, op)
-    return (weight, now) if weight else (soonest[1], soonest[0])
+            soonest = (ready, index)
+    return (weight, now) if weight is not None else (soonest[1], soonest[0])

@@ -134,11 +134,11 @@ def test_ctrl_c_calls_the_backends_stop_hook_and_keeps_its_best(stand_in):
     def found(problem, task):
         stopped = threading.Event()
         task.on_stop(stopped.set)
+        _interrupt_soon()  # once the backend runs (the heuristics before it take a machine-dependent while)
         assert stopped.wait(30), "the stop hook was not called"
         return Found("feasible", start_times(warm), 0.0, None, 1.0)
 
     stand_in["found"] = found
-    _interrupt_soon()
     result = solve(LOOSE, "stand-in", time_limit=60)
     assert (result.status, result.objective) == ("feasible", warm.makespan)
     assert stand_in["task"].stopped.is_set() and result.solve_time_s < 30
@@ -146,8 +146,12 @@ def test_ctrl_c_calls_the_backends_stop_hook_and_keeps_its_best(stand_in):
 
 def test_ctrl_c_propagates_when_the_backend_cannot_stop(stand_in):
     release = threading.Event()
-    stand_in["found"] = lambda problem, task: release.wait(30) and None
-    _interrupt_soon()
+
+    def found(problem, task):
+        _interrupt_soon()  # once the backend runs
+        release.wait(30)
+
+    stand_in["found"] = found
     try:
         with pytest.raises(KeyboardInterrupt):
             solve(LOOSE, "stand-in", time_limit=60)

@@ -98,6 +98,10 @@ class OpTable:
         return values
 
     @cached_property
+    def kind(self) -> list[str]:
+        return self._per_op(lambda kind, stage: kind)
+
+    @cached_property
     def duration(self) -> list[float]:
         return self._per_op(self.problem.cost)
 

@@ -94,19 +94,17 @@ def _first_startable(timeline: Timeline, candidates: list[int], now: float, pend
     first (infinity: none can until others move)."""
     table = timeline.table
     weight, soonest, passed_backward = None, (math.inf, None), False
-    forward, weight_kind = table.kinds.index(FORWARD), table.kinds.index(WEIGHT) if WEIGHT in table.kinds else -1
-    per_kind = table.num_stages * table.num_microbatches
     for index in candidates:
-        kind = index // per_kind
-        if kind == forward and passed_backward:
+        kind = table.kind[index]
+        if kind == FORWARD and passed_backward:
             continue
-        passed_backward |= kind != weight_kind
+        passed_backward |= kind != WEIGHT
         ready = timeline.ready_at(index)
-        if ready <= now and kind == forward:
+        if ready <= now and kind == FORWARD:
             room = ceiling - table.memory_delta[index] - timeline.held[table.device[index]]
             ready = pending.time_when_at_most(room, now)
         if ready <= now:
-            if kind != weight_kind:
+            if kind != WEIGHT:
                 return index, now
             weight = index if weight is None else weight
         elif ready < soonest[0]:

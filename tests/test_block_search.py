@@ -8,10 +8,11 @@ import random
 import pytest
 
 from zbopt import Op, Problem, simulate
-from zbopt.blocks import block_schedule, published_block, steady_peak
+from zbopt.blocks import Block, block_schedule, published_block, steady_peak
 from zbopt.blocks.search import optimal_block
 from zbopt.errors import ZboptError
 from zbopt.schedules.vshape import v_half_peak, v_min_peak
+from zbopt.ticks import tick_scale
 
 
 def _held(offsets: dict[str, int], period: int, limit: float | None) -> bool:
@@ -139,3 +140,36 @@ def test_optimal_block_starts_from_a_group_block_and_keeps_a_tiny_latency():
 def test_optimal_block_refuses_several_iterations_before_searching():
     with pytest.raises(ZboptError, match="iterations = 1"):
         optimal_block(Problem(num_devices=2, num_microbatches=2, iterations=2), time_limit=60)
+
+
+def _shape(problem: Problem):
+    from zbopt.blocks.search import _Shape
+    from zbopt.ticks import memory_scale, tick_problem, tick_scale
+
+    return _Shape(tick_problem(problem, tick_scale(problem)), problem, memory_scale(problem))
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_modulo_placement_repeats_at_a_devices_work_for_unit_costs(p):
+    """F = B = W = 1, no latency, one stage per device: placed in chain order, device d's F, B and
+    W take three distinct phases modulo 3, so the first period tried (the device's work) fits, as
+    1F1B's block does; the placement is a valid block (Block checks it)."""
+    problem = Problem(num_devices=p, num_microbatches=2 * p, forward_times=1, backward_times=1, weight_times=1)
+    shape = _shape(problem)
+    period, offsets = shape.first_placed(10 * shape.least_period, deadline=float("inf"))
+    assert period == shape.least_period == 3 * tick_scale(problem).ticks_per_unit
+    Block(shape.integral, offsets, period)
+
+
+def test_modulo_placement_gives_the_search_a_close_upper_end_where_no_published_block_fits():
+    """Loop placement, v = 2, the 1.5B costs halved, memory 2 (no published block fits): the serial
+    block repeats every 135.1; from the placement's upper end (77.6) the bisection proves the least T."""
+    problem = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, forward_times=9.261,
+                      backward_times=9.043, weight_times=4.6685, p2p_time=0.601, activation_memory=0.5,
+                      weight_memory=0.183, memory_limit=2)
+    serial_period, _ = _shape(problem).serial()
+    found = optimal_block(problem, time_limit=20)
+    assert found.start == "none" and found.status == "optimal"
+    assert found.block.interval == pytest.approx(found.least_interval)
+    assert found.least_interval < serial_period / tick_scale(problem).ticks_per_unit / 2
+    assert all(peak <= 2 + 1e-9 for peak in steady_peak(found.block))

@@ -30,13 +30,15 @@ from zbopt.blocks.model import Block, block_ops, group_table, lifespan_bound, st
 from zbopt.blocks.published import PUBLISHED, published_block
 from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
-from zbopt.problem import FORWARD, Problem
+from zbopt.problem import FORWARD, WEIGHT, Problem
 from zbopt.simulate import memory_ceiling
 from zbopt.solvers.cpsat import timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale
 from zbopt.timeline import Timeline
 
 FINAL_SHARE = 0.2  # of the time limit, kept for the shortest block at the least T
+PLACEMENT_SHARE = 0.1  # of the time limit, at most, for the modulo placements below the bisection's upper end
+PLACEMENT_STEP = 0.005  # relative step between the periods tried by modulo placement
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,9 @@ def best_published_block(problem: Problem) -> Block | None:
 def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 2, seed: int = 0) -> BlockSearch:
     """The block of one microbatch with the least interval T, then the least length, within the
     problem's memory limit (see the module doc), in at most `time_limit` seconds: bisection on T
-    from the devices' work per microbatch up to the best published block that fits, or the serial
-    block (`_Shape.serial`) when none does. When that published block's (m - 1)·T + length is
+    from the devices' work per microbatch up to the least of the best published block that fits,
+    the first modulo placement that fits (`_Shape.first_placed`) and the serial block
+    (`_Shape.serial`, which always exists). When that published block's (m - 1)·T + length is
     smaller than the block found (costs not whole ticks, a search cut short, or a small m), it is
     the answer instead, with status "feasible"."""
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
@@ -117,6 +120,9 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     low = refuted = shape.least_period - 1  # no block at `low`; proven none at `refuted`
     high, serial = shape.serial()  # a block at `high`
     found[high] = serial
+    placed = shape.first_placed(high, time.perf_counter() + PLACEMENT_SHARE * time_limit)
+    if placed is not None:
+        high, found[placed[0]] = placed
     if seed_block is not None and scale.exact:
         period = math.ceil(seed_block.period * scale.ticks_per_unit - 1e-6)
         found[period] = {op: round(t * scale.ticks_per_unit) for op, t in seed_block.offsets.items()}
@@ -171,18 +177,65 @@ class _Shape:
                                 for stages in integral.stages_of_device)
         # sizes the model's horizon (chain per op: room for any block up to the serial one)
         self.chain = math.ceil(critical_path(integral)) + max(self.duration.values())
+        single = integral.replace(num_microbatches=1, memory_limit=None)
+        self.earliest_finish = earliest_finish(op_graph(single))
+        self.placing_order = sorted(self.ops, key=lambda op: (op.kind == WEIGHT, self.earliest_start(op), op.stage))
+
+    def earliest_start(self, op: Op) -> float:
+        """The op's earliest start in one microbatch alone on the pipeline."""
+        return self.earliest_finish[op] - self.duration[op]
 
     def serial(self) -> tuple[int, dict[Op, int]]:
         """(T, offsets) of a block that always exists: one microbatch's ops in earliest-start order,
         each device running its own in turn, repeated every T = its length, so one microbatch is in
         flight at a time (the memory floor). The bisection's upper end."""
-        single = self.integral.replace(num_microbatches=1, memory_limit=None)
-        finish = earliest_finish(op_graph(single))
-        timeline = Timeline(single)
-        for op in sorted(self.ops, key=lambda op: (finish[op] - self.duration[op], op.stage, op.kind)):
+        timeline = Timeline(self.integral.replace(num_microbatches=1, memory_limit=None))
+        for op in sorted(self.ops, key=lambda op: (self.earliest_start(op), op.stage, op.kind)):
             timeline.append(op)
         offsets = {op: round(timeline.start_of(op)) for op in self.ops}
         return max(offsets[op] + self.duration[op] for op in self.ops), offsets
+
+    def placed(self, period: int) -> dict[Op, int] | None:
+        """Offsets of a block at `period` by modulo list placement (iterative modulo scheduling,
+        Rau 1994, without backtracking), or None when some op finds no free phase: the chain's ops
+        (F, then B) in earliest-start order and then the Ws, each at the first moment after its
+        input whose phase [r, r + duration) is free on its device modulo T. Memory is not checked."""
+        busy: list[list[tuple[int, int]]] = [[] for _ in range(self.integral.num_devices)]
+        offsets: dict[Op, int] = {}
+        for op in self.placing_order:
+            duration, index = self.duration[op], self.table.index(op)
+            source = self.table.predecessor[index]
+            moment = 0
+            if source >= 0:
+                before = self.table.op(source)
+                moment = offsets[before] + self.duration[before] + int(self.table.latency[index])
+            device, origin = self.integral.device_of(op.stage), moment
+            clash = True
+            while clash:
+                if moment - origin >= period:
+                    return None
+                phase, clash = moment % period, False
+                for taken, length in busy[device]:  # taken phases, and their copies one period away
+                    for shifted in (taken - period, taken, taken + period):
+                        if phase < shifted + length and shifted < phase + duration:
+                            moment, clash = moment + shifted + length - phase, True
+                            break
+                    if clash:
+                        break
+            busy[device].append((moment % period, duration))
+            offsets[op] = moment
+        return offsets
+
+    def first_placed(self, high: int, deadline: float) -> tuple[int, dict[Op, int]] | None:
+        """(T, offsets) of the first `placed` block within the memory limit with T from the least
+        period up by PLACEMENT_STEP each time, below `high`; None if there is none (or no time)."""
+        period = self.least_period
+        while period < high and time.perf_counter() < deadline:
+            offsets = self.placed(period)
+            if offsets is not None and _fits(self.problem, steady_peak(Block(self.integral, offsets, period))):
+                return period, offsets
+            period = math.floor(period * (1 + PLACEMENT_STEP)) + 1
+        return None
 
     def solve(self, period: int, time_limit: float, workers: int, seed: int, hint: dict[Op, int] | None,
               shortest: bool) -> tuple[int, dict[Op, int] | None]:

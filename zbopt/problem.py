@@ -254,6 +254,12 @@ class Problem:
         needs no more."""
         return tuple(sum(self.activation_memory[s] for s in stages) for stages in self.stages_of_device)
 
+    @cached_property
+    def memory_caps(self) -> tuple[float, ...]:
+        """Per device, its memory limit, or infinity without one (what a capped list schedule or a
+        per-device bound compares against)."""
+        return (math.inf,) * self.num_devices if self.memory_limit is None else tuple(self.memory_limit)
+
     def replace(self, **changes) -> Problem:
         """A copy with some parameters changed (validated again)."""
         return dataclasses.replace(self, **changes)

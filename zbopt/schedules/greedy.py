@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from operator import attrgetter
 
 from zbopt.ops import Op
 from zbopt.problem import FORWARD, WEIGHT, Problem
@@ -32,12 +33,8 @@ from zbopt.timeline import Timeline
 _BACKWARD, _CONTINUE, _TAKE_IN, _WEIGHT = range(4)  # priorities, first wins
 
 
-def _within_limit(problem: Problem) -> list[float]:
-    return [math.inf] * problem.num_devices if problem.memory_limit is None else list(problem.memory_limit)
-
-
 @register("greedy", "zbopt's memory-capped list schedule: any placement and chunk count, within the memory "
-                    "limit (B first, F when the whole microbatch fits, W in the gaps)", _within_limit)
+                    "limit (B first, F when the whole microbatch fits, W in the gaps)", attrgetter("memory_caps"))
 def greedy(problem: Problem) -> Schedule:
     """The list schedule of the module docstring, timed as the simulator times it. One iteration."""
     require(problem.iterations == 1, "greedy", "iterations = 1 (it plans one iteration)")
@@ -46,7 +43,7 @@ def greedy(problem: Problem) -> Schedule:
     m = problem.num_microbatches
     stages = [sorted(device_stages) for device_stages in problem.stages_of_device]
     footprint = problem.min_memory_limit
-    ceiling = [memory_ceiling(limit) for limit in _within_limit(problem)]
+    ceiling = [memory_ceiling(limit) for limit in problem.memory_caps]
     reserved = [0.0] * problem.num_devices
     done = {(kind, stage): 0 for kind in problem.kinds for stage in range(problem.num_stages)}
     left = table.size

@@ -308,8 +308,7 @@ def _scaled_limits(problem: Problem, microbatches: int) -> tuple[float, ...]:
     """`microbatches` · M_B per device, M_B the largest activation_memory of a stage; never above
     the problem's own limit."""
     limit = microbatches * max(problem.activation_memory)
-    own = problem.memory_limit or (math.inf,) * problem.num_devices
-    return tuple(min(limit, cap) for cap in own)
+    return tuple(min(limit, cap) for cap in problem.memory_caps)
 
 
 @register("zb-auto", "Zero Bubble automatic greedy (Qi et al. 2024, sec. 3.1) under the memory limit",

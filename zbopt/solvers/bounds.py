@@ -332,7 +332,7 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
             frees[position[kind, stage]] = amount
     # the op whose count bounds each op's: its chain predecessor, or for W its stage's B (kinds[1])
     waits_for = [None, *range(links - 1)] + [position[problem.kinds[1], stage] for _, stage, _ in weights]
-    limit = memory_ceiling(math.inf if problem.memory_limit is None else problem.memory_limit[device])
+    limit = memory_ceiling(problem.memory_caps[device])
     order = [*range(links - 1, -1, -1), *range(links, len(positions))]  # on ties: backwards, forwards, W
 
     def successors(state: tuple[int, ...], label: tuple[float, ...]):

@@ -15,7 +15,6 @@ one iteration; otherwise it returns no schedule and the driver keeps the warm st
 
 from __future__ import annotations
 
-import math
 import random
 import threading
 import time
@@ -50,8 +49,7 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
 
     task.on_stop(stop)
     integral = tick_problem(problem, scale)
-    unlimited = [math.inf] * problem.num_devices
-    caps = unlimited if problem.memory_limit is None else list(problem.memory_limit)
+    caps = problem.memory_caps
     table = op_table(integral)
     began = time.perf_counter()
     current = _timed(integral, _by_start(table, task.warm.start.tolist()), caps)

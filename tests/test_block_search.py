@@ -173,3 +173,15 @@ def test_modulo_placement_gives_the_search_a_close_upper_end_where_no_published_
     assert found.block.interval == pytest.approx(found.least_interval)
     assert found.least_interval < serial_period / tick_scale(problem).ticks_per_unit / 2
     assert all(peak <= 2 + 1e-9 for peak in steady_peak(found.block))
+
+
+def test_a_published_seed_off_the_tick_grid_is_not_rounded_into_a_broken_block():
+    """Whole-tick costs, yet V-Min's block repeats every 20.5 with half-tick offsets: rounding it
+    to 21 ticks overlapped two backwards. The search now answers a valid block within the limit
+    even when cut short (found by review; it raised BlockError with 0.2 s)."""
+    problem = Problem(num_devices=4, num_microbatches=5, chunks_per_device=2, placement="v",
+                      forward_times=[4, 1, 2, 4, 2, 3, 3, 4], backward_times=[4, 1, 1, 1, 1, 1, 3, 1],
+                      weight_times=[5, 3, 1, 3, 2, 4, 4, 2], p2p_time=1, memory_limit=5)
+    found = optimal_block(problem, time_limit=0.2, workers=1)
+    assert all(peak <= 5 + 1e-9 for peak in steady_peak(found.block))
+    assert simulate(problem, block_schedule(found.block), strict=True).valid

@@ -124,9 +124,11 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     if placed is not None:
         high, found[placed[0]] = placed
     if seed_block is not None and scale.exact:
-        period = math.ceil(seed_block.period * scale.ticks_per_unit - 1e-6)
-        found[period] = {op: round(t * scale.ticks_per_unit) for op, t in seed_block.offsets.items()}
-        high = min(high, period)
+        ticks = {op: t * scale.ticks_per_unit for op, t in seed_block.offsets.items()}
+        period = seed_block.period * scale.ticks_per_unit
+        if all(_whole(value) for value in [period, *ticks.values()]):  # rounding could break the block
+            found[round(period)] = {op: round(value) for op, value in ticks.items()}
+            high = min(high, round(period))
     final_share = FINAL_SHARE * time_limit  # kept for the shortest block at the least T
     while high - low > 1 and time.perf_counter() < deadline - final_share:
         middle = (low + high) // 2
@@ -155,6 +157,10 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
         return BlockSearch(seed_block, "feasible", least, start.name)
     return BlockSearch(block, "optimal" if proven and exact else "feasible", least,
                        start.name if start is not None else "none")
+
+
+def _whole(value: float) -> bool:
+    return abs(value - round(value)) <= 1e-6
 
 
 def _first_microbatch(block: Block) -> Block:

@@ -31,7 +31,7 @@ class TickScale:
         return ticks / self.ticks_per_unit
 
 
-def _whole_at(values, scale: int) -> bool:
+def whole_at(values, scale: int) -> bool:
     """Whether every value times `scale` is a whole number (up to float rounding)."""
     return all(abs(v * scale - round(v * scale)) < 1e-9 * max(1.0, v * scale) for v in values)
 
@@ -43,7 +43,7 @@ def tick_scale(problem: Problem) -> TickScale:
     longest = max(values)
     scale = 1
     while True:
-        if _whole_at(values, scale):
+        if whole_at(values, scale):
             return TickScale(scale, True, 0.0)
         if scale * 10 * longest > MAX_TICKS_PER_OP:
             break
@@ -56,7 +56,7 @@ def tick_scale(problem: Problem) -> TickScale:
 def memory_scale(problem: Problem) -> int:
     """A power of ten making every memory amount whole (up to 1e6), for cumulative demands."""
     amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.memory_limit or ())]
-    return next((10**exponent for exponent in range(7) if _whole_at(amounts, 10**exponent)), 10**6)
+    return next((10**exponent for exponent in range(7) if whole_at(amounts, 10**exponent)), 10**6)
 
 
 

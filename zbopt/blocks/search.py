@@ -33,7 +33,7 @@ from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.problem import FORWARD, WEIGHT, Problem
 from zbopt.simulate import memory_ceiling
 from zbopt.solvers.cpsat import timed_solver
-from zbopt.ticks import memory_scale, tick_problem, tick_scale
+from zbopt.ticks import memory_scale, tick_problem, tick_scale, whole_at
 from zbopt.timeline import Timeline
 
 FINAL_SHARE = 0.2  # of the time limit, kept for the shortest block at the least T
@@ -123,12 +123,12 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     placed = shape.first_placed(high, time.perf_counter() + PLACEMENT_SHARE * time_limit)
     if placed is not None:
         high, found[placed[0]] = placed
-    if seed_block is not None and scale.exact:
-        ticks = {op: t * scale.ticks_per_unit for op, t in seed_block.offsets.items()}
-        period = seed_block.period * scale.ticks_per_unit
-        if all(_whole(value) for value in [period, *ticks.values()]):  # rounding could break the block
-            found[round(period)] = {op: round(value) for op, value in ticks.items()}
-            high = min(high, round(period))
+    # a seed off the tick grid is not entered: rounding it could break the block
+    if seed_block is not None and scale.exact and whole_at([seed_block.period, *seed_block.offsets.values()],
+                                                           scale.ticks_per_unit):
+        period = scale.ticks(seed_block.period)
+        found[period] = {op: scale.ticks(offset) for op, offset in seed_block.offsets.items()}
+        high = min(high, period)
     final_share = FINAL_SHARE * time_limit  # kept for the shortest block at the least T
     while high - low > 1 and time.perf_counter() < deadline - final_share:
         middle = (low + high) // 2
@@ -159,8 +159,18 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
                        start.name if start is not None else "none")
 
 
-def _whole(value: float) -> bool:
-    return abs(value - round(value)) <= 1e-6
+def _free_moment(taken: list[tuple[int, int]], moment: int, duration: int, period: int) -> int | None:
+    """The first moment from `moment` whose phase [r, r + duration) misses every taken (phase,
+    length) and its copies one period away; None when none within a period (no gap fits)."""
+    origin = moment
+    while moment - origin < period:
+        phase = moment % period
+        clashes = [shifted + length for start, length in taken for shifted in (start - period, start, start + period)
+                   if phase < shifted + length and shifted < phase + duration]
+        if not clashes:
+            return moment
+        moment += clashes[0] - phase  # past the first clash
+    return None
 
 
 def _first_microbatch(block: Block) -> Block:
@@ -183,8 +193,8 @@ class _Shape:
                                 for stages in integral.stages_of_device)
         # sizes the model's horizon (chain per op: room for any block up to the serial one)
         self.chain = math.ceil(critical_path(integral)) + max(self.duration.values())
-        single = integral.replace(num_microbatches=1, memory_limit=None)
-        self.earliest_finish = earliest_finish(op_graph(single))
+        self.single = integral.replace(num_microbatches=1, memory_limit=None)  # one microbatch alone
+        self.earliest_finish = earliest_finish(op_graph(self.single))
         self.placing_order = sorted(self.ops, key=lambda op: (op.kind == WEIGHT, self.earliest_start(op), op.stage))
 
     def earliest_start(self, op: Op) -> float:
@@ -195,7 +205,7 @@ class _Shape:
         """(T, offsets) of a block that always exists: one microbatch's ops in earliest-start order,
         each device running its own in turn, repeated every T = its length, so one microbatch is in
         flight at a time (the memory floor). The bisection's upper end."""
-        timeline = Timeline(self.integral.replace(num_microbatches=1, memory_limit=None))
+        timeline = Timeline(self.single)
         for op in sorted(self.ops, key=lambda op: (self.earliest_start(op), op.stage, op.kind)):
             timeline.append(op)
         offsets = {op: round(timeline.start_of(op)) for op in self.ops}
@@ -215,19 +225,10 @@ class _Shape:
             if source >= 0:
                 before = self.table.op(source)
                 moment = offsets[before] + self.duration[before] + int(self.table.latency[index])
-            device, origin = self.integral.device_of(op.stage), moment
-            clash = True
-            while clash:
-                if moment - origin >= period:
-                    return None
-                phase, clash = moment % period, False
-                for taken, length in busy[device]:  # taken phases, and their copies one period away
-                    for shifted in (taken - period, taken, taken + period):
-                        if phase < shifted + length and shifted < phase + duration:
-                            moment, clash = moment + shifted + length - phase, True
-                            break
-                    if clash:
-                        break
+            device = self.integral.device_of(op.stage)
+            moment = _free_moment(busy[device], moment, duration, period)
+            if moment is None:
+                return None
             busy[device].append((moment % period, duration))
             offsets[op] = moment
         return offsets

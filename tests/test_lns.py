@@ -1,11 +1,17 @@
-"""Large-neighbourhood search: never worse than its start, always re-simulated and valid."""
+"""Large-neighbourhood search: never worse than its start, always re-simulated and valid; and the
+default backend that runs it after an unproven full model."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
 from tests.reference import brute_force_optimum
 from zbopt import Problem, generate, simulate, solve
+from zbopt.solvers import cpsat, hybrid, lns
+from zbopt.solvers.api import Found, SearchTask
+from zbopt.solvers.result import schedule_from_starts, start_times
 
 SMALL = dict(num_devices=2, num_microbatches=2, forward_times=1, backward_times=2, weight_times=1, weight_memory=0.5)
 
@@ -32,3 +38,61 @@ def test_lns_without_a_schedule_it_can_improve_leaves_the_warm_start():
     problem = Problem(**SMALL, iterations=2)
     result = solve(problem, "lns", time_limit=2, warm_start="1f1b", lower_peak=False)
     assert result.objective == simulate(problem, generate("1f1b", problem)).makespan
+
+
+def _task(problem: Problem, warm: str, seconds: float) -> SearchTask:
+    return SearchTask("makespan", simulate(problem, generate(warm, problem)), 0.0, time.perf_counter() + seconds,
+                      workers=1, seed=0)
+
+
+def test_the_default_backend_hands_an_unproven_full_model_answer_to_lns(monkeypatch):
+    """Where the full model does not prove its answer (stood in for: it returns its warm start,
+    unproven, with a bound), LNS continues from that schedule for the rest of the time and reaches
+    the optimum; the full model's bound stays the answer's, and it had only its share of the time."""
+    problem = Problem(**SMALL)
+    task = _task(problem, "1f1b", 3.0)
+    given = []
+
+    def unproven(problem, first, **options):
+        given.append(first.deadline)
+        return Found("feasible", start_times(first.warm), 4.25, None, 1.0)
+
+    monkeypatch.setattr(cpsat, "search", unproven)
+    found = hybrid.search(problem, task, lns_share=0.5)
+    optimum = brute_force_optimum(problem)
+    assert task.warm.makespan > optimum + 1e-9  # there was something to improve
+    assert simulate(problem, schedule_from_starts(problem, found.starts, "test")).makespan == pytest.approx(optimum)
+    assert (found.status, found.bound) == ("feasible", 4.25)
+    assert given[0] < task.deadline - 1.0  # half of the ~3 s went to LNS
+
+
+def test_the_default_backend_runs_lns_only_past_a_size(monkeypatch):
+    """The full model alone below LNS_MIN_OPS ops (here 12), LNS after it from there (here 11)."""
+    problem = Problem(**SMALL)
+    ran = []
+    monkeypatch.setattr(lns, "search", lambda problem, task: ran.append(task) or Found("unknown", None, 0.0, None, 1.0))
+    for least, expected in ((problem.num_ops + 1, 0), (problem.num_ops, 1)):
+        monkeypatch.setattr(hybrid, "LNS_MIN_OPS", least)
+        monkeypatch.setattr(cpsat, "search", lambda problem, first, **options: Found("feasible", None, 0.0, None, 1.0))
+        ran.clear()
+        hybrid.search(problem, _task(problem, "1f1b", 1.0))
+        assert len(ran) == expected
+
+
+def test_the_default_backend_runs_no_lns_after_a_proof(monkeypatch):
+    """A full model that proves its answer (here: optimal on a small problem) ends the search."""
+    problem = Problem(**SMALL, memory_limit=1.5)  # 1f1b needs 2
+
+    def no_lns(*_args, **_options):
+        raise AssertionError("LNS ran after a proof")
+
+    monkeypatch.setattr(lns, "search", no_lns)
+    found = hybrid.search(problem, _task(problem, "zb-1p", 10.0))
+    assert found.status == "optimal"
+    assert found.modelled == pytest.approx(brute_force_optimum(problem))
+
+
+def test_the_default_backend_refuses_an_lns_share_of_all_the_time():
+    problem = Problem(**SMALL)
+    with pytest.raises(ValueError, match="lns_share 1"):
+        hybrid.search(problem, _task(problem, "1f1b", 1.0), lns_share=1)

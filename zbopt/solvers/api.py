@@ -38,7 +38,7 @@ from zbopt.solvers.result import (
 )
 
 # solver name -> (module, backend option); each module has one function `search(problem, task, **options)`
-BACKENDS = {"cpsat": ("zbopt.solvers.cpsat", {}), "cbc": ("zbopt.solvers.milp", {"engine": "cbc"}),
+BACKENDS = {"cpsat": ("zbopt.solvers.hybrid", {}), "cbc": ("zbopt.solvers.milp", {"engine": "cbc"}),
             "highs": ("zbopt.solvers.milp", {"engine": "highs"}), "lns": ("zbopt.solvers.lns", {})}
 SOLVERS = tuple(BACKENDS)
 LIVE_LINE_PERIOD_S = 0.5
@@ -113,9 +113,10 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
 
     Parameters
     ----------
-    solver : "cpsat" (OR-Tools CP-SAT, `zbopt.solvers.cpsat`), "cbc" / "highs" (the disjunctive
-        MILP through PuLP, `zbopt.solvers.milp`) or "lns" (large-neighbourhood search from the warm
-        start, `zbopt.solvers.lns`).
+    solver : "cpsat" (OR-Tools CP-SAT: the full model, `zbopt.solvers.cpsat`; on large problems,
+        unless it proved its answer by half time, then LNS from its best, `zbopt.solvers.hybrid`),
+        "cbc" / "highs" (the disjunctive MILP through PuLP, `zbopt.solvers.milp`) or "lns"
+        (large-neighbourhood search from the warm start, `zbopt.solvers.lns`).
     time_limit : seconds for the whole call, shared by stages: the heuristics (no further one
         starts after HEURISTICS_SHARE of it, once one is valid), the lower bounds (cut after
         BOUNDS_SHARE of what is left; `bounds_complete` says so), then the search and the second
@@ -130,7 +131,7 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         (CP-SAT only; skipped when less time than that is left).
     workers, seed : solver threads and random seed; one worker and a seed repeat exactly.
     progress : a live line on stderr (incumbent, bound, gap, elapsed time), redrawn twice a second.
-    options : the backend's own options (CP-SAT: memory_model, symmetry_breaking).
+    options : the backend's own options (CP-SAT: memory_model, symmetry_breaking, lns_share).
 
     Returns
     -------

@@ -37,7 +37,7 @@ STEP_S = 2.0  # the most one window's model gets
 def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW_OPS) -> Found:
     """Improve the warm start window by window until the deadline or a stop (see the module doc)."""
     scale = tick_scale(problem)
-    if task.warm is None or task.objective != "makespan" or problem.iterations != 1 or task.peak_cap is not None:
+    if task.warm is None or not applies(problem, task):
         return Found("unknown", None, 0.0, None, scale.resolution)
     stopping = threading.Event()
     running: list[cp_model.CpSolver] = []
@@ -78,6 +78,12 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
     result = simulate(problem, schedule)
     starts = dict(zip(result.table.ops(), result.start.tolist(), strict=True))
     return Found("feasible", starts, 0.0, None, scale.resolution, error_bound=scale.error_bound, exact=scale.exact)
+
+
+def applies(problem: Problem, task: SearchTask) -> bool:
+    """Whether the search can improve a schedule of this task: makespan, one iteration (its windows
+    do not model the weight-update barrier), not the driver's second phase (lowering the peak)."""
+    return task.objective == "makespan" and problem.iterations == 1 and task.peak_cap is None
 
 
 def _by_start(table, starts) -> list[Op]:

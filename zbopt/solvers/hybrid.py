@@ -1,0 +1,51 @@
+"""The default backend (solver "cpsat"): the full CP-SAT model, then LNS on large problems.
+
+The full model proves optima where it can (one chunk per device up to p = 32; small v = 2
+problems) and on mid-sized ones keeps improving for the whole time limit, but on larger ones it
+creeps down by single ticks near the warm start, where large-neighbourhood search (`lns`) keeps
+improving one window at a time. Measured (`benchmarks/bench_scale.py`, interleaved, v = 2, 120 s):
+p = 6, memory 6 (432 ops): full model 626.5-638.9 over two runs, LNS alone 693.7; p = 8, memory 4
+(768 ops): full model 1346.7-1359.5, LNS alone 1231.2. So on problems of at least LNS_MIN_OPS ops
+the full model gets the first half of the search time and, unless it proved its answer (optimal or
+infeasible), LNS continues from its best schedule for the rest; smaller problems get the full model
+alone. The full model's bound stays the answer's bound: LNS proves nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from zbopt.problem import Problem
+from zbopt.simulate import simulate
+from zbopt.solvers import cpsat, lns
+from zbopt.solvers.api import Found, SearchTask
+from zbopt.solvers.result import schedule_from_starts
+
+LNS_MIN_OPS = 600  # between the sizes measured: the full model wins at 432 ops, LNS at 768
+LNS_SHARE = 0.5  # of the search time, for LNS after the full model
+
+
+def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulative", symmetry_breaking: bool = True,
+           lns_share: float | None = None) -> Found:
+    """The full model (`cpsat.search`, with its options), then LNS (`lns.search`) from its best for
+    `lns_share` of the search time unless the full model proved its answer first, where LNS applies
+    (the makespan, one iteration, not the driver's second phase). `lns_share` None: LNS_SHARE on
+    problems of at least LNS_MIN_OPS ops, else 0 (the full model alone)."""
+    if lns_share is None:
+        lns_share = LNS_SHARE if problem.num_ops >= LNS_MIN_OPS else 0.0
+    if not 0 <= lns_share < 1:
+        raise ValueError(f"lns_share {lns_share}: must be at least 0 and below 1")
+    model_options = dict(memory_model=memory_model, symmetry_breaking=symmetry_breaking)
+    if lns_share == 0 or not lns.applies(problem, task):
+        return cpsat.search(problem, task, **model_options)
+    first = replace(task, deadline=time.perf_counter() + (1 - lns_share) * task.remaining())
+    found = cpsat.search(problem, first, **model_options)
+    if found.status in ("optimal", "infeasible") or task.stopped.is_set() or task.remaining() <= 0:
+        return found
+    start = task.warm if found.starts is None else \
+        simulate(problem, schedule_from_starts(problem, found.starts, "cpsat"), strict=True)
+    improved = lns.search(problem, replace(task, warm=start))
+    if improved.starts is None:
+        return found
+    return replace(found, status="feasible", starts=improved.starts, modelled=None)

@@ -4,13 +4,15 @@ default backend that runs it after an unproven full model."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
 from tests.reference import brute_force_optimum
 from zbopt import Problem, generate, simulate, solve
-from zbopt.solvers import cpsat, hybrid, lns
+from zbopt.solvers import api, cpsat, hybrid, lns
 from zbopt.solvers.api import Found, SearchTask
+from zbopt.solvers.bounds import LowerBounds
 from zbopt.solvers.result import schedule_from_starts, start_times
 
 SMALL = dict(num_devices=2, num_microbatches=2, forward_times=1, backward_times=2, weight_times=1, weight_memory=0.5)
@@ -67,7 +69,7 @@ def test_the_default_backend_hands_an_unproven_full_model_answer_to_lns(monkeypa
 
 
 def test_the_default_backend_runs_lns_only_past_a_size(monkeypatch):
-    """The full model alone below LNS_MIN_OPS ops (here 12), LNS after it from there (here 11)."""
+    """The full model alone on problems of fewer than LNS_MIN_OPS ops, LNS after it from that size on."""
     problem = Problem(**SMALL)
     ran = []
     monkeypatch.setattr(lns, "search", lambda problem, task: ran.append(task) or Found("unknown", None, 0.0, None, 1.0))
@@ -87,7 +89,7 @@ def test_the_default_backend_runs_no_lns_after_a_proof(monkeypatch):
         raise AssertionError("LNS ran after a proof")
 
     monkeypatch.setattr(lns, "search", no_lns)
-    found = hybrid.search(problem, _task(problem, "zb-1p", 10.0))
+    found = hybrid.search(problem, _task(problem, "zb-1p", 10.0), lns_share=0.5)
     assert found.status == "optimal"
     assert found.modelled == pytest.approx(brute_force_optimum(problem))
 
@@ -96,3 +98,28 @@ def test_the_default_backend_refuses_an_lns_share_of_all_the_time():
     problem = Problem(**SMALL)
     with pytest.raises(ValueError, match="lns_share 1"):
         hybrid.search(problem, _task(problem, "1f1b", 1.0), lns_share=1)
+
+
+def test_the_default_backend_without_a_warm_start_gives_the_full_model_all_the_time(monkeypatch):
+    """LNS needs a schedule to start from: with none, the full model keeps the whole search time
+    (with half, it may find nothing and the call would end early without a schedule)."""
+    problem = Problem(**SMALL)
+    task = replace(_task(problem, "1f1b", 5.0), warm=None)
+    given = []
+    monkeypatch.setattr(cpsat, "search", lambda problem, first, **options: given.append(first.deadline)
+                        or Found("unknown", None, 0.0, None, 1.0))
+    monkeypatch.setattr(lns, "search", lambda *_args: pytest.fail("LNS ran without a schedule to start from"))
+    hybrid.search(problem, task, lns_share=0.5)
+    assert given == [task.deadline]
+
+
+def test_an_answer_that_meets_the_full_models_bound_is_optimal_decided_by_the_solver(monkeypatch):
+    """LNS reaches the bound the full model proved (stood in for: an unproven warm start with the
+    true optimum as its bound; the independent bounds all 0): optimal, and the solver decided it."""
+    problem = Problem(**SMALL)
+    optimum = brute_force_optimum(problem)
+    monkeypatch.setattr(api, "lower_bounds", lambda *_args: LowerBounds(0.0, 0.0, 0.0, 0.0, 0.0))
+    monkeypatch.setattr(cpsat, "search", lambda problem, first, **options:
+                        Found("feasible", start_times(first.warm), optimum, None, 1.0))
+    result = solve(problem, "cpsat", time_limit=3, warm_start="1f1b", lower_peak=False, lns_share=0.5)
+    assert (result.status, result.objective, result.decided_by) == ("optimal", pytest.approx(optimum), "solver")

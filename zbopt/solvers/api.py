@@ -4,7 +4,8 @@ The driver owns what every solve method shares: the argument checks, the indepen
 bounds, the warm start, the early exit when the warm start already meets the bound, the time
 budget, the live progress line, Ctrl-C, the re-simulation of the answer, the rule for "optimal"
 and the gap, and the second phase that lowers the peak memory at the makespan found. A backend
-(`cpsat.search`, `milp.search`) only builds its model, solves it and returns what it found.
+(`cpsat.search`, `milp.search`, `lns.search`; `hybrid.search` runs the first and the last in turn)
+only builds its model, solves it and returns what it found.
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     task = SearchTask(objective, None if warm is None else warm[1], independent_bound, deadline, workers,
                       seed, report=live.update if live else _ignore)
     found = _run_stoppable(search, problem, task, options, live)
-    simulation = _simulated(problem, found, objective, solver)
+    simulation = simulated_answer(problem, found, objective, solver)
     if simulation is None and task.stopped.is_set():
         raise KeyboardInterrupt  # stopped before the backend found a schedule of its own
     if simulation is None and warm is None:
@@ -247,8 +248,9 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
     return outcome["found"]
 
 
-def _simulated(problem: Problem, found: Found, objective: str, solver: str) -> Simulation | None:
-    """The backend's schedule through the one simulator (strict: a memory violation is a bug)."""
+def simulated_answer(problem: Problem, found: Found, objective: str, solver: str) -> Simulation | None:
+    """The backend's schedule through the one simulator (strict: a memory violation is a bug),
+    its objective checked against the model's own where the backend gives one."""
     if found.starts is None:
         return None
     simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver), strict=True)
@@ -273,6 +275,8 @@ def _verdict(found: Found, simulation: Simulation | None, warm, objective: str, 
         lower, decided_by = max(lower, value), "solver"
     elif meets(value, independent_bound, tolerance):
         decided_by = f"lower bound ({binding})"
+    elif meets(value, found.bound, tolerance):  # e.g. LNS reached the bound the full model proved
+        decided_by = "solver"
     elif found.status == "optimal":
         decided_by = (f"proven optimal at the model's tick resolution {found.resolution:g}; rounded costs leave "
                       f"a gap of at most {relative_gap(value, lower):.4%}")
@@ -292,7 +296,7 @@ def _lower_peak(search, problem: Problem, task: SearchTask, options: dict, simul
         return simulation
     phase = replace(task, warm=simulation, peak_cap=value, deadline=time.perf_counter() + budget,
                     report=_ignore, stopped=task.stopped)
-    leaner = _simulated(problem, _run_stoppable(search, problem, phase, options, None), task.objective, solver)
+    leaner = simulated_answer(problem, _run_stoppable(search, problem, phase, options, None), task.objective, solver)
     if leaner is None or objective_value(leaner, task.objective) > value:  # not even a rounding worse
         return simulation
     return leaner if max(leaner.peak_memory) < max(simulation.peak_memory) else simulation

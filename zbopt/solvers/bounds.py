@@ -304,7 +304,12 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
     so the orders are searched by dynamic programming over the state (ops done per kind and
     stage). Different orders reach one state with different labels (time, objective, the release
     of each op waiting for its chain predecessor's lag); keeping only their componentwise minimum
-    is optimistic, so the result stays a lower bound. On the configurations of Table 5 of the
+    is optimistic, so the result stays a lower bound. A state whose time plus the work left
+    exceeds the objective of one greedy order is dropped: the best order's path keeps labels at
+    most its own, whose time plus work left is at most its objective, so that path survives and
+    the result stays at most the relaxation's optimum; dropping merged labels can only raise it
+    towards that optimum (a review found it higher in about 1% of 50k random device cases, never
+    above the optimum of a DP keeping every Pareto-optimal label). On the configurations of Table 5 of the
     Zero Bubble paper [1]_ (one stage per device) it gave the same value as keeping up to 64
     Pareto-optimal labels per state; with two (p = 4, m = 8, v = 2, V placement, V-Min's memory) it
     equals the optimum of the CP-SAT single-device relaxation (517.6 on the last device, reached

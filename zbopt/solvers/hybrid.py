@@ -4,11 +4,15 @@ The full model proves optima where it can (one chunk per device up to p = 32; sm
 problems) and on mid-sized ones keeps improving for the whole time limit, but on larger ones it
 creeps down by single ticks near the warm start, where large-neighbourhood search (`lns`) keeps
 improving one window at a time. Measured (`benchmarks/bench_scale.py`, interleaved, v = 2, 120 s):
-p = 6, memory 6 (432 ops): full model 626.5-638.9 over two runs, LNS alone 693.7; p = 8, memory 4
-(768 ops): full model 1346.7-1359.5, LNS alone 1231.2. So on problems of at least LNS_MIN_OPS ops
-the full model gets the first half of the search time and, unless it proved its answer (optimal or
-infeasible), LNS continues from its best schedule for the rest; smaller problems get the full model
-alone. The full model's bound stays the answer's bound: LNS proves nothing.
+p = 6, memory 6 (432 ops): full model 625.5-638.9 over three runs, LNS alone 693.7; p = 8,
+memory 4 (768 ops): full model 1296.9-1359.5 over three runs, LNS alone 1231.2, this rule
+1262.4-1266.4. So on problems of at least LNS_MIN_OPS ops the full model gets the first half of
+the search time and, unless it proved its answer (optimal or infeasible), LNS continues from its
+best schedule for the rest; smaller problems get the full model alone. Not LNS alone on large
+problems: the full model keeps its own bound and proves what it can in its half, and neither
+order wins everywhere (V-Min, p = 8, m = 16: this rule 1139.3, LNS alone 1158.9). The full
+model's bound stays the answer's bound: LNS proves nothing. LNS applies to the makespan of one
+iteration from a warm start (`lns.applies`); otherwise the full model runs alone.
 """
 
 from __future__ import annotations
@@ -17,10 +21,8 @@ import time
 from dataclasses import replace
 
 from zbopt.problem import Problem
-from zbopt.simulate import simulate
 from zbopt.solvers import cpsat, lns
-from zbopt.solvers.api import Found, SearchTask
-from zbopt.solvers.result import schedule_from_starts
+from zbopt.solvers.api import Found, SearchTask, simulated_answer
 
 LNS_MIN_OPS = 600  # between the sizes measured: the full model wins at 432 ops, LNS at 768
 LNS_SHARE = 0.5  # of the search time, for LNS after the full model
@@ -37,15 +39,18 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     if not 0 <= lns_share < 1:
         raise ValueError(f"lns_share {lns_share}: must be at least 0 and below 1")
     model_options = dict(memory_model=memory_model, symmetry_breaking=symmetry_breaking)
-    if lns_share == 0 or not lns.applies(problem, task):
+    if lns_share == 0 or task.warm is None or not lns.applies(problem, task):
+        # without a warm start the full model may find no schedule in its share, and LNS none without one
         return cpsat.search(problem, task, **model_options)
     first = replace(task, deadline=time.perf_counter() + (1 - lns_share) * task.remaining())
     found = cpsat.search(problem, first, **model_options)
     if found.status in ("optimal", "infeasible") or task.stopped.is_set() or task.remaining() <= 0:
         return found
-    start = task.warm if found.starts is None else \
-        simulate(problem, schedule_from_starts(problem, found.starts, "cpsat"), strict=True)
+    start = simulated_answer(problem, found, task.objective, "cpsat") or task.warm
     improved = lns.search(problem, replace(task, warm=start))
     if improved.starts is None:
+        return found
+    improved_value = simulated_answer(problem, improved, task.objective, "lns").makespan
+    if found.starts is not None and improved_value > start.makespan:  # rounded ticks: keep the better
         return found
     return replace(found, status="feasible", starts=improved.starts, modelled=None)

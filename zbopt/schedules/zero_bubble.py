@@ -11,7 +11,6 @@ Memory: M_B is an activation_memory (one microbatch's activations on a stage), M
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -272,7 +271,7 @@ def _memory_limits(problem: Problem, memory_limit: float | Sequence[float] | Non
     """Per device, the limit the greedy keeps: the option (checked as a Problem checks its own
     memory_limit), else the problem's, else unlimited."""
     if memory_limit is None:
-        return problem.memory_limit if problem.memory_limit is not None else (math.inf,) * problem.num_devices
+        return problem.memory_caps
     try:
         return problem.replace(memory_limit=memory_limit).memory_limit
     except ProblemError as error:

@@ -50,7 +50,6 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     improved = lns.search(problem, replace(task, warm=start))
     if improved.starts is None:
         return found
-    improved_value = simulated_answer(problem, improved, task.objective, "lns").makespan
-    if found.starts is not None and improved_value > start.makespan:  # rounded ticks: keep the better
+    if improved.modelled > start.makespan:  # rounded ticks: keep the better
         return found
-    return replace(found, status="feasible", starts=improved.starts, modelled=None)
+    return replace(found, status="feasible", starts=improved.starts, modelled=improved.modelled)

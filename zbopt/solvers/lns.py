@@ -77,7 +77,8 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
     schedule = compact(problem, [table.op(i) for i in sorted(range(table.size), key=lambda i: current[i])], caps)
     result = simulate(problem, schedule)
     starts = dict(zip(result.table.ops(), result.start.tolist(), strict=True))
-    return Found("feasible", starts, 0.0, None, scale.resolution, error_bound=scale.error_bound, exact=scale.exact)
+    return Found("feasible", starts, 0.0, result.makespan, scale.resolution, error_bound=scale.error_bound,
+                 exact=scale.exact)
 
 
 def applies(problem: Problem, task: SearchTask) -> bool:

@@ -83,8 +83,9 @@ costs = st.floats(min_value=0.1, max_value=5.0, allow_nan=False).map(lambda x: r
 
 
 @st.composite
-def problems(draw, max_devices=5, max_microbatches=8, chunks=(1,), iterations=(1,), memory=False):
-    """Random small problems: heterogeneous costs, latency, split or fused, any placement."""
+def problems(draw, max_devices=5, max_microbatches=8, chunks=(1,), iterations=(1,), memory=False, recompute=False):
+    """Random small problems: heterogeneous costs, latency, split or fused, any placement; with
+    `recompute`, recomputation allowed or not (random checkpoints and recompute costs)."""
     p = draw(st.integers(1, max_devices))
     v = draw(st.sampled_from(chunks))
     stages = p * v
@@ -104,12 +105,22 @@ def problems(draw, max_devices=5, max_microbatches=8, chunks=(1,), iterations=(1
     if split:
         parameters["weight_times"] = draw(st.lists(costs, min_size=stages, max_size=stages))
         parameters["weight_memory"] = [a * draw(st.sampled_from([0.0, 0.3, 1.0])) for a in activation]
+    if recompute and draw(st.booleans()):
+        parameters["allow_recompute"] = True
+        parameters["checkpoint_memory"] = [a * draw(st.sampled_from([0.0, 0.1, 0.5, 1.0])) for a in activation]
+        parameters["recompute_times"] = draw(st.lists(costs, min_size=stages, max_size=stages))
     return Problem(**parameters)
 
 
-def device_linear_extensions(problem: Problem, device: int) -> list[list[Op]]:
-    """Every order of one device's ops that respects the dependencies among them."""
+def device_linear_extensions(problem: Problem, device: int, recomputed=()) -> list[list[Op]]:
+    """Every order of one device's ops (with R of each (stage, microbatch) in `recomputed`, after
+    its F and before its backward) that respects the dependencies among them."""
     graph = op_graph(problem)
+    for stage, microbatch in recomputed:
+        recompute = Op("R", stage, microbatch)
+        graph.add_node(recompute, device=problem.device_of(stage))
+        graph.add_edge(Op("F", stage, microbatch), recompute)
+        graph.add_edge(recompute, Op(problem.kinds[1], stage, microbatch))
     mine = [op for op in graph if graph.nodes[op]["device"] == device]
     closure = nx.transitive_closure_dag(graph)
     before = {op: {other for other in mine if closure.has_edge(other, op)} for op in mine}
@@ -131,19 +142,27 @@ def device_linear_extensions(problem: Problem, device: int) -> list[list[Op]]:
 
 def _valid_simulations(problem: Problem):
     """Every combination of per-device orders that runs (deadlocks skipped) within the memory
-    limit, timed as early as possible. That loses nothing: a device's memory level after each of
-    its events depends only on its order, not on the times."""
+    limit, timed as early as possible, for every choice of recomputed activations when allowed.
+    That loses nothing: a device's memory level after each of its events depends only on its
+    order, not on the times."""
     import itertools
 
     from zbopt import DeadlockError, simulate
 
-    for orders in itertools.product(*(device_linear_extensions(problem, d) for d in range(problem.num_devices))):
-        try:
-            result = simulate(problem, Schedule(orders))
-        except DeadlockError:
-            continue
-        if result.valid:
-            yield result
+    activations = list(itertools.product(range(problem.num_stages), range(problem.total_microbatches)))
+    choices = [()]
+    if problem.allow_recompute:
+        choices = [chosen for size in range(len(activations) + 1)
+                   for chosen in itertools.combinations(activations, size)]
+    for recomputed in choices:
+        extensions = [device_linear_extensions(problem, d, recomputed) for d in range(problem.num_devices)]
+        for orders in itertools.product(*extensions):
+            try:
+                result = simulate(problem, Schedule(orders))
+            except DeadlockError:
+                continue
+            if result.valid:
+                yield result
 
 
 def brute_force_optimum(problem: Problem) -> float:
@@ -155,3 +174,17 @@ def brute_force_least_peak(problem: Problem, makespan: float) -> float:
     """The least highest peak memory over every valid schedule with at most `makespan`."""
     return min(max(result.peak_memory) for result in _valid_simulations(problem)
                if result.makespan <= makespan + 1e-9)
+
+
+def recomputing_schedules() -> set[str]:
+    """Names of the registered schedules that recompute (their schedules hold R ops, which torch's
+    formats cannot express), found by generating every schedule with recomputation allowed."""
+    from zbopt.schedules import generate_applicable
+
+    names = set()
+    for chunks in (1, 2):
+        problem = Problem(num_devices=4, num_microbatches=8, chunks_per_device=chunks, weight_times=1,
+                          allow_recompute=True, checkpoint_memory=0.1)
+        names |= {name for name, schedule in generate_applicable(problem)[0].items()
+                  if any(op.kind == "R" for order in schedule.orders for op in order)}
+    return names

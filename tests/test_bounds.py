@@ -47,6 +47,19 @@ def test_memory_bound_closed_form():
     assert lower_bounds(problem.replace(memory_limit=None)).memory == 0.0
 
 
+def test_memory_bound_with_recomputation_closed_form():
+    """As above with m = 16, R = 1 and a checkpoint of 0: a recomputed activation on device 0 holds
+    half of it for R + B = 2 and half for R + B + W = 3, 2.5 memory-time instead of 8.5, for one
+    more unit of work. Recomputing y microbatches: makespan >= max(48 + y, (16 · 8.5 - 6y) / 2),
+    equal at y = 5: 53 (keeping all: 68). The other devices give less (device 3: its first
+    forward at 3 and 48 of work, 51)."""
+    problem = Problem(num_devices=4, num_microbatches=16, forward_times=1, backward_times=1, weight_times=1,
+                      weight_memory=0.5, memory_limit=2)
+    assert lower_bounds(problem).memory == pytest.approx(68)
+    recomputing = problem.replace(allow_recompute=True, checkpoint_memory=0)
+    assert lower_bounds(recomputing).memory == pytest.approx(53)
+
+
 def test_device_sequencing_closed_form_at_one_activation():
     """Limit M_B = 1 with M_W = 0.5: device 0 can start F(0, i+1) only once B(0, i) and W(0, i) have
     ended, and B(0, i) waits for the round trip of microbatch i through the other p-1 devices
@@ -104,7 +117,7 @@ def heuristics_within_their_own_peak(problem):
         yield name, result, limited
 
 
-@given(problems(max_devices=3, max_microbatches=5))
+@given(problems(max_devices=3, max_microbatches=5, chunks=(1, 2), recompute=True))
 def test_memory_bound_holds_for_schedules_within_the_limit(problem):
     for name, result, limited in heuristics_within_their_own_peak(problem):
         assert lower_bounds(limited).memory <= result.makespan + 1e-9, name

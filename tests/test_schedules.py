@@ -39,7 +39,7 @@ def test_looped_bfs_runs_any_number_of_chunks_and_placement(problem):
     assert list(result.peak_memory) == pytest.approx(per_device)
 
 
-@given(problems(max_devices=6, max_microbatches=10, chunks=(1, 2, 3), iterations=(1, 2)))
+@given(problems(max_devices=6, max_microbatches=10, chunks=(1, 2, 3), iterations=(1, 2), recompute=True))
 def test_every_schedule_is_valid_and_keeps_its_memory_promise(problem):
     """Every registered schedule, on random problems meeting its preconditions: the simulator
     accepts it, its makespan respects both lower bounds, its peak memory its stated bound."""

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.reference import recomputing_schedules
 from zbopt import (
     NotApplicableError,
     Problem,
@@ -90,7 +91,23 @@ def crossings(problem: Problem) -> int:
 
 
 def test_every_registered_schedule_is_exported():
-    assert {name for _, name, _ in HEURISTICS} == {entry.name for entry in registered()}
+    """All but those that recompute: torch has no recompute action (their export is refused)."""
+    recomputing = recomputing_schedules()
+    assert recomputing == {"1f1b-recompute", "interleaved-1f1b-recompute", "mario-1f1b"}
+    assert {name for _, name, _ in HEURISTICS} == {entry.name for entry in registered()} - recomputing
+
+
+def test_a_schedule_that_recomputes_is_not_exported_to_torch(tmp_path):
+    problem = Problem(num_devices=2, num_microbatches=2, allow_recompute=True, checkpoint_memory=0.1)
+    simulation = simulate(problem, generate("1f1b-recompute", problem))
+    with pytest.raises(ZboptError, match=r"a torch schedule CSV has no recompute action, and the schedule "
+                                         r"recomputes 4 activation\(s\) \(first 0R0\); export it as zbopt JSON"):
+        write_torch_csv(tmp_path / "s.csv", problem, simulation.schedule)
+    assert not (tmp_path / "s.csv").exists()
+    with pytest.raises(ZboptError, match="Megatron-LM's order has no recompute action"):
+        megatron_order(problem, simulation.schedule)
+    save_schedule(tmp_path / "s.json", simulation.schedule, problem)
+    assert simulate(*reversed(load_schedule(tmp_path / "s.json"))).makespan == simulation.makespan
 
 
 # ------------------------------------------------------------------- torch accepts every export

@@ -64,6 +64,12 @@ def add_problem_flags(parser: argparse.ArgumentParser) -> None:
     add("--iterations", type=int, default=suppress, help="optimizer steps back to back (default 1)")
     add("--no-flush", dest="flush", action="store_false", default=suppress,
         help="iterations do not wait for each other's weight update (PipeDream-2BW double buffering)")
+    add("--allow-recompute", dest="allow_recompute", action="store_true", default=suppress,
+        help="a schedule may recompute an activation instead of keeping it (needs --checkpoint-memory)")
+    add("--recompute-times", dest="recompute_times", **numbers,
+        help="cost of a recompute R per virtual stage (default: the forward's)")
+    add("--checkpoint-memory", dest="checkpoint_memory", **numbers,
+        help="what a recomputed activation keeps between F and R per virtual stage (its stage input)")
 
 
 def add_schedule_flags(parser: argparse.ArgumentParser) -> None:

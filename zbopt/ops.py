@@ -6,6 +6,7 @@ solvers all read them from there.
 Within one microbatch j (S = number of virtual stages):
     F(s, j) -> F(s+1, j);  F(S-1, j) -> B(S-1, j);  B(s+1, j) -> B(s, j);  B(s, j) -> W(s, j)
     fused:  F(S-1, j) -> BW(S-1, j);  BW(s+1, j) -> BW(s, j)
+A recomputed activation adds R(s, j) (same device): F(s, j) -> R(s, j) -> B(s, j) (or BW).
 Every edge between ops on different devices carries the latency p2p_time.
 Between iterations, with a flush (a weight update on each stage): every F(s, j) of iteration k+1
 waits for every gradient op (W or BW) of stage s in iteration k; same device, so no latency.
@@ -20,13 +21,13 @@ from typing import NamedTuple
 import networkx as nx
 
 from zbopt.errors import ScheduleError
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
+from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, RECOMPUTE, WEIGHT, Problem
 
-_OP_PATTERN = re.compile(r"^\s*(\d+)(F|BW|B|W)(\d+)\s*$")
+_OP_PATTERN = re.compile(r"^\s*(\d+)(F|BW|B|W|R)(\d+)\s*$")
 
 
 class Op(NamedTuple):
-    """One unit of work: `kind` (F, B, W or BW) of virtual stage `stage` on microbatch `microbatch`.
+    """One unit of work: `kind` (F, B, W, BW or R) of virtual stage `stage` on microbatch `microbatch`.
 
     Its text form is "{stage}{kind}{microbatch}", as in torch.distributed.pipelining:
 
@@ -46,7 +47,8 @@ class Op(NamedTuple):
         """Parse "3F1" / "0BW12"; raises ScheduleError naming the text when it is not an op."""
         match = _OP_PATTERN.match(text) if isinstance(text, str) else None
         if match is None:
-            raise ScheduleError(f"{text!r} is not an op: expected stage, kind (F, B, W, BW), microbatch, e.g. '3F1'")
+            raise ScheduleError(
+                f"{text!r} is not an op: expected stage, kind (F, B, W, BW, R), microbatch, e.g. '3F1'")
         return cls(match.group(2), int(match.group(1)), int(match.group(3)))
 
 
@@ -54,34 +56,50 @@ class OpTable:
     """Every op of a problem numbered 0..N-1 with the flat arrays the simulator and solvers read.
 
     Index of Op(kind, s, j) = (kind_index · S + s) · M + j with M = m · iterations, so ops of one
-    kind and stage are contiguous and in microbatch order.
+    kind and stage are contiguous and in microbatch order. The recompute ops of the activations in
+    `recomputed` ((stage, microbatch) pairs; a schedule's choice, empty by default) follow, in
+    (stage, microbatch) order.
     """
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset()):
+        if recomputed and not problem.allow_recompute:
+            stage, microbatch = min(recomputed)
+            raise ScheduleError(f"op {Op(RECOMPUTE, stage, microbatch)}: recomputation is not allowed in this "
+                                "problem (allow_recompute is false)")
         self.problem = problem
         self.kinds = problem.kinds
         self.num_stages = problem.num_stages
         self.num_microbatches = problem.total_microbatches
-        self.size = problem.num_ops
+        self.core_size = problem.num_ops
+        self.recomputed = tuple(sorted(recomputed))
+        self.size = self.core_size + len(self.recomputed)
         self._kind_index = {kind: index for index, kind in enumerate(self.kinds)}
+        self._recompute_index = {pair: self.core_size + k for k, pair in enumerate(self.recomputed)}
 
     def index(self, op: Op) -> int:
         """Number of `op`; raises ScheduleError when the op does not exist in this problem."""
         kind, stage, microbatch = op
-        kind_index = self._kind_index.get(kind)
-        if kind_index is None:
-            backward = "split (F, B, W)" if self.problem.split_backward else "fused (F, BW)"
-            raise ScheduleError(f"op {op}: kind {kind} does not exist in this problem, whose backward is {backward}")
         if not 0 <= stage < self.num_stages:
             raise ScheduleError(f"op {op}: stage {stage} out of range (the problem has {self.num_stages} stages)")
         if not 0 <= microbatch < self.num_microbatches:
             raise ScheduleError(
                 f"op {op}: microbatch {microbatch} out of range (the problem has {self.num_microbatches})"
             )
+        if kind == RECOMPUTE:
+            index = self._recompute_index.get((stage, microbatch))
+            if index is None:
+                raise ScheduleError(f"op {op}: not among this table's recompute ops")
+            return index
+        kind_index = self._kind_index.get(kind)
+        if kind_index is None:
+            backward = "split (F, B, W)" if self.problem.split_backward else "fused (F, BW)"
+            raise ScheduleError(f"op {op}: kind {kind} does not exist in this problem, whose backward is {backward}")
         return (kind_index * self.num_stages + stage) * self.num_microbatches + microbatch
 
     def op(self, index: int) -> Op:
         """Inverse of `index`."""
+        if index >= self.core_size:
+            return Op(RECOMPUTE, *self.recomputed[index - self.core_size])
         rest, microbatch = divmod(index, self.num_microbatches)
         kind_index, stage = divmod(rest, self.num_stages)
         return Op(self.kinds[kind_index], stage, microbatch)
@@ -90,11 +108,13 @@ class OpTable:
         return [self.op(i) for i in range(self.size)]
 
     def _per_op(self, value_of) -> list:
-        """A list over all ops of `value_of(kind, stage)`, built one (kind, stage) block at a time."""
+        """A list over all ops of `value_of(kind, stage)`, built one (kind, stage) block at a time
+        (then one value per recompute op)."""
         values: list = []
         for kind in self.kinds:
             for stage in range(self.num_stages):
                 values.extend([value_of(kind, stage)] * self.num_microbatches)
+        values.extend(value_of(RECOMPUTE, stage) for stage, _ in self.recomputed)
         return values
 
     @cached_property
@@ -111,10 +131,23 @@ class OpTable:
 
     @cached_property
     def memory_delta(self) -> list[float]:
-        return self._per_op(self.problem.memory_delta)
+        """Per op, its memory change (`Problem.memory_delta`): a recomputed activation's F holds
+        only the checkpoint."""
+        deltas = self._per_op(self.problem.memory_delta)
+        for stage, microbatch in self.recomputed:
+            forward = self.index(Op(FORWARD, stage, microbatch))
+            deltas[forward] = self.problem.memory_delta(FORWARD, stage, recomputed=True)
+        return deltas
+
+    @cached_property
+    def allocates_at_start(self) -> list[bool]:
+        """Per op, whether its memory change happens at its start (F, R) rather than its end."""
+        return self._per_op(lambda kind, stage: kind in (FORWARD, RECOMPUTE))
 
     def _predecessor_stage_kind(self, kind: str, stage: int) -> tuple[str, int] | None:
         last = self.num_stages - 1
+        if kind == RECOMPUTE:
+            return (FORWARD, stage)
         if kind == FORWARD:
             return (FORWARD, stage - 1) if stage > 0 else None
         if kind in (BACKWARD, FUSED_BACKWARD):
@@ -123,7 +156,8 @@ class OpTable:
 
     @cached_property
     def predecessor(self) -> list[int]:
-        """Per op, the one op it directly depends on within its microbatch, or -1."""
+        """Per op, the one op it directly depends on within its microbatch across stages (for R,
+        its F), or -1."""
         result: list[int] = []
         for kind in self.kinds:
             for stage in range(self.num_stages):
@@ -133,6 +167,17 @@ class OpTable:
                 else:
                     first = self.index(Op(source[0], source[1], 0))
                     result.extend(range(first, first + self.num_microbatches))
+        result.extend(self.index(Op(FORWARD, stage, microbatch)) for stage, microbatch in self.recomputed)
+        return result
+
+    @cached_property
+    def recompute_of(self) -> list[int]:
+        """Per op, the recompute op it also waits for (same device, no latency): for the input
+        gradient (B or BW) of a recomputed activation, its R; else -1."""
+        result = [-1] * self.size
+        backward = self.kinds[1]
+        for stage, microbatch in self.recomputed:
+            result[self.index(Op(backward, stage, microbatch))] = self.index(Op(RECOMPUTE, stage, microbatch))
         return result
 
     @cached_property
@@ -167,7 +212,8 @@ class OpTable:
 
 
 def op_graph(problem: Problem) -> nx.DiGraph:
-    """The op DAG: nodes are Ops with `duration` and `device`; edges carry `latency`.
+    """The op DAG of the ops every schedule runs (F, B, W or BW; no optional recompute): nodes are
+    Ops with `duration` and `device`; edges carry `latency`.
 
     With iterations > 1 the weight-update barrier is spelled out edge by edge (m² edges per stage
     and iteration boundary), which is fine for the problem sizes a solver takes.

@@ -17,7 +17,7 @@ from numbers import Real
 from zbopt.errors import ProblemError
 
 PLACEMENTS = ("loop", "v")
-FORWARD, BACKWARD, WEIGHT, FUSED_BACKWARD = "F", "B", "W", "BW"
+FORWARD, BACKWARD, WEIGHT, FUSED_BACKWARD, RECOMPUTE = "F", "B", "W", "BW", "R"
 SPLIT_KINDS = (FORWARD, BACKWARD, WEIGHT)
 FUSED_KINDS = (FORWARD, FUSED_BACKWARD)
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
@@ -110,6 +110,15 @@ class Problem:
         forwards of iteration k+1 wait for all its gradient ops (W or BW) of iteration k. Without
         (PipeDream-2BW's double-buffered weights), iterations need not wait for each other; the
         second weight copy this costs is not in the memory model.
+    allow_recompute : a schedule may recompute an activation instead of keeping it (Megatron-LM's
+        full recomputation, per stage and microbatch): F then keeps only `checkpoint_memory`, and
+        a recompute op R (cost `recompute_times`) re-runs the forward before its backward,
+        holding the whole activation again from its start. Off by default.
+    recompute_times : cost of R per virtual stage; default the forward's cost. Only with
+        allow_recompute.
+    checkpoint_memory : what a recomputed microbatch keeps from F to R (its stage input) per
+        virtual stage, at most activation_memory; required with allow_recompute (no silent
+        default: it depends on the model).
 
     Raises
     ------
@@ -129,6 +138,9 @@ class Problem:
     memory_limit: PerStage | None = None
     iterations: int = 1
     flush: bool = True
+    allow_recompute: bool = False
+    recompute_times: PerStage | None = None
+    checkpoint_memory: PerStage | None = None
 
     def __post_init__(self) -> None:
         p = _positive_int("num_devices", self.num_devices)
@@ -171,6 +183,7 @@ class Problem:
                         f"exceeds activation_memory on virtual stage {stage} ({kept:g} > {held:g})",
                     )
             normalized["weight_memory"] = weight_memory
+        normalized.update(self._recomputation(normalized))
         for key, value in normalized.items():
             object.__setattr__(self, key, value)
         if self.memory_limit is not None:
@@ -181,9 +194,31 @@ class Problem:
                 if limit < needed - 1e-12:
                     raise ProblemError(
                         "memory_limit", self.memory_limit if isinstance(self.memory_limit, Real) else limit,
-                        f"device {device} must hold one microbatch's activations on its stages "
-                        f"({needed:g}); no schedule fits below that",
+                        f"device {device} must hold {self._floor_reason} ({needed:g}); "
+                        "no schedule fits below that",
                     )
+
+    def _recomputation(self, normalized: dict) -> dict:
+        """The recomputation keys checked and expanded per virtual stage (see the class docstring)."""
+        if not isinstance(self.allow_recompute, bool):
+            raise ProblemError("allow_recompute", self.allow_recompute, "expected true or false")
+        stages = self.num_stages
+        if not self.allow_recompute:
+            for key in ("recompute_times", "checkpoint_memory"):
+                if getattr(self, key) is not None:
+                    raise ProblemError(key, getattr(self, key), "needs allow_recompute: true")
+            return {}
+        if self.checkpoint_memory is None:
+            raise ProblemError("allow_recompute", True, "needs checkpoint_memory (what a recomputed microbatch "
+                                                        "keeps between F and R, e.g. its stage input)")
+        checkpoint = _per_item("checkpoint_memory", self.checkpoint_memory, stages, "virtual stage", 0, False)
+        for stage, (kept, held) in enumerate(zip(checkpoint, normalized["activation_memory"], strict=True)):
+            if kept > held:
+                raise ProblemError("checkpoint_memory", self.checkpoint_memory,
+                                   f"exceeds activation_memory on virtual stage {stage} ({kept:g} > {held:g})")
+        recompute = normalized["forward_times"] if self.recompute_times is None else \
+            _per_item("recompute_times", self.recompute_times, stages, "virtual stage", 0, True)
+        return {"checkpoint_memory": checkpoint, "recompute_times": recompute}
 
     # ----------------------------------------------------------------- derived structure
     @property
@@ -203,7 +238,8 @@ class Problem:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        """The op kinds of this problem: F, B, W (split) or F, BW (fused)."""
+        """The op kinds every schedule of this problem runs for each stage and microbatch: F, B, W
+        (split) or F, BW (fused). A recompute R is optional (one per recomputed activation)."""
         return SPLIT_KINDS if self.split_backward else FUSED_KINDS
 
     @property
@@ -228,13 +264,19 @@ class Problem:
             return self.forward_times[stage]
         if kind in (BACKWARD, FUSED_BACKWARD):
             return self.backward_times[stage]
+        if kind == RECOMPUTE:
+            return self.recompute_times[stage]
         return self.weight_times[stage]
 
-    def memory_delta(self, kind: str, stage: int) -> float:
-        """Memory change an op causes: + at the start of F, - at the end of B, W or BW."""
+    def memory_delta(self, kind: str, stage: int, recomputed: bool = False) -> float:
+        """Memory change an op causes: + at the start of F (only the checkpoint when the microbatch
+        is `recomputed` on this stage) and of R (the rest of the activation), - at the end of B, W
+        or BW."""
         activation = self.activation_memory[stage]
         if kind == FORWARD:
-            return activation
+            return self.checkpoint_memory[stage] if recomputed else activation
+        if kind == RECOMPUTE:
+            return activation - self.checkpoint_memory[stage]
         if kind == FUSED_BACKWARD:
             return -activation
         kept = self.weight_memory[stage]
@@ -247,12 +289,37 @@ class Problem:
                      if self.memory_delta(kind, stage) < 0)
 
     @cached_property
-    def min_memory_limit(self) -> tuple[float, ...]:
-        """Per device, the least memory any schedule needs: one microbatch's activations on all its
-        stages. A microbatch's forward on a device's last stage runs while its earlier stages there
-        still hold their activations (their backwards come later); running one microbatch at a time
-        needs no more."""
+    def one_microbatch_memory(self) -> tuple[float, ...]:
+        """Per device, one microbatch's activations on all its stages: the least memory a schedule
+        that keeps every activation needs. A microbatch's forward on a device's last stage runs while
+        its earlier stages there still hold their activations (their backwards come later); running
+        one microbatch at a time needs no more."""
         return tuple(sum(self.activation_memory[s] for s in stages) for stages in self.stages_of_device)
+
+    @cached_property
+    def min_memory_limit(self) -> tuple[float, ...]:
+        """Per device, the least memory any schedule needs, with the mechanisms allowed.
+
+        Keeping every activation: `one_microbatch_memory`. With recomputation: the most, over the
+        device's stages s, of stage s's whole activation plus the checkpoints of its earlier stages
+        there: when a microbatch's R (or kept F) on s starts, its earlier stages on the device have
+        run their forwards and not yet their backwards, so each holds at least its checkpoint. One
+        microbatch at a time, every activation recomputed and each W right after its B, needs no
+        more. With one stage per device both are the activation: recomputation lowers no floor.
+        """
+        if not self.allow_recompute:
+            return self.one_microbatch_memory
+        floors = []
+        for stages in self.stages_of_device:
+            floors.append(max(self.activation_memory[s] + sum(self.checkpoint_memory[e] for e in stages if e < s)
+                              for s in stages))
+        return tuple(floors)
+
+    @property
+    def _floor_reason(self) -> str:
+        if self.allow_recompute:
+            return "one stage's activation and the checkpoints of its earlier stages, with recomputation"
+        return "one microbatch's activations on its stages"
 
     @cached_property
     def memory_caps(self) -> tuple[float, ...]:
@@ -272,7 +339,11 @@ class Problem:
                 return values
             return values[0] if len(set(values)) == 1 else list(values)
 
-        return {field.name: compact(getattr(self, field.name)) for field in dataclasses.fields(self)}
+        data = {field.name: compact(getattr(self, field.name)) for field in dataclasses.fields(self)}
+        if not self.allow_recompute:  # the keys of mechanisms not allowed stay out, as in the configs that predate them
+            for key in ("allow_recompute", "recompute_times", "checkpoint_memory"):
+                del data[key]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> Problem:
@@ -292,4 +363,6 @@ class Problem:
         )
         if self.iterations > 1:
             text += f", {self.iterations} iterations" + ("" if self.flush else " without flush")
+        if self.allow_recompute:
+            text += ", recomputation allowed"
         return text

@@ -16,7 +16,7 @@ import numpy as np
 
 from zbopt.errors import DeadlockError, MemoryLimitError, ScheduleError
 from zbopt.ops import Op, OpTable
-from zbopt.problem import FORWARD, Problem
+from zbopt.problem import FORWARD, RECOMPUTE, Problem
 from zbopt.schedule import Schedule
 
 RELATIVE_TOLERANCE = 1e-9
@@ -29,9 +29,10 @@ def memory_ceiling(limit: float) -> float:
 
 
 @lru_cache(maxsize=16)
-def op_table(problem: Problem) -> OpTable:
-    """The op table of a problem, cached: solvers and benchmarks simulate one problem many times."""
-    return OpTable(problem)
+def op_table(problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset()) -> OpTable:
+    """The op table of a problem (with the recompute ops of `recomputed`), cached: solvers and
+    benchmarks simulate one problem many times."""
+    return OpTable(problem, recomputed)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class Simulation:
     Metrics (times in the problem's units, memory in its memory units):
 
     - `makespan`: last op end minus first op start, over all devices.
-    - `busy[d]`: total duration of device d's ops; `idle[d]` = makespan - busy[d].
+    - `busy[d]`: total duration of device d's ops (recomputes included: work, if repeated);
+      `idle[d]` = makespan - busy[d].
     - `bubble_rate` = 1 - sum(busy) / (p · makespan): the idle share of all device time.
     - `span[d]`: from device d's first op start to its last op end.
     - `zb_bubble_rate` = 1 - max(busy) / max(span): the Zero Bubble paper's measure
@@ -63,9 +65,11 @@ class Simulation:
       device's work stands in for m(F+B+W).
     - `peak_memory[d]`: the most memory device d holds at any moment. F holds activation_memory
       from its start; B releases M_B - M_W at its end, W releases M_W at its end, BW releases M_B
-      at its end. Releases at a moment count before allocations at the same moment.
+      at its end. A recomputed activation's F holds only checkpoint_memory, its R the rest from
+      R's start. Releases at a moment count before allocations at the same moment.
     - `memory_steps[d]`: (times, levels): from times[i] on, device d holds levels[i].
     - `violations`: per device over its limit, the first such moment; `valid` when there is none.
+    - `table.recomputed`: the (stage, microbatch) pairs the schedule recomputes (its R ops).
 
     `device_ops[d]` are the op numbers of device d in schedule order.
     """
@@ -144,6 +148,7 @@ class Simulation:
             "peak_memory": list(self.peak_memory),
             "memory_limit": None if problem.memory_limit is None else list(problem.memory_limit),
             "valid": self.valid,
+            "recomputed": [list(pair) for pair in self.table.recomputed],
             "violations": [str(violation) for violation in self.violations],
             "orders": [[str(op) for op in order] for order in self.schedule.orders],
             "start_times": [self.start[indices].tolist() for indices in self.device_ops],
@@ -177,7 +182,7 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     >>> simulate(problem, generate("1f1b", problem)).makespan
     33.0
     """
-    table = op_table(problem)
+    table = op_table(problem, recomputed_activations(schedule))
     orders = _index_orders(problem, table, schedule)
     device_ops = tuple(np.asarray(indices, dtype=np.int64) for indices in orders)
     if schedule.start_times is None:
@@ -189,6 +194,11 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     if strict and violations:
         raise MemoryLimitError(str(violations[0]))
     return Simulation(problem, schedule, table, device_ops, start, end, memory_steps, violations)
+
+
+def recomputed_activations(schedule: Schedule) -> frozenset[tuple[int, int]]:
+    """The (stage, microbatch) pairs a schedule recomputes: those of its R ops."""
+    return frozenset((op.stage, op.microbatch) for order in schedule.orders for op in order if op.kind == RECOMPUTE)
 
 
 def _index_orders(problem: Problem, table: OpTable, schedule: Schedule) -> list[list[int]]:
@@ -247,7 +257,7 @@ def _barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
 def _time_orders(table: OpTable, orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Earliest start of every op given the device orders: a longest-path sweep in which a device
     advances until its next op waits on an unfinished op, and is woken when that op finishes."""
-    duration, predecessor, latency = table.duration, table.predecessor, table.latency
+    duration, predecessor, latency, recompute_of = table.duration, table.predecessor, table.latency, table.recompute_of
     waits, feeds, group_count = _barrier_groups(table)
     group_left = [table.problem.num_microbatches] * group_count
     group_end = [0.0] * group_count
@@ -271,6 +281,14 @@ def _time_orders(table: OpTable, orders: list[list[int]]) -> tuple[np.ndarray, n
                     waiting.setdefault(source, []).append(device)
                     break
                 finish += latency[op]
+                if finish > t:
+                    t = finish
+            source = recompute_of[op]
+            if source >= 0:
+                finish = end[source]
+                if finish is None:
+                    waiting.setdefault(source, []).append(device)
+                    break
                 if finish > t:
                     t = finish
             group = waits[op]
@@ -308,7 +326,9 @@ def _describe_deadlock(table, orders, position, stuck, end, waits) -> str:
     for device in stuck[:6]:
         index = orders[device][position[device]]
         source = table.predecessor[index]
-        if source >= 0 and end[source] is None:
+        if table.recompute_of[index] >= 0 and end[table.recompute_of[index]] is None:
+            awaited = f"its recompute {table.op(table.recompute_of[index])} (device {device})"
+        elif source >= 0 and end[source] is None:
             awaited = f"{table.op(source)} (device {table.device[source]})"
         else:
             stage, iteration = divmod(waits[index], table.barrier_count)
@@ -338,6 +358,9 @@ def _verify_times(table: OpTable, orders: list[list[int]], start_times) -> tuple
     has_source = predecessor >= 0
     ready = np.full(table.size, -np.inf)
     ready[has_source] = end[predecessor[has_source]] + np.asarray(table.latency)[has_source]
+    recompute_of = np.asarray(table.recompute_of)
+    recomputed = recompute_of >= 0
+    ready[recomputed] = np.maximum(ready[recomputed], end[recompute_of[recomputed]])
     waits, _, _ = _barrier_groups(table)
     for index in np.flatnonzero(np.asarray(waits) >= 0):
         stage, iteration = divmod(waits[index], table.barrier_count)
@@ -347,6 +370,10 @@ def _verify_times(table: OpTable, orders: list[list[int]], start_times) -> tuple
         index = int(early[0])
         source = table.predecessor[index]
         op = table.op(index)
+        recompute = table.recompute_of[index]
+        if recompute >= 0 and start[index] < end[recompute] - tolerance:
+            raise ScheduleError(f"{op} starts at {start[index]:g}, before its recompute {table.op(recompute)} "
+                                f"ends at {end[recompute]:g}")
         if source >= 0 and start[index] < end[source] + table.latency[index] - tolerance:
             latency = f" plus latency {table.latency[index]:g}" if table.latency[index] else ""
             raise ScheduleError(
@@ -361,12 +388,12 @@ def _memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.n
     """Per device, the memory step function (times, levels) from the alloc/free events."""
     device = np.asarray(table.device)
     delta = np.asarray(table.memory_delta)
-    is_forward = np.arange(table.size) < table.num_stages * table.num_microbatches
-    when = np.where(is_forward, start, end)
+    allocates = np.asarray(table.allocates_at_start)
+    when = np.where(allocates, start, end)
     # a free that ends within the time tolerance after an allocation starts counts as before it:
     # float noise (a period of 25/3 repeated) must not make two activations overlap
-    settled = np.where(is_forward, when, when - RELATIVE_TOLERANCE * np.maximum(1.0, np.abs(when)))
-    order = np.lexsort((is_forward, settled, device))
+    settled = np.where(allocates, when, when - RELATIVE_TOLERANCE * np.maximum(1.0, np.abs(when)))
+    order = np.lexsort((allocates, settled, device))
     levels = np.cumsum(delta[order])
     times = when[order]
     counts = np.bincount(device, minlength=problem.num_devices)

@@ -23,6 +23,8 @@ def format_simulation(simulation: Simulation) -> str:
         f"bubble_rate     {simulation.bubble_rate:.4f}",
         f"zb_bubble_rate  {simulation.zb_bubble_rate:.4f}",
         f"valid           {'yes' if simulation.valid else 'no'}",
+        *([f"recomputed      {len(simulation.table.recomputed)} of {problem.num_stages * problem.total_microbatches} "
+           "activations"] if problem.allow_recompute else []),
         "",
         f"{'device':>6}  {'busy':>10}  {'idle':>10}  {'span':>10}  {'peak memory':>11}  {'limit':>8}",
     ]

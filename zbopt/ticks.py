@@ -39,7 +39,8 @@ def whole_at(values, scale: int) -> bool:
 def tick_scale(problem: Problem) -> TickScale:
     """The smallest power of ten that makes every cost and the latency whole ticks, capped so the
     longest op stays within MAX_TICKS_PER_OP ticks (beyond that, costs are rounded)."""
-    values = [*problem.forward_times, *problem.backward_times, *(problem.weight_times or ()), problem.p2p_time]
+    values = [*problem.forward_times, *problem.backward_times, *(problem.weight_times or ()),
+              *(problem.recompute_times or ()), problem.p2p_time]
     longest = max(values)
     scale = 1
     while True:
@@ -48,14 +49,16 @@ def tick_scale(problem: Problem) -> TickScale:
         if scale * 10 * longest > MAX_TICKS_PER_OP:
             break
         scale *= 10
-    # rounding: every op and latency on a chain is off by <= half a tick
-    chain = 2 * problem.num_ops / problem.num_devices + 2 * problem.num_stages
+    # rounding: every op and latency on a chain is off by <= half a tick (recomputes are ops too)
+    ops = problem.num_ops + (problem.num_stages * problem.total_microbatches if problem.allow_recompute else 0)
+    chain = 2 * ops / problem.num_devices + 2 * problem.num_stages
     return TickScale(scale, False, 0.5 * chain / scale)
 
 
 def memory_scale(problem: Problem) -> int:
     """A power of ten making every memory amount whole (up to 1e6), for cumulative demands."""
-    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.memory_limit or ())]
+    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.checkpoint_memory or ()),
+               *(problem.memory_limit or ())]
     return next((10**exponent for exponent in range(7) if whole_at(amounts, 10**exponent)), 10**6)
 
 
@@ -74,5 +77,5 @@ def tick_problem(problem: Problem, scale: TickScale) -> Problem:
         return None if values is None else [max(1, scale.ticks(v)) for v in values]
 
     return problem.replace(forward_times=ticks(problem.forward_times), backward_times=ticks(problem.backward_times),
-                           weight_times=ticks(problem.weight_times),
+                           weight_times=ticks(problem.weight_times), recompute_times=ticks(problem.recompute_times),
                            p2p_time=max(1, scale.ticks(problem.p2p_time)) if problem.p2p_time > 0 else 0)

@@ -34,6 +34,9 @@ PROBLEM_KEYS = {
     "memory_limit": "memory_limit",
     "iterations": "iterations",
     "flush": "flush",
+    "allow_recompute": "allow_recompute",
+    "recompute_times": "recompute_times",
+    "checkpoint_memory": "checkpoint_memory",
 }
 OPTION_KEYS = ("output_file",)
 # What a run uses when neither the config nor a flag says otherwise (the visualizer's example).

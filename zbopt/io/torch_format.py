@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from zbopt.errors import ScheduleError, ZboptError
 from zbopt.ops import Op
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, PLACEMENTS, WEIGHT, Problem, stage_device
+from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, PLACEMENTS, RECOMPUTE, WEIGHT, Problem, stage_device
 from zbopt.schedule import Schedule
 from zbopt.simulate import simulate
 
@@ -67,11 +67,16 @@ def _require_one_step(problem: Problem, what: str) -> None:
         raise ZboptError(f"{what} holds one training step: iterations = {problem.iterations} must be 1")
 
 
-def _checked_orders(problem: Problem, schedule: Schedule) -> tuple[tuple[Op, ...], ...]:
+def _checked_orders(problem: Problem, schedule: Schedule, what: str) -> tuple[tuple[Op, ...], ...]:
     """Per device, its ops in the order a runtime must follow: the schedule's own, in which the
     simulator runs them (and checks given start times against). Simulating also rejects a broken
-    schedule here, before anything is written."""
+    schedule here, before anything is written; so does a recompute, which `what` (the format)
+    cannot express (dropping it would change the schedule)."""
     simulate(problem, schedule)
+    recomputes = [op for order in schedule.orders for op in order if op.kind == RECOMPUTE]
+    if recomputes:
+        raise ZboptError(f"{what} has no recompute action, and the schedule recomputes {len(recomputes)} "
+                         f"activation(s) (first {recomputes[0]}); export it as zbopt JSON (.json)")
     return schedule.orders
 
 
@@ -79,7 +84,7 @@ def torch_actions(problem: Problem, schedule: Schedule) -> list[list[str]]:
     """Per rank, its torch actions ("3F1", "3I1", "3W1", "3B1") in execution order."""
     _require_one_step(problem, "a torch schedule CSV")
     return [[str(TorchAction(op.stage, TORCH_KIND[op.kind], op.microbatch)) for op in order]
-            for order in _checked_orders(problem, schedule)]
+            for order in _checked_orders(problem, schedule, "a torch schedule CSV")]
 
 
 def torch_csv(problem: Problem, schedule: Schedule) -> str:
@@ -119,7 +124,7 @@ def megatron_order(problem: Problem, schedule: Schedule) -> list[list[int]]:
     """
     _require_megatron(problem)
     orders = []
-    for device, ops in enumerate(_checked_orders(problem, schedule)):
+    for device, ops in enumerate(_checked_orders(problem, schedule, "Megatron-LM's order")):
         chunks = problem.stages_of_device[device]
         done: Counter = Counter()
         order = []

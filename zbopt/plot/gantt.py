@@ -18,6 +18,7 @@ from zbopt.plot.style import (
     LANE_COLOR,
     LATENCY_COLOR,
     MAX_WIDTH_IN,
+    RECOMPUTE_HATCH,
     _caption,
     _finish,
     _freeze_layout,
@@ -26,6 +27,7 @@ from zbopt.plot.style import (
     _time_origin,
     chunk_color,
 )
+from zbopt.problem import RECOMPUTE
 from zbopt.simulate import Simulation
 
 MAX_HEIGHT_IN = 12.0
@@ -52,9 +54,13 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     boxes = _op_boxes(simulation)
     for (kind, chunk), (begin, width, device, _) in boxes.items():
         rectangles = [_box(b, w, d, BOX_HEIGHT) for b, w, d in zip(begin, width, device, strict=True)]
+        hatch = RECOMPUTE_HATCH if kind == RECOMPUTE else None
         axes.add_collection(PolyCollection(rectangles, facecolors=[chunk_color(kind, chunk, v)], edgecolors="white",
-                                           linewidths=0.4, zorder=2, gid=f"ops-{kind}-chunk{chunk}"))
+                                           linewidths=0.4, zorder=2, gid=f"ops-{kind}-chunk{chunk}", hatch=hatch))
     handles = [Patch(facecolor=KIND_COLORS[kind], label=KIND_NAMES[kind]) for kind in problem.kinds]
+    if simulation.table.recomputed:
+        handles.append(Patch(facecolor=KIND_COLORS[RECOMPUTE], edgecolor="white", hatch=RECOMPUTE_HATCH,
+                             label=KIND_NAMES[RECOMPUTE]))
     handles.append(Patch(facecolor=LANE_COLOR, label="idle"))
     if show_latency and problem.p2p_time > 0:
         # under the boxes: a send to a far device (interleaved wrap-around) must not cross other devices' ops

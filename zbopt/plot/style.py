@@ -8,12 +8,16 @@ import matplotlib.pyplot as plt
 from matplotlib.colors import to_rgb
 
 from zbopt.errors import ZboptError
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT
+from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, RECOMPUTE, WEIGHT
 from zbopt.simulate import Simulation
 
 FIGURE_FORMATS = (".png", ".svg", ".pdf")
-KIND_COLORS = {FORWARD: "#3b6fb6", BACKWARD: "#e8862a", WEIGHT: "#3a9a4a", FUSED_BACKWARD: "#8b5bb3"}
-KIND_NAMES = {FORWARD: "F forward", BACKWARD: "B input grad", WEIGHT: "W weight grad", FUSED_BACKWARD: "BW backward"}
+# a recompute re-runs a forward: F's colour, told apart by RECOMPUTE_HATCH
+KIND_COLORS = {FORWARD: "#3b6fb6", BACKWARD: "#e8862a", WEIGHT: "#3a9a4a", FUSED_BACKWARD: "#8b5bb3",
+               RECOMPUTE: "#3b6fb6"}
+KIND_NAMES = {FORWARD: "F forward", BACKWARD: "B input grad", WEIGHT: "W weight grad", FUSED_BACKWARD: "BW backward",
+              RECOMPUTE: "R recompute"}
+RECOMPUTE_HATCH = "////"
 LANE_COLOR = "#ececec"
 LATENCY_COLOR = "#333333"
 MEMORY_COLOR = "#3b6fb6"

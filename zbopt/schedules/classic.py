@@ -43,7 +43,7 @@ def _eager_warmup(device: int, devices: int) -> int:
     return 2 * (devices - device - 1)
 
 
-def _one_forward_one_backward(problem: Problem, name: str, warmup: WarmupRule, streams: list[range]) -> Schedule:
+def warmup_then_alternate(problem: Problem, name: str, warmup: WarmupRule, streams: list[range]) -> Schedule:
     """Per stream of microbatches: `warmup(s, p)` forwards, then forward/backward pairs, then the
     remaining backwards."""
     require(problem.chunks_per_device == 1, name, "chunks_per_device = 1 (one stage per device)")
@@ -115,7 +115,7 @@ def one_f_one_b(problem: Problem) -> Schedule:
     """1F1B / PipeDream-Flush (Narayanan et al., SC 2021): device s runs min(p-s-1, m) warm-up
     forwards, then alternates one forward and one backward, then drains the remaining backwards.
     Holds at most min(p-s, m) microbatches on device s. Needs v = 1."""
-    return _one_forward_one_backward(problem, "1f1b", _standard_warmup, iteration_microbatches(problem))
+    return warmup_then_alternate(problem, "1f1b", _standard_warmup, iteration_microbatches(problem))
 
 
 @register("eager-1f1b", "1F1B with 2(p-s-1) warm-up forwards: earlier sends, more overlap of latency",
@@ -124,7 +124,7 @@ def eager_one_f_one_b(problem: Problem) -> Schedule:
     """Eager 1F1B: as 1F1B, but device s runs min(2(p-s-1), m) warm-up forwards, so each forward
     is sent before the device needs the matching backward and p2p latency overlaps compute (the
     warm-up of ZB-H2, Qi et al., ICLR 2024, Fig. 3). Holds min(2(p-s)-1, m) microbatches. v = 1."""
-    return _one_forward_one_backward(problem, "eager-1f1b", _eager_warmup, iteration_microbatches(problem))
+    return warmup_then_alternate(problem, "eager-1f1b", _eager_warmup, iteration_microbatches(problem))
 
 
 @register("1f1b-2bw", "PipeDream-2BW (Narayanan et al., 2021): 1F1B streaming all iterations without flushes",
@@ -134,12 +134,12 @@ def one_f_one_b_2bw(problem: Problem) -> Schedule:
     stream, with no flush between iterations; needs `flush = false` when iterations > 1. The model
     does not capture 2BW's double-buffered weights (a second weight copy per stage) nor its
     one-step weight staleness: only the timing and activation memory."""
-    return _one_forward_one_backward(problem, "1f1b-2bw", _standard_warmup, _without_flush(problem, "1f1b-2bw"))
+    return warmup_then_alternate(problem, "1f1b-2bw", _standard_warmup, _without_flush(problem, "1f1b-2bw"))
 
 
 @register("eager-1f1b-2bw", "PipeDream-2BW with eager 1F1B's 2(p-s-1) warm-up forwards, without flushes",
           _in_flight_bound(_eager_warmup))
 def eager_one_f_one_b_2bw(problem: Problem) -> Schedule:
     """Eager 1F1B streaming all iterations without flushes (see 1f1b-2bw and eager-1f1b)."""
-    return _one_forward_one_backward(problem, "eager-1f1b-2bw", _eager_warmup,
+    return warmup_then_alternate(problem, "eager-1f1b-2bw", _eager_warmup,
                                      _without_flush(problem, "eager-1f1b-2bw"))

@@ -38,11 +38,15 @@ _BACKWARD, _CONTINUE, _TAKE_IN, _WEIGHT = range(4)  # priorities, first wins
 def greedy(problem: Problem) -> Schedule:
     """The list schedule of the module docstring, timed as the simulator times it. One iteration."""
     require(problem.iterations == 1, "greedy", "iterations = 1 (it plans one iteration)")
+    require(all(need <= memory_ceiling(cap) for need, cap in zip(problem.one_microbatch_memory, problem.memory_caps,
+                                                                    strict=True)),
+            "greedy", "a memory limit of at least one microbatch's activations on each device's stages "
+                      "(it keeps every activation)")
     timeline = Timeline(problem)
     table = timeline.table
     m = problem.num_microbatches
     stages = [sorted(device_stages) for device_stages in problem.stages_of_device]
-    footprint = problem.min_memory_limit
+    footprint = problem.one_microbatch_memory
     ceiling = [memory_ceiling(limit) for limit in problem.memory_caps]
     reserved = [0.0] * problem.num_devices
     done = {(kind, stage): 0 for kind in problem.kinds for stage in range(problem.num_stages)}

@@ -38,7 +38,8 @@ from zbopt.solvers.result import (
     warm_start_simulation,
 )
 
-# solver name -> (module, backend option); each module has one function `search(problem, task, **options)`
+# solver name -> (module, backend option); each module has one function `search(problem, task, **options)`,
+# and may have `refusal(problem) -> str | None`: why it cannot solve that problem (checked before any work)
 BACKENDS = {"cpsat": ("zbopt.solvers.hybrid", {}), "cbc": ("zbopt.solvers.milp", {"engine": "cbc"}),
             "highs": ("zbopt.solvers.milp", {"engine": "highs"}), "lns": ("zbopt.solvers.lns", {})}
 SOLVERS = tuple(BACKENDS)
@@ -153,7 +154,11 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         raise ZboptError(f"workers {workers}: must be at least 1")
     began = time.perf_counter()
     module, backend_options = BACKENDS[solver]
-    search = importlib.import_module(module).search
+    backend = importlib.import_module(module)
+    refusal = getattr(backend, "refusal", lambda _problem: None)(problem)
+    if refusal:
+        raise ZboptError(f"solver '{solver}': {refusal}")
+    search = backend.search
     options = {**backend_options, **options}
     _check_options(search, solver, options)
     deadline = began + time_limit

@@ -15,6 +15,9 @@ answers are checked against them, and `lower_bounds` gives them all and the best
   (`device_sequencing`, a dynamic program);
 - device relaxation (v >= 2): the same single device solved by CP-SAT (`relaxation`).
 
+With recomputation allowed, the memory bound prices it (a recomputed activation holds less for
+more work) and the two single-device bounds, which assume every activation kept, are 0.
+
 Notes
 -----
 Heads (earliest starts) and tails (the time still needed after an op ends) come from
@@ -83,11 +86,16 @@ def _same_order_group(problem: Problem, microbatch: int, other: int) -> bool:
 
 
 def symmetric_successors(problem: Problem, ops) -> list[tuple[Op, Op]]:
-    """Pairs (op, the same kind and stage on the next microbatch) that symmetry breaking orders."""
+    """Pairs (op, the same kind and stage on the next microbatch) that symmetry breaking orders.
+
+    With recomputation allowed, only the first stage's forwards: microbatches differ in what they
+    hold once some are recomputed, so relabelling each column apart is no longer a symmetry;
+    relabelling whole microbatches still is, and sorts one column."""
     present = set(ops)
     return [(op, following) for op in ops
             if (following := Op(op.kind, op.stage, op.microbatch + 1)) in present
-            and _same_order_group(problem, op.microbatch, following.microbatch)]
+            and _same_order_group(problem, op.microbatch, following.microbatch)
+            and (not problem.allow_recompute or (op.kind == FORWARD and op.stage == 0))]
 
 
 def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
@@ -106,8 +114,11 @@ def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
     References
     ----------
     .. [1] Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 1.
+
+    None with recomputation allowed: a recomputed microbatch holds less, and the columns are not
+    in microbatch order (`symmetric_successors`).
     """
-    if problem.memory_limit is None:
+    if problem.memory_limit is None or problem.allow_recompute:
         return []
     present = set(ops)
     pairs = []
@@ -140,9 +151,9 @@ def memory_disjunctions(problem: Problem, ops) -> list[tuple[Op, Op, Op]]:
     The reasoning of `memory_precedences`: were neither ended, microbatches j..n of stage s would
     hold M_B each and i..j-1 at least M_W each: too much once (n-j+1)·M_B + (j-i)·M_W > L. For each
     j the latest such i is given (the strongest claim); j = n - k with (k+1)·M_B > L is a memory
-    precedence instead.
+    precedence instead. None with recomputation allowed (see `memory_precedences`).
     """
-    if problem.memory_limit is None or not problem.split_backward:
+    if problem.memory_limit is None or not problem.split_backward or problem.allow_recompute:
         return []
     present = set(ops)
     triples = []
@@ -244,7 +255,7 @@ def activation_lifetimes(problem: Problem) -> list[tuple[float, float]]:
     return lifetimes
 
 
-def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]]) -> float:
+def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_load: list[float]) -> float:
     """makespan >= (memory-time every device must integrate) / (its memory limit); 0 without limits.
 
     Notes
@@ -255,20 +266,64 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]]) -> floa
     `activation_lifetimes`). Summed over the microbatches and the device's stages, this
     memory-time (the integral) must fit under the device's limit during the makespan, so
     makespan >= integral / limit.
+
+    With recomputation allowed, a recomputed activation holds its checkpoint for at least F and
+    the whole activation from R's start for at least R + B (the part W keeps, R + B + W), which can
+    be far less, but each costs its device R more work: `device_load[d]` (a bound on device d's
+    makespan from its mandatory work) grows by it. Recomputing x_s microbatches of stage s,
+    makespan >= max(load + sum x_s R_s, (integral - sum x_s saving_s) / limit); the least of this
+    over real x_s in [0, M] bounds every choice (a fractional knapsack: recompute in decreasing
+    saving per unit of R).
     """
     if problem.memory_limit is None:
         return 0.0
     best = 0.0
+    count = problem.total_microbatches
     for device, stages in enumerate(problem.stages_of_device):
+        limit = problem.memory_limit[device]
         integral = 0.0
+        trades = []  # (saving of memory-time per unit of recompute time, recompute time available)
         for stage in stages:
-            activation = problem.activation_memory[stage]
-            kept = problem.weight_memory[stage] if problem.split_backward else 0.0
-            to_input, to_weight = lifetimes[stage]
-            integral += (activation - kept) * to_input + kept * to_weight
-        if integral > 0:  # then the limit is positive too (at least the device's activations)
-            best = max(best, problem.total_microbatches * integral / problem.memory_limit[device])
+            held = _memory_time(problem, stage, lifetimes[stage])
+            integral += count * held
+            if problem.allow_recompute:
+                saving = held - _recomputed_memory_time(problem, stage)
+                if saving > 0:
+                    trades.append((saving / problem.recompute_times[stage], count * problem.recompute_times[stage]))
+        if integral <= 0:  # a device that holds nothing (its limit is positive otherwise)
+            continue
+        best = max(best, _trade_off(device_load[device], integral / limit, trades, limit))
     return best
+
+
+def _memory_time(problem: Problem, stage: int, lifetime: tuple[float, float]) -> float:
+    """The least memory-time one kept activation of `stage` holds."""
+    activation = problem.activation_memory[stage]
+    kept = problem.weight_memory[stage] if problem.split_backward else 0.0
+    to_input, to_weight = lifetime
+    return (activation - kept) * to_input + kept * to_weight
+
+
+def _recomputed_memory_time(problem: Problem, stage: int) -> float:
+    """The least memory-time one recomputed activation of `stage` holds: its checkpoint from F's
+    start to R's (at least F), then all of it for R and its backward."""
+    recompute, backward = problem.recompute_times[stage], problem.backward_times[stage]
+    weight = problem.weight_times[stage] if problem.split_backward else 0.0
+    return problem.checkpoint_memory[stage] * problem.forward_times[stage] + \
+        _memory_time(problem, stage, (recompute + backward, recompute + backward + weight))
+
+
+def _trade_off(load: float, memory: float, trades: list[tuple[float, float]], limit: float) -> float:
+    """min over recompute time y of max(load + y, memory - saved(y) / limit), saved(y) taking the
+    best `trades` (rate, amount) first: where the rising and the falling line meet, or an end."""
+    for rate, amount in sorted(trades, reverse=True):
+        if load >= memory:
+            break
+        step = (memory - load) / (1 + rate / limit)  # the y where the lines meet within this trade
+        if step <= amount:
+            return load + step
+        load, memory = load + amount, memory - amount * rate / limit
+    return max(load, memory)
 
 
 def _chain(problem: Problem, device: int) -> list[tuple[str, int, float]]:
@@ -422,12 +477,15 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     per_device: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
     for op, data in graph.nodes(data=True):
         per_device[data["device"]].append((heads[op], data["duration"], tails[op]))
-    load = max(min(j[0] for j in jobs) + sum(j[1] for j in jobs) + min(j[2] for j in jobs) for jobs in per_device)
+    device_load = [min(j[0] for j in jobs) + sum(j[1] for j in jobs) + min(j[2] for j in jobs) for jobs in per_device]
+    load = max(device_load)
     preemptive = [jackson_preemptive(jobs) for jobs in per_device]
     one_machine = max(preemptive)
     lifetimes = activation_lifetimes(problem)
-    memory = memory_bound(problem, lifetimes)
+    memory = memory_bound(problem, lifetimes, device_load)
     sequencing = relaxed = 0.0
+    if problem.allow_recompute:  # the single-device bounds assume kept activations in microbatch order
+        return LowerBounds(critical, load, one_machine, memory, sequencing)
     if problem.chunks_per_device == 1:
         for device in range(problem.num_devices):
             if time.perf_counter() > deadline:

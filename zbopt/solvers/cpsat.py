@@ -6,11 +6,14 @@ The model, built in named steps like OR-Tools' job-shop example:
   3. precedences with latency, and the weight-update barrier between iterations;
   4. memory: per device a cumulative over activation lifetimes (from F's start to the end of each
      op that frees part of it, by `Problem.memory_delta`), or a reservoir of the same allocations
-     and releases;
+     and releases; with recomputation allowed, a choice per stage and microbatch: kept (those
+     lifetimes), or recomputed (an optional R interval after F and before B, the checkpoint held
+     from F's start to R's, the activation from R's start);
   5. symmetry breaking: ops of one kind on one stage run in microbatch order (safe: see Notes),
      and with it the memory precedences and disjunctions it implies (`bounds.memory_precedences`,
      `bounds.memory_disjunctions`): redundant given the memory constraint, but they let the solver
-     prove memory-bound optima;
+     prove memory-bound optima; with recomputation allowed, only the first stage's forwards (see
+     `bounds.symmetric_successors`);
   6. objective: the makespan (or the longest device span) with the independent lower bound; in
      the driver's second phase, the highest peak memory with the objective capped.
 
@@ -21,17 +24,21 @@ ops of each (kind, stage) so that their microbatch numbers follow their start ti
 type links column (kind, stage) to another with one constant delay (duration + latency), and for
 any pairing a_j <= b_j the sorted values also satisfy a_(k) <= b_(k); so every dependency still
 holds, and memory, which counts started and finished ops per column, is unchanged (so is the peak).
-Within an iteration only, when iterations are separated by a flush.
+Within an iteration only, when iterations are separated by a flush. Once some activations may be
+recomputed, microbatches differ in the memory they hold, and relabelling one column apart could
+pair a recomputed forward with a kept backward; relabelling whole microbatches (their choice
+travels with them) is still a symmetry, and orders the first stage's forwards.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 from ortools.sat.python import cp_model
 
 from zbopt.ops import Op, op_graph
-from zbopt.problem import FORWARD, Problem
+from zbopt.problem import FORWARD, RECOMPUTE, Problem
 from zbopt.simulate import op_table, simulate
 from zbopt.solvers.api import Found, SearchTask
 from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunctions
@@ -42,6 +49,18 @@ MEMORY_MODELS = ("cumulative", "reservoir")
 STOP_POLL_S = 0.05  # how often a running solve checks for the deadline and Ctrl-C
 _STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
            cp_model.MODEL_INVALID: "unknown", cp_model.UNKNOWN: "unknown"}
+
+
+class Lifetime(NamedTuple):
+    """A part of an activation held on a device: from `allocated` to `released` (model variables),
+    `amount` memory ticks, as `interval`; held only when `presence` (a literal) holds, or always
+    when it is None."""
+
+    allocated: object
+    released: object
+    amount: int
+    interval: object
+    presence: object = None
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -81,7 +100,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     hint = None
     if task.warm is not None:
         hinted = simulate(integral, task.warm.schedule.without_times())
-        hint = {op: round(hinted.times_of(op)[0]) for op in ops}
+        hint = {op: round(hinted.times_of(op)[0]) for op in hinted.table.ops()}
         if makespan_goal:
             horizon = round(hinted.makespan)
 
@@ -94,16 +113,20 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         start[op] = model.NewIntVar(int(heads[op]), max(int(heads[op]), latest), f"start_{op}")
         end[op] = start[op] + size
         interval[op] = model.NewFixedSizeIntervalVar(start[op], size, f"op_{op}")
+    recompute = None  # an optional R per stage and microbatch, where memory can make it worth its time
+    if problem.allow_recompute and (problem.memory_limit is not None or task.peak_cap is not None):
+        recompute = _recompute_choices(model, integral, ops, start, end, interval, horizon)
     # 2. no overlap per device
-    for mine in ops_of_device:
-        model.AddNoOverlap([interval[op] for op in mine])
+    for device, mine in enumerate(ops_of_device):
+        recomputes = [interval[Op(RECOMPUTE, s, j)] for s, j in recompute or () if problem.device_of(s) == device]
+        model.AddNoOverlap([interval[op] for op in mine] + recomputes)
     # 3. precedences and iteration barriers (and 5., the symmetry-breaking and memory precedences)
     for source, target, data in graph.edges(data=True):
         model.Add(start[target] >= end[source] + int(data["latency"]))
     # 4. memory
     lifetimes = None
     if problem.memory_limit is not None or task.peak_cap is not None:
-        lifetimes = lifetime_intervals(model, problem, ops, start, end, horizon)
+        lifetimes = lifetime_intervals(model, problem, ops, start, end, horizon, recompute=recompute)
     if problem.memory_limit is not None:
         _limit_memory(model, problem, lifetimes, memory_model)
     # 5. the memory disjunctions (the precedences are edges of the implied graph)
@@ -122,7 +145,10 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         model.Minimize(peak)
     if hint is not None:
         for op, value in hint.items():
-            model.AddHint(start[op], value)
+            if op in start:
+                model.AddHint(start[op], value)
+        for stage, microbatch in recompute or ():
+            model.AddHint(recompute[stage, microbatch][0], Op(RECOMPUTE, stage, microbatch) in hint)
 
     if task.stopped.is_set():  # stopped before the search: the hint is its incumbent
         return _hinted_only(task, scale)
@@ -145,9 +171,10 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     if not found and task.stopped.is_set():
         return _hinted_only(task, scale)
     exact_objective = task.peak_cap is None
+    chosen = [op for op in start if op.kind != RECOMPUTE or solver.BooleanValue(recompute[op.stage, op.microbatch][0])]
     return Found(
         status=status,
-        starts={op: scale.units(solver.Value(start[op])) for op in ops} if found else None,
+        starts={op: scale.units(solver.Value(start[op])) for op in chosen} if found else None,
         bound=scale.units(solver.BestObjectiveBound()) - scale.error_bound
         if exact_objective and status != "infeasible" else 0.0,
         modelled=scale.units(solver.Value(goal)) if found else None,
@@ -199,20 +226,57 @@ def _objective(model, task: SearchTask, scale, ops, ops_of_device, start, end, t
     return goal
 
 
-def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, amount=round) -> list[list[tuple]]:
-    """Per device, (F start, release end, amount in memory units, interval) of every part of an
-    activation among `ops`: F allocates its stage's activation, each op with a negative
-    `Problem.memory_delta` frees its part (B and W when split, BW when fused). `amount` turns a
-    memory amount in `memory_scale` units into a whole number (the relaxation rounds down)."""
-    unit = memory_scale(problem)
-    per_device: list[list[tuple]] = [[] for _ in range(problem.num_devices)]
+def _recompute_choices(model, problem: Problem, ops, start, end, interval, horizon: int) -> dict:
+    """Per (stage, microbatch), (literal "recomputed", start of its R): an optional R interval on
+    the device's no-overlap, after F and before the input gradient when chosen. Adds R's start
+    and interval to `start`, `end` and `interval` under Op("R", stage, microbatch)."""
+    backward = problem.kinds[1]
+    choices = {}
     for forward in (op for op in ops if op.kind == FORWARD):
-        for kind, freed in problem.releases(forward.stage):
-            release = Op(kind, forward.stage, forward.microbatch)
-            size = model.NewIntVar(0, horizon, f"held_{release}")
-            life = model.NewIntervalVar(start[forward], size, end[release], f"life_{release}")
-            per_device[problem.device_of(forward.stage)].append((start[forward], end[release],
-                                                                  amount(freed * unit), life))
+        stage, microbatch = forward.stage, forward.microbatch
+        op = Op(RECOMPUTE, stage, microbatch)
+        chosen = model.NewBoolVar(f"recompute_{stage}_{microbatch}")
+        size = int(problem.cost(RECOMPUTE, stage))
+        start[op] = model.NewIntVar(0, horizon, f"start_{op}")
+        end[op] = start[op] + size
+        interval[op] = model.NewOptionalFixedSizeIntervalVar(start[op], size, chosen, f"op_{op}")
+        model.Add(start[op] >= end[forward]).OnlyEnforceIf(chosen)
+        model.Add(start[Op(backward, stage, microbatch)] >= end[op]).OnlyEnforceIf(chosen)
+        choices[stage, microbatch] = (chosen, start[op])
+    return choices
+
+
+def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, amount=round,
+                       recompute: dict | None = None) -> list[list[Lifetime]]:
+    """Per device, the `Lifetime` of every part of an activation among `ops`: F allocates its
+    stage's activation, each op with a negative `Problem.memory_delta` frees its part (B and W
+    when split, BW when fused). Always held, unless `recompute` (from `_recompute_choices`) gives
+    the choice: then the kept lifetimes hold when not recomputed, and when recomputed the
+    checkpoint from F's start to R's and each part from R's start. `amount` turns a memory amount
+    in `memory_scale` units into a whole number (the relaxation rounds down)."""
+    unit = memory_scale(problem)
+    per_device: list[list[Lifetime]] = [[] for _ in range(problem.num_devices)]
+
+    def hold(device, allocated, released, memory, name, presence=None):
+        size = model.NewIntVar(0, horizon, f"held_{name}")
+        if presence is None:
+            life = model.NewIntervalVar(allocated, size, released, f"life_{name}")
+        else:
+            life = model.NewOptionalIntervalVar(allocated, size, released, presence, f"life_{name}")
+        per_device[device].append(Lifetime(allocated, released, amount(memory * unit), life, presence))
+
+    for forward in (op for op in ops if op.kind == FORWARD):
+        stage, microbatch = forward.stage, forward.microbatch
+        device = problem.device_of(stage)
+        chosen = None if recompute is None else recompute[stage, microbatch]
+        for kind, freed in problem.releases(stage):
+            release = Op(kind, stage, microbatch)
+            hold(device, start[forward], end[release], freed, release, None if chosen is None else chosen[0].Not())
+            if chosen is not None:
+                hold(device, chosen[1], end[release], freed, f"{release}_recomputed", chosen[0])
+        if chosen is not None:
+            hold(device, start[forward], chosen[1], problem.checkpoint_memory[stage], f"checkpoint_{forward}",
+                 chosen[0])
     return per_device
 
 
@@ -221,19 +285,21 @@ def _limit_memory(model, problem: Problem, lifetimes, memory_model: str) -> None
     unit = memory_scale(problem)
     for device, held in enumerate(lifetimes):
         capacity = int(problem.memory_limit[device] * unit + 1e-6)
-        if capacity >= sum(amount for _, _, amount, _ in held):
+        if capacity >= sum(life.amount for life in held):
             continue  # the limit can never bind on this device
         if memory_model == "cumulative":
-            model.AddCumulative([life for *_, life in held], [amount for _, _, amount, _ in held], capacity)
+            model.AddCumulative([life.interval for life in held], [life.amount for life in held], capacity)
         else:
-            times = [moment for allocated, released, _, _ in held for moment in (allocated, released)]
-            changes = [change for _, _, amount, _ in held for change in (amount, -amount)]
-            model.AddReservoirConstraint(times, changes, 0, capacity)
+            times = [moment for life in held for moment in (life.allocated, life.released)]
+            changes = [change for life in held for change in (life.amount, -life.amount)]
+            always = model.NewConstant(1)
+            active = [always if life.presence is None else life.presence for life in held for _ in range(2)]
+            model.AddReservoirConstraintWithActive(times, changes, active, 0, capacity)
 
 
 def _peak(model, problem: Problem, lifetimes):
     """The highest memory any device holds, as a variable bounding every device's cumulative."""
-    peak = model.NewIntVar(0, max(sum(amount for _, _, amount, _ in held) for held in lifetimes), "peak")
+    peak = model.NewIntVar(0, max(sum(life.amount for life in held) for held in lifetimes), "peak")
     for held in lifetimes:
-        model.AddCumulative([life for *_, life in held], [amount for _, _, amount, _ in held], peak)
+        model.AddCumulative([life.interval for life in held], [life.amount for life in held], peak)
     return peak

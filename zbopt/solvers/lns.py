@@ -81,10 +81,19 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
                  exact=scale.exact)
 
 
+def refusal(problem: Problem) -> str | None:
+    """Why the search cannot take `problem`: its windows keep every activation."""
+    if problem.allow_recompute:
+        return "it does not choose recomputation (allow_recompute); use cpsat"
+    return None
+
+
 def applies(problem: Problem, task: SearchTask) -> bool:
     """Whether the search can improve a schedule of this task: makespan, one iteration (its windows
-    do not model the weight-update barrier), not the driver's second phase (lowering the peak)."""
-    return task.objective == "makespan" and problem.iterations == 1 and task.peak_cap is None
+    do not model the weight-update barrier), not the driver's second phase (lowering the peak),
+    every activation kept."""
+    return task.objective == "makespan" and problem.iterations == 1 and task.peak_cap is None \
+        and refusal(problem) is None
 
 
 def _by_start(table, starts) -> list[Op]:
@@ -175,5 +184,5 @@ def _limit_memory(model, problem: Problem, table, current, free, start, end, ear
     unit = memory_scale(problem)
     for device, lives in enumerate(held):
         if lives:
-            model.AddCumulative([life for *_, life in lives], [amount for _, _, amount, _ in lives],
+            model.AddCumulative([life.interval for life in lives], [life.amount for life in lives],
                                 int(caps[device] * unit + 1e-6))

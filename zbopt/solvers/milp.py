@@ -46,6 +46,13 @@ def _ordered_before(graph: nx.DiGraph) -> set[tuple[Op, Op]]:
     return {(a, b) for a, b in closure.edges if graph.nodes[a]["device"] == graph.nodes[b]["device"]}
 
 
+def refusal(problem: Problem) -> str | None:
+    """Why the MILP cannot take `problem`: it keeps every activation."""
+    if problem.allow_recompute:
+        return "the MILP does not model recomputation (allow_recompute); use cpsat"
+    return None
+
+
 def search(problem: Problem, task: SearchTask, *, engine: str = "highs") -> Found:
     """Build and solve the MILP (see the module docstring) with CBC or HiGHS until the deadline.
 

@@ -88,7 +88,7 @@ def device_relaxation(problem: Problem, device: int, graph: nx.DiGraph, heads: d
     if problem.memory_limit is not None:  # amounts rounded down, the limit up: a relaxation
         held = lifetime_intervals(model, problem, mine, start, end, horizon, lambda amount: math.floor(amount + 1e-9))
         capacity = math.ceil(problem.memory_limit[device] * memory_scale(problem) - 1e-9)
-        model.AddCumulative([life for *_, life in held[device]], [amount for _, _, amount, _ in held[device]], capacity)
+        model.AddCumulative([life.interval for life in held[device]], [life.amount for life in held[device]], capacity)
     goal = model.NewIntVar(0, 2 * horizon, "goal")
     for op in mine:
         model.Add(goal >= end[op] + ticks(tails[op]))

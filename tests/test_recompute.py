@@ -1,0 +1,125 @@
+"""Recomputation: the problem's keys, the R op in the simulator, Megatron's and Mario's schedules."""
+
+import pytest
+
+from tests.reference import brute_force_optimum
+from zbopt import Problem, ProblemError, ScheduleError, generate, simulate, solve
+from zbopt.errors import DeadlockError
+from zbopt.ops import Op
+from zbopt.schedule import Schedule
+
+SPLIT = dict(forward_times=3, backward_times=4, weight_times=2, recompute_times=5)
+
+
+def recomputing(p, m, **changes) -> Problem:
+    parameters = dict(num_devices=p, num_microbatches=m, allow_recompute=True, checkpoint_memory=0.25, **SPLIT)
+    parameters.update(changes)
+    return Problem(**parameters)
+
+
+@pytest.mark.parametrize(("p", "m"), [(1, 3), (2, 1), (3, 5), (4, 8), (5, 3), (8, 16)])
+def test_megatron_full_recomputation_1f1b_closed_form(p, m):
+    """Megatron recomputes inside the backward: 1F1B with each backward costing R more,
+    m(F + R + B + W) + (p - 1)(F + R + B) without latency, split backward."""
+    F, B, W, R = 3, 4, 2, 5
+    result = simulate(recomputing(p, m), generate("1f1b-recompute", recomputing(p, m)))
+    assert result.makespan == m * (F + R + B + W) + (p - 1) * (F + R + B)
+    fused = recomputing(p, m, weight_times=None)
+    assert simulate(fused, generate("1f1b-recompute", fused)).makespan == m * (F + R + 4) + (p - 1) * (F + R + 4)
+
+
+@pytest.mark.parametrize(("p", "m"), [(3, 5), (4, 8), (4, 2)])
+def test_1f1b_recompute_holds_checkpoints_and_one_activation(p, m):
+    """Device s has min(p - s, m) microbatches in flight: all but one as checkpoints (0.25)."""
+    result = simulate(recomputing(p, m), generate("1f1b-recompute", recomputing(p, m)))
+    assert result.peak_memory == pytest.approx([(min(p - s, m) - 1) * 0.25 + 1 for s in range(p)])
+
+
+def test_recomputing_in_the_bubble_hides_it_in_1f1b():
+    """Mario's rule (R as early as the device is free) on 1F1B without latency: the recompute of
+    each backward runs while its gradient is on its way, m(F + R + B + W) + (p - 1)(F + B)."""
+    p, m = 4, 8
+    result = simulate(recomputing(p, m), generate("mario-1f1b", recomputing(p, m)))
+    assert result.makespan == m * (3 + 5 + 4 + 2) + (p - 1) * (3 + 4)
+    tight = recomputing(p, m, memory_limit=1.5)  # room for 2 checkpoints beside the recomputed activation
+    assert max(simulate(tight, generate("mario-1f1b", tight)).peak_memory) == 1.5
+
+
+def test_recomputation_floor_with_two_chunks_is_one_activation_and_a_checkpoint():
+    problem = recomputing(4, 8, chunks_per_device=2, placement="v")
+    assert problem.min_memory_limit == (1.25,) * 4
+    assert problem.one_microbatch_memory == (2.0,) * 4
+    assert recomputing(4, 8).min_memory_limit == (1.0,) * 4  # one stage per device: no lower
+    with pytest.raises(ProblemError, match=r"one stage's activation and the checkpoints of its earlier stages, "
+                                           r"with recomputation \(1.25\)"):
+        recomputing(4, 8, chunks_per_device=2, placement="v", memory_limit=1.2)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"checkpoint_memory": 2}, r"checkpoint_memory = 2: exceeds activation_memory on virtual stage 0 \(2 > 1\)"),
+    ({"checkpoint_memory": -1}, "checkpoint_memory = -1: every value must be >= 0"),
+    ({"recompute_times": 0}, "recompute_times = 0: every value must be > 0"),
+    ({"allow_recompute": "yes"}, "allow_recompute = 'yes': expected true or false"),
+    ({"checkpoint_memory": None}, "allow_recompute = True: needs checkpoint_memory"),
+    ({"allow_recompute": False}, "recompute_times = 5: needs allow_recompute: true"),
+])
+def test_bad_recomputation_keys_are_one_line_errors(changes, message):
+    with pytest.raises(ProblemError, match=message):
+        recomputing(2, 2, **changes)
+
+
+def test_the_recompute_defaults_to_the_forward_cost_and_round_trips():
+    problem = Problem(num_devices=2, num_microbatches=2, forward_times=[1, 2], allow_recompute=True,
+                      checkpoint_memory=0.1)
+    assert problem.recompute_times == (1.0, 2.0)
+    assert Problem.from_dict(problem.to_dict()) == problem
+    assert "allow_recompute" not in Problem(num_devices=2, num_microbatches=2).to_dict()
+
+
+def test_r_holds_the_rest_of_the_activation_from_its_start():
+    """F keeps the checkpoint (0.25), R adds the rest at its start, B and W free as without."""
+    problem = recomputing(1, 1)
+    result = simulate(problem, Schedule([["0F0", "0R0", "0B0", "0W0"]]))
+    times, levels = result.memory_steps[0]
+    assert times.tolist() == [0, 3, 12, 14] and levels.tolist() == [0.25, 1.0, 0.5, 0.0]
+    assert result.makespan == 3 + 5 + 4 + 2
+
+
+def test_the_simulator_names_what_is_wrong_with_a_recompute():
+    problem = recomputing(2, 1)
+    with pytest.raises(DeadlockError, match="device 0 is stuck at 0B0, waiting for its recompute 0R0"):
+        simulate(problem, Schedule([["0F0", "0B0", "0R0", "0W0"], ["1F0", "1B0", "1W0"]]))
+    with pytest.raises(ScheduleError, match="0R0: recomputation is not allowed in this problem"):
+        simulate(problem.replace(allow_recompute=False, recompute_times=None, checkpoint_memory=None),
+                 Schedule([["0F0", "0R0", "0B0", "0W0"], ["1F0", "1B0", "1W0"]]))
+    timed = Schedule([["0F0", "0B0", "0R0", "0W0"], ["1F0", "1B0", "1W0"]], [[0, 10, 14, 19], [3, 6, 10]])
+    with pytest.raises(ScheduleError, match="0B0 starts at 10, before its recompute 0R0 ends at 19"):
+        simulate(problem, timed)
+    with pytest.raises(ScheduleError, match="0R0 appears twice"):
+        simulate(problem, Schedule([["0F0", "0R0", "0R0", "0B0", "0W0"], ["1F0", "1B0", "1W0"]]))
+
+
+def test_r_has_a_text_form():
+    assert Op.from_str("3R1") == Op("R", 3, 1) and str(Op("R", 0, 12)) == "0R12"
+
+
+@pytest.mark.parametrize("problem", [
+    # p = 2, m = 2, fused: keeping both activations on device 0 does not fit
+    Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=2, recompute_times=1,
+            memory_limit=1.2, allow_recompute=True, checkpoint_memory=0.1),
+    # two chunks on one device: the floor with recomputation (1.5) is below keeping (2)
+    Problem(num_devices=1, num_microbatches=2, chunks_per_device=2, forward_times=[1, 2], backward_times=[2, 1],
+            recompute_times=[1, 1], memory_limit=1.5, allow_recompute=True, checkpoint_memory=0.5),
+    # split backward, recompute cheaper than the forward, a latency
+    Problem(num_devices=2, num_microbatches=2, forward_times=2, backward_times=2, weight_times=1, recompute_times=1,
+            p2p_time=1, memory_limit=1.5, allow_recompute=True, checkpoint_memory=0.25),
+])
+def test_cpsat_agrees_with_brute_force_over_choices_and_orders(problem):
+    """Every recompute choice and every order of every device, against the optimizer: an unsound
+    symmetry breaking or memory fact would make CP-SAT claim a worse optimum."""
+    expected = brute_force_optimum(problem)
+    result = solve(problem, time_limit=30)
+    assert result.status == "optimal"
+    assert result.objective == pytest.approx(expected)
+    assert result.lower_bound <= expected + 1e-9
+    assert any(op.kind == "R" for order in result.simulation.schedule.orders for op in order)  # the choice matters

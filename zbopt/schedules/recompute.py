@@ -1,0 +1,114 @@
+"""Schedules that recompute activations: Megatron-LM's full recomputation and Mario's.
+
+Megatron-LM's `--recompute-granularity full` keeps only each layer block's input during the
+forward and re-runs the forward inside the backward call (its `CheckpointFunction`), so every
+(stage, microbatch) is recomputed, and a recompute starts once the backward may start: when the
+gradient has arrived. These schedules carry those start times (the simulator verifies them); their
+orders timed as soon as possible are what moving each recompute into the bubble before it gives.
+
+Mario (Liu et al., PPoPP 2025, abstract): recomputation "overlapped in the bubbles by moving it
+earlier", and, as checkpointing frees memory, "preposing more forward computation into the pipeline
+bubbles". `mario-1f1b` applies both to 1F1B: every activation recomputed, each R as early as its
+device is free, and eager 1F1B's 2(p - s - 1) warm-up forwards on device s (ZB-H2's warm-up, Qi et
+al., ICLR 2024, Fig. 3) as far as the memory limit allows. How many forwards Mario preposes is
+searched by its scheduler; the warm-up rule here is zbopt's choice.
+"""
+
+from __future__ import annotations
+
+import math
+
+from zbopt.ops import Op
+from zbopt.problem import BACKWARD, FUSED_BACKWARD, RECOMPUTE, Problem
+from zbopt.schedule import Schedule
+from zbopt.schedules.classic import one_f_one_b, warmup_then_alternate
+from zbopt.schedules.common import iteration_microbatches
+from zbopt.schedules.interleaved import interleaved_one_f_one_b
+from zbopt.schedules.registry import register, require
+from zbopt.simulate import memory_ceiling, simulate
+
+_NEEDS = "allow_recompute: true (and checkpoint_memory)"
+
+
+def recompute_everything(problem: Problem, schedule: Schedule, name: str, *, in_backward: bool) -> Schedule:
+    """`schedule` with R(s, j) inserted directly before every B(s, j) (or BW): each activation
+    recomputed, nothing else moved. `in_backward`: with Megatron's start times, each R starting
+    when its backward could have started without it (the schedule timed with every backward
+    costing R more), its backward right after it."""
+    require(problem.allow_recompute, name, _NEEDS)
+    orders = []
+    for order in schedule.orders:
+        recomputing: list[Op] = []
+        for op in order:
+            if op.kind in (BACKWARD, FUSED_BACKWARD):
+                recomputing.append(Op(RECOMPUTE, op.stage, op.microbatch))
+            recomputing.append(op)
+        orders.append(recomputing)
+    if not in_backward:
+        return Schedule(orders)
+    stages = range(problem.num_stages)
+    with_recompute = problem.replace(
+        backward_times=[problem.backward_times[s] + problem.recompute_times[s] for s in stages],
+        allow_recompute=False, recompute_times=None, checkpoint_memory=None, memory_limit=None)
+    timed = simulate(with_recompute, schedule)
+    times = []
+    for order in orders:
+        device_times = []
+        for op in order:
+            if op.kind == RECOMPUTE:
+                device_times.append(timed.times_of(Op(problem.kinds[1], op.stage, op.microbatch))[0])
+            elif op.kind in (BACKWARD, FUSED_BACKWARD):
+                device_times.append(timed.times_of(op)[0] + problem.recompute_times[op.stage])
+            else:
+                device_times.append(timed.times_of(op)[0])
+        times.append(device_times)
+    return Schedule(orders, times)
+
+
+def _one_f_one_b_memory(problem: Problem) -> list[float]:
+    """Device s holds k = min(p - s, m) microbatches at once in 1F1B: with all recomputed, k - 1
+    checkpoints and one whole activation (the one being recomputed; W follows its B at once)."""
+    p = problem.num_devices
+    m = problem.num_microbatches if problem.flush else problem.total_microbatches
+    return [(min(p - s, m) - 1) * problem.checkpoint_memory[s] + problem.activation_memory[s] for s in range(p)]
+
+
+@register("1f1b-recompute", "1F1B with full recomputation (Megatron-LM --recompute-granularity full): "
+                            "R before every backward", _one_f_one_b_memory)
+def one_f_one_b_recompute(problem: Problem) -> Schedule:
+    """1F1B (see `1f1b`) recomputing every activation. Needs v = 1 and allow_recompute."""
+    require(problem.allow_recompute, "1f1b-recompute", _NEEDS)
+    return recompute_everything(problem, one_f_one_b(problem), "1f1b-recompute", in_backward=True)
+
+
+@register("interleaved-1f1b-recompute", "Megatron-LM interleaved 1F1B with full recomputation: R before every "
+                                        "backward")
+def interleaved_one_f_one_b_recompute(problem: Problem, microbatch_group_size_per_vp_stage: int | None = None
+                                      ) -> Schedule:
+    """Interleaved 1F1B (see `interleaved-1f1b`) recomputing every activation. Needs
+    allow_recompute."""
+    require(problem.allow_recompute, "interleaved-1f1b-recompute", _NEEDS)
+    base = interleaved_one_f_one_b(problem, microbatch_group_size_per_vp_stage)
+    return recompute_everything(problem, base, "interleaved-1f1b-recompute", in_backward=True)
+
+
+def _mario_warmup(problem: Problem, stage: int) -> int:
+    """Warm-up forwards of device `stage`: eager 1F1B's 2(p - s - 1), fewer when its limit cannot
+    hold that many checkpoints plus the activation being recomputed."""
+    eager = 2 * (problem.num_devices - stage - 1)
+    checkpoint = problem.checkpoint_memory[stage]
+    room = memory_ceiling(problem.memory_caps[stage]) - problem.activation_memory[stage]
+    if checkpoint <= 0 or math.isinf(room):
+        return eager
+    return max(0, min(eager, math.floor(room / checkpoint + 1e-9)))
+
+
+@register("mario-1f1b", "Mario (Liu et al., PPoPP 2025) on 1F1B: every activation recomputed, R in the bubbles, "
+                        "more warm-up forwards as memory allows")
+def mario_one_f_one_b(problem: Problem) -> Schedule:
+    """See the module docstring. Needs v = 1 and allow_recompute. Device s holds at most
+    w·c + M_B (w its warm-up forwards, c the checkpoint)."""
+    require(problem.allow_recompute, "mario-1f1b", _NEEDS)
+    base = warmup_then_alternate(problem, "mario-1f1b", lambda device, _: _mario_warmup(problem, device),
+                                 iteration_microbatches(problem))
+    return recompute_everything(problem, base, "mario-1f1b", in_backward=False)

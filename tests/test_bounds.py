@@ -12,6 +12,7 @@ from zbopt.schedules import applicable, registered
 from zbopt.solvers import api
 from zbopt.solvers.bounds import (
     LowerBounds,
+    activation_lifetimes,
     device_sequencing,
     heads_and_tails,
     implied_graph,
@@ -19,6 +20,7 @@ from zbopt.solvers.bounds import (
     lower_bounds,
     memory_disjunctions,
     memory_precedences,
+    whole_activations_bound,
 )
 
 
@@ -58,6 +60,20 @@ def test_memory_bound_with_recomputation_closed_form():
     assert lower_bounds(problem).memory == pytest.approx(68)
     recomputing = problem.replace(allow_recompute=True, checkpoint_memory=0)
     assert lower_bounds(recomputing).memory == pytest.approx(53)
+
+
+def test_whole_activations_bound_closed_form():
+    """p = 2, m = 2, every cost 1, M_B = 1, limit 1.5: device 0 holds one whole activation at a
+    time. Kept, one spans F + rt + B = 1 + 2 + 1 with room 2 for the W and the recomputed F
+    outside the spans; recomputed, R + B = 2. With k kept: 4 + 2k + max(0, 4 - 3k), least at
+    k = 4/3: 20/3. Below 1 + checkpoint nothing overlaps: each takes F + rt + B = 4, W fits in
+    the room: 8."""
+    problem = Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=1, weight_times=1,
+                      recompute_times=1, memory_limit=1.5, allow_recompute=True, checkpoint_memory=0.25)
+    lifetimes = activation_lifetimes(problem)
+    assert whole_activations_bound(problem, 0, lifetimes, device_load=6) == pytest.approx(20 / 3)
+    assert whole_activations_bound(problem.replace(memory_limit=1.2), 0, lifetimes, device_load=6) == 8
+    assert whole_activations_bound(problem.replace(memory_limit=2), 0, lifetimes, device_load=6) == 0
 
 
 def test_device_sequencing_closed_form_at_one_activation():

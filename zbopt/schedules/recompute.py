@@ -92,23 +92,37 @@ def interleaved_one_f_one_b_recompute(problem: Problem, microbatch_group_size_pe
     return recompute_everything(problem, base, "interleaved-1f1b-recompute", in_backward=True)
 
 
-def _mario_warmup(problem: Problem, stage: int) -> int:
-    """Warm-up forwards of device `stage`: eager 1F1B's 2(p - s - 1), fewer when its limit cannot
-    hold that many checkpoints plus the activation being recomputed."""
-    eager = 2 * (problem.num_devices - stage - 1)
-    checkpoint = problem.checkpoint_memory[stage]
-    room = memory_ceiling(problem.memory_caps[stage]) - problem.activation_memory[stage]
-    if checkpoint <= 0 or math.isinf(room):
-        return eager
-    return max(0, min(eager, math.floor(room / checkpoint + 1e-9)))
+def _mario_warmups(problem: Problem) -> list[int]:
+    """Warm-up forwards per device: eager 1F1B's 2(p - s - 1), fewer where the limit cannot hold
+    that many checkpoints plus the activation being recomputed, and never more than the device
+    before it (device s + 1 waits for w_(s+1) + 1 forwards before its first backward, which device
+    s sends only if w_s >= w_(s+1))."""
+    warmups: list[int] = []
+    for stage in range(problem.num_devices):
+        warmup = 2 * (problem.num_devices - stage - 1)
+        checkpoint = problem.checkpoint_memory[stage]
+        room = memory_ceiling(problem.memory_caps[stage]) - problem.activation_memory[stage]
+        if checkpoint > 0 and not math.isinf(room):
+            warmup = max(0, min(warmup, math.floor(room / checkpoint + 1e-9)))
+        warmups.append(min(warmup, warmups[-1]) if warmups else warmup)
+    return warmups
+
+
+def _mario_memory(problem: Problem) -> list[float]:
+    """Device s holds at most its warm-up's checkpoints (fewer with fewer microbatches) and the
+    activation being recomputed."""
+    m = problem.num_microbatches
+    return [min(warmup, m - 1) * problem.checkpoint_memory[s] + problem.activation_memory[s]
+            for s, warmup in enumerate(_mario_warmups(problem))]
 
 
 @register("mario-1f1b", "Mario (Liu et al., PPoPP 2025) on 1F1B: every activation recomputed, R in the bubbles, "
-                        "more warm-up forwards as memory allows")
+                        "more warm-up forwards as memory allows", _mario_memory)
 def mario_one_f_one_b(problem: Problem) -> Schedule:
     """See the module docstring. Needs v = 1 and allow_recompute. Device s holds at most
     w·c + M_B (w its warm-up forwards, c the checkpoint)."""
     require(problem.allow_recompute, "mario-1f1b", _NEEDS)
-    base = warmup_then_alternate(problem, "mario-1f1b", lambda device, _: _mario_warmup(problem, device),
+    warmups = _mario_warmups(problem)
+    base = warmup_then_alternate(problem, "mario-1f1b", lambda device, _: warmups[device],
                                  iteration_microbatches(problem))
     return recompute_everything(problem, base, "mario-1f1b", in_backward=False)

@@ -16,7 +16,10 @@ answers are checked against them, and `lower_bounds` gives them all and the best
 - device relaxation (v >= 2): the same single device solved by CP-SAT (`relaxation`).
 
 With recomputation allowed, the memory bound prices it (a recomputed activation holds less for
-more work) and the two single-device bounds, which assume every activation kept, are 0.
+more work, `memory_bound`, and where a device holds one whole activation at a time,
+`whole_activations_bound`), and the two single-device bounds, which assume every activation kept,
+are 0 (a relaxation choosing what to recompute was tried: with 5 s per device CP-SAT proved no
+more than the device's work, p = 4, m = 8, 1.5B costs).
 
 Notes
 -----
@@ -273,7 +276,8 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
     makespan from its mandatory work) grows by it. Recomputing x_s microbatches of stage s,
     makespan >= max(load + sum x_s R_s, (integral - sum x_s saving_s) / limit); the least of this
     over real x_s in [0, M] bounds every choice (a fractional knapsack: recompute in decreasing
-    saving per unit of R).
+    saving per unit of R). Where the limit cannot hold two whole activations, so much more
+    follows that `whole_activations_bound` is taken too.
     """
     if problem.memory_limit is None:
         return 0.0
@@ -281,6 +285,8 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
     count = problem.total_microbatches
     for device, stages in enumerate(problem.stages_of_device):
         limit = problem.memory_limit[device]
+        if problem.allow_recompute:
+            best = max(best, whole_activations_bound(problem, device, lifetimes, device_load[device]))
         integral = 0.0
         trades = []  # (saving of memory-time per unit of recompute time, recompute time available)
         for stage in stages:
@@ -294,6 +300,59 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
             continue
         best = max(best, _trade_off(device_load[device], integral / limit, trades, limit))
     return best
+
+
+def whole_activations_bound(problem: Problem, device: int, lifetimes: list[tuple[float, float]],
+                            device_load: float) -> float:
+    """A bound on the makespan from `device` when its limit holds one whole activation at a time
+    (any two of its stages' activations exceed it); 0 otherwise.
+
+    Notes
+    -----
+    An activation is whole from the start of its F (kept) or of its R (recomputed) to the end of
+    its input gradient; two whole at once would pass the limit, so these spans are disjoint. A
+    recomputed span lasts at least R + B. A kept span lasts at least F + rt + B, rt the least time
+    its microbatch's chain spends away from the device between F and B (`lifetimes`), during which
+    the device can only run ops that need no whole activation: W, and F of recomputed
+    activations. A stage whose chain comes back to the device before its B (every stage but the
+    device's last) cannot be kept: the later stage's whole span would fall within its own. The
+    device's first op starts after the least head, its last ends before the least tail (together
+    `device_load` less its work), and between them lie the disjoint spans and the W and
+    recomputed F that found no room in a kept span. With k_s activations of stage s kept, the
+    makespan is at least edges + sum_s [k_s (F + rt + B) + (M - k_s)(R + B)] + max(0, sum_s
+    [(M - k_s) F + M W - k_s rt]); its least over real k_s in [0, M] is a linear program, whose
+    value is max over lambda in [0, 1] of edges + sum_s M (R + B) + lambda · sum_s M (F + W) +
+    sum_s M · min(0, a_s - lambda c_s), a_s = F + rt - R, c_s = F + rt (its dual), taken at the
+    breakpoints.
+
+    Where not even one whole activation and one checkpoint fit, no two activations of the device
+    are held at once at all (were two held at once, the one released first is whole just before
+    its release, while the other holds at least its checkpoint): each holds the device from its F's
+    start for at least F + rt + B, and only W fits in the gaps.
+    """
+    stages = problem.stages_of_device[device]
+    ceiling = memory_ceiling(problem.memory_caps[device])
+    whole = min(problem.activation_memory[s] for s in stages)
+    if 2 * whole <= ceiling:
+        return 0.0
+    count = problem.total_microbatches
+    weight = problem.weight_times if problem.split_backward else (0.0,) * problem.num_stages
+    work = sum(count * (problem.forward_times[s] + problem.backward_times[s] + weight[s]) for s in stages)
+    away = {s: lifetimes[s][0] - problem.forward_times[s] - problem.backward_times[s] for s in stages}
+    if whole + min(problem.checkpoint_memory[s] for s in stages) > ceiling:
+        held = sum(count * (problem.forward_times[s] + away[s] + problem.backward_times[s]) for s in stages)
+        return device_load - work + held + max(0.0, sum(count * (weight[s] - away[s]) for s in stages))
+    base = device_load - work + sum(count * (problem.recompute_times[s] + problem.backward_times[s]) for s in stages)
+    outside = sum(count * (problem.forward_times[s] + weight[s]) for s in stages)
+    trades = []  # (a_s, c_s) of the stages that may be kept
+    last = max(stages)
+    for stage in stages:
+        if stage == last:
+            trades.append((problem.forward_times[stage] + away[stage] - problem.recompute_times[stage],
+                           problem.forward_times[stage] + away[stage]))
+    breakpoints = {0.0, 1.0} | {a / c for a, c in trades if c > 0 and 0 < a / c < 1}
+    return max(base + weight_ * outside + sum(count * min(0.0, a - weight_ * c) for a, c in trades)
+               for weight_ in breakpoints)
 
 
 def _memory_time(problem: Problem, stage: int, lifetime: tuple[float, float]) -> float:
@@ -459,9 +518,10 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
 
     The bounds on the op graph cost about GRAPH_SECONDS_PER_OP per op (networkx); when that does
     not fit before the deadline only the two that need no graph are computed (one microbatch's
-    critical path, the busiest device's work) and `complete` is False. With one stage per device
-    the device sequencing bound stops at the deadline, device by device (0 where it did not
-    finish). With more, the single-device bounds share the time left before the deadline, at most
+    critical path, the busiest device's work) and `complete` is False. With recomputation allowed
+    the single-device bounds are 0 (see the module docstring). With one stage per device the
+    device sequencing bound stops at the deadline, device by device (0 where it did not finish).
+    With more, the single-device bounds share the time left before the deadline, at most
     RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it; 0 on a device that did
     not finish in its share), then the CP-SAT relaxations (`relaxation.device_relaxation`), each
     reporting the bound CP-SAT proved. The devices go in decreasing order of their preemptive

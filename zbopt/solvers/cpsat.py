@@ -96,7 +96,9 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     duration = table.duration
     ops_of_device = [[op for op in ops if op.stage in stages] for stages in problem.stages_of_device]
     makespan_goal = task.objective == "makespan"
-    horizon = int(sum(duration) + sum(table.latency))  # everything in a row: always feasible
+    chooses_recompute = problem.allow_recompute and (problem.memory_limit is not None or task.peak_cap is not None)
+    recompute_work = sum(integral.recompute_times) * table.num_microbatches if chooses_recompute else 0
+    horizon = int(sum(duration) + sum(table.latency) + recompute_work)  # everything in a row: always feasible
     hint = None
     if task.warm is not None:
         hinted = simulate(integral, task.warm.schedule.without_times())
@@ -114,7 +116,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         end[op] = start[op] + size
         interval[op] = model.NewFixedSizeIntervalVar(start[op], size, f"op_{op}")
     recompute = None  # an optional R per stage and microbatch, where memory can make it worth its time
-    if problem.allow_recompute and (problem.memory_limit is not None or task.peak_cap is not None):
+    if chooses_recompute:
         recompute = _recompute_choices(model, integral, ops, start, end, interval, horizon)
     # 2. no overlap per device
     for device, mine in enumerate(ops_of_device):

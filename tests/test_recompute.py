@@ -1,12 +1,20 @@
 """Recomputation: the problem's keys, the R op in the simulator, Megatron's and Mario's schedules."""
 
-import pytest
+from concurrent.futures import ThreadPoolExecutor
 
-from tests.reference import brute_force_optimum
-from zbopt import Problem, ProblemError, ScheduleError, generate, simulate, solve
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.reference import brute_force_optimum, problems
+from zbopt import NotApplicableError, Problem, ProblemError, ScheduleError, ZboptError, generate, simulate, solve
+from zbopt.blocks.search import optimal_block
 from zbopt.errors import DeadlockError
+from zbopt.frontier import memory_frontier
 from zbopt.ops import Op
 from zbopt.schedule import Schedule
+from zbopt.solvers.bounds import lower_bounds
+from zbopt.tables import format_frontier
 
 SPLIT = dict(forward_times=3, backward_times=4, weight_times=2, recompute_times=5)
 
@@ -152,3 +160,50 @@ def test_at_the_floor_with_no_heuristic_the_optimizer_still_finds_a_schedule():
     result = solve(problem, time_limit=20)
     assert result.warm_start is None and result.status == "optimal"
     assert result.lower_bound <= result.objective <= one_at_a_time == 3 * (1 + 1 + 3 + 2 + 3 + 2 + 2)
+
+
+def test_with_memory_to_spare_the_optimum_recomputes_nothing_and_equals_the_one_without():
+    """A recompute only adds work: with no binding limit the optimum is the one without the
+    mechanism, and the answer carries no recompute that does not pay."""
+    problem = recomputing(3, 4, p2p_time=0.5, memory_limit=12)
+    result = solve(problem, time_limit=20)
+    kept = solve(problem.replace(allow_recompute=False, recompute_times=None, checkpoint_memory=None), time_limit=20)
+    assert result.status == kept.status == "optimal" and result.objective == kept.objective
+    assert result.simulation.table.recomputed == ()
+
+
+def test_the_frontier_counts_what_each_limit_recomputes():
+    """p = 2, m = 3, fused, F = 1, BW = 2, R = 2: at limit 1.2 device 0 cannot keep two
+    activations, so its answer recomputes and is slower; at 2 keeping them fits: 1F1B's
+    (m + p - 1)(F + BW) = 12."""
+    problem = Problem(num_devices=2, num_microbatches=3, forward_times=1, backward_times=2, recompute_times=2,
+                      allow_recompute=True, checkpoint_memory=0.1)
+    frontier = memory_frontier(problem, [1.2, 2.0], time_limit=10, executor=ThreadPoolExecutor(1))
+    at_floor, roomy = frontier.points
+    assert at_floor.recomputed >= 1 and at_floor.makespan > 12
+    assert roomy.recomputed == 0 and roomy.makespan == 12
+    assert "recomputed" in format_frontier(frontier)
+
+
+@pytest.mark.parametrize(("schedule", "changes", "message"), [
+    ("1f1b-recompute", {"chunks_per_device": 2}, "1f1b-recompute: 1f1b needs chunks_per_device = 1"),
+    ("interleaved-1f1b-recompute", {}, "interleaved-1f1b-recompute: interleaved-1f1b needs chunks_per_device >= 2"),
+    ("mario-1f1b", {"allow_recompute": False, "checkpoint_memory": None, "recompute_times": None},
+     "mario-1f1b needs allow_recompute: true"),
+])
+def test_a_recomputing_schedule_names_itself_when_it_does_not_apply(schedule, changes, message):
+    with pytest.raises(NotApplicableError, match=message):
+        generate(schedule, recomputing(4, 8, **changes))
+
+
+def test_the_block_search_refuses_recomputation():
+    with pytest.raises(ZboptError, match="the block search keeps every activation"):
+        optimal_block(recomputing(2, 4, memory_limit=1.2), time_limit=1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(problems(max_devices=2, max_microbatches=2, recompute=True), st.sampled_from([1.0, 1.2, 1.5, 2.0]))
+def test_no_bound_exceeds_the_brute_force_optimum_with_recomputation(problem, factor):
+    """Every choice and every order of tiny problems, near the floor where recomputation matters."""
+    limited = problem.replace(memory_limit=factor * max(problem.min_memory_limit))
+    assert lower_bounds(limited).best <= brute_force_optimum(limited) + 1e-9

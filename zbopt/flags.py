@@ -64,8 +64,9 @@ def add_problem_flags(parser: argparse.ArgumentParser) -> None:
     add("--iterations", type=int, default=suppress, help="optimizer steps back to back (default 1)")
     add("--no-flush", dest="flush", action="store_false", default=suppress,
         help="iterations do not wait for each other's weight update (PipeDream-2BW double buffering)")
-    add("--allow-recompute", dest="allow_recompute", action="store_true", default=suppress,
-        help="a schedule may recompute an activation instead of keeping it (needs --checkpoint-memory)")
+    add("--allow-recompute", dest="allow_recompute", action=argparse.BooleanOptionalAction, default=suppress,
+        help="a schedule may recompute an activation instead of keeping it (needs --checkpoint-memory); "
+             "--no-allow-recompute overrides a config that allows it")
     add("--recompute-times", dest="recompute_times", **numbers,
         help="cost of a recompute R per virtual stage (default: the forward's)")
     add("--checkpoint-memory", dest="checkpoint_memory", **numbers,

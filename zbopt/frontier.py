@@ -33,7 +33,9 @@ class FrontierPoint:
 
     makespan is None when no schedule was found within the time limit (status "unknown").
     found_at is the limit whose solve found the schedule: this one, or a smaller one whose
-    schedule was better (it fits this limit too; see `memory_frontier`)."""
+    schedule was better (it fits this limit too; see `memory_frontier`). recomputed is how many
+    activations (stage, microbatch) that schedule recomputes, None where recomputation is not
+    allowed."""
 
     memory_limit: float
     status: str
@@ -41,6 +43,7 @@ class FrontierPoint:
     lower_bound: float
     solve_time_s: float
     found_at: float | None = None
+    recomputed: int | None = None
 
     @property
     def gap(self) -> float | None:
@@ -49,7 +52,7 @@ class FrontierPoint:
     def to_dict(self) -> dict:
         return {"memory_limit": self.memory_limit, "status": self.status, "makespan": self.makespan,
                 "lower_bound": self.lower_bound, "gap": self.gap, "solve_time_s": self.solve_time_s,
-                "found_at": self.found_at}
+                "found_at": self.found_at, "recomputed": self.recomputed}
 
 
 @dataclass(frozen=True)
@@ -177,12 +180,14 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
 
 
 def _best_known_at_each_limit(points: list[FrontierPoint]) -> tuple[FrontierPoint, ...]:
-    """Points in increasing limit, each with the shortest makespan found at or below its limit and
-    the highest bound proven at or above it; the status follows ("optimal" when they meet)."""
+    """Points in increasing limit, each with the shortest makespan found at or below its limit (at
+    equal makespan, the fewest recomputes) and the highest bound proven at or above it; the
+    status follows ("optimal" when they meet)."""
     bounds = list(accumulate((point.lower_bound for point in reversed(points)), max))[::-1]
     carried, best = [], None
     for point, bound in zip(points, bounds, strict=True):
-        if point.makespan is not None and (best is None or point.makespan < best.makespan):
+        if point.makespan is not None and (best is None or (point.makespan, point.recomputed or 0)
+                                           < (best.makespan, best.recomputed or 0)):
             best = point
         if best is point and bound == point.lower_bound:
             carried.append(replace(point, found_at=point.memory_limit))
@@ -192,7 +197,8 @@ def _best_known_at_each_limit(points: list[FrontierPoint]) -> tuple[FrontierPoin
         if makespan is not None:  # the solve driver's rule
             status, bound = settle(makespan, bound)
         carried.append(replace(point, status=status, makespan=makespan, lower_bound=bound,
-                               found_at=None if best is None else best.memory_limit))
+                               found_at=None if best is None else best.memory_limit,
+                               recomputed=None if best is None else best.recomputed))
     return tuple(carried)
 
 
@@ -215,7 +221,11 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 def _solve_at(problem: Problem, limit: float, time_limit: float) -> FrontierPoint:
     """One solve of the sweep (runs in a worker, so it returns only the few numbers the frontier keeps)."""
     result = solve(problem, "cpsat", time_limit=time_limit, workers=1)
-    return FrontierPoint(limit, result.status, result.objective, result.lower_bound, result.solve_time_s, limit)
+    recomputed = None
+    if problem.allow_recompute and result.simulation is not None:
+        recomputed = len(result.simulation.table.recomputed)
+    return FrontierPoint(limit, result.status, result.objective, result.lower_bound, result.solve_time_s, limit,
+                         recomputed)
 
 
 class _ProgressBar:

@@ -175,7 +175,7 @@ class OpTable:
         """Per op, the recompute op it also waits for (same device, no latency): for the input
         gradient (B or BW) of a recomputed activation, its R; else -1."""
         result = [-1] * self.size
-        backward = self.kinds[1]
+        backward = self.problem.input_gradient_kind
         for stage, microbatch in self.recomputed:
             result[self.index(Op(backward, stage, microbatch))] = self.index(Op(RECOMPUTE, stage, microbatch))
         return result

@@ -243,6 +243,23 @@ class Problem:
         return SPLIT_KINDS if self.split_backward else FUSED_KINDS
 
     @property
+    def input_gradient_kind(self) -> str:
+        """The op that sends the gradient upstream and needs the whole activation: B when split, BW
+        when fused (a recompute precedes it)."""
+        return BACKWARD if self.split_backward else FUSED_BACKWARD
+
+    @property
+    def num_activations(self) -> int:
+        """Activations of a step, one per virtual stage and microbatch: what can be recomputed."""
+        return self.num_stages * self.total_microbatches
+
+    @property
+    def recomputation_matters(self) -> bool:
+        """Recomputation is allowed and a memory limit could make it pay: without a limit a
+        recompute only adds work, and every fact about kept activations still holds."""
+        return self.allow_recompute and self.memory_limit is not None
+
+    @property
     def num_ops(self) -> int:
         return len(self.kinds) * self.num_stages * self.total_microbatches
 

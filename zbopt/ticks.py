@@ -50,7 +50,7 @@ def tick_scale(problem: Problem) -> TickScale:
             break
         scale *= 10
     # rounding: every op and latency on a chain is off by <= half a tick (recomputes are ops too)
-    ops = problem.num_ops + (problem.num_stages * problem.total_microbatches if problem.allow_recompute else 0)
+    ops = problem.num_ops + (problem.num_activations if problem.allow_recompute else 0)
     chain = 2 * ops / problem.num_devices + 2 * problem.num_stages
     return TickScale(scale, False, 0.5 * chain / scale)
 

@@ -72,11 +72,10 @@ def _checked_orders(problem: Problem, schedule: Schedule, what: str) -> tuple[tu
     simulator runs them (and checks given start times against). Simulating also rejects a broken
     schedule here, before anything is written; so does a recompute, which `what` (the format)
     cannot express (dropping it would change the schedule)."""
-    simulate(problem, schedule)
-    recomputes = [op for order in schedule.orders for op in order if op.kind == RECOMPUTE]
-    if recomputes:
-        raise ZboptError(f"{what} has no recompute action, and the schedule recomputes {len(recomputes)} "
-                         f"activation(s) (first {recomputes[0]}); export it as zbopt JSON (.json)")
+    recomputed = simulate(problem, schedule).table.recomputed
+    if recomputed:
+        raise ZboptError(f"{what} has no recompute action, and the schedule recomputes {len(recomputed)} "
+                         f"activation(s) (first {Op(RECOMPUTE, *recomputed[0])}); export it as zbopt JSON (.json)")
     return schedule.orders
 
 
@@ -162,7 +161,8 @@ def write_megatron_order(path: str | Path, problem: Problem, schedule: Schedule)
 
 def check_exportable(problem: Problem, export_format: str) -> None:
     """Raise ZboptError now if no schedule of `problem` can be written as `export_format`
-    ("torch-csv" or "megatron"), so that a long solve does not end in that error."""
+    ("torch-csv" or "megatron"), so that a long solve does not end in that error. A schedule that
+    recomputes is refused only when written: whether a solver's answer recomputes is known then."""
     if export_format == "torch-csv":
         _require_one_step(problem, "a torch schedule CSV")
     elif export_format == "megatron":

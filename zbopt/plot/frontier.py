@@ -36,6 +36,7 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
     to the lower bound where it is not; each registered heuristic is a point at its own peak memory
     and makespan, labelled with a leader line (heuristics sharing a point share one label; labels
     are placed, measured by the renderer, clear of each other, the markers and the staircase).
+    With recomputation allowed, each point says how many activations its schedule recomputes.
     `frontier` is a `zbopt.frontier.Frontier`. Writes PNG, SVG or PDF by the extension of `path`.
 
     Returns the matplotlib Figure.
@@ -71,6 +72,8 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
         handles.append(Line2D([], [], color=HEURISTIC_COLOR, marker="D", markersize=5, linestyle="none",
                               label="heuristic, at its own peak memory"))
 
+    if problem.allow_recompute:
+        handles.append(Line2D([], [], linestyle="none", label="R k/N: activations its schedule recomputes"))
     values = [*makespans[~np.isnan(makespans)], *lower, *(y for _, y, _ in groups)]
     low, high = min(values), max(values)
     axes.set_xlim(left, right)
@@ -90,8 +93,30 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
                              f"v={problem.chunks_per_device}, {backward} backward | CP-SAT, "
                              f"{frontier.time_limit:g} s per limit"), fontsize=10)
     _freeze_layout(figure)
-    _label_heuristics(axes, groups, stairs_x, stairs_y)
+    marks = _recompute_marks(axes, frontier) if problem.allow_recompute else []
+    _label_heuristics(axes, groups, stairs_x, stairs_y, marks)
     return _finish(figure, path)
+
+
+def _recompute_marks(axes, frontier) -> list[Bbox]:
+    """Over each point of the staircase, how many activations its schedule recomputes ("R 23/32"),
+    but not over a point that carries the schedule of the one before it, nor where it would cover
+    another mark; their pixel boxes, for the heuristics' labels to keep clear of."""
+    activations = frontier.problem.num_activations
+    renderer = axes.figure.canvas.get_renderer()
+    boxes: list[Bbox] = []
+    for point in frontier.points:
+        if point.makespan is None or point.recomputed is None or point.found_at != point.memory_limit:
+            continue
+        mark = axes.annotate(f"R {point.recomputed}/{activations}", (point.memory_limit, point.makespan),
+                             xytext=(0, 6), textcoords="offset points", ha="center", va="bottom", fontsize=7,
+                             color=FRONTIER_COLOR, zorder=5)
+        box = _text_box(mark, renderer).padded(LABEL_GAP)
+        if any(box.overlaps(other) for other in boxes):
+            mark.remove()
+            continue
+        boxes.append(box)
+    return boxes
 
 
 def _heuristic_groups(heuristics) -> list[tuple[float, float, str]]:
@@ -103,10 +128,11 @@ def _heuristic_groups(heuristics) -> list[tuple[float, float, str]]:
     return [(x, y, ", ".join(group)) for (x, y), group in names.items()]
 
 
-def _label_heuristics(axes, groups: list[tuple[float, float, str]], stairs_x: np.ndarray, stairs_y: np.ndarray):
+def _label_heuristics(axes, groups: list[tuple[float, float, str]], stairs_x: np.ndarray, stairs_y: np.ndarray,
+                      other_text: list[Bbox]):
     """Label each heuristic point at the nearest offset (LABEL_DISTANCES × LABEL_DIRECTIONS) where
-    the text, measured by the renderer, stays inside the axes, clear of every marker, the staircase
-    and the labels placed before it, and nearer its own point than any other heuristic's (so no
+    the text, measured by the renderer, stays inside the axes, clear of every marker, the staircase,
+    `other_text` and the labels placed before it, and nearer its own point than any other heuristic's (so no
     label reads as another point's); a leader line joins it to its point. A label that fits
     nowhere still goes to the nearest offset: overlapping beats missing."""
     renderer = axes.figure.canvas.get_renderer()
@@ -119,6 +145,7 @@ def _label_heuristics(axes, groups: list[tuple[float, float, str]], stairs_x: np
     corners = to_pixels(np.column_stack([np.repeat(stairs_x, 2)[1:], np.repeat(stairs_y, 2)[:-1]]))
     lows, highs = np.minimum(corners[:-1], corners[1:]) - 1.5, np.maximum(corners[:-1], corners[1:]) + 1.5
     taken += [Bbox([low, high]) for low, high in zip(lows, highs, strict=True) if np.isfinite([*low, *high]).all()]
+    taken += other_text
     offsets = [(dx * distance, dy * distance * 0.6) for distance in LABEL_DISTANCES for dx, dy in LABEL_DIRECTIONS]
     for index, (x, y, text) in enumerate(groups):
         for offset in offsets:

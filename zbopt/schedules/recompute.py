@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 
+from zbopt.errors import NotApplicableError
 from zbopt.ops import Op
-from zbopt.problem import BACKWARD, FUSED_BACKWARD, RECOMPUTE, Problem
+from zbopt.problem import RECOMPUTE, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.classic import one_f_one_b, warmup_then_alternate
 from zbopt.schedules.common import iteration_microbatches
@@ -30,17 +31,26 @@ from zbopt.simulate import memory_ceiling, simulate
 _NEEDS = "allow_recompute: true (and checkpoint_memory)"
 
 
-def recompute_everything(problem: Problem, schedule: Schedule, name: str, *, in_backward: bool) -> Schedule:
+def _base(name: str, build, problem: Problem, *options) -> Schedule:
+    """The schedule `build` makes for `problem`, once recomputation is allowed; a precondition of
+    the base schedule is reported under `name`, the schedule asked for."""
+    require(problem.allow_recompute, name, _NEEDS)
+    try:
+        return build(problem, *options)
+    except NotApplicableError as error:
+        raise NotApplicableError(f"{name}: {error}") from None
+
+
+def recompute_everything(problem: Problem, schedule: Schedule, *, in_backward: bool) -> Schedule:
     """`schedule` with R(s, j) inserted directly before every B(s, j) (or BW): each activation
     recomputed, nothing else moved. `in_backward`: with Megatron's start times, each R starting
     when its backward could have started without it (the schedule timed with every backward
     costing R more), its backward right after it."""
-    require(problem.allow_recompute, name, _NEEDS)
     orders = []
     for order in schedule.orders:
         recomputing: list[Op] = []
         for op in order:
-            if op.kind in (BACKWARD, FUSED_BACKWARD):
+            if op.kind == problem.input_gradient_kind:
                 recomputing.append(Op(RECOMPUTE, op.stage, op.microbatch))
             recomputing.append(op)
         orders.append(recomputing)
@@ -56,8 +66,8 @@ def recompute_everything(problem: Problem, schedule: Schedule, name: str, *, in_
         device_times = []
         for op in order:
             if op.kind == RECOMPUTE:
-                device_times.append(timed.times_of(Op(problem.kinds[1], op.stage, op.microbatch))[0])
-            elif op.kind in (BACKWARD, FUSED_BACKWARD):
+                device_times.append(timed.times_of(Op(problem.input_gradient_kind, op.stage, op.microbatch))[0])
+            elif op.kind == problem.input_gradient_kind:
                 device_times.append(timed.times_of(op)[0] + problem.recompute_times[op.stage])
             else:
                 device_times.append(timed.times_of(op)[0])
@@ -77,8 +87,7 @@ def _one_f_one_b_memory(problem: Problem) -> list[float]:
                             "R before every backward", _one_f_one_b_memory)
 def one_f_one_b_recompute(problem: Problem) -> Schedule:
     """1F1B (see `1f1b`) recomputing every activation. Needs v = 1 and allow_recompute."""
-    require(problem.allow_recompute, "1f1b-recompute", _NEEDS)
-    return recompute_everything(problem, one_f_one_b(problem), "1f1b-recompute", in_backward=True)
+    return recompute_everything(problem, _base("1f1b-recompute", one_f_one_b, problem), in_backward=True)
 
 
 @register("interleaved-1f1b-recompute", "Megatron-LM interleaved 1F1B with full recomputation: R before every "
@@ -87,9 +96,8 @@ def interleaved_one_f_one_b_recompute(problem: Problem, microbatch_group_size_pe
                                       ) -> Schedule:
     """Interleaved 1F1B (see `interleaved-1f1b`) recomputing every activation. Needs
     allow_recompute."""
-    require(problem.allow_recompute, "interleaved-1f1b-recompute", _NEEDS)
-    base = interleaved_one_f_one_b(problem, microbatch_group_size_per_vp_stage)
-    return recompute_everything(problem, base, "interleaved-1f1b-recompute", in_backward=True)
+    base = _base("interleaved-1f1b-recompute", interleaved_one_f_one_b, problem, microbatch_group_size_per_vp_stage)
+    return recompute_everything(problem, base, in_backward=True)
 
 
 def _mario_warmups(problem: Problem) -> list[int]:
@@ -122,7 +130,8 @@ def mario_one_f_one_b(problem: Problem) -> Schedule:
     """See the module docstring. Needs v = 1 and allow_recompute. Device s holds at most
     w·c + M_B (w its warm-up forwards, c the checkpoint)."""
     require(problem.allow_recompute, "mario-1f1b", _NEEDS)
+    require(problem.allow_recompute, "mario-1f1b", _NEEDS)
     warmups = _mario_warmups(problem)
     base = warmup_then_alternate(problem, "mario-1f1b", lambda device, _: warmups[device],
                                  iteration_microbatches(problem))
-    return recompute_everything(problem, base, "mario-1f1b", in_backward=False)
+    return recompute_everything(problem, base, in_backward=False)

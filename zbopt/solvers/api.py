@@ -36,6 +36,7 @@ from zbopt.solvers.result import (
     schedule_from_starts,
     settle,
     warm_start_simulation,
+    without_needless_recomputes,
 )
 
 # solver name -> (module, backend option); each module has one function `search(problem, task, **options)`,
@@ -194,6 +195,8 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     if simulation is None and warm is None:
         proved = "solver" if found.status == "infeasible" else None
         return finish(None, found.status, max(independent_bound, found.bound), proved, found.resolution)
+    if simulation is not None:
+        simulation = without_needless_recomputes(problem, simulation, objective, deadline)
     status, simulation, lower, decided_by = _verdict(found, simulation, warm, objective, independent_bound, binding)
     if lower_peak and not task.stopped.is_set():
         try:

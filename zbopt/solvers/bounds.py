@@ -98,7 +98,7 @@ def symmetric_successors(problem: Problem, ops) -> list[tuple[Op, Op]]:
     return [(op, following) for op in ops
             if (following := Op(op.kind, op.stage, op.microbatch + 1)) in present
             and _same_order_group(problem, op.microbatch, following.microbatch)
-            and (not problem.allow_recompute or (op.kind == FORWARD and op.stage == 0))]
+            and (not problem.recomputation_matters or (op.kind == FORWARD and op.stage == 0))]
 
 
 def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
@@ -121,7 +121,7 @@ def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
     None with recomputation allowed: a recomputed microbatch holds less, and the columns are not
     in microbatch order (`symmetric_successors`).
     """
-    if problem.memory_limit is None or problem.allow_recompute:
+    if problem.memory_limit is None or problem.recomputation_matters:
         return []
     present = set(ops)
     pairs = []
@@ -156,7 +156,7 @@ def memory_disjunctions(problem: Problem, ops) -> list[tuple[Op, Op, Op]]:
     j the latest such i is given (the strongest claim); j = n - k with (k+1)·M_B > L is a memory
     precedence instead. None with recomputation allowed (see `memory_precedences`).
     """
-    if problem.memory_limit is None or not problem.split_backward or problem.allow_recompute:
+    if problem.memory_limit is None or not problem.split_backward or problem.recomputation_matters:
         return []
     present = set(ops)
     triples = []
@@ -285,20 +285,23 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
     count = problem.total_microbatches
     for device, stages in enumerate(problem.stages_of_device):
         limit = problem.memory_limit[device]
-        if problem.allow_recompute:
+        if problem.recomputation_matters:
             best = max(best, whole_activations_bound(problem, device, lifetimes, device_load[device]))
         integral = 0.0
         trades = []  # (saving of memory-time per unit of recompute time, recompute time available)
         for stage in stages:
             held = _memory_time(problem, stage, lifetimes[stage])
             integral += count * held
-            if problem.allow_recompute:
+            if problem.recomputation_matters:
                 saving = held - _recomputed_memory_time(problem, stage)
                 if saving > 0:
                     trades.append((saving / problem.recompute_times[stage], count * problem.recompute_times[stage]))
         if integral <= 0:  # a device that holds nothing (its limit is positive otherwise)
             continue
-        best = max(best, _trade_off(device_load[device], integral / limit, trades, limit))
+        if not problem.recomputation_matters:
+            best = max(best, integral / limit)
+        else:
+            best = max(best, _trade_off(device_load[device], integral / limit, trades, limit))
     return best
 
 
@@ -339,7 +342,8 @@ def whole_activations_bound(problem: Problem, device: int, lifetimes: list[tuple
     weight = problem.weight_times if problem.split_backward else (0.0,) * problem.num_stages
     work = sum(count * (problem.forward_times[s] + problem.backward_times[s] + weight[s]) for s in stages)
     away = {s: lifetimes[s][0] - problem.forward_times[s] - problem.backward_times[s] for s in stages}
-    if whole + min(problem.checkpoint_memory[s] for s in stages) > ceiling:
+    if whole + min(problem.checkpoint_memory[s] for s in stages) > ceiling:  # one stage per device: a
+        # device with more stages cannot go below one activation and a checkpoint (`min_memory_limit`)
         held = sum(count * (problem.forward_times[s] + away[s] + problem.backward_times[s]) for s in stages)
         return device_load - work + held + max(0.0, sum(count * (weight[s] - away[s]) for s in stages))
     base = device_load - work + sum(count * (problem.recompute_times[s] + problem.backward_times[s]) for s in stages)
@@ -544,7 +548,7 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     lifetimes = activation_lifetimes(problem)
     memory = memory_bound(problem, lifetimes, device_load)
     sequencing = relaxed = 0.0
-    if problem.allow_recompute:  # the single-device bounds assume kept activations in microbatch order
+    if problem.recomputation_matters:  # the single-device bounds assume kept activations in microbatch order
         return LowerBounds(critical, load, one_machine, memory, sequencing)
     if problem.chunks_per_device == 1:
         for device in range(problem.num_devices):

@@ -96,7 +96,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     duration = table.duration
     ops_of_device = [[op for op in ops if op.stage in stages] for stages in problem.stages_of_device]
     makespan_goal = task.objective == "makespan"
-    chooses_recompute = problem.allow_recompute and (problem.memory_limit is not None or task.peak_cap is not None)
+    chooses_recompute = problem.recomputation_matters  # without a limit a recompute only adds work
     recompute_work = sum(integral.recompute_times) * table.num_microbatches if chooses_recompute else 0
     horizon = int(sum(duration) + sum(table.latency) + recompute_work)  # everything in a row: always feasible
     hint = None
@@ -173,10 +173,13 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     if not found and task.stopped.is_set():
         return _hinted_only(task, scale)
     exact_objective = task.peak_cap is None
-    chosen = [op for op in start if op.kind != RECOMPUTE or solver.BooleanValue(recompute[op.stage, op.microbatch][0])]
+    starts = None
+    if found:
+        starts = {op: scale.units(solver.Value(start[op])) for op in start
+                  if op.kind != RECOMPUTE or solver.BooleanValue(recompute[op.stage, op.microbatch][0])}
     return Found(
         status=status,
-        starts={op: scale.units(solver.Value(start[op])) for op in chosen} if found else None,
+        starts=starts,
         bound=scale.units(solver.BestObjectiveBound()) - scale.error_bound
         if exact_objective and status != "infeasible" else 0.0,
         modelled=scale.units(solver.Value(goal)) if found else None,
@@ -232,7 +235,7 @@ def _recompute_choices(model, problem: Problem, ops, start, end, interval, horiz
     """Per (stage, microbatch), (literal "recomputed", start of its R): an optional R interval on
     the device's no-overlap, after F and before the input gradient when chosen. Adds R's start
     and interval to `start`, `end` and `interval` under Op("R", stage, microbatch)."""
-    backward = problem.kinds[1]
+    backward = problem.input_gradient_kind
     choices = {}
     for forward in (op for op in ops if op.kind == FORWARD):
         stage, microbatch = forward.stage, forward.microbatch

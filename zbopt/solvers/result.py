@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from zbopt.errors import ZboptError
 from zbopt.ops import Op, device_work
-from zbopt.problem import Problem
+from zbopt.problem import RECOMPUTE, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules import applicable, generate
 from zbopt.simulate import RELATIVE_TOLERANCE, Simulation, simulate
@@ -163,6 +163,24 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str) -
     for op in sorted(starts, key=starts.__getitem__):
         orders[problem.device_of(op.stage)].append(op)
     return Schedule(orders, name=name)
+
+
+def without_needless_recomputes(problem: Problem, simulation: Simulation, objective: str,
+                                deadline: float = math.inf) -> Simulation:
+    """The schedule with every recompute dropped (the activation kept instead) that is not needed:
+    one at a time, in (stage, microbatch) order, while the schedule stays within the memory limit
+    and its objective does not grow, until `deadline` (`time.perf_counter()`; one simulation per
+    recompute). A solver may leave an R in idle time where it costs nothing; a user reading the
+    schedule should not have to wonder why it recomputes with memory to spare."""
+    for stage, microbatch in simulation.table.recomputed:
+        if time.perf_counter() > deadline:
+            break
+        dropped = Op(RECOMPUTE, stage, microbatch)
+        orders = [[op for op in order if op != dropped] for order in simulation.schedule.orders]
+        candidate = simulate(problem, Schedule(orders, name=simulation.schedule.name))
+        if candidate.valid and objective_value(candidate, objective) <= objective_value(simulation, objective):
+            simulation = candidate
+    return simulation
 
 
 def check_close(name: str, simulated: float, modelled: float, error_bound: float) -> None:

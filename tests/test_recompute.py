@@ -152,18 +152,19 @@ def test_cpsat_agrees_with_brute_force_over_choices_and_orders(problem):
     assert max(result.bounds.values()) <= expected + 1e-9
 
 
-def test_at_the_floor_with_no_heuristic_the_optimizer_still_finds_a_schedule():
-    """Limit 2 = stage 0's activation: no heuristic fits (keeping both stages needs 3). One
-    microbatch at a time, stage 0 recomputed, fits (0.2 + 1, then 0.2 + 1.8); the model's horizon
-    must leave room for the recomputes (it once said 'infeasible')."""
+def test_at_the_floor_without_a_warm_start_the_optimizer_still_finds_a_schedule():
+    """Limit 2 = stage 0's activation: no heuristic keeping every activation fits (keeping both
+    stages needs 3). One microbatch at a time, stage 0 recomputed, fits (0.2 + 1, then 0.2 + 1.8);
+    without a warm start to bound it, the model's horizon must leave room for the recomputes (it
+    once said 'infeasible')."""
     problem = Problem(num_devices=1, num_microbatches=3, chunks_per_device=2, placement="v", forward_times=1,
                       backward_times=[2, 3], weight_times=2, activation_memory=[2, 1], weight_memory=[1, 0.5],
                       memory_limit=2, allow_recompute=True, recompute_times=[3, 2], checkpoint_memory=[0.2, 0.1])
     serial = Schedule([[op for j in range(3) for op in (f"0F{j}", f"1F{j}", f"1B{j}", f"1W{j}", f"0R{j}", f"0B{j}",
                                                           f"0W{j}")]])
     one_at_a_time = simulate(problem, serial, strict=True).makespan
-    result = solve(problem, time_limit=20)
-    assert result.warm_start is None and result.status == "optimal"
+    result = solve(problem, time_limit=20, use_warm_start=False)
+    assert result.status == "optimal"
     assert result.lower_bound <= result.objective <= one_at_a_time == 3 * (1 + 1 + 3 + 2 + 3 + 2 + 2)
 
 
@@ -212,3 +213,21 @@ def test_no_bound_exceeds_the_brute_force_optimum_with_recomputation(problem, fa
     """Every choice and every order of tiny problems, near the floor where recomputation matters."""
     limited = problem.replace(memory_limit=factor * max(problem.min_memory_limit))
     assert lower_bounds(limited).best <= brute_force_optimum(limited) + 1e-9
+
+
+def test_serial_recompute_fits_the_least_limit_and_gives_the_optimizer_a_start():
+    """One microbatch at a time: on one device its makespan is all the work, every stage but the
+    last recomputed; its peak is the floor exactly. V placement, v = 2, at that floor (0.5 + 0.03):
+    no other heuristic fits, and the optimizer starts from it."""
+    one = Problem(num_devices=1, num_microbatches=3, chunks_per_device=2, forward_times=[1, 2], backward_times=[2, 3],
+                  weight_times=1, recompute_times=[4, 5], allow_recompute=True, checkpoint_memory=[0.25, 0.5])
+    result = simulate(one, generate("serial-recompute", one))
+    assert result.makespan == 3 * (1 + 2 + 2 + 3 + 1 + 1 + 4)
+    assert result.peak_memory == one.min_memory_limit == (1.25,)
+    vee = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, placement="v", forward_times=9,
+                  backward_times=9, weight_times=4.5, p2p_time=0.6, activation_memory=0.5, allow_recompute=True,
+                  checkpoint_memory=0.03, memory_limit=0.53)
+    serial = simulate(vee, generate("serial-recompute", vee))
+    assert serial.valid and max(serial.peak_memory) == pytest.approx(0.53)
+    answer = solve(vee, time_limit=10)
+    assert answer.warm_start == "serial-recompute" and answer.objective <= serial.makespan

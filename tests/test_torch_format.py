@@ -93,7 +93,7 @@ def crossings(problem: Problem) -> int:
 def test_every_registered_schedule_is_exported():
     """All but those that recompute: torch has no recompute action (their export is refused)."""
     recomputing = recomputing_schedules()
-    assert recomputing == {"1f1b-recompute", "interleaved-1f1b-recompute", "mario-1f1b"}
+    assert recomputing == {"1f1b-recompute", "interleaved-1f1b-recompute", "mario-1f1b", "serial-recompute"}
     assert {name for _, name, _ in HEURISTICS} == {entry.name for entry in registered()} - recomputing
 
 

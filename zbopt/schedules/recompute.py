@@ -19,13 +19,14 @@ recomputing it would save no memory (p = 4, m = 8, 1.5B costs: 629.2 recomputing
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 
 from zbopt.errors import NotApplicableError
 from zbopt.ops import Op
-from zbopt.problem import RECOMPUTE, Problem
+from zbopt.problem import FORWARD, RECOMPUTE, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.classic import one_f_one_b, warmup_then_alternate
-from zbopt.schedules.common import iteration_microbatches
+from zbopt.schedules.common import backward_ops, iteration_microbatches
 from zbopt.schedules.interleaved import interleaved_one_f_one_b
 from zbopt.schedules.registry import register, require
 from zbopt.simulate import memory_ceiling, simulate
@@ -139,3 +140,26 @@ def mario_one_f_one_b(problem: Problem) -> Schedule:
     base = warmup_then_alternate(problem, "mario-1f1b", lambda device, _: warmups[device],
                                  iteration_microbatches(problem))
     return recompute_everything(problem, base, in_backward=False, but_last=True)
+
+
+@register("serial-recompute", "zbopt's fallback at the least limit with recomputation: one microbatch at a time, "
+                              "every stage but the last recomputed", attrgetter("min_memory_limit"))
+def serial_recompute(problem: Problem) -> Schedule:
+    """Each device runs microbatch j's forwards on its stages, then for each of its stages from the
+    last down R (but on the last stage), B and W, before anything of microbatch j + 1: a device then
+    holds at most one stage's activation and the checkpoints of its earlier stages, the least limit
+    (`Problem.min_memory_limit`). Slow, but it fits where nothing else does (V shapes near that
+    limit), so the optimizer always has a warm start. Any v and placement; needs allow_recompute."""
+    require(problem.allow_recompute, "serial-recompute", _NEEDS)
+    last = problem.num_stages - 1
+    orders: list[list[Op]] = []
+    for stages in problem.stages_of_device:
+        order: list[Op] = []
+        for microbatch in range(problem.total_microbatches):
+            order += [Op(FORWARD, stage, microbatch) for stage in stages]
+            for stage in reversed(stages):
+                if stage != last:
+                    order.append(Op(RECOMPUTE, stage, microbatch))
+                order += backward_ops(problem, stage, microbatch)
+        orders.append(order)
+    return Schedule(orders)

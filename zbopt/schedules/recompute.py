@@ -129,12 +129,11 @@ def _mario_memory(problem: Problem) -> list[float]:
             for s, warmup in enumerate(_mario_warmups(problem))]
 
 
-@register("mario-1f1b", "Mario (Liu et al., PPoPP 2025) on 1F1B: every activation recomputed, R in the bubbles, "
-                        "more warm-up forwards as memory allows", _mario_memory)
+@register("mario-1f1b", "Mario (Liu et al., PPoPP 2025) on 1F1B: every activation but the last stage's "
+                        "recomputed, R in the bubbles, more warm-up forwards as memory allows", _mario_memory)
 def mario_one_f_one_b(problem: Problem) -> Schedule:
     """See the module docstring. Needs v = 1 and allow_recompute. Device s holds at most
     w·c + M_B (w its warm-up forwards, c the checkpoint)."""
-    require(problem.allow_recompute, "mario-1f1b", _NEEDS)
     require(problem.allow_recompute, "mario-1f1b", _NEEDS)
     warmups = _mario_warmups(problem)
     base = warmup_then_alternate(problem, "mario-1f1b", lambda device, _: warmups[device],

@@ -348,15 +348,11 @@ def whole_activations_bound(problem: Problem, device: int, lifetimes: list[tuple
         return device_load - work + held + max(0.0, sum(count * (weight[s] - away[s]) for s in stages))
     base = device_load - work + sum(count * (problem.recompute_times[s] + problem.backward_times[s]) for s in stages)
     outside = sum(count * (problem.forward_times[s] + weight[s]) for s in stages)
-    trades = []  # (a_s, c_s) of the stages that may be kept
-    last = max(stages)
-    for stage in stages:
-        if stage == last:
-            trades.append((problem.forward_times[stage] + away[stage] - problem.recompute_times[stage],
-                           problem.forward_times[stage] + away[stage]))
-    breakpoints = {0.0, 1.0} | {a / c for a, c in trades if c > 0 and 0 < a / c < 1}
-    return max(base + weight_ * outside + sum(count * min(0.0, a - weight_ * c) for a, c in trades)
-               for weight_ in breakpoints)
+    last = max(stages)  # the only stage that may be kept
+    c = problem.forward_times[last] + away[last]
+    a = c - problem.recompute_times[last]
+    breakpoints = {0.0, 1.0} | ({a / c} if c > 0 and 0 < a / c < 1 else set())
+    return max(base + share * outside + count * min(0.0, a - share * c) for share in breakpoints)
 
 
 def _memory_time(problem: Problem, stage: int, lifetime: tuple[float, float]) -> float:

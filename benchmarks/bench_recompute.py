@@ -25,9 +25,21 @@ CHECKPOINT = 0.03
 LIMITS = {4: (1, 1.5, 2, 3, 4, 6, 8), 8: (1, 1.5, 2, 4, 8, 12, 16)}
 
 
-def problem(p: int, m: int, limit: float, recompute: bool) -> Problem:
+def problem(p: int, m: int, limit: float, recompute: bool, offload_ms: float | None = None) -> Problem:
+    """The 1.5B costs at p, m and the limit; recomputation allowed with CHECKPOINT when `recompute`,
+    offload with copies of `offload_ms` each way when given (`bench_offload.py`)."""
     mechanisms = {"allow_recompute": True, "checkpoint_memory": CHECKPOINT} if recompute else {}
+    if offload_ms is not None:
+        mechanisms.update(allow_offload=True, offload_times=offload_ms)
     return ZERO_BUBBLE_MODELS["1.5B"].problem(limit, num_devices=p, num_microbatches=m, **mechanisms)
+
+
+def arguments(description: str) -> argparse.Namespace:
+    """--time-limit S (per solve) and --shapes PxM,..., shared with `bench_offload.py`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--shapes", default="4x8,8x16")
+    return parser.parse_args()
 
 
 def heuristic(name: str, limited: Problem) -> float | None:
@@ -37,10 +49,7 @@ def heuristic(name: str, limited: Problem) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--shapes", default="4x8,8x16")
-    args = parser.parse_args()
+    args = arguments(__doc__.splitlines()[0])
     rows = []
     print(f"{'p':>2} {'m':>3} {'limit':>5} | {'kept':>8} {'gap':>6} | {'recompute':>9} {'bound':>8} {'gap':>6} "
           f"{'R':>4} | {'megatron':>8} {'mario':>8} | {'kept/rec':>8} {'meg/rec':>7}", flush=True)

@@ -176,15 +176,133 @@ def brute_force_least_peak(problem: Problem, makespan: float) -> float:
                if result.makespan <= makespan + 1e-9)
 
 
-def recomputing_schedules() -> set[str]:
-    """Names of the registered schedules that recompute (their schedules hold R ops, which torch's
-    formats cannot express), found by generating every schedule with recomputation allowed."""
+def mechanism_schedules() -> set[str]:
+    """Names of the registered schedules that recompute or offload (their schedules hold R, O or
+    L ops, which torch's formats cannot express), found by generating every schedule with both
+    mechanisms allowed."""
     from zbopt.schedules import generate_applicable
 
     names = set()
     for chunks in (1, 2):
         problem = Problem(num_devices=4, num_microbatches=8, chunks_per_device=chunks, weight_times=1,
-                          allow_recompute=True, checkpoint_memory=0.1)
+                          allow_recompute=True, checkpoint_memory=0.1, allow_offload=True, offload_times=0.1)
         names |= {name for name, schedule in generate_applicable(problem)[0].items()
-                  if any(op.kind == "R" for order in schedule.orders for op in order)}
+                  if any(op.kind in "ROL" for order in schedule.orders for op in order)}
     return names
+
+
+def timed_search_optimum(problem: Problem) -> float:
+    """The least makespan over every schedule in which each activation is kept, recomputed or
+    offloaded (as the problem allows), found by trying, at every moment something ends, every
+    way of starting ready ops on the free lanes (one op per device's compute lane and per copy
+    lane; a shared host link is one copy lane per pair of devices) within the memory limit.
+
+    Exact for integer costs and latency: in a schedule with the least starts for its order of
+    events, every op starts at 0 or when some op ends (plus latency), the only moments tried.
+    Independent of zbopt's simulator and op table: lanes, dependencies and memory are spelled out
+    here from the problem's documented semantics. For tiny problems only."""
+    import itertools
+    import math
+
+    graph = op_graph(problem)
+    stages, microbatches = problem.num_stages, problem.total_microbatches
+    activations = list(itertools.product(range(stages), range(microbatches)))
+    ways = ["keep"] + (["R"] if problem.allow_recompute else []) + (["O"] if problem.allow_offload else [])
+    limits = [math.inf] * problem.num_devices if problem.memory_limit is None else list(problem.memory_limit)
+    backward = problem.kinds[1]
+    best = math.inf
+
+    def link(device):
+        return device // 2 if problem.shared_host_link else device
+
+    for choice in itertools.product(ways, repeat=len(activations)):
+        way = dict(zip(activations, choice, strict=True))
+        needs = {op: [(pred, data["latency"]) for pred, _, data in graph.in_edges(op, data=True)] for op in graph}
+        lane = {op: ("compute", graph.nodes[op]["device"]) for op in graph}
+        cost = {op: graph.nodes[op]["duration"] for op in graph}
+        grows = {op: 0.0 for op in graph}  # memory taken at the start
+        frees = {op: 0.0 for op in graph}  # memory given back at the end
+        for (stage, microbatch), how in way.items():
+            device = problem.device_of(stage)
+            activation = problem.activation_memory[stage]
+            forward = Op("F", stage, microbatch)
+            gradient = Op(backward, stage, microbatch)
+            grows[forward] = activation
+            if problem.split_backward:
+                kept = problem.weight_memory[stage]
+                frees[gradient], frees[Op("W", stage, microbatch)] = activation - kept, kept
+            else:
+                frees[gradient] = activation
+            if how == "R":
+                recompute = Op("R", stage, microbatch)
+                grows[forward] = problem.checkpoint_memory[stage]
+                grows[recompute], frees[recompute] = activation - problem.checkpoint_memory[stage], 0.0
+                lane[recompute], cost[recompute] = ("compute", device), problem.recompute_times[stage]
+                needs[recompute] = [(forward, 0.0)]
+                needs[gradient] = needs[gradient] + [(recompute, 0.0)]
+            elif how == "O":
+                offload, reload = Op("O", stage, microbatch), Op("L", stage, microbatch)
+                grows[offload], frees[offload] = 0.0, activation
+                grows[reload], frees[reload] = activation, 0.0
+                lane[offload], cost[offload] = ("out", link(device)), problem.offload_times[stage]
+                lane[reload], cost[reload] = ("in", link(device)), problem.reload_times[stage]
+                needs[offload], needs[reload] = [(forward, 0.0)], [(offload, 0.0)]
+                needs[gradient] = needs[gradient] + [(reload, 0.0)]
+        device_of = {op: problem.device_of(op.stage) for op in cost}
+        work = [sum(cost[op] for op in cost if lane[op][0] == "compute" and device_of[op] == d)
+                for d in range(problem.num_devices)]
+        best = min(best, _search_in_time(cost, needs, lane, grows, frees, device_of, limits, work, best))
+    return best
+
+
+def _search_in_time(cost, needs, lane, grows, frees, device_of, limits, work, best):
+    """The least makespan below `best` (else `best`) for fixed choices: see `timed_search_optimum`."""
+    import itertools
+
+    ops = sorted(cost)
+    seen = set()
+
+    def visit(now, end, lane_free, left_work, best):
+        if len(end) == len(ops):
+            return min(best, max(end.values()))
+        if now + max(left_work) >= best:
+            return best
+        # what matters from here: which ops started, and how long until the recent ones (or their
+        # latency) are over
+        horizon = max((latency for links in needs.values() for _, latency in links), default=0.0)
+        key = (now, frozenset(end), frozenset((op, e - now) for op, e in end.items() if e > now - horizon))
+        if key in seen:
+            return best
+        seen.add(key)
+        level = [0.0] * len(limits)
+        for op, e in end.items():
+            level[device_of[op]] += grows[op] - (frees[op] if e <= now else 0.0)
+        ready = {}
+        for op in ops:
+            if op not in end and lane_free.get(lane[op], 0.0) <= now and \
+                    all(pred in end and end[pred] + latency <= now for pred, latency in needs[op]):
+                ready.setdefault(lane[op], []).append(op)
+        lanes = list(ready)
+        for picks in itertools.product(*[ready[key] + [None] for key in lanes]):
+            started = [op for op in picks if op is not None]
+            taken = list(level)
+            for op in started:
+                taken[device_of[op]] += grows[op]
+            if any(taken[d] > limits[d] + 1e-9 for d in range(len(limits))):
+                continue
+            new_end = dict(end)
+            new_free = dict(lane_free)
+            new_left = list(left_work)
+            for op in started:
+                new_end[op] = new_free[lane[op]] = now + cost[op]
+                if lane[op][0] == "compute":
+                    new_left[device_of[op]] -= cost[op]
+            moments = {e + latency for op in ops for pred, latency in needs[op] if (e := new_end.get(pred)) is not None}
+            moments |= set(new_end.values())
+            later = [moment for moment in moments if moment > now]
+            if not later and len(new_end) < len(ops):
+                continue
+            best = visit(min(later) if later else now, new_end, new_free, new_left, best)
+        return best
+
+    return visit(0.0, {}, {}, list(work), best)

@@ -10,10 +10,11 @@ import pytest
 
 from tests.reference import brute_force_optimum
 from zbopt import Problem, generate, simulate, solve
+from zbopt.schedules.common import schedule_from_starts
 from zbopt.solvers import api, cpsat, hybrid, lns
 from zbopt.solvers.api import Found, SearchTask
 from zbopt.solvers.bounds import LowerBounds
-from zbopt.solvers.result import schedule_from_starts, start_times
+from zbopt.solvers.result import start_times
 
 SMALL = dict(num_devices=2, num_microbatches=2, forward_times=1, backward_times=2, weight_times=1, weight_memory=0.5)
 

@@ -53,7 +53,8 @@ def label_boxes_in_pixels(figure, simulation):
     table = simulation.table
     result = []
     for label in axes.texts:
-        center, device = label.get_position()
+        center, row = label.get_position()
+        device = round(row)  # a label sits at its row's centre (above the copy lanes, if any)
         ops = simulation.device_ops[device]
         op = ops[np.searchsorted(simulation.start[ops], center) - 1]
         assert simulation.start[op] < center < simulation.end[op]

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.reference import recomputing_schedules
+from tests.reference import mechanism_schedules
 from zbopt import (
     NotApplicableError,
     Problem,
@@ -91,10 +91,11 @@ def crossings(problem: Problem) -> int:
 
 
 def test_every_registered_schedule_is_exported():
-    """All but those that recompute: torch has no recompute action (their export is refused)."""
-    recomputing = recomputing_schedules()
-    assert recomputing == {"1f1b-recompute", "interleaved-1f1b-recompute", "mario-1f1b", "serial-recompute"}
-    assert {name for _, name, _ in HEURISTICS} == {entry.name for entry in registered()} - recomputing
+    """All but those that recompute or offload: torch has no such action (their export is refused)."""
+    moving = mechanism_schedules()
+    assert moving == {"1f1b-recompute", "interleaved-1f1b-recompute", "mario-1f1b", "serial-recompute",
+                      "pipeoffload", "serial-offload"}
+    assert {name for _, name, _ in HEURISTICS} == {entry.name for entry in registered()} - moving
 
 
 def test_a_schedule_that_recomputes_is_not_exported_to_torch(tmp_path):

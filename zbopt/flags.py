@@ -71,6 +71,15 @@ def add_problem_flags(parser: argparse.ArgumentParser) -> None:
         help="cost of a recompute R per virtual stage (default: the forward's)")
     add("--checkpoint-memory", dest="checkpoint_memory", **numbers,
         help="what a recomputed activation keeps between F and R per virtual stage (its stage input)")
+    add("--allow-offload", dest="allow_offload", action=argparse.BooleanOptionalAction, default=suppress,
+        help="a schedule may offload an activation to host memory and reload it before its backward "
+             "(needs --offload-times); --no-allow-offload overrides a config that allows it")
+    add("--offload-times", dest="offload_times", **numbers,
+        help="device-to-host copy time of one activation per virtual stage")
+    add("--reload-times", dest="reload_times", **numbers,
+        help="host-to-device copy time of one activation per virtual stage (default: the offload time)")
+    add("--shared-host-link", dest="shared_host_link", action=argparse.BooleanOptionalAction, default=suppress,
+        help="devices 2k and 2k+1 share one host link, one copy each way at a time (PipeOffload's pairing)")
 
 
 def add_schedule_flags(parser: argparse.ArgumentParser) -> None:

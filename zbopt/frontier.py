@@ -44,6 +44,7 @@ class FrontierPoint:
     solve_time_s: float
     found_at: float | None = None
     recomputed: int | None = None
+    offloaded: int | None = None
 
     @property
     def gap(self) -> float | None:
@@ -52,7 +53,7 @@ class FrontierPoint:
     def to_dict(self) -> dict:
         return {"memory_limit": self.memory_limit, "status": self.status, "makespan": self.makespan,
                 "lower_bound": self.lower_bound, "gap": self.gap, "solve_time_s": self.solve_time_s,
-                "found_at": self.found_at, "recomputed": self.recomputed}
+                "found_at": self.found_at, "recomputed": self.recomputed, "offloaded": self.offloaded}
 
 
 @dataclass(frozen=True)
@@ -181,13 +182,12 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
 
 def _best_known_at_each_limit(points: list[FrontierPoint]) -> tuple[FrontierPoint, ...]:
     """Points in increasing limit, each with the shortest makespan found at or below its limit (at
-    equal makespan, the fewest recomputes) and the highest bound proven at or above it; the
-    status follows ("optimal" when they meet)."""
+    equal makespan, the fewest recomputes, then offloads) and the highest bound proven at or above
+    it; the status follows ("optimal" when they meet)."""
     bounds = list(accumulate((point.lower_bound for point in reversed(points)), max))[::-1]
     carried, best = [], None
     for point, bound in zip(points, bounds, strict=True):
-        if point.makespan is not None and (best is None or (point.makespan, point.recomputed or 0)
-                                           < (best.makespan, best.recomputed or 0)):
+        if point.makespan is not None and (best is None or _preference(point) < _preference(best)):
             best = point
         if best is point and bound == point.lower_bound:
             carried.append(replace(point, found_at=point.memory_limit))
@@ -198,8 +198,14 @@ def _best_known_at_each_limit(points: list[FrontierPoint]) -> tuple[FrontierPoin
             status, bound = settle(makespan, bound)
         carried.append(replace(point, status=status, makespan=makespan, lower_bound=bound,
                                found_at=None if best is None else best.memory_limit,
-                               recomputed=None if best is None else best.recomputed))
+                               recomputed=None if best is None else best.recomputed,
+                               offloaded=None if best is None else best.offloaded))
     return tuple(carried)
+
+
+def _preference(point: FrontierPoint) -> tuple:
+    """Shorter first; at equal makespan, fewer recomputes (work), then fewer offloads (traffic)."""
+    return point.makespan, point.recomputed or 0, point.offloaded or 0
 
 
 def _checked_limit(problem: Problem, limit: float) -> float:
@@ -221,11 +227,12 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 def _solve_at(problem: Problem, limit: float, time_limit: float) -> FrontierPoint:
     """One solve of the sweep (runs in a worker, so it returns only the few numbers the frontier keeps)."""
     result = solve(problem, "cpsat", time_limit=time_limit, workers=1)
-    recomputed = None
-    if problem.allow_recompute and result.simulation is not None:
-        recomputed = len(result.simulation.table.recomputed)
+    recomputed = offloaded = None
+    if result.simulation is not None:
+        recomputed = len(result.simulation.table.recomputed) if problem.allow_recompute else None
+        offloaded = len(result.simulation.table.offloaded) if problem.allow_offload else None
     return FrontierPoint(limit, result.status, result.objective, result.lower_bound, result.solve_time_s, limit,
-                         recomputed)
+                         recomputed, offloaded)
 
 
 class _ProgressBar:

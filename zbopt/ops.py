@@ -7,6 +7,8 @@ Within one microbatch j (S = number of virtual stages):
     F(s, j) -> F(s+1, j);  F(S-1, j) -> B(S-1, j);  B(s+1, j) -> B(s, j);  B(s, j) -> W(s, j)
     fused:  F(S-1, j) -> BW(S-1, j);  BW(s+1, j) -> BW(s, j)
 A recomputed activation adds R(s, j) (same device): F(s, j) -> R(s, j) -> B(s, j) (or BW).
+An offloaded one adds O(s, j) and L(s, j) on the device's copy lanes: F(s, j) -> O(s, j) -> L(s, j)
+-> B(s, j) (or BW).
 Every edge between ops on different devices carries the latency p2p_time.
 Between iterations, with a flush (a weight update on each stage): every F(s, j) of iteration k+1
 waits for every gradient op (W or BW) of stage s in iteration k; same device, so no latency.
@@ -21,13 +23,16 @@ from typing import NamedTuple
 import networkx as nx
 
 from zbopt.errors import ScheduleError
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, RECOMPUTE, WEIGHT, Problem
+from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT, Problem
 
-_OP_PATTERN = re.compile(r"^\s*(\d+)(F|BW|B|W|R)(\d+)\s*$")
+_OP_PATTERN = re.compile(r"^\s*(\d+)(F|BW|B|W|R|O|L)(\d+)\s*$")
+# Where an op runs on its device: compute, or one of the two copy lanes beside it.
+COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE = 0, 1, 2
+LANE_OF_KIND = {OFFLOAD: OFFLOAD_LANE, RELOAD: RELOAD_LANE}
 
 
 class Op(NamedTuple):
-    """One unit of work: `kind` (F, B, W, BW or R) of virtual stage `stage` on microbatch `microbatch`.
+    """One unit of work: `kind` (F, B, W, BW, R, O or L) of virtual stage `stage` on microbatch `microbatch`.
 
     Its text form is "{stage}{kind}{microbatch}", as in torch.distributed.pipelining:
 
@@ -48,7 +53,7 @@ class Op(NamedTuple):
         match = _OP_PATTERN.match(text) if isinstance(text, str) else None
         if match is None:
             raise ScheduleError(
-                f"{text!r} is not an op: expected stage, kind (F, B, W, BW, R), microbatch, e.g. '3F1'")
+                f"{text!r} is not an op: expected stage, kind (F, B, W, BW, R, O, L), microbatch, e.g. '3F1'")
         return cls(match.group(2), int(match.group(1)), int(match.group(3)))
 
 
@@ -56,25 +61,36 @@ class OpTable:
     """Every op of a problem numbered 0..N-1 with the flat arrays the simulator and solvers read.
 
     Index of Op(kind, s, j) = (kind_index · S + s) · M + j with M = m · iterations, so ops of one
-    kind and stage are contiguous and in microbatch order. The recompute ops of the activations in
-    `recomputed` ((stage, microbatch) pairs; a schedule's choice, empty by default) follow, in
-    (stage, microbatch) order.
+    kind and stage are contiguous and in microbatch order. The optional ops follow, a schedule's
+    choice per (stage, microbatch) pair, each in (stage, microbatch) order: the R of each pair in
+    `recomputed`, then the O and then the L of each pair in `offloaded`.
     """
 
-    def __init__(self, problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset()):
-        if recomputed and not problem.allow_recompute:
-            stage, microbatch = min(recomputed)
-            raise ScheduleError(f"op {Op(RECOMPUTE, stage, microbatch)}: recomputation is not allowed in this "
-                                "problem (allow_recompute is false)")
+    def __init__(self, problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset(),
+                 offloaded: frozenset[tuple[int, int]] = frozenset()):
+        for pairs, kind, allowed, key in ((recomputed, RECOMPUTE, problem.allow_recompute, "allow_recompute"),
+                                          (offloaded, OFFLOAD, problem.allow_offload, "allow_offload")):
+            if pairs and not allowed:
+                what = "recomputation" if kind == RECOMPUTE else "offload"
+                raise ScheduleError(f"op {Op(kind, *min(pairs))}: {what} is not allowed in this problem "
+                                    f"({key} is false)")
+        both = recomputed & offloaded
+        if both:
+            stage, microbatch = min(both)
+            raise ScheduleError(f"ops {Op(RECOMPUTE, stage, microbatch)} and {Op(OFFLOAD, stage, microbatch)}: an "
+                                "activation is kept, recomputed or offloaded, not both")
         self.problem = problem
         self.kinds = problem.kinds
         self.num_stages = problem.num_stages
         self.num_microbatches = problem.total_microbatches
         self.core_size = problem.num_ops
         self.recomputed = tuple(sorted(recomputed))
-        self.size = self.core_size + len(self.recomputed)
+        self.offloaded = tuple(sorted(offloaded))
+        self.size = self.core_size + len(self.recomputed) + 2 * len(self.offloaded)
         self._kind_index = {kind: index for index, kind in enumerate(self.kinds)}
-        self._recompute_index = {pair: self.core_size + k for k, pair in enumerate(self.recomputed)}
+        self._optional = [(RECOMPUTE, pair) for pair in self.recomputed] + \
+            [(OFFLOAD, pair) for pair in self.offloaded] + [(RELOAD, pair) for pair in self.offloaded]
+        self._optional_index = {(kind, *pair): self.core_size + k for k, (kind, pair) in enumerate(self._optional)}
 
     def index(self, op: Op) -> int:
         """Number of `op`; raises ScheduleError when the op does not exist in this problem."""
@@ -85,10 +101,10 @@ class OpTable:
             raise ScheduleError(
                 f"op {op}: microbatch {microbatch} out of range (the problem has {self.num_microbatches})"
             )
-        if kind == RECOMPUTE:
-            index = self._recompute_index.get((stage, microbatch))
+        if kind in (RECOMPUTE, OFFLOAD, RELOAD):
+            index = self._optional_index.get((kind, stage, microbatch))
             if index is None:
-                raise ScheduleError(f"op {op}: not among this table's recompute ops")
+                raise ScheduleError(f"op {op}: not among this table's optional ops")
             return index
         kind_index = self._kind_index.get(kind)
         if kind_index is None:
@@ -99,7 +115,8 @@ class OpTable:
     def op(self, index: int) -> Op:
         """Inverse of `index`."""
         if index >= self.core_size:
-            return Op(RECOMPUTE, *self.recomputed[index - self.core_size])
+            kind, pair = self._optional[index - self.core_size]
+            return Op(kind, *pair)
         rest, microbatch = divmod(index, self.num_microbatches)
         kind_index, stage = divmod(rest, self.num_stages)
         return Op(self.kinds[kind_index], stage, microbatch)
@@ -109,12 +126,12 @@ class OpTable:
 
     def _per_op(self, value_of) -> list:
         """A list over all ops of `value_of(kind, stage)`, built one (kind, stage) block at a time
-        (then one value per recompute op)."""
+        (then one value per optional op)."""
         values: list = []
         for kind in self.kinds:
             for stage in range(self.num_stages):
                 values.extend([value_of(kind, stage)] * self.num_microbatches)
-        values.extend(value_of(RECOMPUTE, stage) for stage, _ in self.recomputed)
+        values.extend(value_of(kind, stage) for kind, (stage, _) in self._optional)
         return values
 
     @cached_property
@@ -141,13 +158,20 @@ class OpTable:
 
     @cached_property
     def allocates_at_start(self) -> list[bool]:
-        """Per op, whether its memory change happens at its start (F, R) rather than its end."""
-        return self._per_op(lambda kind, stage: kind in (FORWARD, RECOMPUTE))
+        """Per op, whether its memory change happens at its start (F, R, L) rather than its end."""
+        return self._per_op(lambda kind, stage: kind in (FORWARD, RECOMPUTE, RELOAD))
+
+    @cached_property
+    def lane(self) -> list[int]:
+        """Per op, where it runs on its device: COMPUTE_LANE, or the copy lane of an O or L."""
+        return self._per_op(lambda kind, stage: LANE_OF_KIND.get(kind, COMPUTE_LANE))
 
     def _predecessor_stage_kind(self, kind: str, stage: int) -> tuple[str, int] | None:
         last = self.num_stages - 1
-        if kind == RECOMPUTE:
+        if kind in (RECOMPUTE, OFFLOAD):
             return (FORWARD, stage)
+        if kind == RELOAD:
+            return (OFFLOAD, stage)
         if kind == FORWARD:
             return (FORWARD, stage - 1) if stage > 0 else None
         if kind in (BACKWARD, FUSED_BACKWARD):
@@ -156,8 +180,8 @@ class OpTable:
 
     @cached_property
     def predecessor(self) -> list[int]:
-        """Per op, the one op it directly depends on within its microbatch across stages (for R,
-        its F), or -1."""
+        """Per op, the one op it directly depends on within its microbatch across stages (for R
+        and O, its F; for L, its O), or -1."""
         result: list[int] = []
         for kind in self.kinds:
             for stage in range(self.num_stages):
@@ -167,17 +191,20 @@ class OpTable:
                 else:
                     first = self.index(Op(source[0], source[1], 0))
                     result.extend(range(first, first + self.num_microbatches))
-        result.extend(self.index(Op(FORWARD, stage, microbatch)) for stage, microbatch in self.recomputed)
+        result.extend(self.index(Op(*self._predecessor_stage_kind(kind, stage), microbatch))
+                      for kind, (stage, microbatch) in self._optional)
         return result
 
     @cached_property
-    def recompute_of(self) -> list[int]:
-        """Per op, the recompute op it also waits for (same device, no latency): for the input
-        gradient (B or BW) of a recomputed activation, its R; else -1."""
+    def restore_of(self) -> list[int]:
+        """Per op, the op that brings its activation back, which it also waits for (same device, no
+        latency): for the input gradient (B or BW) of a recomputed activation its R, of an
+        offloaded one its L; else -1."""
         result = [-1] * self.size
         backward = self.problem.input_gradient_kind
-        for stage, microbatch in self.recomputed:
-            result[self.index(Op(backward, stage, microbatch))] = self.index(Op(RECOMPUTE, stage, microbatch))
+        for kind, (stage, microbatch) in self._optional:
+            if kind != OFFLOAD:
+                result[self.index(Op(backward, stage, microbatch))] = self.index(Op(kind, stage, microbatch))
         return result
 
     @cached_property

@@ -17,7 +17,8 @@ from numbers import Real
 from zbopt.errors import ProblemError
 
 PLACEMENTS = ("loop", "v")
-FORWARD, BACKWARD, WEIGHT, FUSED_BACKWARD, RECOMPUTE = "F", "B", "W", "BW", "R"
+FORWARD, BACKWARD, WEIGHT, FUSED_BACKWARD, RECOMPUTE, OFFLOAD, RELOAD = "F", "B", "W", "BW", "R", "O", "L"
+COPY_KINDS = (OFFLOAD, RELOAD)  # ops on a device's copy lanes (device to host, host to device), beside compute
 SPLIT_KINDS = (FORWARD, BACKWARD, WEIGHT)
 FUSED_KINDS = (FORWARD, FUSED_BACKWARD)
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
@@ -119,6 +120,18 @@ class Problem:
     checkpoint_memory : what a recomputed microbatch keeps from F to R (its stage input) per
         virtual stage, at most activation_memory; required with allow_recompute (no silent
         default: it depends on the model).
+    allow_offload : a schedule may offload an activation to host memory instead of keeping it
+        (PipeOffload, Wan et al., ICML 2025): an offload op O copies it out after its F, on the
+        device's device-to-host copy lane, freeing it when it ends; a reload op L copies it back on
+        the host-to-device lane, holding it again from its start, and ends before its backward.
+        Copies run beside compute (PCIe is full duplex: one lane each way), never overlapping on
+        a lane. An activation is kept, recomputed or offloaded. Off by default.
+    offload_times : duration of O per virtual stage (one activation's bytes over the host link);
+        required with allow_offload (no silent default: it depends on the hardware).
+    reload_times : duration of L per virtual stage; default offload_times.
+    shared_host_link : devices 2k and 2k+1 share one host link (PipeOffload's pairing of ranks,
+        its `offloading.py`): one copy at a time each way per pair instead of per device.
+        Default false: every device has its own link.
 
     Raises
     ------
@@ -141,6 +154,10 @@ class Problem:
     allow_recompute: bool = False
     recompute_times: PerStage | None = None
     checkpoint_memory: PerStage | None = None
+    allow_offload: bool = False
+    offload_times: PerStage | None = None
+    reload_times: PerStage | None = None
+    shared_host_link: bool = False
 
     def __post_init__(self) -> None:
         p = _positive_int("num_devices", self.num_devices)
@@ -184,6 +201,7 @@ class Problem:
                     )
             normalized["weight_memory"] = weight_memory
         normalized.update(self._recomputation(normalized))
+        normalized.update(self._offload())
         for key, value in normalized.items():
             object.__setattr__(self, key, value)
         if self.memory_limit is not None:
@@ -220,6 +238,27 @@ class Problem:
             _per_item("recompute_times", self.recompute_times, stages, "virtual stage", 0, True)
         return {"checkpoint_memory": checkpoint, "recompute_times": recompute}
 
+    def _offload(self) -> dict:
+        """The offload keys checked and expanded per virtual stage (see the class docstring)."""
+        for key in ("allow_offload", "shared_host_link"):
+            if not isinstance(getattr(self, key), bool):
+                raise ProblemError(key, getattr(self, key), "expected true or false")
+        if not self.allow_offload:
+            for key in ("offload_times", "reload_times"):
+                if getattr(self, key) is not None:
+                    raise ProblemError(key, getattr(self, key), "needs allow_offload: true")
+            if self.shared_host_link:
+                raise ProblemError("shared_host_link", True, "needs allow_offload: true")
+            return {}
+        if self.offload_times is None:
+            raise ProblemError("allow_offload", True, "needs offload_times (how long one activation takes to "
+                                                      "copy to the host, e.g. its bytes over the link bandwidth)")
+        stages = self.num_stages
+        offload = _per_item("offload_times", self.offload_times, stages, "virtual stage", 0, True)
+        reload = offload if self.reload_times is None else \
+            _per_item("reload_times", self.reload_times, stages, "virtual stage", 0, True)
+        return {"offload_times": offload, "reload_times": reload}
+
     # ----------------------------------------------------------------- derived structure
     @property
     def num_stages(self) -> int:
@@ -239,7 +278,8 @@ class Problem:
     @property
     def kinds(self) -> tuple[str, ...]:
         """The op kinds every schedule of this problem runs for each stage and microbatch: F, B, W
-        (split) or F, BW (fused). A recompute R is optional (one per recomputed activation)."""
+        (split) or F, BW (fused). A recompute R, or an offload O and reload L, are optional (per
+        recomputed or offloaded activation)."""
         return SPLIT_KINDS if self.split_backward else FUSED_KINDS
 
     @property
@@ -258,6 +298,17 @@ class Problem:
         """Recomputation is allowed and a memory limit could make it pay: without a limit a
         recompute only adds work, and every fact about kept activations still holds."""
         return self.allow_recompute and self.memory_limit is not None
+
+    @property
+    def offload_matters(self) -> bool:
+        """Offload is allowed and a memory limit could make it pay (without one, keeping is as fast)."""
+        return self.allow_offload and self.memory_limit is not None
+
+    @property
+    def mechanisms_matter(self) -> bool:
+        """Some activation may be recomputed or offloaded under a memory limit: microbatches then
+        differ in what they hold, and no fact that assumes kept activations holds."""
+        return self.recomputation_matters or self.offload_matters
 
     @property
     def num_ops(self) -> int:
@@ -283,13 +334,21 @@ class Problem:
             return self.backward_times[stage]
         if kind == RECOMPUTE:
             return self.recompute_times[stage]
+        if kind == OFFLOAD:
+            return self.offload_times[stage]
+        if kind == RELOAD:
+            return self.reload_times[stage]
         return self.weight_times[stage]
 
     def memory_delta(self, kind: str, stage: int, recomputed: bool = False) -> float:
         """Memory change an op causes: + at the start of F (only the checkpoint when the microbatch
-        is `recomputed` on this stage) and of R (the rest of the activation), - at the end of B, W
-        or BW."""
+        is `recomputed` on this stage), of R (the rest of the activation) and of L (all of it), - at
+        the end of O (all of it), B, W or BW."""
         activation = self.activation_memory[stage]
+        if kind == RELOAD:
+            return activation
+        if kind == OFFLOAD:
+            return -activation
         if kind == FORWARD:
             return self.checkpoint_memory[stage] if recomputed else activation
         if kind == RECOMPUTE:
@@ -317,13 +376,18 @@ class Problem:
     def min_memory_limit(self) -> tuple[float, ...]:
         """Per device, the least memory any schedule needs, with the mechanisms allowed.
 
-        Keeping every activation: `one_microbatch_memory`. With recomputation: the most, over the
+        Keeping every activation: `one_microbatch_memory`. With offload: the device's largest
+        activation (an R, L or kept F of stage s holds all of s's activation; one microbatch at a
+        time, every other activation offloaded before the next forward, needs no more). With
+        recomputation alone: the most, over the
         device's stages s, of stage s's whole activation plus the checkpoints of its earlier stages
         there: when a microbatch's R (or kept F) on s starts, its earlier stages on the device have
         run their forwards and not yet their backwards, so each holds at least its checkpoint. One
         microbatch at a time, every activation recomputed and each W right after its B, needs no
         more. With one stage per device both are the activation: recomputation lowers no floor.
         """
+        if self.allow_offload:
+            return tuple(max(self.activation_memory[s] for s in stages) for stages in self.stages_of_device)
         if not self.allow_recompute:
             return self.one_microbatch_memory
         floors = []
@@ -334,6 +398,8 @@ class Problem:
 
     @property
     def _floor_reason(self) -> str:
+        if self.allow_offload:
+            return "its largest stage's activation, with offload"
         if self.allow_recompute:
             return "one stage's activation and the checkpoints of its earlier stages, with recomputation"
         return "one microbatch's activations on its stages"
@@ -357,8 +423,12 @@ class Problem:
             return values[0] if len(set(values)) == 1 else list(values)
 
         data = {field.name: compact(getattr(self, field.name)) for field in dataclasses.fields(self)}
-        if not self.allow_recompute:  # the keys of mechanisms not allowed stay out, as in the configs that predate them
+        # the keys of mechanisms not allowed stay out, as in the configs that predate them
+        if not self.allow_recompute:
             for key in ("allow_recompute", "recompute_times", "checkpoint_memory"):
+                del data[key]
+        if not self.allow_offload:
+            for key in ("allow_offload", "offload_times", "reload_times", "shared_host_link"):
                 del data[key]
         return data
 
@@ -382,4 +452,6 @@ class Problem:
             text += f", {self.iterations} iterations" + ("" if self.flush else " without flush")
         if self.allow_recompute:
             text += ", recomputation allowed"
+        if self.allow_offload:
+            text += ", offload allowed" + (" (host link shared by device pairs)" if self.shared_host_link else "")
         return text

@@ -15,8 +15,8 @@ from itertools import pairwise
 import numpy as np
 
 from zbopt.errors import DeadlockError, MemoryLimitError, ScheduleError
-from zbopt.ops import Op, OpTable
-from zbopt.problem import FORWARD, RECOMPUTE, Problem
+from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, Op, OpTable
+from zbopt.problem import COPY_KINDS, FORWARD, RECOMPUTE, Problem
 from zbopt.schedule import Schedule
 
 RELATIVE_TOLERANCE = 1e-9
@@ -29,10 +29,11 @@ def memory_ceiling(limit: float) -> float:
 
 
 @lru_cache(maxsize=16)
-def op_table(problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset()) -> OpTable:
-    """The op table of a problem (with the recompute ops of `recomputed`), cached: solvers and
-    benchmarks simulate one problem many times."""
-    return OpTable(problem, recomputed)
+def op_table(problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset(),
+             offloaded: frozenset[tuple[int, int]] = frozenset()) -> OpTable:
+    """The op table of a problem (with the R ops of `recomputed`, the O and L ops of `offloaded`),
+    cached: solvers and benchmarks simulate one problem many times."""
+    return OpTable(problem, recomputed, offloaded)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class Simulation:
     Metrics (times in the problem's units, memory in its memory units):
 
     - `makespan`: last op end minus first op start, over all devices.
-    - `busy[d]`: total duration of device d's ops (recomputes included: work, if repeated);
+    - `busy[d]`: total duration of device d's compute ops (recomputes included: work, if
+      repeated; copies excluded: they run on the copy lanes beside compute);
       `idle[d]` = makespan - busy[d].
     - `bubble_rate` = 1 - sum(busy) / (p · makespan): the idle share of all device time.
     - `span[d]`: from device d's first op start to its last op end.
@@ -66,10 +68,12 @@ class Simulation:
     - `peak_memory[d]`: the most memory device d holds at any moment. F holds activation_memory
       from its start; B releases M_B - M_W at its end, W releases M_W at its end, BW releases M_B
       at its end. A recomputed activation's F holds only checkpoint_memory, its R the rest from
-      R's start. Releases at a moment count before allocations at the same moment.
+      R's start. An offloaded one is freed when its O ends and held again from its L's start.
+      Releases at a moment count before allocations at the same moment.
     - `memory_steps[d]`: (times, levels): from times[i] on, device d holds levels[i].
     - `violations`: per device over its limit, the first such moment; `valid` when there is none.
-    - `table.recomputed`: the (stage, microbatch) pairs the schedule recomputes (its R ops).
+    - `table.recomputed`, `table.offloaded`: the (stage, microbatch) pairs the schedule recomputes
+      (its R ops) and offloads (its O and L ops).
 
     `device_ops[d]` are the op numbers of device d in schedule order.
     """
@@ -93,8 +97,8 @@ class Simulation:
 
     @cached_property
     def busy(self) -> tuple[float, ...]:
-        duration = np.asarray(self.table.duration)
-        return tuple(float(duration[indices].sum()) for indices in self.device_ops)
+        work = np.where(np.asarray(self.table.lane) == COMPUTE_LANE, self.table.duration, 0.0)
+        return tuple(float(work[indices].sum()) for indices in self.device_ops)
 
     @property
     def idle(self) -> tuple[float, ...]:
@@ -149,6 +153,7 @@ class Simulation:
             "memory_limit": None if problem.memory_limit is None else list(problem.memory_limit),
             "valid": self.valid,
             "recomputed": [list(pair) for pair in self.table.recomputed],
+            "offloaded": [list(pair) for pair in self.table.offloaded],
             "violations": [str(violation) for violation in self.violations],
             "orders": [[str(op) for op in order] for order in self.schedule.orders],
             "start_times": [self.start[indices].tolist() for indices in self.device_ops],
@@ -173,6 +178,11 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     ScheduleError : an op is missing, duplicated, unknown or on the wrong device, or a given start
         time overlaps another op on its device or starts before a dependency allows.
     DeadlockError : the orders wait on each other in a cycle; names each stuck device.
+
+    An O or L runs on its device's copy lane (`Problem.allow_offload`); it is issued when the
+    compute op listed before it has ended (a runtime reaches it in its program there), and starts
+    once its lane is free and its F (for O) or O (for L) has ended; compute does not wait for it,
+    only the backward waits for its L.
     MemoryLimitError : with strict=True, the first memory violation (device, time, amount).
 
     Examples
@@ -182,13 +192,15 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     >>> simulate(problem, generate("1f1b", problem)).makespan
     33.0
     """
-    table = op_table(problem, recomputed_activations(schedule))
+    table = op_table(problem, *activation_choices(schedule))
     orders = _index_orders(problem, table, schedule)
     device_ops = tuple(np.asarray(indices, dtype=np.int64) for indices in orders)
     if schedule.start_times is None:
         start, end = _time_orders(table, orders)
     else:
         start, end = _verify_times(table, orders, schedule.start_times)
+    if problem.shared_host_link:
+        _check_shared_links(table, start, end, timed=schedule.start_times is None)
     memory_steps = _memory_steps(problem, table, start, end)
     violations = _memory_violations(problem, memory_steps)
     if strict and violations:
@@ -196,9 +208,17 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     return Simulation(problem, schedule, table, device_ops, start, end, memory_steps, violations)
 
 
-def recomputed_activations(schedule: Schedule) -> frozenset[tuple[int, int]]:
-    """The (stage, microbatch) pairs a schedule recomputes: those of its R ops."""
-    return frozenset((op.stage, op.microbatch) for order in schedule.orders for op in order if op.kind == RECOMPUTE)
+def activation_choices(schedule: Schedule) -> tuple[frozenset, frozenset]:
+    """The (stage, microbatch) pairs a schedule recomputes (those of its R ops) and offloads (of
+    its O or L ops: a missing partner is then reported missing)."""
+    recomputed, offloaded = set(), set()
+    for order in schedule.orders:
+        for op in order:
+            if op.kind == RECOMPUTE:
+                recomputed.add((op.stage, op.microbatch))
+            elif op.kind in COPY_KINDS:
+                offloaded.add((op.stage, op.microbatch))
+    return frozenset(recomputed), frozenset(offloaded)
 
 
 def _index_orders(problem: Problem, table: OpTable, schedule: Schedule) -> list[list[int]]:
@@ -257,7 +277,8 @@ def _barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
 def _time_orders(table: OpTable, orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Earliest start of every op given the device orders: a longest-path sweep in which a device
     advances until its next op waits on an unfinished op, and is woken when that op finishes."""
-    duration, predecessor, latency, recompute_of = table.duration, table.predecessor, table.latency, table.recompute_of
+    duration, predecessor, latency, restore_of = table.duration, table.predecessor, table.latency, table.restore_of
+    lane = table.lane
     waits, feeds, group_count = _barrier_groups(table)
     group_left = [table.problem.num_microbatches] * group_count
     group_end = [0.0] * group_count
@@ -266,6 +287,7 @@ def _time_orders(table: OpTable, orders: list[list[int]]) -> tuple[np.ndarray, n
     end: list[float | None] = [None] * table.size
     position = [0] * len(orders)
     free = [0.0] * len(orders)
+    copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
     waiting: dict[int, list[int]] = {}  # op index (or ~group for a barrier) -> devices waiting on it
     ready = list(range(len(orders) - 1, -1, -1))
     while ready:
@@ -274,16 +296,21 @@ def _time_orders(table: OpTable, orders: list[list[int]]) -> tuple[np.ndarray, n
         i, t = position[device], free[device]
         while i < len(order):
             op = order[i]
+            copy_lane = lane[op]
+            issued = t  # a compute op's start so far; a copy's issue point (the compute op before it ended)
+            if copy_lane:
+                t = max(t, copy_free[device][copy_lane])
             source = predecessor[op]
             if source >= 0:
                 finish = end[source]
                 if finish is None:
                     waiting.setdefault(source, []).append(device)
+                    t = issued
                     break
                 finish += latency[op]
                 if finish > t:
                     t = finish
-            source = recompute_of[op]
+            source = restore_of[op]
             if source >= 0:
                 finish = end[source]
                 if finish is None:
@@ -300,8 +327,12 @@ def _time_orders(table: OpTable, orders: list[list[int]]) -> tuple[np.ndarray, n
                 if finish > t:
                     t = finish
             start[op] = t
-            t += duration[op]
-            end[op] = t
+            if copy_lane:
+                copy_free[device][copy_lane] = end[op] = t + duration[op]
+                t = issued
+            else:
+                t += duration[op]
+                end[op] = t
             woken = waiting.pop(op, None)
             if woken:
                 ready.extend(woken)
@@ -326,8 +357,10 @@ def _describe_deadlock(table, orders, position, stuck, end, waits) -> str:
     for device in stuck[:6]:
         index = orders[device][position[device]]
         source = table.predecessor[index]
-        if table.recompute_of[index] >= 0 and end[table.recompute_of[index]] is None:
-            awaited = f"its recompute {table.op(table.recompute_of[index])} (device {device})"
+        restore = table.restore_of[index]
+        if restore >= 0 and end[restore] is None:
+            what = "recompute" if table.kind[restore] == RECOMPUTE else "reload"
+            awaited = f"its {what} {table.op(restore)} (device {device})"
         elif source >= 0 and end[source] is None:
             awaited = f"{table.op(source)} (device {table.device[source]})"
         else:
@@ -348,7 +381,7 @@ def _verify_times(table: OpTable, orders: list[list[int]], start_times) -> tuple
     end = start + np.asarray(table.duration)
     tolerance = RELATIVE_TOLERANCE * max(1.0, float(np.abs(end).max()))
     for device, indices in enumerate(orders):
-        for before, after in pairwise(indices):
+        for before, after in _listed_before(table, indices):
             if start[after] < end[before] - tolerance:
                 raise ScheduleError(
                     f"device {device}: {table.op(after)} starts at {start[after]:g}, before {table.op(before)} "
@@ -358,9 +391,9 @@ def _verify_times(table: OpTable, orders: list[list[int]], start_times) -> tuple
     has_source = predecessor >= 0
     ready = np.full(table.size, -np.inf)
     ready[has_source] = end[predecessor[has_source]] + np.asarray(table.latency)[has_source]
-    recompute_of = np.asarray(table.recompute_of)
-    recomputed = recompute_of >= 0
-    ready[recomputed] = np.maximum(ready[recomputed], end[recompute_of[recomputed]])
+    restore_of = np.asarray(table.restore_of)
+    restored = restore_of >= 0
+    ready[restored] = np.maximum(ready[restored], end[restore_of[restored]])
     waits, _, _ = _barrier_groups(table)
     for index in np.flatnonzero(np.asarray(waits) >= 0):
         stage, iteration = divmod(waits[index], table.barrier_count)
@@ -370,10 +403,11 @@ def _verify_times(table: OpTable, orders: list[list[int]], start_times) -> tuple
         index = int(early[0])
         source = table.predecessor[index]
         op = table.op(index)
-        recompute = table.recompute_of[index]
-        if recompute >= 0 and start[index] < end[recompute] - tolerance:
-            raise ScheduleError(f"{op} starts at {start[index]:g}, before its recompute {table.op(recompute)} "
-                                f"ends at {end[recompute]:g}")
+        restore = table.restore_of[index]
+        if restore >= 0 and start[index] < end[restore] - tolerance:
+            what = "recompute" if table.kind[restore] == RECOMPUTE else "reload"
+            raise ScheduleError(f"{op} starts at {start[index]:g}, before its {what} {table.op(restore)} "
+                                f"ends at {end[restore]:g}")
         if source >= 0 and start[index] < end[source] + table.latency[index] - tolerance:
             latency = f" plus latency {table.latency[index]:g}" if table.latency[index] else ""
             raise ScheduleError(
@@ -382,6 +416,43 @@ def _verify_times(table: OpTable, orders: list[list[int]], start_times) -> tuple
             )
         raise ScheduleError(f"{op} starts at {start[index]:g}, before its stage's weight update at {ready[index]:g}")
     return start, end
+
+
+def _listed_before(table: OpTable, indices):
+    """(before, after) pairs of one device's order that may not overlap: each op and the compute op
+    listed last before it (a copy is issued once that has ended), and each copy and the copy listed
+    last before it on its lane."""
+    lane = table.lane
+    if not any(lane[index] for index in indices):
+        yield from pairwise(indices)
+        return
+    last = {}  # lane -> the op listed last on it so far
+    for index in indices:
+        if COMPUTE_LANE in last:
+            yield last[COMPUTE_LANE], index
+        if lane[index] != COMPUTE_LANE and lane[index] in last:
+            yield last[lane[index]], index
+        last[lane[index]] = index
+
+
+def _check_shared_links(table: OpTable, start: np.ndarray, end: np.ndarray, timed: bool) -> None:
+    """With devices 2k and 2k+1 sharing a host link, no two copies of a pair overlap on a lane.
+    Which of a pair's copies goes first is in neither device's order, so orders timed as soon as
+    possible may clash here: the message then asks for start times."""
+    lane = np.asarray(table.lane)
+    device = np.asarray(table.device)
+    tolerance = RELATIVE_TOLERANCE * max(1.0, float(np.abs(end).max()))
+    for copy_lane in (OFFLOAD_LANE, RELOAD_LANE):
+        copies = np.flatnonzero(lane == copy_lane)
+        order = copies[np.lexsort((start[copies], device[copies] // 2))]
+        for before, after in pairwise(order):
+            if device[before] // 2 == device[after] // 2 and start[after] < end[before] - tolerance:
+                direction = "device-to-host" if copy_lane == OFFLOAD_LANE else "host-to-device"
+                hint = ("; whose copy goes first is in neither order: give start times" if timed else "")
+                raise ScheduleError(
+                    f"{table.op(after)} (device {device[after]}) starts at {start[after]:g}, while "
+                    f"{table.op(before)} (device {device[before]}) holds their shared host link "
+                    f"({direction}) until {end[before]:g}{hint}")
 
 
 def _memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray):

@@ -25,6 +25,8 @@ def format_simulation(simulation: Simulation) -> str:
         f"valid           {'yes' if simulation.valid else 'no'}",
         *([f"recomputed      {len(simulation.table.recomputed)} of {problem.num_activations} activations"]
           if problem.allow_recompute else []),
+        *([f"offloaded       {len(simulation.table.offloaded)} of {problem.num_activations} activations"]
+          if problem.allow_offload else []),
         "",
         f"{'device':>6}  {'busy':>10}  {'idle':>10}  {'span':>10}  {'peak memory':>11}  {'limit':>8}",
     ]
@@ -121,22 +123,25 @@ def format_frontier(frontier: Frontier) -> str:
     """The problem, one line per memory limit, then the heuristics at their own peak memory."""
     points = frontier.points
     problem = frontier.problem
-    recomputed = f"  {'recomputed':<11}" if problem.allow_recompute else ""
+    # the FrontierPoint counts of the mechanisms allowed, as columns
+    mechanisms = [name for name, allowed in (("recomputed", problem.allow_recompute),
+                                             ("offloaded", problem.allow_offload)) if allowed]
     lines = [
         f"problem       {problem.describe()}",
         f"solves        {len(points)} memory limits, CP-SAT {frontier.time_limit:g} s each; "
         f"wall time {frontier.wall_time_s:.1f} s",
         "",
         f"{'memory limit':>12}  {'status':<8}  {'makespan':>10}  {'lower bound':>11}  {'gap':>7}  {'solve s':>7}"
-        + recomputed,
+        + "".join(f"  {name:<11}" for name in mechanisms),
     ]
     for point in points:
         makespan = "none" if point.makespan is None else f"{point.makespan:.6g}"
         gap = gap_text(point.gap)
         carried = "" if point.found_at in (None, point.memory_limit) else f"  (found at limit {point.found_at:g})"
         count = ""
-        if recomputed:
-            count = f"  {'-' if point.recomputed is None else point.recomputed:>4} of {problem.num_activations:<3}"
+        for name in mechanisms:
+            value = getattr(point, name)
+            count += f"  {'-' if value is None else value:>4} of {problem.num_activations:<3}"
         lines.append(f"{point.memory_limit:>12g}  {point.status:<8}  {makespan:>10}  {point.lower_bound:>11.6g}  "
                      f"{gap:>7}  {point.solve_time_s:>7.2f}{count}{carried}")
     if frontier.heuristics:

@@ -40,7 +40,8 @@ def tick_scale(problem: Problem) -> TickScale:
     """The smallest power of ten that makes every cost and the latency whole ticks, capped so the
     longest op stays within MAX_TICKS_PER_OP ticks (beyond that, costs are rounded)."""
     values = [*problem.forward_times, *problem.backward_times, *(problem.weight_times or ()),
-              *(problem.recompute_times or ()), problem.p2p_time]
+              *(problem.recompute_times or ()), *(problem.offload_times or ()), *(problem.reload_times or ()),
+              problem.p2p_time]
     longest = max(values)
     scale = 1
     while True:
@@ -49,8 +50,8 @@ def tick_scale(problem: Problem) -> TickScale:
         if scale * 10 * longest > MAX_TICKS_PER_OP:
             break
         scale *= 10
-    # rounding: every op and latency on a chain is off by <= half a tick (recomputes are ops too)
-    ops = problem.num_ops + (problem.num_activations if problem.allow_recompute else 0)
+    # rounding: every op and latency on a chain is off by <= half a tick (recomputes and copies are ops too)
+    ops = problem.num_ops + problem.num_activations * (int(problem.allow_recompute) + 2 * int(problem.allow_offload))
     chain = 2 * ops / problem.num_devices + 2 * problem.num_stages
     return TickScale(scale, False, 0.5 * chain / scale)
 
@@ -78,4 +79,5 @@ def tick_problem(problem: Problem, scale: TickScale) -> Problem:
 
     return problem.replace(forward_times=ticks(problem.forward_times), backward_times=ticks(problem.backward_times),
                            weight_times=ticks(problem.weight_times), recompute_times=ticks(problem.recompute_times),
+                           offload_times=ticks(problem.offload_times), reload_times=ticks(problem.reload_times),
                            p2p_time=max(1, scale.ticks(problem.p2p_time)) if problem.p2p_time > 0 else 0)

@@ -108,9 +108,10 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     the answer instead, with status "feasible"."""
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
         raise ZboptError(f"time_limit = {time_limit!r}: must be a positive number of seconds")
-    if problem.allow_recompute:
-        raise ZboptError("the block search keeps every activation: it does not model recomputation "
-                         "(allow_recompute); use zbopt solve")
+    for key, what in (("allow_recompute", "recomputation"), ("allow_offload", "offload")):
+        if getattr(problem, key):
+            raise ZboptError(f"the block search keeps every activation: it does not model {what} ({key}); "
+                             "use zbopt solve")
     if problem.iterations != 1:
         raise NotApplicableError(f"a block schedule needs iterations = 1 (got {problem.iterations})")
     deadline = time.perf_counter() + time_limit

@@ -37,6 +37,10 @@ PROBLEM_KEYS = {
     "allow_recompute": "allow_recompute",
     "recompute_times": "recompute_times",
     "checkpoint_memory": "checkpoint_memory",
+    "allow_offload": "allow_offload",
+    "offload_times": "offload_times",
+    "reload_times": "reload_times",
+    "shared_host_link": "shared_host_link",
 }
 OPTION_KEYS = ("output_file",)
 # What a run uses when neither the config nor a flag says otherwise (the visualizer's example).

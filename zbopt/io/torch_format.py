@@ -31,7 +31,17 @@ from typing import NamedTuple
 
 from zbopt.errors import ScheduleError, ZboptError
 from zbopt.ops import Op
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, PLACEMENTS, RECOMPUTE, WEIGHT, Problem, stage_device
+from zbopt.problem import (
+    BACKWARD,
+    FORWARD,
+    FUSED_BACKWARD,
+    OFFLOAD,
+    PLACEMENTS,
+    RECOMPUTE,
+    WEIGHT,
+    Problem,
+    stage_device,
+)
 from zbopt.schedule import Schedule
 from zbopt.simulate import simulate
 
@@ -70,12 +80,14 @@ def _require_one_step(problem: Problem, what: str) -> None:
 def _checked_orders(problem: Problem, schedule: Schedule, what: str) -> tuple[tuple[Op, ...], ...]:
     """Per device, its ops in the order a runtime must follow: the schedule's own, in which the
     simulator runs them (and checks given start times against). Simulating also rejects a broken
-    schedule here, before anything is written; so does a recompute, which `what` (the format)
-    cannot express (dropping it would change the schedule)."""
-    recomputed = simulate(problem, schedule).table.recomputed
-    if recomputed:
-        raise ZboptError(f"{what} has no recompute action, and the schedule recomputes {len(recomputed)} "
-                         f"activation(s) (first {Op(RECOMPUTE, *recomputed[0])}); export it as zbopt JSON (.json)")
+    schedule here, before anything is written; so does a recompute or an offload, which `what`
+    (the format) cannot express (dropping it would change the schedule)."""
+    table = simulate(problem, schedule).table
+    for pairs, kind, action, verb in ((table.recomputed, RECOMPUTE, "recompute", "recomputes"),
+                                      (table.offloaded, OFFLOAD, "offload or reload", "offloads")):
+        if pairs:
+            raise ZboptError(f"{what} has no {action} action, and the schedule {verb} {len(pairs)} activation(s) "
+                             f"(first {Op(kind, *pairs[0])}); export it as zbopt JSON (.json)")
     return schedule.orders
 
 

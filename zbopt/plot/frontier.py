@@ -72,8 +72,11 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
         handles.append(Line2D([], [], color=HEURISTIC_COLOR, marker="D", markersize=5, linestyle="none",
                               label="heuristic, at its own peak memory"))
 
-    if problem.allow_recompute:
-        handles.append(Line2D([], [], linestyle="none", label="R k/N: activations its schedule recomputes"))
+    marked = _mechanisms(problem)
+    if marked:
+        what = {"R": "recomputes", "O": "offloads"}
+        handles.append(Line2D([], [], linestyle="none", label=", ".join(f"{letter} k/N" for letter, _ in marked)
+                              + ": activations its schedule " + " / ".join(what[letter] for letter, _ in marked)))
     values = [*makespans[~np.isnan(makespans)], *lower, *(y for _, y, _ in groups)]
     low, high = min(values), max(values)
     axes.set_xlim(left, right)
@@ -93,22 +96,31 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
                              f"v={problem.chunks_per_device}, {backward} backward | CP-SAT, "
                              f"{frontier.time_limit:g} s per limit"), fontsize=10)
     _freeze_layout(figure)
-    marks = _recompute_marks(axes, frontier) if problem.allow_recompute else []
+    marks = _mechanism_marks(axes, frontier, marked) if marked else []
     _label_heuristics(axes, groups, stairs_x, stairs_y, marks)
     return _finish(figure, path)
 
 
-def _recompute_marks(axes, frontier) -> list[Bbox]:
-    """Over each point of the staircase, how many activations its schedule recomputes ("R 23/32"),
-    but not over a point that carries the schedule of the one before it, nor where it would cover
-    another mark; their pixel boxes, for the heuristics' labels to keep clear of."""
+def _mechanisms(problem) -> list[tuple[str, str]]:
+    """(letter, FrontierPoint attribute) of each mechanism the problem allows."""
+    return [(letter, attribute) for letter, attribute, allowed in
+            (("R", "recomputed", problem.allow_recompute), ("O", "offloaded", problem.allow_offload)) if allowed]
+
+
+def _mechanism_marks(axes, frontier, marked: list[tuple[str, str]]) -> list[Bbox]:
+    """Over each point of the staircase, how many activations its schedule recomputes and offloads
+    ("R 23/32", "O 5/32", one per line), but not over a point that carries the schedule of the one
+    before it, nor where it would cover another mark; their pixel boxes, for the heuristics'
+    labels to keep clear of."""
     activations = frontier.problem.num_activations
     renderer = axes.figure.canvas.get_renderer()
     boxes: list[Bbox] = []
     for point in frontier.points:
-        if point.makespan is None or point.recomputed is None or point.found_at != point.memory_limit:
+        counts = [getattr(point, attribute) for _, attribute in marked]
+        if point.makespan is None or None in counts or point.found_at != point.memory_limit:
             continue
-        mark = axes.annotate(f"R {point.recomputed}/{activations}", (point.memory_limit, point.makespan),
+        text = "\n".join(f"{letter} {count}/{activations}" for (letter, _), count in zip(marked, counts, strict=True))
+        mark = axes.annotate(text, (point.memory_limit, point.makespan),
                              xytext=(0, 6), textcoords="offset points", ha="center", va="bottom", fontsize=7,
                              color=FRONTIER_COLOR, zorder=5)
         box = _text_box(mark, renderer).padded(LABEL_GAP)

@@ -1,4 +1,5 @@
-"""Gantt charts: one row per device, one box per op, microbatch numbers where the renderer finds room."""
+"""Gantt charts: one row per device, one box per op, microbatch numbers where the renderer finds room;
+with offloads, two thin copy lanes under each device's compute (device-to-host, host-to-device)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ from zbopt.plot.style import (
     _time_origin,
     chunk_color,
 )
-from zbopt.problem import RECOMPUTE
+from zbopt.problem import COPY_KINDS, OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.simulate import Simulation
 
 MAX_HEIGHT_IN = 12.0
 BOX_HEIGHT = 0.8  # of a device row; the lane behind it is 0.9, leaving a white gap between rows
+# (offset from the row's centre, height) of compute boxes and of each copy lane, when there are copies
+COPY_ROWS = {None: (-0.12, 0.56), OFFLOAD: (0.245, 0.11), RELOAD: (0.365, 0.11)}
 MIN_LABEL_POINTS, MAX_LABEL_POINTS = 5.0, 8.0
 
 
@@ -40,7 +43,8 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     """Draw one row per device, one box per op, microbatch numbers where they fit; idle time is
     the grey lane showing through. With `show_latency` (and a problem with p2p_time > 0), a thin
     line per cross-device dependency runs from the producer's end to the moment its data arrives
-    on the consumer's device. Writes PNG, SVG or PDF by the extension of `path` when given.
+    on the consumer's device. Offloads (O) and reloads (L) run on two thin copy lanes under the
+    device's compute boxes. Writes PNG, SVG or PDF by the extension of `path` when given.
 
     Returns the matplotlib Figure.
     """
@@ -52,8 +56,9 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     lanes = [_box(0.0, makespan, device, 0.9) for device in range(p)]
     axes.add_collection(PolyCollection(lanes, facecolors=LANE_COLOR, edgecolors="none", zorder=0, gid="idle-lanes"))
     boxes = _op_boxes(simulation)
-    for (kind, chunk), (begin, width, device, _) in boxes.items():
-        rectangles = [_box(b, w, d, BOX_HEIGHT) for b, w, d in zip(begin, width, device, strict=True)]
+    for (kind, chunk), (begin, width, row, _) in boxes.items():
+        height = _row(simulation, kind)[1]
+        rectangles = [_box(b, w, r, height) for b, w, r in zip(begin, width, row, strict=True)]
         hatch = RECOMPUTE_HATCH if kind == RECOMPUTE else None
         axes.add_collection(PolyCollection(rectangles, facecolors=[chunk_color(kind, chunk, v)], edgecolors="white",
                                            linewidths=0.4, zorder=2, gid=f"ops-{kind}-chunk{chunk}", hatch=hatch))
@@ -61,6 +66,8 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     if simulation.table.recomputed:
         handles.append(Patch(facecolor=KIND_COLORS[RECOMPUTE], edgecolor="white", hatch=RECOMPUTE_HATCH,
                              label=KIND_NAMES[RECOMPUTE]))
+    if simulation.table.offloaded:
+        handles += [Patch(facecolor=KIND_COLORS[kind], label=KIND_NAMES[kind]) for kind in COPY_KINDS]
     handles.append(Patch(facecolor=LANE_COLOR, label="idle"))
     if show_latency and problem.p2p_time > 0:
         # under the boxes: a send to a far device (interleaved wrap-around) must not cross other devices' ops
@@ -85,7 +92,8 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
         f"ZB bubble {simulation.zb_bubble_rate:.1%}"
     ), fontsize=10)
     _freeze_layout(figure)
-    _label_boxes(axes, boxes, v)
+    _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v,
+                 _row(simulation, problem.kinds[0])[1])
     return _finish(figure, path)
 
 
@@ -100,13 +108,21 @@ def _gantt_size(simulation: Simulation) -> tuple[float, float]:
     return width, height
 
 
-def _box(begin: float, width: float, device: int, height: float) -> list[tuple[float, float]]:
-    top, bottom = device - height / 2, device + height / 2
+def _box(begin: float, width: float, center: float, height: float) -> list[tuple[float, float]]:
+    top, bottom = center - height / 2, center + height / 2
     return [(begin, top), (begin + width, top), (begin + width, bottom), (begin, bottom)]
 
 
+def _row(simulation: Simulation, kind: str) -> tuple[float, float]:
+    """(offset from its device's row centre, height) of a box of `kind`: compute boxes fill the
+    row unless the schedule offloads, whose copies get thin lanes below them (`COPY_ROWS`)."""
+    if not simulation.table.offloaded:
+        return 0.0, BOX_HEIGHT
+    return COPY_ROWS[kind if kind in COPY_KINDS else None]
+
+
 def _op_boxes(simulation: Simulation) -> dict[tuple[str, int], tuple[np.ndarray, ...]]:
-    """Per (kind, chunk), the arrays (begin, width, device, microbatch) of its ops' boxes."""
+    """Per (kind, chunk), the arrays (begin, width, row centre, microbatch) of its ops' boxes."""
     problem, table = simulation.problem, simulation.table
     chunk_of = {stage: chunk for stages in problem.stages_of_device for chunk, stage in enumerate(stages)}
     ops = table.ops()
@@ -118,7 +134,8 @@ def _op_boxes(simulation: Simulation) -> dict[tuple[str, int], tuple[np.ndarray,
     members: dict[tuple[str, int], list[int]] = {}
     for index, key in enumerate(group):
         members.setdefault(key, []).append(index)
-    return {key: (begin[mine], width[mine], device[mine], microbatch[mine]) for key, mine in members.items()}
+    return {key: (begin[mine], width[mine], device[mine] + _row(simulation, key[0])[0], microbatch[mine])
+            for key, mine in members.items()}
 
 
 def _latency_segments(simulation: Simulation) -> list[tuple[tuple[float, float], tuple[float, float]]]:
@@ -138,16 +155,16 @@ def _latency_segments(simulation: Simulation) -> list[tuple[tuple[float, float],
     return segments
 
 
-def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chunks: int) -> None:
-    """Write each op's microbatch number in its box where the text, measured by the renderer,
-    fits with a margin on every side; skipping the rest is what keeps dense charts legible."""
+def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chunks: int, height: float) -> None:
+    """Write each op's microbatch number in its box (`height` tall) where the text, measured by the
+    renderer, fits with a margin on every side; skipping the rest is what keeps dense charts legible."""
     figure = axes.figure
     renderer = figure.canvas.get_renderer()
     frame = axes.get_window_extent(renderer)
     x_low, x_high = axes.get_xlim()
     y_low, y_high = axes.get_ylim()
     pixels_per_time = frame.width / (x_high - x_low)
-    box_pixels = BOX_HEIGHT * frame.height / abs(y_high - y_low)
+    box_pixels = height * frame.height / abs(y_high - y_low)
     points_per_pixel = 72 / figure.dpi
     fontsize = min(MAX_LABEL_POINTS, 0.5 * box_pixels * points_per_pixel)
     if fontsize < MIN_LABEL_POINTS:

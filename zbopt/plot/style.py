@@ -8,15 +8,15 @@ import matplotlib.pyplot as plt
 from matplotlib.colors import to_rgb
 
 from zbopt.errors import ZboptError
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, RECOMPUTE, WEIGHT
+from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
 from zbopt.simulate import Simulation
 
 FIGURE_FORMATS = (".png", ".svg", ".pdf")
 # a recompute re-runs a forward: F's colour, told apart by RECOMPUTE_HATCH
 KIND_COLORS = {FORWARD: "#3b6fb6", BACKWARD: "#e8862a", WEIGHT: "#3a9a4a", FUSED_BACKWARD: "#8b5bb3",
-               RECOMPUTE: "#3b6fb6"}
+               RECOMPUTE: "#3b6fb6", OFFLOAD: "#2a9d8f", RELOAD: "#c9a227"}
 KIND_NAMES = {FORWARD: "F forward", BACKWARD: "B input grad", WEIGHT: "W weight grad", FUSED_BACKWARD: "BW backward",
-              RECOMPUTE: "R recompute"}
+              RECOMPUTE: "R recompute", OFFLOAD: "O offload", RELOAD: "L reload"}
 RECOMPUTE_HATCH = "////"
 LANE_COLOR = "#ececec"
 LATENCY_COLOR = "#333333"

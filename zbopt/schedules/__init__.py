@@ -7,6 +7,7 @@ from zbopt.schedules import (
     dualpipe,  # noqa: F401
     greedy,  # noqa: F401  (the fallback for any memory limit)
     interleaved,  # noqa: F401
+    offload,  # noqa: F401  (registers pipeoffload after the bases it adds copies to)
     recompute,  # noqa: F401  (registers the full-recomputation variants after their bases)
     vshape,  # noqa: F401
     zero_bubble,  # noqa: F401

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
+
 from zbopt.ops import Op
-from zbopt.problem import BACKWARD, FUSED_BACKWARD, WEIGHT, Problem
+from zbopt.problem import BACKWARD, COPY_KINDS, FUSED_BACKWARD, WEIGHT, Problem
 from zbopt.schedule import Schedule
 
 
@@ -33,3 +35,27 @@ def repeat_per_iteration(problem: Problem, iteration_orders: list[list[Op]]) -> 
         for order, pattern in zip(orders, iteration_orders, strict=True):
             order += [Op(op.kind, op.stage, microbatches[op.microbatch]) for op in pattern]
     return Schedule(orders)
+
+
+def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str, timed: bool = False) -> Schedule:
+    """Per device, its compute ops ordered by their start times (a device computes one op at a
+    time), each copy (O, L) after the compute ops that ended by its start, where a runtime issues
+    it (`simulate`). `timed`: the schedule carries `starts`, which a wait for memory needs (a
+    forward until an offload has freed room; the order alone starts it as soon as possible)."""
+    compute: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+    copies: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+    for op in sorted(starts, key=starts.__getitem__):
+        (copies if op.kind in COPY_KINDS else compute)[problem.device_of(op.stage)].append(op)
+    orders = []
+    for ops, device_copies in zip(compute, copies, strict=True):
+        ends = [starts[op] + problem.cost(op.kind, op.stage) for op in ops]
+        tolerance = 1e-9 * max(1.0, *ends) if ends else 0.0
+        order, placed = [], 0
+        for copy in device_copies:  # in start order; `ends` is increasing
+            issued = bisect.bisect_right(ends, starts[copy] + tolerance)
+            order.extend(ops[placed:issued])
+            placed = max(placed, issued)
+            order.append(copy)
+        orders.append(order + ops[placed:])
+    times = [[starts[op] for op in order] for order in orders] if timed else None
+    return Schedule(orders, times, name=name)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from zbopt.errors import ZboptError
 from zbopt.ops import Op
 from zbopt.problem import Problem
+from zbopt.schedules.common import schedule_from_starts
 from zbopt.simulate import Simulation, simulate
 from zbopt.solvers.bounds import lower_bounds
 from zbopt.solvers.result import (
@@ -33,10 +34,9 @@ from zbopt.solvers.result import (
     objective_value,
     optimality_tolerance,
     relative_gap,
-    schedule_from_starts,
     settle,
     warm_start_simulation,
-    without_needless_recomputes,
+    without_needless_mechanisms,
 )
 
 # solver name -> (module, backend option); each module has one function `search(problem, task, **options)`,
@@ -196,7 +196,7 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         proved = "solver" if found.status == "infeasible" else None
         return finish(None, found.status, max(independent_bound, found.bound), proved, found.resolution)
     if simulation is not None:
-        simulation = without_needless_recomputes(problem, simulation, objective, deadline)
+        simulation = without_needless_mechanisms(problem, simulation, objective, deadline)
     status, simulation, lower, decided_by = _verdict(found, simulation, warm, objective, independent_bound, binding)
     if lower_peak and not task.stopped.is_set():
         try:
@@ -261,7 +261,15 @@ def simulated_answer(problem: Problem, found: Found, objective: str, solver: str
     its objective checked against the model's own where the backend gives one."""
     if found.starts is None:
         return None
-    simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver), strict=True)
+    # as soon as possible, which is robust to rounded ticks; but a wait for memory (a forward until
+    # an offload has freed room, a recompute or reload not too early) and which copy goes first on a
+    # shared host link are in the model's times only
+    simulation = None
+    if not problem.shared_host_link:
+        simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver),
+                              strict=not problem.mechanisms_matter)
+    if simulation is None or not simulation.valid:
+        simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, timed=True), strict=True)
     if found.modelled is not None:
         check_close(solver, objective_value(simulation, objective), found.modelled, found.error_bound)
     return simulation

@@ -91,14 +91,14 @@ def _same_order_group(problem: Problem, microbatch: int, other: int) -> bool:
 def symmetric_successors(problem: Problem, ops) -> list[tuple[Op, Op]]:
     """Pairs (op, the same kind and stage on the next microbatch) that symmetry breaking orders.
 
-    With recomputation allowed, only the first stage's forwards: microbatches differ in what they
-    hold once some are recomputed, so relabelling each column apart is no longer a symmetry;
+    With recomputation or offload allowed, only the first stage's forwards: microbatches differ in
+    what they hold once some are recomputed or offloaded, so relabelling each column apart is no longer a symmetry;
     relabelling whole microbatches still is, and sorts one column."""
     present = set(ops)
     return [(op, following) for op in ops
             if (following := Op(op.kind, op.stage, op.microbatch + 1)) in present
             and _same_order_group(problem, op.microbatch, following.microbatch)
-            and (not problem.recomputation_matters or (op.kind == FORWARD and op.stage == 0))]
+            and (not problem.mechanisms_matter or (op.kind == FORWARD and op.stage == 0))]
 
 
 def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
@@ -118,10 +118,10 @@ def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
     ----------
     .. [1] Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 1.
 
-    None with recomputation allowed: a recomputed microbatch holds less, and the columns are not
+    None with recomputation or offload allowed: such a microbatch holds less, and the columns are not
     in microbatch order (`symmetric_successors`).
     """
-    if problem.memory_limit is None or problem.recomputation_matters:
+    if problem.memory_limit is None or problem.mechanisms_matter:
         return []
     present = set(ops)
     pairs = []
@@ -156,7 +156,7 @@ def memory_disjunctions(problem: Problem, ops) -> list[tuple[Op, Op, Op]]:
     j the latest such i is given (the strongest claim); j = n - k with (k+1)·M_B > L is a memory
     precedence instead. None with recomputation allowed (see `memory_precedences`).
     """
-    if problem.memory_limit is None or not problem.split_backward or problem.recomputation_matters:
+    if problem.memory_limit is None or not problem.split_backward or problem.mechanisms_matter:
         return []
     present = set(ops)
     triples = []
@@ -277,7 +277,11 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
     makespan >= max(load + sum x_s R_s, (integral - sum x_s saving_s) / limit); the least of this
     over real x_s in [0, M] bounds every choice (a fractional knapsack: recompute in decreasing
     saving per unit of R). Where the limit cannot hold two whole activations, so much more
-    follows that `whole_activations_bound` is taken too.
+    follows that `whole_activations_bound` is taken too (without offload: it assumes none).
+
+    With offload allowed, an activation may instead be held from F's start to its O's end and
+    from its L's start, at no cost in compute: each activation counts the less of kept and
+    offloaded (`_offloaded_memory_time`); the copy lanes' own capacity is not used here.
     """
     if problem.memory_limit is None:
         return 0.0
@@ -285,12 +289,14 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
     count = problem.total_microbatches
     for device, stages in enumerate(problem.stages_of_device):
         limit = problem.memory_limit[device]
-        if problem.recomputation_matters:
+        if problem.recomputation_matters and not problem.allow_offload:
             best = max(best, whole_activations_bound(problem, device, lifetimes, device_load[device]))
         integral = 0.0
         trades = []  # (saving of memory-time per unit of recompute time, recompute time available)
         for stage in stages:
             held = _memory_time(problem, stage, lifetimes[stage])
+            if problem.offload_matters:
+                held = min(held, _offloaded_memory_time(problem, stage))
             integral += count * held
             if problem.recomputation_matters:
                 saving = held - _recomputed_memory_time(problem, stage)
@@ -370,6 +376,16 @@ def _recomputed_memory_time(problem: Problem, stage: int) -> float:
     weight = problem.weight_times[stage] if problem.split_backward else 0.0
     return problem.checkpoint_memory[stage] * problem.forward_times[stage] + \
         _memory_time(problem, stage, (recompute + backward, recompute + backward + weight))
+
+
+def _offloaded_memory_time(problem: Problem, stage: int) -> float:
+    """The least memory-time one offloaded activation of `stage` holds: all of it for F and its O,
+    then from its L's start for L and its backward (the part W keeps, also W)."""
+    forward, backward = problem.forward_times[stage], problem.backward_times[stage]
+    weight = problem.weight_times[stage] if problem.split_backward else 0.0
+    reload = problem.reload_times[stage]
+    return problem.activation_memory[stage] * (forward + problem.offload_times[stage]) + \
+        _memory_time(problem, stage, (reload + backward, reload + backward + weight))
 
 
 def _trade_off(load: float, memory: float, trades: list[tuple[float, float]], limit: float) -> float:
@@ -544,7 +560,7 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     lifetimes = activation_lifetimes(problem)
     memory = memory_bound(problem, lifetimes, device_load)
     sequencing = relaxed = 0.0
-    if problem.recomputation_matters:  # the single-device bounds assume kept activations in microbatch order
+    if problem.mechanisms_matter:  # the single-device bounds assume kept activations in microbatch order
         return LowerBounds(critical, load, one_machine, memory, sequencing)
     if problem.chunks_per_device == 1:
         for device in range(problem.num_devices):

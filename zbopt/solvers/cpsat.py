@@ -6,14 +6,16 @@ The model, built in named steps like OR-Tools' job-shop example:
   3. precedences with latency, and the weight-update barrier between iterations;
   4. memory: per device a cumulative over activation lifetimes (from F's start to the end of each
      op that frees part of it, by `Problem.memory_delta`), or a reservoir of the same allocations
-     and releases; with recomputation allowed, a choice per stage and microbatch: kept (those
-     lifetimes), or recomputed (an optional R interval after F and before B, the checkpoint held
-     from F's start to R's, the activation from R's start);
+     and releases; with recomputation or offload allowed, a choice per stage and microbatch: kept
+     (those lifetimes), recomputed (an optional R interval after F and before B, the checkpoint
+     held from F's start to R's, the activation from R's start) or offloaded (optional O and L
+     intervals on the device's copy lanes, F -> O -> L -> B, the activation held from F's start to
+     O's end and from L's start);
   5. symmetry breaking: ops of one kind on one stage run in microbatch order (safe: see Notes),
      and with it the memory precedences and disjunctions it implies (`bounds.memory_precedences`,
      `bounds.memory_disjunctions`): redundant given the memory constraint, but they let the solver
-     prove memory-bound optima; with recomputation allowed, only the first stage's forwards (see
-     `bounds.symmetric_successors`);
+     prove memory-bound optima; with recomputation or offload allowed, only the first stage's
+     forwards (see `bounds.symmetric_successors`);
   6. objective: the makespan (or the longest device span) with the independent lower bound; in
      the driver's second phase, the highest peak memory with the objective capped.
 
@@ -25,24 +27,25 @@ type links column (kind, stage) to another with one constant delay (duration + l
 any pairing a_j <= b_j the sorted values also satisfy a_(k) <= b_(k); so every dependency still
 holds, and memory, which counts started and finished ops per column, is unchanged (so is the peak).
 Within an iteration only, when iterations are separated by a flush. Once some activations may be
-recomputed, microbatches differ in the memory they hold, and relabelling one column apart could
-pair a recomputed forward with a kept backward; relabelling whole microbatches (their choice
+recomputed or offloaded, microbatches differ in the memory they hold, and relabelling one column apart could
+pair a recomputed (or offloaded) forward with a kept backward; relabelling whole microbatches (their choice
 travels with them) is still a symmetry, and orders the first stage's forwards.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import NamedTuple
 
 from ortools.sat.python import cp_model
 
 from zbopt.ops import Op, op_graph
-from zbopt.problem import FORWARD, RECOMPUTE, Problem
+from zbopt.problem import FORWARD, OFFLOAD, RECOMPUTE, RELOAD, Problem
 from zbopt.simulate import op_table, simulate
 from zbopt.solvers.api import Found, SearchTask
 from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunctions
-from zbopt.solvers.result import start_times
+from zbopt.solvers.result import objective_value, start_times
 from zbopt.ticks import ceil_ticks, memory_scale, tick_problem, tick_scale
 
 MEMORY_MODELS = ("cumulative", "reservoir")
@@ -61,6 +64,15 @@ class Lifetime(NamedTuple):
     amount: int
     interval: object
     presence: object = None
+
+
+class Choice(NamedTuple):
+    """How the model holds one activation: one literal per way (None where not allowed; exactly
+    one holds)."""
+
+    kept: object
+    recomputed: object = None
+    offloaded: object = None
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -96,15 +108,25 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     duration = table.duration
     ops_of_device = [[op for op in ops if op.stage in stages] for stages in problem.stages_of_device]
     makespan_goal = task.objective == "makespan"
-    chooses_recompute = problem.recomputation_matters  # without a limit a recompute only adds work
-    recompute_work = sum(integral.recompute_times) * table.num_microbatches if chooses_recompute else 0
-    horizon = int(sum(duration) + sum(table.latency) + recompute_work)  # everything in a row: always feasible
-    hint = None
-    if task.warm is not None:
+    # without a limit a recompute only adds work and an offload saves nothing
+    optional_work = table.num_microbatches * sum(
+        [*(integral.recompute_times if problem.recomputation_matters else ()),
+         *(integral.offload_times if problem.offload_matters else ()),
+         *(integral.reload_times if problem.offload_matters else ())])
+    horizon = int(sum(duration) + sum(table.latency) + optional_work)  # everything in a row: always feasible
+    hint = warm_goal = None  # the warm start's starts and objective, in ticks
+    if task.warm is not None and problem.mechanisms_matter:
+        # its own times: a wait for memory, or which copy goes first on a shared link, is not in
+        # its order (timed as soon as possible, it may break the limit: the horizon stays whole)
+        hint = {op: scale.ticks(time) for op, time in start_times(task.warm).items()}
+        rounding = 0 if scale.exact else math.ceil(scale.error_bound * scale.ticks_per_unit)
+        warm_goal = scale.ticks(objective_value(task.warm, task.objective)) + rounding
+    elif task.warm is not None:
         hinted = simulate(integral, task.warm.schedule.without_times())
         hint = {op: round(hinted.times_of(op)[0]) for op in hinted.table.ops()}
+        warm_goal = round(hinted.makespan) if makespan_goal else max(round(s) for s in hinted.span)
         if makespan_goal:
-            horizon = round(hinted.makespan)
+            horizon = warm_goal
 
     model = cp_model.CpModel()
     # 1. intervals
@@ -115,20 +137,26 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         start[op] = model.NewIntVar(int(heads[op]), max(int(heads[op]), latest), f"start_{op}")
         end[op] = start[op] + size
         interval[op] = model.NewFixedSizeIntervalVar(start[op], size, f"op_{op}")
-    recompute = None  # an optional R per stage and microbatch, where memory can make it worth its time
-    if chooses_recompute:
-        recompute = _recompute_choices(model, integral, ops, start, end, interval, horizon)
-    # 2. no overlap per device
+    choices = None  # per stage and microbatch, kept, recomputed or offloaded, where memory can make it pay
+    if problem.mechanisms_matter:
+        choices = _activation_choices(model, integral, ops, start, end, interval, horizon)
+    # 2. no overlap per device, and per copy lane (shared by a pair of devices with a shared host link)
+    optional = [op for op in interval if op.kind in (RECOMPUTE, OFFLOAD, RELOAD)]
     for device, mine in enumerate(ops_of_device):
-        recomputes = [interval[Op(RECOMPUTE, s, j)] for s, j in recompute or () if problem.device_of(s) == device]
+        recomputes = [interval[op] for op in optional if op.kind == RECOMPUTE and problem.device_of(op.stage) == device]
         model.AddNoOverlap([interval[op] for op in mine] + recomputes)
+    link = (lambda device: device // 2) if problem.shared_host_link else (lambda device: device)
+    for kind in (OFFLOAD, RELOAD):
+        for lane in {link(device) for device in range(problem.num_devices)}:
+            model.AddNoOverlap([interval[op] for op in optional
+                                if op.kind == kind and link(problem.device_of(op.stage)) == lane])
     # 3. precedences and iteration barriers (and 5., the symmetry-breaking and memory precedences)
     for source, target, data in graph.edges(data=True):
         model.Add(start[target] >= end[source] + int(data["latency"]))
     # 4. memory
     lifetimes = None
     if problem.memory_limit is not None or task.peak_cap is not None:
-        lifetimes = lifetime_intervals(model, problem, ops, start, end, horizon, recompute=recompute)
+        lifetimes = lifetime_intervals(model, problem, ops, start, end, horizon, choices=choices)
     if problem.memory_limit is not None:
         _limit_memory(model, problem, lifetimes, memory_model)
     # 5. the memory disjunctions (the precedences are edges of the implied graph)
@@ -142,15 +170,17 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     if task.peak_cap is None:
         model.Minimize(goal)
     else:  # the second phase: the warm start's objective at most, the least peak memory
-        model.Add(goal <= (round(hinted.makespan) if makespan_goal else max(round(s) for s in hinted.span)))
+        model.Add(goal <= warm_goal)
         peak = _peak(model, problem, lifetimes)
         model.Minimize(peak)
     if hint is not None:
         for op, value in hint.items():
             if op in start:
                 model.AddHint(start[op], value)
-        for stage, microbatch in recompute or ():
-            model.AddHint(recompute[stage, microbatch][0], Op(RECOMPUTE, stage, microbatch) in hint)
+        for (stage, microbatch), choice in (choices or {}).items():
+            for literal, kind in ((choice.recomputed, RECOMPUTE), (choice.offloaded, OFFLOAD)):
+                if literal is not None:
+                    model.AddHint(literal, Op(kind, stage, microbatch) in hint)
 
     if task.stopped.is_set():  # stopped before the search: the hint is its incumbent
         return _hinted_only(task, scale)
@@ -176,7 +206,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     starts = None
     if found:
         starts = {op: scale.units(solver.Value(start[op])) for op in start
-                  if op.kind != RECOMPUTE or solver.BooleanValue(recompute[op.stage, op.microbatch][0])}
+                  if op.kind not in (RECOMPUTE, OFFLOAD, RELOAD) or solver.BooleanValue(_chosen(choices, op))}
     return Found(
         status=status,
         starts=starts,
@@ -231,34 +261,61 @@ def _objective(model, task: SearchTask, scale, ops, ops_of_device, start, end, t
     return goal
 
 
-def _recompute_choices(model, problem: Problem, ops, start, end, interval, horizon: int) -> dict:
-    """Per (stage, microbatch), (literal "recomputed", start of its R): an optional R interval on
-    the device's no-overlap, after F and before the input gradient when chosen. Adds R's start
-    and interval to `start`, `end` and `interval` under Op("R", stage, microbatch)."""
+def _chosen(choices: dict, op: Op):
+    """The literal under which optional op `op` (an R, O or L) runs."""
+    choice = choices[op.stage, op.microbatch]
+    return choice.recomputed if op.kind == RECOMPUTE else choice.offloaded
+
+
+def _activation_choices(model, problem: Problem, ops, start, end, interval, horizon: int) -> dict:
+    """Per (stage, microbatch), its `Choice` of the ways the problem allows: recomputed, an optional
+    R interval on the compute lane after F and before the input gradient; offloaded, optional O
+    and L intervals on the copy lanes, F -> O -> L -> input gradient. Adds the optional ops' starts
+    and intervals to `start`, `end` and `interval`."""
     backward = problem.input_gradient_kind
     choices = {}
-    for forward in (op for op in ops if op.kind == FORWARD):
-        stage, microbatch = forward.stage, forward.microbatch
-        op = Op(RECOMPUTE, stage, microbatch)
-        chosen = model.NewBoolVar(f"recompute_{stage}_{microbatch}")
-        size = int(problem.cost(RECOMPUTE, stage))
+
+    def optional(kind, stage, microbatch, chosen, after):
+        op = Op(kind, stage, microbatch)
+        size = int(problem.cost(kind, stage))
         start[op] = model.NewIntVar(0, horizon, f"start_{op}")
         end[op] = start[op] + size
         interval[op] = model.NewOptionalFixedSizeIntervalVar(start[op], size, chosen, f"op_{op}")
-        model.Add(start[op] >= end[forward]).OnlyEnforceIf(chosen)
-        model.Add(start[Op(backward, stage, microbatch)] >= end[op]).OnlyEnforceIf(chosen)
-        choices[stage, microbatch] = (chosen, start[op])
+        model.Add(start[op] >= end[after]).OnlyEnforceIf(chosen)
+        return op
+
+    for forward in (op for op in ops if op.kind == FORWARD):
+        stage, microbatch = forward.stage, forward.microbatch
+        gradient = Op(backward, stage, microbatch)
+        recomputed = offloaded = None
+        if problem.recomputation_matters:
+            recomputed = model.NewBoolVar(f"recompute_{stage}_{microbatch}")
+            recompute = optional(RECOMPUTE, stage, microbatch, recomputed, forward)
+            model.Add(start[gradient] >= end[recompute]).OnlyEnforceIf(recomputed)
+        if problem.offload_matters:
+            offloaded = model.NewBoolVar(f"offload_{stage}_{microbatch}")
+            offload = optional(OFFLOAD, stage, microbatch, offloaded, forward)
+            reload = optional(RELOAD, stage, microbatch, offloaded, offload)
+            model.Add(start[gradient] >= end[reload]).OnlyEnforceIf(offloaded)
+        ways = [literal for literal in (recomputed, offloaded) if literal is not None]
+        if len(ways) == 1:
+            kept = ways[0].Not()
+        else:
+            kept = model.NewBoolVar(f"keep_{stage}_{microbatch}")
+            model.AddExactlyOne([kept, *ways])
+        choices[stage, microbatch] = Choice(kept, recomputed, offloaded)
     return choices
 
 
 def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, amount=round,
-                       recompute: dict | None = None) -> list[list[Lifetime]]:
+                       choices: dict | None = None) -> list[list[Lifetime]]:
     """Per device, the `Lifetime` of every part of an activation among `ops`: F allocates its
     stage's activation, each op with a negative `Problem.memory_delta` frees its part (B and W
-    when split, BW when fused). Always held, unless `recompute` (from `_recompute_choices`) gives
-    the choice: then the kept lifetimes hold when not recomputed, and when recomputed the
-    checkpoint from F's start to R's and each part from R's start. `amount` turns a memory amount
-    in `memory_scale` units into a whole number (the relaxation rounds down)."""
+    when split, BW when fused). Always held, unless `choices` (from `_activation_choices`) gives
+    a choice: then the kept lifetimes hold when kept; when recomputed, the checkpoint from F's
+    start to R's and each part from R's start; when offloaded, the activation from F's start to
+    O's end and each part from L's start. `amount` turns a memory amount in `memory_scale` units
+    into a whole number (the relaxation rounds down)."""
     unit = memory_scale(problem)
     per_device: list[list[Lifetime]] = [[] for _ in range(problem.num_devices)]
 
@@ -273,15 +330,22 @@ def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, a
     for forward in (op for op in ops if op.kind == FORWARD):
         stage, microbatch = forward.stage, forward.microbatch
         device = problem.device_of(stage)
-        chosen = None if recompute is None else recompute[stage, microbatch]
+        choice = None if choices is None else choices[stage, microbatch]
         for kind, freed in problem.releases(stage):
             release = Op(kind, stage, microbatch)
-            hold(device, start[forward], end[release], freed, release, None if chosen is None else chosen[0].Not())
-            if chosen is not None:
-                hold(device, chosen[1], end[release], freed, f"{release}_recomputed", chosen[0])
-        if chosen is not None:
-            hold(device, start[forward], chosen[1], problem.checkpoint_memory[stage], f"checkpoint_{forward}",
-                 chosen[0])
+            hold(device, start[forward], end[release], freed, release, None if choice is None else choice.kept)
+            if choice is not None and choice.recomputed is not None:
+                hold(device, start[Op(RECOMPUTE, stage, microbatch)], end[release], freed, f"{release}_recomputed",
+                     choice.recomputed)
+            if choice is not None and choice.offloaded is not None:
+                hold(device, start[Op(RELOAD, stage, microbatch)], end[release], freed, f"{release}_reloaded",
+                     choice.offloaded)
+        if choice is not None and choice.recomputed is not None:
+            hold(device, start[forward], start[Op(RECOMPUTE, stage, microbatch)], problem.checkpoint_memory[stage],
+                 f"checkpoint_{forward}", choice.recomputed)
+        if choice is not None and choice.offloaded is not None:
+            hold(device, start[forward], end[Op(OFFLOAD, stage, microbatch)], problem.activation_memory[stage],
+                 f"offloading_{forward}", choice.offloaded)
     return per_device
 
 

@@ -85,6 +85,8 @@ def refusal(problem: Problem) -> str | None:
     """Why the search cannot take `problem`: its windows keep every activation."""
     if problem.allow_recompute:
         return "it does not choose recomputation (allow_recompute); use cpsat"
+    if problem.allow_offload:
+        return "it does not choose offload (allow_offload); use cpsat"
     return None
 
 

@@ -50,6 +50,8 @@ def refusal(problem: Problem) -> str | None:
     """Why the MILP cannot take `problem`: it keeps every activation."""
     if problem.allow_recompute:
         return "the MILP does not model recomputation (allow_recompute); use cpsat"
+    if problem.allow_offload:
+        return "the MILP does not model offload (allow_offload); use cpsat"
     return None
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from zbopt.errors import ZboptError
 from zbopt.ops import Op, device_work
-from zbopt.problem import RECOMPUTE, Problem
+from zbopt.problem import OFFLOAD, RECOMPUTE, RELOAD, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules import applicable, generate
 from zbopt.simulate import RELATIVE_TOLERANCE, Simulation, simulate
@@ -157,29 +157,30 @@ def start_times(simulation: Simulation) -> dict[Op, float]:
     return dict(zip(simulation.table.ops(), simulation.start.tolist(), strict=True))
 
 
-def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str) -> Schedule:
-    """Per device, its ops ordered by their start times (a device runs one op at a time)."""
-    orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
-    for op in sorted(starts, key=starts.__getitem__):
-        orders[problem.device_of(op.stage)].append(op)
-    return Schedule(orders, name=name)
-
-
-def without_needless_recomputes(problem: Problem, simulation: Simulation, objective: str,
+def without_needless_mechanisms(problem: Problem, simulation: Simulation, objective: str,
                                 deadline: float = math.inf) -> Simulation:
-    """The schedule with every recompute dropped (the activation kept instead) that is not needed:
-    one at a time, in (stage, microbatch) order, while the schedule stays within the memory limit
-    and its objective does not grow, until `deadline` (`time.perf_counter()`; one simulation per
-    recompute). A solver may leave an R in idle time where it costs nothing; a user reading the
-    schedule should not have to wonder why it recomputes with memory to spare."""
-    for stage, microbatch in simulation.table.recomputed:
-        if time.perf_counter() > deadline:
-            break
-        dropped = Op(RECOMPUTE, stage, microbatch)
-        orders = [[op for op in order if op != dropped] for order in simulation.schedule.orders]
-        candidate = simulate(problem, Schedule(orders, name=simulation.schedule.name))
-        if candidate.valid and objective_value(candidate, objective) <= objective_value(simulation, objective):
-            simulation = candidate
+    """The schedule with every recompute (R) and offload (O and L) dropped (the activation kept
+    instead) that is not needed: one at a time, in (stage, microbatch) order, while the schedule
+    stays within the memory limit and its objective does not grow, until `deadline`
+    (`time.perf_counter()`; one simulation per activation; a timed schedule keeps its times). A
+    solver may leave an R in idle time, or a pair of copies anywhere, where it costs nothing; a
+    user reading the schedule should not have to wonder why it recomputes or offloads with memory
+    to spare."""
+    table = simulation.table
+    for kinds, pairs in (((RECOMPUTE,), table.recomputed), ((OFFLOAD, RELOAD), table.offloaded)):
+        for stage, microbatch in pairs:
+            if time.perf_counter() > deadline:
+                return simulation
+            dropped = {Op(kind, stage, microbatch) for kind in kinds}
+            schedule = simulation.schedule
+            kept = [[index for index, op in enumerate(order) if op not in dropped] for order in schedule.orders]
+            orders = [[order[i] for i in indices] for order, indices in zip(schedule.orders, kept, strict=True)]
+            times = None if schedule.start_times is None else \
+                [[device_times[i] for i in indices] for device_times, indices in zip(schedule.start_times, kept,
+                                                                                       strict=True)]
+            candidate = simulate(problem, Schedule(orders, times, name=schedule.name))
+            if candidate.valid and objective_value(candidate, objective) <= objective_value(simulation, objective):
+                simulation = candidate
     return simulation
 
 

@@ -183,6 +183,10 @@ def test_offload_beats_keeping_at_the_floor():
     assert solve(kept, time_limit=30).objective == 15
     result = solve(moved, time_limit=30)
     assert (result.status, result.objective) == ("optimal", 12)
+    # the bound alone proves it: limit 1 holds one whole activation at a time, so on device 0 each
+    # microbatch takes the cheaper of kept (F + its round trip + B = 4) and offloaded
+    # (F + O + L + B = 3), plus W (its half and a whole activation exceed the limit): 3 (1 + 3)
+    assert lower_bounds(moved).memory == 12
 
 
 @pytest.mark.parametrize(("p", "m", "limit"), [(4, 8, 2), (4, 8, 3), (6, 12, 3)])

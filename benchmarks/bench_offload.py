@@ -9,7 +9,8 @@ of three layers (an assumption) holds 240 MB, which PCIe 4.0 x16 (about 25 GB/s 
 moves in about 10 ms. For p = 4,
 m = 8 and p = 8, m = 16 and memory limits from the floor (1) to 2p activations, per limit: the
 optimum keeping every activation, allowed to offload, allowed to offload and recompute (CP-SAT,
-each with the time limit), and PipeOffload on 1F1B where it fits.
+each with the time limit), PipeOffload on 1F1B where it fits, and full offload on 1F1B's order
+fitted to the limit.
 
 Usage: python benchmarks/bench_offload.py [--time-limit S] [--shapes 4x8,8x16]
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from bench_recompute import CHECKPOINT, LIMITS, arguments, problem
 
-from zbopt import generate, simulate, solve
+from zbopt import NotApplicableError, generate, simulate, solve
 
 OFFLOAD_MS = 10.0
 
@@ -31,7 +32,8 @@ def main() -> None:
     args = arguments(__doc__.splitlines()[0])
     rows = []
     print(f"{'p':>2} {'m':>3} {'limit':>5} | {'kept':>7} {'gap':>6} | {'offload':>7} {'bound':>7} {'gap':>6} "
-          f"{'O':>4} | {'both':>7} {'bound':>7} {'gap':>6} {'R':>4} {'O':>4} | {'pipeoffload':>11}", flush=True)
+          f"{'O':>4} | {'both':>7} {'bound':>7} {'gap':>6} {'R':>4} {'O':>4} | {'pipeoffload':>11} "
+          f"{'full-offload':>12}", flush=True)
     for shape in args.shapes.split(","):
         p, m = (int(x) for x in shape.split("x"))
         for limit in LIMITS[p]:
@@ -41,6 +43,10 @@ def main() -> None:
             both = solve(both_problem, time_limit=args.time_limit, lower_peak=False)
             heuristic = simulate(both_problem, generate("pipeoffload", both_problem))
             pipeoffload = heuristic.makespan if heuristic.valid else None
+            try:
+                full = simulate(both_problem, generate("full-offload", both_problem)).makespan
+            except NotApplicableError:  # its order found no room at this limit
+                full = None
             row = {"p": p, "m": m, "limit": limit, "activations": p * m,
                    "kept": kept.objective, "kept_status": kept.status, "kept_gap": kept.gap,
                    "offload": offload.objective, "offload_status": offload.status,
@@ -50,7 +56,7 @@ def main() -> None:
                    "both": both.objective, "both_status": both.status, "both_bound": both.lower_bound,
                    "both_gap": both.gap, "both_recomputed": len(both.simulation.table.recomputed),
                    "both_offloaded": len(both.simulation.table.offloaded),
-                   "pipeoffload": pipeoffload, "pipeoffload_peak": max(heuristic.peak_memory),
+                   "pipeoffload": pipeoffload, "pipeoffload_peak": max(heuristic.peak_memory), "full_offload": full,
                    "time_s": kept.solve_time_s + offload.solve_time_s + both.solve_time_s}
             rows.append(row)
             fitted = f"{pipeoffload:>11.1f}" if pipeoffload is not None else \
@@ -58,7 +64,8 @@ def main() -> None:
             print(f"{p:>2} {m:>3} {limit:>5g} | {kept.objective:>7.1f} {kept.gap:>6.1%} | "
                   f"{offload.objective:>7.1f} {offload.lower_bound:>7.1f} {offload.gap:>6.1%} "
                   f"{row['offloaded']:>4} | {both.objective:>7.1f} {both.lower_bound:>7.1f} {both.gap:>6.1%} "
-                  f"{row['both_recomputed']:>4} {row['both_offloaded']:>4} | {fitted}", flush=True)
+                  f"{row['both_recomputed']:>4} {row['both_offloaded']:>4} | {fitted} "
+                  f"{'-' if full is None else format(full, '.1f'):>12}", flush=True)
     out = Path(__file__).resolve().parent / "results" / "bench_offload.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"machine": platform.platform(), "time_limit_s": args.time_limit,

@@ -1,17 +1,24 @@
 """Offload: the problem's keys, O and L on the copy lanes of the one simulator, the optimizer's
 choice against an exhaustive search in time, PipeOffload's rule and the serial fallback."""
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.reference import timed_search_optimum
-from zbopt import Problem, ProblemError, ScheduleError, ZboptError, generate, simulate, solve
+from zbopt import NotApplicableError, Problem, ProblemError, ScheduleError, ZboptError, generate, simulate, solve
+from zbopt.blocks.search import optimal_block
 from zbopt.errors import DeadlockError
+from zbopt.frontier import memory_frontier
 from zbopt.io.torch_format import torch_actions
 from zbopt.ops import Op, device_work
+from zbopt.plot import plot_frontier, plot_gantt
 from zbopt.schedule import Schedule
 from zbopt.solvers.bounds import lower_bounds
+from zbopt.tables import format_frontier, format_simulation
+from zbopt.ticks import tick_scale
 
 SPLIT = dict(forward_times=3, backward_times=4, weight_times=2)
 
@@ -170,7 +177,13 @@ def test_with_memory_to_spare_offload_changes_nothing():
     plain = Problem(num_devices=3, num_microbatches=4, **SPLIT)
     unlimited = solve(plain, time_limit=30).objective
     assert solve(plain.replace(memory_limit=6), time_limit=30).objective == pytest.approx(unlimited)
-    assert solve(problem, time_limit=30).objective == pytest.approx(unlimited)
+    result = solve(problem, time_limit=30)
+    assert result.objective == pytest.approx(unlimited)
+    assert result.simulation.table.offloaded == ()  # a copy the answer does not need is dropped
+    # without a limit the warm start is no offloading heuristic (PipeOffload ties 1F1B at a lower
+    # peak) and the answer copies nothing; with a shared link its copies would not even time alone
+    free = solve(offloading(4, 8, shared_host_link=True), time_limit=10)
+    assert free.warm_start != "pipeoffload" and free.simulation.table.offloaded == ()
 
 
 def test_offload_beats_keeping_at_the_floor():
@@ -236,3 +249,84 @@ def test_the_other_solvers_refuse_offload():
     for solver in ("highs", "lns"):
         with pytest.raises(ZboptError, match=r"offload \(allow_offload\); use cpsat"):
             solve(problem, solver=solver, time_limit=5)
+    with pytest.raises(ZboptError, match=r"offload \(allow_offload\); use cpsat"):
+        solve(problem, solver="cbc", time_limit=5)
+    with pytest.raises(ZboptError, match=r"does not model offload \(allow_offload\); use zbopt solve"):
+        optimal_block(problem, time_limit=5)
+
+
+def test_costs_that_are_not_whole_ticks_still_give_a_valid_answer():
+    """1.23414321 and 18.5 need 10^8 ticks to be whole, so the model rounds; with offload it rounds
+    up, so an answer that waits for an offload (a forward after a copy frees room) is still valid at
+    the real costs, and its makespan is within the rounding bound of the model's."""
+    problem = offloading(2, 3, forward_times=[1.23414321, 18.5], backward_times=[2.5, 18.5], weight_times=None,
+                         offload_times=[3.3, 3.3], memory_limit=1, shared_host_link=True)
+    assert not tick_scale(problem).exact
+    result = solve(problem, time_limit=10)
+    assert result.simulation.valid and result.simulation.table.offloaded
+    assert result.lower_bound <= result.objective + 1e-9
+
+
+def test_the_gantt_draws_copies_on_thin_lanes_under_their_device():
+    problem = offloading(4, 8, memory_limit=2)
+    simulation = simulate(problem, generate("pipeoffload", problem))
+    figure = plot_gantt(simulation)
+    collections = {collection.get_gid(): collection for collection in figure.axes[0].collections}
+    for kind, offset in (("O", 0.245), ("L", 0.365)):
+        boxes = collections[f"ops-{kind}-chunk0"].get_paths()
+        centers = sorted(round(float(np.mean(path.vertices[:-1, 1])), 3) for path in boxes)
+        devices = sorted(problem.device_of(stage) for stage, _ in simulation.table.offloaded)
+        assert centers == pytest.approx([device + offset for device in devices])
+        heights = {round(float(np.ptp(path.vertices[:, 1])), 3) for path in boxes}
+        assert heights == {0.11}
+    legend = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert "O offload" in legend and "L reload" in legend
+    plt.close(figure)
+
+
+def test_the_frontier_counts_what_each_limit_offloads():
+    """At the floor (1) keeping cannot pipeline at all; offloading does, and says how many; with
+    memory to spare (6) nothing is offloaded."""
+    problem = offloading(3, 4)
+    frontier = memory_frontier(problem, [1, 6], time_limit=10)
+    low, high = frontier.points
+    assert low.offloaded > 0 and high.offloaded == 0 and low.recomputed is None
+    table = format_frontier(frontier)
+    assert "offloaded" in table and "recomputed" not in table
+    assert f"{low.offloaded:>4} of 12" in table.splitlines()[4]
+    figure = plot_frontier(frontier)
+    marks = {text.get_text() for text in figure.axes[0].texts}
+    assert f"O {low.offloaded}/12" in marks
+    plt.close(figure)
+    simulation = simulate(problem.replace(memory_limit=2), generate("pipeoffload", problem.replace(memory_limit=2)))
+    assert f"offloaded       {len(simulation.table.offloaded)} of 12 activations" in format_simulation(simulation)
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (4, 8), (3, 5), (6, 12)])
+def test_full_offload_with_short_copies_and_room_is_1f1b(p, m):
+    """Without a limit nothing waits for memory, and a reload of 0.1 issued when the forward before
+    its backward ends is back before the gradient arrives (split backward): 1F1B's makespan, with
+    every activation but the last stage's offloaded."""
+    problem = offloading(p, m, offload_times=0.1)
+    result = simulate(problem, generate("full-offload", problem))
+    assert result.makespan == simulate(problem, generate("1f1b", problem)).makespan
+    assert set(result.table.offloaded) == {(s, j) for s in range(p - 1) for j in range(m)}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 8), st.sampled_from([1.0, 1.5, 2.0, 3.0]), st.booleans(), st.booleans(),
+       st.sampled_from([0.5, 2.0, 6.0]))
+def test_full_offload_fits_its_limit(p, m, limit, split, shared, copy):
+    """On 1F1B's order, each allocation waiting for room: valid (within the limit, down to the
+    floor of one activation) on every shape tried, or not applicable with a reason; never slower
+    than one microbatch at a time."""
+    problem = offloading(p, m, weight_times=2 if split else None, memory_limit=limit, shared_host_link=shared,
+                         offload_times=copy, p2p_time=0.5)
+    try:
+        schedule = generate("full-offload", problem)
+    except NotApplicableError as error:
+        assert "finds no room" in str(error) or "waits forever" in str(error)
+        return
+    result = simulate(problem, schedule)
+    assert result.valid and max(result.peak_memory) <= limit + 1e-9
+    assert result.makespan <= simulate(problem, generate("serial-offload", problem)).makespan + 1e-9

@@ -94,7 +94,7 @@ def test_every_registered_schedule_is_exported():
     """All but those that recompute or offload: torch has no such action (their export is refused)."""
     moving = mechanism_schedules()
     assert moving == {"1f1b-recompute", "interleaved-1f1b-recompute", "mario-1f1b", "serial-recompute",
-                      "pipeoffload", "serial-offload"}
+                      "pipeoffload", "full-offload", "serial-offload"}
     assert {name for _, name, _ in HEURISTICS} == {entry.name for entry in registered()} - moving
 
 

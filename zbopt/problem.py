@@ -318,6 +318,10 @@ class Problem:
         """Device holding virtual stage `stage`."""
         return stage_device(stage, self.num_devices, self.placement)
 
+    def host_link(self, device: int) -> int:
+        """The host link a device's copies use: its own, or its pair's (2k, 2k+1) when shared."""
+        return device // 2 if self.shared_host_link else device
+
     @cached_property
     def stages_of_device(self) -> tuple[tuple[int, ...], ...]:
         """Per device, its virtual stages in increasing order."""
@@ -376,25 +380,25 @@ class Problem:
     def min_memory_limit(self) -> tuple[float, ...]:
         """Per device, the least memory any schedule needs, with the mechanisms allowed.
 
-        Keeping every activation: `one_microbatch_memory`. With offload: the device's largest
-        activation (an R, L or kept F of stage s holds all of s's activation; one microbatch at a
-        time, every other activation offloaded before the next forward, needs no more). With
-        recomputation alone: the most, over the
-        device's stages s, of stage s's whole activation plus the checkpoints of its earlier stages
-        there: when a microbatch's R (or kept F) on s starts, its earlier stages on the device have
-        run their forwards and not yet their backwards, so each holds at least its checkpoint. One
-        microbatch at a time, every activation recomputed and each W right after its B, needs no
-        more. With one stage per device both are the activation: recomputation lowers no floor.
+        Keeping every activation: `one_microbatch_memory`. With recomputation: `recomputation_floor`.
+        With offload: the device's largest activation (an R, L or F of stage s holds all of s's
+        activation; one microbatch at a time, every other activation offloaded before the next
+        forward, needs no more). With one stage per device all are the activation.
         """
         if self.allow_offload:
             return tuple(max(self.activation_memory[s] for s in stages) for stages in self.stages_of_device)
-        if not self.allow_recompute:
-            return self.one_microbatch_memory
-        floors = []
-        for stages in self.stages_of_device:
-            floors.append(max(self.activation_memory[s] + sum(self.checkpoint_memory[e] for e in stages if e < s)
-                              for s in stages))
-        return tuple(floors)
+        return self.recomputation_floor if self.allow_recompute else self.one_microbatch_memory
+
+    @cached_property
+    def recomputation_floor(self) -> tuple[float, ...]:
+        """Per device, the least memory a schedule that keeps or recomputes needs: the most, over
+        the device's stages s, of stage s's whole activation plus the checkpoints of its earlier
+        stages there. When a microbatch's R (or kept F) on s starts, its earlier stages on the
+        device have run their forwards and not yet their backwards, so each holds at least its
+        checkpoint. One microbatch at a time, every activation recomputed and each W right after its
+        B, needs no more. Only with allow_recompute (it needs checkpoint_memory)."""
+        return tuple(max(self.activation_memory[s] + sum(self.checkpoint_memory[e] for e in stages if e < s)
+                         for s in stages) for stages in self.stages_of_device)
 
     @property
     def _floor_reason(self) -> str:

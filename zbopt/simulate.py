@@ -178,12 +178,15 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     ScheduleError : an op is missing, duplicated, unknown or on the wrong device, or a given start
         time overlaps another op on its device or starts before a dependency allows.
     DeadlockError : the orders wait on each other in a cycle; names each stuck device.
+    MemoryLimitError : with strict=True, the first memory violation (device, time, amount).
 
+    Notes
+    -----
     An O or L runs on its device's copy lane (`Problem.allow_offload`); it is issued when the
     compute op listed before it has ended (a runtime reaches it in its program there), and starts
     once its lane is free and its F (for O) or O (for L) has ended; compute does not wait for it,
-    only the backward waits for its L.
-    MemoryLimitError : with strict=True, the first memory violation (device, time, amount).
+    only the backward waits for its L. With a shared host link, two copies of a device pair that
+    overlap on a lane are a ScheduleError.
 
     Examples
     --------
@@ -200,7 +203,7 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     else:
         start, end = _verify_times(table, orders, schedule.start_times)
     if problem.shared_host_link:
-        _check_shared_links(table, start, end, timed=schedule.start_times is None)
+        _check_shared_links(table, start, end, as_soon_as_possible=schedule.start_times is None)
     memory_steps = _memory_steps(problem, table, start, end)
     violations = _memory_violations(problem, memory_steps)
     if strict and violations:
@@ -435,20 +438,21 @@ def _listed_before(table: OpTable, indices):
         last[lane[index]] = index
 
 
-def _check_shared_links(table: OpTable, start: np.ndarray, end: np.ndarray, timed: bool) -> None:
+def _check_shared_links(table: OpTable, start: np.ndarray, end: np.ndarray, as_soon_as_possible: bool) -> None:
     """With devices 2k and 2k+1 sharing a host link, no two copies of a pair overlap on a lane.
     Which of a pair's copies goes first is in neither device's order, so orders timed as soon as
     possible may clash here: the message then asks for start times."""
     lane = np.asarray(table.lane)
     device = np.asarray(table.device)
+    link = np.asarray([table.problem.host_link(d) for d in table.device])
     tolerance = RELATIVE_TOLERANCE * max(1.0, float(np.abs(end).max()))
     for copy_lane in (OFFLOAD_LANE, RELOAD_LANE):
         copies = np.flatnonzero(lane == copy_lane)
-        order = copies[np.lexsort((start[copies], device[copies] // 2))]
+        order = copies[np.lexsort((start[copies], link[copies]))]
         for before, after in pairwise(order):
-            if device[before] // 2 == device[after] // 2 and start[after] < end[before] - tolerance:
+            if link[before] == link[after] and start[after] < end[before] - tolerance:
                 direction = "device-to-host" if copy_lane == OFFLOAD_LANE else "host-to-device"
-                hint = ("; whose copy goes first is in neither order: give start times" if timed else "")
+                hint = "; whose copy goes first is in neither order: give start times" if as_soon_as_possible else ""
                 raise ScheduleError(
                     f"{table.op(after)} (device {device[after]}) starts at {start[after]:g}, while "
                     f"{table.op(before)} (device {device[before]}) holds their shared host link "

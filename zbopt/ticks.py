@@ -50,10 +50,12 @@ def tick_scale(problem: Problem) -> TickScale:
         if scale * 10 * longest > MAX_TICKS_PER_OP:
             break
         scale *= 10
-    # rounding: every op and latency on a chain is off by <= half a tick (recomputes and copies are ops too)
+    # rounding: every op and latency on a chain is off by <= half a tick (recomputes and copies are ops
+    # too), or by < one tick where mechanisms round up (`tick_problem`)
     ops = problem.num_ops + problem.num_activations * (int(problem.allow_recompute) + 2 * int(problem.allow_offload))
     chain = 2 * ops / problem.num_devices + 2 * problem.num_stages
-    return TickScale(scale, False, 0.5 * chain / scale)
+    per_op = 1.0 if problem.mechanisms_matter else 0.5
+    return TickScale(scale, False, per_op * chain / scale)
 
 
 def memory_scale(problem: Problem) -> int:
@@ -72,12 +74,17 @@ def ceil_ticks(value: float, scale: TickScale) -> int:
 
 def tick_problem(problem: Problem, scale: TickScale) -> Problem:
     """The problem with every cost and the latency in whole ticks (at least one per op, and per
-    latency when there is one: a latency rounded to nothing would let an answer break it)."""
+    latency when there is one: a latency rounded to nothing would let an answer break it).
+
+    Where recomputation or offload matter, rounded up: an answer may wait for memory (a forward
+    until an offload has freed room), which only its times say, and the model's times stay valid
+    for the real costs only if no op really ends later than in the model."""
+    whole = (lambda ticks: math.ceil(ticks - 1e-9)) if problem.mechanisms_matter else round
 
     def ticks(values):
-        return None if values is None else [max(1, scale.ticks(v)) for v in values]
+        return None if values is None else [max(1, whole(v * scale.ticks_per_unit)) for v in values]
 
     return problem.replace(forward_times=ticks(problem.forward_times), backward_times=ticks(problem.backward_times),
                            weight_times=ticks(problem.weight_times), recompute_times=ticks(problem.recompute_times),
                            offload_times=ticks(problem.offload_times), reload_times=ticks(problem.reload_times),
-                           p2p_time=max(1, scale.ticks(problem.p2p_time)) if problem.p2p_time > 0 else 0)
+                           p2p_time=ticks([problem.p2p_time])[0] if problem.p2p_time > 0 else 0)

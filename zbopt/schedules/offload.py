@@ -18,20 +18,15 @@ as they come (the file gives the pair fixed alternating slots, a period of offlo
 from __future__ import annotations
 
 from zbopt.errors import NotApplicableError
-from zbopt.ops import Op
+from zbopt.ops import Op, OpTable
 from zbopt.problem import FORWARD, OFFLOAD, RELOAD, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import backward_ops, schedule_from_starts
 from zbopt.schedules.registry import generate, register, require
-from zbopt.simulate import simulate
+from zbopt.simulate import activation_choices, memory_ceiling, simulate
 
 _NEEDS = "allow_offload: true (and offload_times)"
 ROBUSTNESS_COPIES = 3  # offloading.py: an activation is offloaded only if its gap exceeds 3 (offload + reload)
-
-
-def _link(problem: Problem, device: int) -> int:
-    """The host link a device's copies use: its own, or its pair's with a shared link."""
-    return device // 2 if problem.shared_host_link else device
 
 
 def _default_base(problem: Problem) -> str:
@@ -62,22 +57,34 @@ def pipeoffload(problem: Problem, base: str | None = None) -> Schedule:
             copies = problem.offload_times[stage] + problem.reload_times[stage]
             if backward_start - (backward_end - backward_start) - forward_end > ROBUSTNESS_COPIES * copies:
                 candidates.append((forward_end, backward_start, backward_end - backward_start, stage, microbatch))
+    offloaded = _place_offloads(problem, candidates, starts)
+    in_free: dict[int, float] = {}  # per link, the start of the earliest reload planned so far
+    kept = set()
+    for _, backward_start, length, stage, microbatch in sorted(candidates, key=lambda c: c[1], reverse=True):
+        lane = problem.host_link(problem.device_of(stage))
+        begin = min(backward_start - length, in_free.get(lane, backward_start)) - problem.reload_times[stage]
+        if begin < offloaded[stage, microbatch]:  # no room for both copies in time: kept
+            kept.add((stage, microbatch))
+            continue
+        in_free[lane] = starts[Op(RELOAD, stage, microbatch)] = begin
+    if kept:  # the offloads left move up into the lane time the kept ones gave back (ending earlier)
+        for stage, microbatch in offloaded:
+            del starts[Op(OFFLOAD, stage, microbatch)]
+        _place_offloads(problem, [c for c in candidates if (c[3], c[4]) not in kept], starts)
+    return schedule_from_starts(problem, starts, "pipeoffload", timed=True)
+
+
+def _place_offloads(problem: Problem, candidates: list[tuple], starts: dict[Op, float]) -> dict:
+    """Each candidate's O once its F has ended and its lane is free, in forward order, into
+    `starts`; per (stage, microbatch), the O's end."""
     out_free: dict[int, float] = {}
-    offloaded = {}  # (stage, microbatch) -> offload end
+    offloaded = {}
     for forward_end, _, _, stage, microbatch in sorted(candidates):
-        lane = _link(problem, problem.device_of(stage))
+        lane = problem.host_link(problem.device_of(stage))
         begin = max(forward_end, out_free.get(lane, 0.0))
         out_free[lane] = offloaded[stage, microbatch] = begin + problem.offload_times[stage]
         starts[Op(OFFLOAD, stage, microbatch)] = begin
-    in_free: dict[int, float] = {}  # per link, the start of the earliest reload planned so far
-    for _, backward_start, length, stage, microbatch in sorted(candidates, key=lambda c: c[1], reverse=True):
-        lane = _link(problem, problem.device_of(stage))
-        begin = min(backward_start - length, in_free.get(lane, backward_start)) - problem.reload_times[stage]
-        if begin < offloaded[stage, microbatch]:  # no room for both copies in time: kept
-            del starts[Op(OFFLOAD, stage, microbatch)]
-            continue
-        in_free[lane] = starts[Op(RELOAD, stage, microbatch)] = begin
-    return schedule_from_starts(problem, starts, "pipeoffload", timed=True)
+    return offloaded
 
 
 @register("serial-offload", "zbopt's fallback at the least limit with offload: one microbatch at a time, every "
@@ -104,7 +111,7 @@ def serial_offload(problem: Problem) -> Schedule:
         return compute_free[device]
 
     def copy(op: Op, ready: float, lanes: dict[int, float]) -> float:
-        lane = _link(problem, problem.device_of(op.stage))
+        lane = problem.host_link(problem.device_of(op.stage))
         starts[op] = begin = max(ready, lanes.get(lane, 0.0))
         lanes[lane] = begin + problem.cost(op.kind, op.stage)
         return lanes[lane]
@@ -134,3 +141,141 @@ def serial_offload(problem: Problem) -> Schedule:
         now = max(compute_free)
         compute_free = [now] * problem.num_devices
     return schedule_from_starts(problem, starts, "serial-offload", timed=True)
+
+
+@register("full-offload", "every activation but the last stage's offloaded on a base schedule's order (default "
+                          "1f1b, interleaved-1f1b for v > 1), each allocation waiting until the memory limit has room")
+def full_offload(problem: Problem, base: str | None = None) -> Schedule:
+    """PipeOffload's full offload (its paper's finding: often all activations can be offloaded)
+    on the order of `base`, fitted to the memory limit: O right after each F, L listed after the
+    last forward before its backward (issued when that forward ends), and every op that allocates
+    (F, L) started once the device has room for it given what its earlier ops free by then.
+    The last stage's backward follows its forward, so its activations stay. zbopt's rules; a
+    warm start near the floor, where PipeOffload's fixed compute does not fit. NotApplicable
+    when the order cannot fit the limit (an allocation waits on memory only later ops free).
+    Needs allow_offload and one iteration."""
+    require(problem.allow_offload, "full-offload", _NEEDS)
+    require(problem.iterations == 1, "full-offload", "iterations = 1")
+    name = base or _default_base(problem)
+    try:
+        schedule = generate(name, problem.replace(memory_limit=None))
+    except NotApplicableError as error:
+        raise NotApplicableError(f"full-offload: {error}") from None
+    last = problem.num_stages - 1
+    gradient = problem.input_gradient_kind
+    orders = []
+    for order in schedule.orders:
+        if any(op.kind not in problem.kinds for op in order):
+            raise NotApplicableError(f"full-offload: base schedule '{name}' already recomputes or offloads")
+        reloads: dict[int, list[Op]] = {}  # number of forwards listed before a backward -> its L, issued then
+        forwards = 0
+        for op in order:
+            forwards += op.kind == FORWARD
+            if op.kind == gradient and op.stage != last:
+                reloads.setdefault(forwards, []).append(Op(RELOAD, op.stage, op.microbatch))
+        with_copies: list[Op] = list(reloads.get(0, []))
+        forwards = 0
+        for op in order:
+            with_copies.append(op)
+            if op.kind == FORWARD:
+                forwards += 1
+                if op.stage != last:
+                    with_copies.append(Op(OFFLOAD, op.stage, op.microbatch))
+                with_copies += reloads.get(forwards, [])
+        orders.append(with_copies)
+    return Schedule(orders, _fitted_times(problem, orders, "full-offload"), name="full-offload")
+
+
+def _fitted_times(problem: Problem, orders: list[list[Op]], name: str) -> list[list[float]]:
+    """Start times of `orders` as soon as possible (`simulate`'s rules: a copy is issued when the
+    compute op listed before it ends, waits for its lane, shared by a pair of devices with a shared
+    host link, and its input), except that an op that
+    allocates memory also waits until its device holds, from then on, at most the limit with it,
+    counting what the ops placed so far free. A reload without room yet waits while the compute
+    ops after it run (their frees may make room; its backward waits for it); a forward cannot.
+    One iteration only (no weight-update barrier)."""
+    table = OpTable(problem, *activation_choices(Schedule(orders)))
+    indices = [[table.index(op) for op in order] for order in orders]
+    caps = [memory_ceiling(limit) for limit in problem.memory_caps]
+    start = [0.0] * table.size
+    end: list[float | None] = [None] * table.size
+    events: list[list[tuple[float, float]]] = [[] for _ in orders]  # per device, (time, change) so far
+    position, compute_free = [0] * len(orders), [0.0] * len(orders)
+    copy_free: dict[tuple[int, int], float] = {}  # per (host link, lane), when it is free
+    issued = [0.0] * table.size  # a copy's issue point
+    deferred: list[list[int]] = [[] for _ in orders]  # per device, reloads waiting for room, in order
+    waiting: dict[int, list[int]] = {}
+
+    def place(device: int, index: int, t: float) -> None:
+        start[index], end[index] = t, t + table.duration[index]
+        events[device].append((t if table.allocates_at_start[index] else end[index], table.memory_delta[index]))
+        if table.lane[index]:
+            copy_free[problem.host_link(device), table.lane[index]] = end[index]
+        else:
+            compute_free[device] = end[index]
+        ready.extend(waiting.pop(index, ()))
+
+    def try_deferred(device: int) -> None:
+        for index in list(deferred[device]):
+            earliest = max(issued[index], copy_free.get((problem.host_link(device), table.lane[index]), 0.0),
+                           end[table.predecessor[index]] + table.latency[index])
+            t = _room_from(events[device], earliest, table.memory_delta[index], caps[device])
+            if t is None:
+                return  # its lane takes reloads in order
+            deferred[device].remove(index)
+            place(device, index, t)
+
+    ready = list(range(len(orders) - 1, -1, -1))
+    while ready:
+        device = ready.pop()
+        order = indices[device]
+        while position[device] < len(order):
+            try_deferred(device)
+            index = order[position[device]]
+            lane = table.lane[index]
+            sources = [(table.predecessor[index], table.latency[index]), (table.restore_of[index], 0.0)]
+            pending = next((source for source, _ in sources if source >= 0 and end[source] is None), None)
+            if pending is not None:
+                if pending in deferred[device]:
+                    raise NotApplicableError(f"{name}: {table.op(pending)} finds no room within device {device}'s "
+                                             f"memory limit {problem.memory_caps[device]:g} in this order")
+                waiting.setdefault(pending, []).append(device)
+                break
+            t = max([compute_free[device], *(end[source] + latency for source, latency in sources if source >= 0)])
+            if lane:
+                issued[index] = compute_free[device]
+                t = max(t, copy_free.get((problem.host_link(device), lane), 0.0))
+            position[device] += 1
+            if table.allocates_at_start[index] and table.memory_delta[index] > 0:
+                room = _room_from(events[device], t, table.memory_delta[index], caps[device])
+                if room is None or (lane and deferred[device]):
+                    if not lane:
+                        raise NotApplicableError(f"{name}: {table.op(index)} finds no room within device {device}'s "
+                                                 f"memory limit {problem.memory_caps[device]:g} in this order")
+                    deferred[device].append(index)
+                    continue
+                t = room
+            place(device, index, t)
+        try_deferred(device)
+    stuck = [device for device, order in enumerate(indices) if position[device] < len(order) or deferred[device]]
+    if stuck:
+        device = stuck[0]
+        waits = table.op(deferred[device][0] if deferred[device] else indices[device][position[device]])
+        raise NotApplicableError(f"{name}: device {device} waits forever at {waits}")
+    return [[start[index] for index in order] for order in indices]
+
+
+def _room_from(events: list[tuple[float, float]], earliest: float, amount: float, cap: float) -> float | None:
+    """The first time from `earliest` on at which `amount` more memory keeps the level within
+    `cap` from then on, given the (time, change) `events` (a free at a moment counts first), or
+    None when there is none."""
+    ordered = sorted(events, key=lambda event: (event[0], event[1] > 0))
+    moments = [earliest, *sorted({time for time, change in ordered if change < 0 and time > earliest})]
+    for moment in moments:
+        level = peak = 0.0
+        for time, change in ordered:
+            level += change
+            peak = level if time <= moment else max(peak, level)  # the level at the moment, then its highest
+        if peak + amount <= cap:
+            return moment
+    return None

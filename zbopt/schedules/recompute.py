@@ -142,12 +142,12 @@ def mario_one_f_one_b(problem: Problem) -> Schedule:
 
 
 @register("serial-recompute", "zbopt's fallback at the least limit with recomputation: one microbatch at a time, "
-                              "every stage but the last recomputed", attrgetter("min_memory_limit"))
+                              "every stage but the last recomputed", attrgetter("recomputation_floor"))
 def serial_recompute(problem: Problem) -> Schedule:
     """Each device runs microbatch j's forwards on its stages, then for each of its stages from the
     last down R (but on the last stage), B and W, before anything of microbatch j + 1: a device then
     holds at most one stage's activation and the checkpoints of its earlier stages, the least limit
-    (`Problem.min_memory_limit`). Slow, but it fits where nothing else does (V shapes near that
+    with recomputation (`Problem.recomputation_floor`). Slow, but it fits where nothing else does (V shapes near that
     limit), so the optimizer always has a warm start. Any v and placement; needs allow_recompute."""
     require(problem.allow_recompute, "serial-recompute", _NEEDS)
     last = problem.num_stages - 1

@@ -182,7 +182,8 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     tolerance = optimality_tolerance(independent_bound)
     if warm is not None and meets(objective_value(warm[1], objective), independent_bound, tolerance):
         # no model is built: the warm start is proven optimal by the bound alone
-        return finish(warm[1], "optimal", objective_value(warm[1], objective), f"lower bound ({binding})")
+        simulation = without_needless_mechanisms(problem, warm[1], objective, deadline)
+        return finish(simulation, "optimal", objective_value(simulation, objective), f"lower bound ({binding})")
 
     live = _LiveLine(began, independent_bound, None if warm is None else objective_value(warm[1], objective)) \
         if progress else None

@@ -154,7 +154,7 @@ def memory_disjunctions(problem: Problem, ops) -> list[tuple[Op, Op, Op]]:
     The reasoning of `memory_precedences`: were neither ended, microbatches j..n of stage s would
     hold M_B each and i..j-1 at least M_W each: too much once (n-j+1)·M_B + (j-i)·M_W > L. For each
     j the latest such i is given (the strongest claim); j = n - k with (k+1)·M_B > L is a memory
-    precedence instead. None with recomputation allowed (see `memory_precedences`).
+    precedence instead. None with recomputation or offload allowed (see `memory_precedences`).
     """
     if problem.memory_limit is None or not problem.split_backward or problem.mechanisms_matter:
         return []

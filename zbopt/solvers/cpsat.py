@@ -115,7 +115,8 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
          *(integral.reload_times if problem.offload_matters else ())])
     horizon = int(sum(duration) + sum(table.latency) + optional_work)  # everything in a row: always feasible
     hint = warm_goal = None  # the warm start's starts and objective, in ticks
-    if task.warm is not None and problem.mechanisms_matter:
+    warm_table = None if task.warm is None else task.warm.table
+    if task.warm is not None and (problem.mechanisms_matter or warm_table.recomputed or warm_table.offloaded):
         # its own times: a wait for memory, or which copy goes first on a shared link, is not in
         # its order (timed as soon as possible, it may break the limit: the horizon stays whole)
         hint = {op: scale.ticks(time) for op, time in start_times(task.warm).items()}
@@ -145,11 +146,10 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     for device, mine in enumerate(ops_of_device):
         recomputes = [interval[op] for op in optional if op.kind == RECOMPUTE and problem.device_of(op.stage) == device]
         model.AddNoOverlap([interval[op] for op in mine] + recomputes)
-    link = (lambda device: device // 2) if problem.shared_host_link else (lambda device: device)
     for kind in (OFFLOAD, RELOAD):
-        for lane in {link(device) for device in range(problem.num_devices)}:
+        for lane in {problem.host_link(device) for device in range(problem.num_devices)}:
             model.AddNoOverlap([interval[op] for op in optional
-                                if op.kind == kind and link(problem.device_of(op.stage)) == lane])
+                                if op.kind == kind and problem.host_link(problem.device_of(op.stage)) == lane])
     # 3. precedences and iteration barriers (and 5., the symmetry-breaking and memory precedences)
     for source, target, data in graph.edges(data=True):
         model.Add(start[target] >= end[source] + int(data["latency"]))

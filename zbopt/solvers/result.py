@@ -119,11 +119,15 @@ def objective_value(simulation: Simulation, kind: str) -> float:
 def best_heuristic(problem: Problem, kind: str = "makespan",
                    deadline: float = math.inf) -> tuple[str, Simulation] | None:
     """The registered heuristic with the best objective among those valid under the memory limit;
-    at equal objective, the one with the lower highest peak memory (1f1b before gpipe). Past
-    `deadline` (`time.perf_counter()`) no further heuristic is tried once one is valid."""
+    at equal objective, the one with the lower highest peak memory (1f1b before gpipe). Without a
+    limit, none that recomputes or offloads: that only adds work or traffic, and lowers a peak the
+    model (which then has no such choice) cannot match. Past `deadline` (`time.perf_counter()`) no
+    further heuristic is tried once one is valid."""
     best: tuple[str, Simulation] | None = None
     for name, schedule in applicable(problem):
         result = simulate(problem, schedule)
+        if not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded):
+            continue
         if result.valid and (best is None or _preferred(result, best[1], kind)):
             best = (name, result)
         if best is not None and time.perf_counter() > deadline:

@@ -44,7 +44,8 @@ def main() -> None:
             heuristic = simulate(both_problem, generate("pipeoffload", both_problem))
             pipeoffload = heuristic.makespan if heuristic.valid else None
             try:
-                full = simulate(both_problem, generate("full-offload", both_problem)).makespan
+                fitted_run = simulate(both_problem, generate("full-offload", both_problem))
+                full = fitted_run.makespan if fitted_run.valid else None
             except NotApplicableError:  # its order found no room at this limit
                 full = None
             row = {"p": p, "m": m, "limit": limit, "activations": p * m,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.reference import timed_search_optimum
-from zbopt import NotApplicableError, Problem, ProblemError, ScheduleError, ZboptError, generate, simulate, solve
+from zbopt import Problem, ProblemError, ScheduleError, ZboptError, generate, simulate, solve
 from zbopt.blocks.search import optimal_block
 from zbopt.errors import DeadlockError
 from zbopt.frontier import memory_frontier
@@ -200,6 +200,10 @@ def test_offload_beats_keeping_at_the_floor():
     # microbatch takes the cheaper of kept (F + its round trip + B = 4) and offloaded
     # (F + O + L + B = 3), plus W (its half and a whole activation exceed the limit): 3 (1 + 3)
     assert lower_bounds(moved).memory == 12
+    # recomputing too (R = 1, checkpoint 0.1: no activation and a checkpoint fit) is no cheaper:
+    # a recomputed one is whole for R + B and its F runs while no other is, F + R + B = 3
+    both = moved.replace(allow_recompute=True, checkpoint_memory=0.1)
+    assert lower_bounds(both).memory == 12 and solve(both, time_limit=30).objective == 12
 
 
 @pytest.mark.parametrize(("p", "m", "limit"), [(4, 8, 2), (4, 8, 3), (6, 12, 3)])
@@ -317,16 +321,28 @@ def test_full_offload_with_short_copies_and_room_is_1f1b(p, m):
 @given(st.integers(2, 5), st.integers(1, 8), st.sampled_from([1.0, 1.5, 2.0, 3.0]), st.booleans(), st.booleans(),
        st.sampled_from([0.5, 2.0, 6.0]))
 def test_full_offload_fits_its_limit(p, m, limit, split, shared, copy):
-    """On 1F1B's order, each allocation waiting for room: valid (within the limit, down to the
-    floor of one activation) on every shape tried, or not applicable with a reason; never slower
-    than one microbatch at a time."""
+    """On 1F1B's order, each allocation waiting for room: valid within the limit, down to the floor
+    of one activation, on every shape tried (a forward waits for the offload before it, a reload
+    for the backward before it to free room); never slower than one microbatch at a time."""
     problem = offloading(p, m, weight_times=2 if split else None, memory_limit=limit, shared_host_link=shared,
                          offload_times=copy, p2p_time=0.5)
-    try:
-        schedule = generate("full-offload", problem)
-    except NotApplicableError as error:
-        assert "finds no room" in str(error) or "waits forever" in str(error)
-        return
-    result = simulate(problem, schedule)
+    result = simulate(problem, generate("full-offload", problem))
     assert result.valid and max(result.peak_memory) <= limit + 1e-9
     assert result.makespan <= simulate(problem, generate("serial-offload", problem)).makespan + 1e-9
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_pipeoffload_copies_out_as_soon_as_its_lane_allows(shared):
+    """Each offload starts when its forward has ended or when the offload before it on its link
+    ends, whichever is later: also after activations whose reload did not fit were dropped (their
+    lane time is given back). Long copies (6 against F = 3) make some reloads not fit."""
+    problem = offloading(6, 12, offload_times=6, memory_limit=3, shared_host_link=shared)
+    result = simulate(problem, generate("pipeoffload", problem))
+    assert 0 < len(result.table.offloaded) < 5 * 12
+    lane_free: dict[int, float] = {}
+    offloads = sorted((result.times_of(Op("O", *pair)), pair) for pair in result.table.offloaded)
+    for (begin, finish), (stage, microbatch) in offloads:
+        link = problem.host_link(problem.device_of(stage))
+        forward_end = result.times_of(Op("F", stage, microbatch))[1]
+        assert begin == max(forward_end, lane_free.get(link, 0.0))
+        lane_free[link] = finish

@@ -12,9 +12,10 @@ MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the 
 
 @dataclass(frozen=True)
 class TickScale:
-    """Times in the problem's units times `ticks_per_unit`, rounded, are the solvers' integer
-    ticks. `resolution` is one tick in the problem's units; a rounded duration is off by at most
-    half a tick, so a solver's objective is off by at most `error_bound`."""
+    """Times in the problem's units times `ticks_per_unit`, rounded (up where recomputation or
+    offload matter, `tick_problem`), are the solvers' integer ticks. `resolution` is one tick in
+    the problem's units; a rounded duration is off by at most half a tick (one, rounded up), so a
+    solver's objective is off by at most `error_bound`."""
 
     ticks_per_unit: int
     exact: bool

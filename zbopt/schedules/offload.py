@@ -17,6 +17,8 @@ as they come (the file gives the pair fixed alternating slots, a period of offlo
 
 from __future__ import annotations
 
+import bisect
+
 from zbopt.errors import NotApplicableError
 from zbopt.ops import Op, OpTable
 from zbopt.problem import FORWARD, OFFLOAD, RELOAD, Problem
@@ -188,12 +190,13 @@ def full_offload(problem: Problem, base: str | None = None) -> Schedule:
 
 def _fitted_times(problem: Problem, orders: list[list[Op]], name: str) -> list[list[float]]:
     """Start times of `orders` as soon as possible (`simulate`'s rules: a copy is issued when the
-    compute op listed before it ends, waits for its lane, shared by a pair of devices with a shared
-    host link, and its input), except that an op that
-    allocates memory also waits until its device holds, from then on, at most the limit with it,
-    counting what the ops placed so far free. A reload without room yet waits while the compute
-    ops after it run (their frees may make room; its backward waits for it); a forward cannot.
-    One iteration only (no weight-update barrier)."""
+    compute op listed before it ends and waits for its input and for the device's copy listed
+    before it on its lane), except that a copy takes the first gap of its lane (which the pair's
+    other device also uses with a shared host link) and an op that allocates memory also waits
+    until its device holds, from then on, at most the limit with it, counting what the ops placed
+    so far free. A reload without room yet waits while the compute ops after it run (their frees
+    may make room; its backward waits for it); a forward cannot. One iteration only (no
+    weight-update barrier)."""
     table = OpTable(problem, *activation_choices(Schedule(orders)))
     indices = [[table.index(op) for op in order] for order in orders]
     caps = [memory_ceiling(limit) for limit in problem.memory_caps]
@@ -201,7 +204,8 @@ def _fitted_times(problem: Problem, orders: list[list[Op]], name: str) -> list[l
     end: list[float | None] = [None] * table.size
     events: list[list[tuple[float, float]]] = [[] for _ in orders]  # per device, (time, change) so far
     position, compute_free = [0] * len(orders), [0.0] * len(orders)
-    copy_free: dict[tuple[int, int], float] = {}  # per (host link, lane), when it is free
+    busy: dict[tuple[int, int], list[tuple[float, float]]] = {}  # per (host link, lane), (start, end) sorted
+    own_end: dict[tuple[int, int], float] = {}  # per (device, lane), the end of its copy placed last
     issued = [0.0] * table.size  # a copy's issue point
     deferred: list[list[int]] = [[] for _ in orders]  # per device, reloads waiting for room, in order
     waiting: dict[int, list[int]] = {}
@@ -210,20 +214,41 @@ def _fitted_times(problem: Problem, orders: list[list[Op]], name: str) -> list[l
         start[index], end[index] = t, t + table.duration[index]
         events[device].append((t if table.allocates_at_start[index] else end[index], table.memory_delta[index]))
         if table.lane[index]:
-            copy_free[problem.host_link(device), table.lane[index]] = end[index]
+            bisect.insort(busy.setdefault((problem.host_link(device), table.lane[index]), []), (t, end[index]))
+            own_end[device, table.lane[index]] = end[index]
         else:
             compute_free[device] = end[index]
         ready.extend(waiting.pop(index, ()))
 
+    def copy_start(device: int, index: int, earliest: float) -> float | None:
+        """The copy's first start from `earliest` on, after the device's copy before it on the lane,
+        in a gap of the lane, with room for a reload's allocation (None: no room yet)."""
+        lane, duration = table.lane[index], table.duration[index]
+        t = max(earliest, own_end.get((device, lane), 0.0))
+        while True:
+            if table.memory_delta[index] > 0:
+                t = _room_from(events[device], t, table.memory_delta[index], caps[device])
+                if t is None:
+                    return None
+            moved = t
+            for begin, finish in busy.get((problem.host_link(device), lane), ()):  # disjoint, in order
+                if begin < moved + duration and finish > moved:
+                    moved = finish
+            if moved == t:
+                return t
+            t = moved
+
     def try_deferred(device: int) -> None:
         for index in list(deferred[device]):
-            earliest = max(issued[index], copy_free.get((problem.host_link(device), table.lane[index]), 0.0),
-                           end[table.predecessor[index]] + table.latency[index])
-            t = _room_from(events[device], earliest, table.memory_delta[index], caps[device])
+            t = copy_start(device, index, max(issued[index], end[table.predecessor[index]]))
             if t is None:
-                return  # its lane takes reloads in order
+                return  # its lane takes the device's reloads in order
             deferred[device].remove(index)
             place(device, index, t)
+
+    def no_room(device: int, index: int) -> NotApplicableError:
+        return NotApplicableError(f"{name}: {table.op(index)} finds no room within device {device}'s memory limit "
+                                  f"{problem.memory_caps[device]:g} in this order")
 
     ready = list(range(len(orders) - 1, -1, -1))
     while ready:
@@ -232,36 +257,32 @@ def _fitted_times(problem: Problem, orders: list[list[Op]], name: str) -> list[l
         while position[device] < len(order):
             try_deferred(device)
             index = order[position[device]]
-            lane = table.lane[index]
             sources = [(table.predecessor[index], table.latency[index]), (table.restore_of[index], 0.0)]
             pending = next((source for source, _ in sources if source >= 0 and end[source] is None), None)
             if pending is not None:
                 if pending in deferred[device]:
-                    raise NotApplicableError(f"{name}: {table.op(pending)} finds no room within device {device}'s "
-                                             f"memory limit {problem.memory_caps[device]:g} in this order")
+                    raise no_room(device, pending)
                 waiting.setdefault(pending, []).append(device)
                 break
             t = max([compute_free[device], *(end[source] + latency for source, latency in sources if source >= 0)])
-            if lane:
-                issued[index] = compute_free[device]
-                t = max(t, copy_free.get((problem.host_link(device), lane), 0.0))
             position[device] += 1
-            if table.allocates_at_start[index] and table.memory_delta[index] > 0:
-                room = _room_from(events[device], t, table.memory_delta[index], caps[device])
-                if room is None or (lane and deferred[device]):
-                    if not lane:
-                        raise NotApplicableError(f"{name}: {table.op(index)} finds no room within device {device}'s "
-                                                 f"memory limit {problem.memory_caps[device]:g} in this order")
+            if table.lane[index]:
+                issued[index] = compute_free[device]
+                t = copy_start(device, index, t) if not deferred[device] else None
+                if t is None:  # a reload without room, or behind one
                     deferred[device].append(index)
                     continue
-                t = room
+            elif table.allocates_at_start[index] and table.memory_delta[index] > 0:
+                t = _room_from(events[device], t, table.memory_delta[index], caps[device])
+                if t is None:
+                    raise no_room(device, index)
             place(device, index, t)
         try_deferred(device)
-    stuck = [device for device, order in enumerate(indices) if position[device] < len(order) or deferred[device]]
-    if stuck:
-        device = stuck[0]
-        waits = table.op(deferred[device][0] if deferred[device] else indices[device][position[device]])
-        raise NotApplicableError(f"{name}: device {device} waits forever at {waits}")
+    for device, order in enumerate(indices):
+        if position[device] < len(order):
+            raise NotApplicableError(f"{name}: device {device} waits forever at {table.op(order[position[device]])}")
+        if deferred[device]:
+            raise no_room(device, deferred[device][0])
     return [[start[index] for index in order] for order in indices]
 
 

@@ -278,7 +278,7 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
     over real x_s in [0, M] bounds every choice (a fractional knapsack: recompute in decreasing
     saving per unit of R). Where the limit cannot hold two whole activations, so much more
     follows that `whole_activations_bound` is taken too (without offload: it assumes none), or
-    with offload and without recomputation `whole_or_offloaded_bound`.
+    with offload `whole_or_offloaded_bound`.
 
     With offload allowed, an activation may instead be held from F's start to its O's end and
     from its L's start, at no cost in compute: each activation counts the less of kept and
@@ -292,7 +292,7 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
         limit = problem.memory_limit[device]
         if problem.recomputation_matters and not problem.allow_offload:
             best = max(best, whole_activations_bound(problem, device, lifetimes, device_load[device]))
-        if problem.offload_matters and not problem.allow_recompute:
+        if problem.offload_matters:
             best = max(best, whole_or_offloaded_bound(problem, device, lifetimes, device_load[device]))
         integral = 0.0
         trades = []  # (saving of memory-time per unit of recompute time, recompute time available)
@@ -366,8 +366,9 @@ def whole_activations_bound(problem: Problem, device: int, lifetimes: list[tuple
 
 def whole_or_offloaded_bound(problem: Problem, device: int, lifetimes: list[tuple[float, float]],
                              device_load: float) -> float:
-    """With offload allowed (and not recomputation), a bound on the makespan from `device` when
-    its limit holds one whole activation at a time; 0 otherwise.
+    """With offload allowed, a bound on the makespan from `device` when its limit holds one whole
+    activation at a time (with recomputation allowed too: not even one and a checkpoint); 0
+    otherwise.
 
     Notes
     -----
@@ -376,24 +377,31 @@ def whole_or_offloaded_bound(problem: Problem, device: int, lifetimes: list[tupl
     `whole_activations_bound`), or while offloaded, from F's start to O's end and from L's start
     to the input gradient's end (at least F + O + L + B). No two of these spans overlap, nor, when
     the part W keeps and a whole activation exceed the limit, a span and the time from a B to its
-    W (at least W). All lie between the device's least head and least tail (`device_load` less
-    its work), so the makespan is at least those edges plus, per activation, the cheaper way.
+    W (at least W). A recomputed activation is whole from R's start (at least R + B); while it
+    holds its checkpoint no other can be whole (the limit holds no activation and a checkpoint),
+    so its F, a compute op, lies outside every span and every W: it counts F + R + B. All lie
+    between the device's least head and least tail (`device_load` less its work), so the makespan
+    is at least those edges plus, per activation, the cheapest way.
     """
     stages = problem.stages_of_device[device]
     ceiling = memory_ceiling(problem.memory_caps[device])
     whole = min(problem.activation_memory[s] for s in stages)
     if 2 * whole <= ceiling:
         return 0.0
+    if problem.recomputation_matters and whole + min(problem.checkpoint_memory[s] for s in stages) <= ceiling:
+        return 0.0  # a recomputed activation's F may run while another is whole
     count = problem.total_microbatches
     weight = problem.weight_times if problem.split_backward else (0.0,) * problem.num_stages
     work = sum(count * (problem.forward_times[s] + problem.backward_times[s] + weight[s]) for s in stages)
     total = device_load - work
     for s in stages:
         forward, backward = problem.forward_times[s], problem.backward_times[s]
-        kept = lifetimes[s][0]  # F + rt + B
-        offloaded = forward + problem.offload_times[s] + problem.reload_times[s] + backward
+        ways = [lifetimes[s][0],  # kept: F + rt + B
+                forward + problem.offload_times[s] + problem.reload_times[s] + backward]
+        if problem.recomputation_matters:
+            ways.append(forward + problem.recompute_times[s] + backward)
         weight_alone = problem.split_backward and problem.weight_memory[s] + whole > ceiling
-        total += count * (min(kept, offloaded) + (weight[s] if weight_alone else 0.0))
+        total += count * (min(ways) + (weight[s] if weight_alone else 0.0))
     return total
 
 

@@ -27,9 +27,10 @@ type links column (kind, stage) to another with one constant delay (duration + l
 any pairing a_j <= b_j the sorted values also satisfy a_(k) <= b_(k); so every dependency still
 holds, and memory, which counts started and finished ops per column, is unchanged (so is the peak).
 Within an iteration only, when iterations are separated by a flush. Once some activations may be
-recomputed or offloaded, microbatches differ in the memory they hold, and relabelling one column apart could
-pair a recomputed (or offloaded) forward with a kept backward; relabelling whole microbatches (their choice
-travels with them) is still a symmetry, and orders the first stage's forwards.
+recomputed or offloaded, microbatches differ in the memory they hold, and relabelling one column
+apart could pair a recomputed (or offloaded) forward with a kept backward; relabelling whole
+microbatches (their choice travels with them) is still a symmetry, and orders the first stage's
+forwards.
 """
 
 from __future__ import annotations

@@ -126,9 +126,8 @@ def best_heuristic(problem: Problem, kind: str = "makespan",
     best: tuple[str, Simulation] | None = None
     for name, schedule in applicable(problem):
         result = simulate(problem, schedule)
-        if not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded):
-            continue
-        if result.valid and (best is None or _preferred(result, best[1], kind)):
+        needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
+        if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
             best = (name, result)
         if best is not None and time.perf_counter() > deadline:
             break

@@ -2,6 +2,7 @@
 warm start, the one rule for "optimal", the gap, tick resolution, the second phase and the budget."""
 
 import _thread
+import signal
 import threading
 import time
 
@@ -126,6 +127,15 @@ def test_the_time_limit_bounds_the_second_phase(stand_in):
 def _interrupt_soon(seconds: float = 0.3) -> None:
     """Ctrl-C as a terminal would send it, to this (the main) thread, a moment from now."""
     threading.Timer(seconds, _thread.interrupt_main).start()
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_handled():
+    """Python's own Ctrl-C handler, as in a terminal: a suite started in the background by a
+    non-interactive shell inherits SIGINT ignored, and `interrupt_main` then does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_calls_the_backends_stop_hook_and_keeps_its_best(stand_in):

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
+
 from zbopt.errors import NotApplicableError
 from zbopt.ops import Op, OpTable
 from zbopt.problem import FORWARD, OFFLOAD, RELOAD, Problem
@@ -202,7 +204,8 @@ def _fitted_times(problem: Problem, orders: list[list[Op]], name: str) -> list[l
     caps = [memory_ceiling(limit) for limit in problem.memory_caps]
     start = [0.0] * table.size
     end: list[float | None] = [None] * table.size
-    events: list[list[tuple[float, float]]] = [[] for _ in orders]  # per device, (time, change) so far
+    # per device, its memory events so far as (time, allocates, change), in order (a free first at a moment)
+    events: list[list[tuple[float, bool, float]]] = [[] for _ in orders]
     position, compute_free = [0] * len(orders), [0.0] * len(orders)
     busy: dict[tuple[int, int], list[tuple[float, float]]] = {}  # per (host link, lane), (start, end) sorted
     own_end: dict[tuple[int, int], float] = {}  # per (device, lane), the end of its copy placed last
@@ -212,7 +215,8 @@ def _fitted_times(problem: Problem, orders: list[list[Op]], name: str) -> list[l
 
     def place(device: int, index: int, t: float) -> None:
         start[index], end[index] = t, t + table.duration[index]
-        events[device].append((t if table.allocates_at_start[index] else end[index], table.memory_delta[index]))
+        allocates = table.allocates_at_start[index]
+        bisect.insort(events[device], (t if allocates else end[index], allocates, table.memory_delta[index]))
         if table.lane[index]:
             bisect.insort(busy.setdefault((problem.host_link(device), table.lane[index]), []), (t, end[index]))
             own_end[device, table.lane[index]] = end[index]
@@ -286,17 +290,21 @@ def _fitted_times(problem: Problem, orders: list[list[Op]], name: str) -> list[l
     return [[start[index] for index in order] for order in indices]
 
 
-def _room_from(events: list[tuple[float, float]], earliest: float, amount: float, cap: float) -> float | None:
+def _room_from(events: list[tuple[float, bool, float]], earliest: float, amount: float, cap: float) -> float | None:
     """The first time from `earliest` on at which `amount` more memory keeps the level within
-    `cap` from then on, given the (time, change) `events` (a free at a moment counts first), or
-    None when there is none."""
-    ordered = sorted(events, key=lambda event: (event[0], event[1] > 0))
-    moments = [earliest, *sorted({time for time, change in ordered if change < 0 and time > earliest})]
+    `cap` from then on, given the device's `events` (time, allocates, change) in order (a free
+    first at a moment), or None when there is none. Only a free can make room, so only `earliest`
+    and the frees after it are tried; one pass over the events (prefix levels, suffix maxima)."""
+    if not events:
+        return earliest if amount <= cap else None
+    times = [time for time, _, _ in events]
+    level = np.cumsum([change for _, _, change in events])
+    highest_after = np.maximum.accumulate(level[::-1])[::-1]  # [k]: the highest level from event k on
+    moments = [earliest, *sorted({time for time, allocates, _ in events if not allocates and time > earliest})]
     for moment in moments:
-        level = peak = 0.0
-        for time, change in ordered:
-            level += change
-            peak = level if time <= moment else max(peak, level)  # the level at the moment, then its highest
-        if peak + amount <= cap:
+        settled = bisect.bisect_right(times, moment)  # the events up to and at the moment
+        now = level[settled - 1] if settled else 0.0
+        later = highest_after[settled] if settled < len(events) else now
+        if max(now, later) + amount <= cap:
             return moment
     return None

@@ -1,4 +1,5 @@
-"""Schedules that offload activations to host memory: PipeOffload's rule, and a serial fallback.
+"""Schedules that offload activations to host memory: PipeOffload's rule, full offload fitted to
+the memory limit, and a serial fallback.
 
 PipeOffload (Wan et al., ICML 2025; the Zero Bubble repository's
 `megatron/core/pipeline_parallel/zerobubble/scheduler/offloading.py`, `add_offload_in_schedule`)
@@ -13,6 +14,7 @@ What zbopt chose where the file is not the rule: every activation is a candidate
 the flags a schedule generator set); one whose copies do not fit the lanes in time is kept (the
 file asserts instead); with a shared host link, the pair's copies take turns on one lane each way
 as they come (the file gives the pair fixed alternating slots, a period of offload + reload).
+`full-offload` and `serial-offload` are zbopt's, for limits where fixed compute does not fit.
 """
 
 from __future__ import annotations

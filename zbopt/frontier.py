@@ -33,9 +33,9 @@ class FrontierPoint:
 
     makespan is None when no schedule was found within the time limit (status "unknown").
     found_at is the limit whose solve found the schedule: this one, or a smaller one whose
-    schedule was better (it fits this limit too; see `memory_frontier`). recomputed is how many
-    activations (stage, microbatch) that schedule recomputes, None where recomputation is not
-    allowed."""
+    schedule was better (it fits this limit too; see `memory_frontier`). recomputed and offloaded
+    are how many activations (stage, microbatch) that schedule recomputes and offloads, None where
+    the mechanism is not allowed (`counted_mechanisms`)."""
 
     memory_limit: float
     status: str
@@ -203,6 +203,13 @@ def _best_known_at_each_limit(points: list[FrontierPoint]) -> tuple[FrontierPoin
     return tuple(carried)
 
 
+def counted_mechanisms(problem: Problem) -> list[tuple[str, str]]:
+    """(letter, name) of each mechanism the problem allows, the name being both the FrontierPoint
+    count and the op table's (stage, microbatch) pairs: ("R", "recomputed"), ("O", "offloaded")."""
+    return [(letter, name) for letter, name, allowed in (("R", "recomputed", problem.allow_recompute),
+                                                          ("O", "offloaded", problem.allow_offload)) if allowed]
+
+
 def _preference(point: FrontierPoint) -> tuple:
     """Shorter first; at equal makespan, fewer recomputes (work), then fewer offloads (traffic)."""
     return point.makespan, point.recomputed or 0, point.offloaded or 0
@@ -227,12 +234,10 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
 def _solve_at(problem: Problem, limit: float, time_limit: float) -> FrontierPoint:
     """One solve of the sweep (runs in a worker, so it returns only the few numbers the frontier keeps)."""
     result = solve(problem, "cpsat", time_limit=time_limit, workers=1)
-    recomputed = offloaded = None
-    if result.simulation is not None:
-        recomputed = len(result.simulation.table.recomputed) if problem.allow_recompute else None
-        offloaded = len(result.simulation.table.offloaded) if problem.allow_offload else None
+    counts = {} if result.simulation is None else \
+        {name: len(getattr(result.simulation.table, name)) for _, name in counted_mechanisms(problem)}
     return FrontierPoint(limit, result.status, result.objective, result.lower_bound, result.solve_time_s, limit,
-                         recomputed, offloaded)
+                         **counts)
 
 
 class _ProgressBar:

@@ -57,6 +57,11 @@ def _positive_int(key: str, value: object) -> int:
     return value
 
 
+def _boolean(key: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ProblemError(key, value, "expected true or false")
+
+
 def _per_item(key: str, value: object, count: int, what: str, minimum: float, strict: bool) -> tuple:
     """Expand a scalar to `count` copies, or check a list has `count` numbers; check their bound."""
     if _is_number(value):
@@ -164,8 +169,7 @@ class Problem:
         _positive_int("num_microbatches", self.num_microbatches)
         v = _positive_int("chunks_per_device", self.chunks_per_device)
         _positive_int("iterations", self.iterations)
-        if not isinstance(self.flush, bool):
-            raise ProblemError("flush", self.flush, "expected true or false")
+        _boolean("flush", self.flush)
         _check_op_count(self)
         if self.placement not in PLACEMENTS:
             raise ProblemError("placement", self.placement, f"expected one of {', '.join(PLACEMENTS)}")
@@ -218,13 +222,10 @@ class Problem:
 
     def _recomputation(self, normalized: dict) -> dict:
         """The recomputation keys checked and expanded per virtual stage (see the class docstring)."""
-        if not isinstance(self.allow_recompute, bool):
-            raise ProblemError("allow_recompute", self.allow_recompute, "expected true or false")
+        _boolean("allow_recompute", self.allow_recompute)
         stages = self.num_stages
         if not self.allow_recompute:
-            for key in ("recompute_times", "checkpoint_memory"):
-                if getattr(self, key) is not None:
-                    raise ProblemError(key, getattr(self, key), "needs allow_recompute: true")
+            self._unused_without("allow_recompute", ("recompute_times", "checkpoint_memory"))
             return {}
         if self.checkpoint_memory is None:
             raise ProblemError("allow_recompute", True, "needs checkpoint_memory (what a recomputed microbatch "
@@ -240,15 +241,10 @@ class Problem:
 
     def _offload(self) -> dict:
         """The offload keys checked and expanded per virtual stage (see the class docstring)."""
-        for key in ("allow_offload", "shared_host_link"):
-            if not isinstance(getattr(self, key), bool):
-                raise ProblemError(key, getattr(self, key), "expected true or false")
+        _boolean("allow_offload", self.allow_offload)
+        _boolean("shared_host_link", self.shared_host_link)
         if not self.allow_offload:
-            for key in ("offload_times", "reload_times"):
-                if getattr(self, key) is not None:
-                    raise ProblemError(key, getattr(self, key), "needs allow_offload: true")
-            if self.shared_host_link:
-                raise ProblemError("shared_host_link", True, "needs allow_offload: true")
+            self._unused_without("allow_offload", ("offload_times", "reload_times", "shared_host_link"))
             return {}
         if self.offload_times is None:
             raise ProblemError("allow_offload", True, "needs offload_times (how long one activation takes to "
@@ -258,6 +254,13 @@ class Problem:
         reload = offload if self.reload_times is None else \
             _per_item("reload_times", self.reload_times, stages, "virtual stage", 0, True)
         return {"offload_times": offload, "reload_times": reload}
+
+    def _unused_without(self, switch: str, keys: tuple[str, ...]) -> None:
+        """A ProblemError for the first of `keys` given (not None, not false) while `switch` is off."""
+        for key in keys:
+            value = getattr(self, key)
+            if value is not None and value is not False:
+                raise ProblemError(key, value, f"needs {switch}: true")
 
     # ----------------------------------------------------------------- derived structure
     @property

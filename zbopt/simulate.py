@@ -16,10 +16,11 @@ import numpy as np
 
 from zbopt.errors import DeadlockError, MemoryLimitError, ScheduleError
 from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, Op, OpTable
-from zbopt.problem import COPY_KINDS, FORWARD, RECOMPUTE, Problem
+from zbopt.problem import COPY_KINDS, FORWARD, RECOMPUTE, RELOAD, Problem
 from zbopt.schedule import Schedule
 
 RELATIVE_TOLERANCE = 1e-9
+RESTORE_NAMES = {RECOMPUTE: "recompute", RELOAD: "reload"}  # the ops that make an activation whole again
 
 
 def memory_ceiling(limit: float) -> float:
@@ -362,8 +363,7 @@ def _describe_deadlock(table, orders, position, stuck, end, waits) -> str:
         source = table.predecessor[index]
         restore = table.restore_of[index]
         if restore >= 0 and end[restore] is None:
-            what = "recompute" if table.kind[restore] == RECOMPUTE else "reload"
-            awaited = f"its {what} {table.op(restore)} (device {device})"
+            awaited = f"its {RESTORE_NAMES[table.kind[restore]]} {table.op(restore)} (device {device})"
         elif source >= 0 and end[source] is None:
             awaited = f"{table.op(source)} (device {table.device[source]})"
         else:
@@ -408,9 +408,8 @@ def _verify_times(table: OpTable, orders: list[list[int]], start_times) -> tuple
         op = table.op(index)
         restore = table.restore_of[index]
         if restore >= 0 and start[index] < end[restore] - tolerance:
-            what = "recompute" if table.kind[restore] == RECOMPUTE else "reload"
-            raise ScheduleError(f"{op} starts at {start[index]:g}, before its {what} {table.op(restore)} "
-                                f"ends at {end[restore]:g}")
+            raise ScheduleError(f"{op} starts at {start[index]:g}, before its {RESTORE_NAMES[table.kind[restore]]} "
+                                f"{table.op(restore)} ends at {end[restore]:g}")
         if source >= 0 and start[index] < end[source] + table.latency[index] - tolerance:
             latency = f" plus latency {table.latency[index]:g}" if table.latency[index] else ""
             raise ScheduleError(

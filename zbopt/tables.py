@@ -6,7 +6,7 @@ from __future__ import annotations
 from zbopt.blocks import lifespan_bound, steady_peak
 from zbopt.blocks.search import BlockSearch
 from zbopt.compare import COLUMNS, Comparison
-from zbopt.frontier import Frontier
+from zbopt.frontier import Frontier, counted_mechanisms
 from zbopt.simulate import Simulation
 from zbopt.solvers import SolveResult
 from zbopt.solvers.result import gap_text
@@ -123,9 +123,7 @@ def format_frontier(frontier: Frontier) -> str:
     """The problem, one line per memory limit, then the heuristics at their own peak memory."""
     points = frontier.points
     problem = frontier.problem
-    # the FrontierPoint counts of the mechanisms allowed, as columns
-    mechanisms = [name for name, allowed in (("recomputed", problem.allow_recompute),
-                                             ("offloaded", problem.allow_offload)) if allowed]
+    mechanisms = [name for _, name in counted_mechanisms(problem)]  # FrontierPoint counts, as columns
     lines = [
         f"problem       {problem.describe()}",
         f"solves        {len(points)} memory limits, CP-SAT {frontier.time_limit:g} s each; "

@@ -174,7 +174,8 @@ def write_megatron_order(path: str | Path, problem: Problem, schedule: Schedule)
 def check_exportable(problem: Problem, export_format: str) -> None:
     """Raise ZboptError now if no schedule of `problem` can be written as `export_format`
     ("torch-csv" or "megatron"), so that a long solve does not end in that error. A schedule that
-    recomputes is refused only when written: whether a solver's answer recomputes is known then."""
+    recomputes or offloads is refused only when written: whether a solver's answer does is known
+    then."""
     if export_format == "torch-csv":
         _require_one_step(problem, "a torch schedule CSV")
     elif export_format == "megatron":

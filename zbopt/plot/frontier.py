@@ -12,6 +12,7 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
+from zbopt.frontier import counted_mechanisms
 from zbopt.plot.style import (
     DPI,
     FRONTIER_COLOR,
@@ -36,7 +37,8 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
     to the lower bound where it is not; each registered heuristic is a point at its own peak memory
     and makespan, labelled with a leader line (heuristics sharing a point share one label; labels
     are placed, measured by the renderer, clear of each other, the markers and the staircase).
-    With recomputation allowed, each point says how many activations its schedule recomputes.
+    With recomputation or offload allowed, each point says how many activations its schedule
+    recomputes or offloads.
     `frontier` is a `zbopt.frontier.Frontier`. Writes PNG, SVG or PDF by the extension of `path`.
 
     Returns the matplotlib Figure.
@@ -72,7 +74,7 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
         handles.append(Line2D([], [], color=HEURISTIC_COLOR, marker="D", markersize=5, linestyle="none",
                               label="heuristic, at its own peak memory"))
 
-    marked = _mechanisms(problem)
+    marked = counted_mechanisms(problem)
     if marked:
         what = {"R": "recomputes", "O": "offloads"}
         handles.append(Line2D([], [], linestyle="none", label=", ".join(f"{letter} k/N" for letter, _ in marked)
@@ -99,12 +101,6 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
     marks = _mechanism_marks(axes, frontier, marked) if marked else []
     _label_heuristics(axes, groups, stairs_x, stairs_y, marks)
     return _finish(figure, path)
-
-
-def _mechanisms(problem) -> list[tuple[str, str]]:
-    """(letter, FrontierPoint attribute) of each mechanism the problem allows."""
-    return [(letter, attribute) for letter, attribute, allowed in
-            (("R", "recomputed", problem.allow_recompute), ("O", "offloaded", problem.allow_offload)) if allowed]
 
 
 def _mechanism_marks(axes, frontier, marked: list[tuple[str, str]]) -> list[Bbox]:

@@ -35,8 +35,18 @@ _NEEDS = "allow_offload: true (and offload_times)"
 ROBUSTNESS_COPIES = 3  # offloading.py: an activation is offloaded only if its gap exceeds 3 (offload + reload)
 
 
-def _default_base(problem: Problem) -> str:
-    return "1f1b" if problem.chunks_per_device == 1 else "interleaved-1f1b"
+def _base_schedule(problem: Problem, base: str | None, name: str) -> Schedule:
+    """The schedule of the registered `base` (default 1f1b, interleaved-1f1b for
+    v > 1) built without the memory limit, which the copies are there to meet; a precondition of
+    the base, or a base that already recomputes or offloads, is reported under `name`."""
+    base = base or ("1f1b" if problem.chunks_per_device == 1 else "interleaved-1f1b")
+    try:
+        schedule = generate(base, problem.replace(memory_limit=None))
+    except NotApplicableError as error:
+        raise NotApplicableError(f"{name}: {error}") from None
+    if any(op.kind not in problem.kinds for order in schedule.orders for op in order):
+        raise NotApplicableError(f"{name}: base schedule '{base}' already recomputes or offloads")
+    return schedule
 
 
 @register("pipeoffload", "PipeOffload (Wan et al., ICML 2025) on a base schedule (default 1f1b, interleaved-1f1b "
@@ -45,14 +55,8 @@ def pipeoffload(problem: Problem, base: str | None = None) -> Schedule:
     """See the module docstring. `base`: the registered schedule whose compute is kept (timed
     without the memory limit, which the copies are there to meet). Needs allow_offload."""
     require(problem.allow_offload, "pipeoffload", _NEEDS)
-    name = base or _default_base(problem)
-    unlimited = problem.replace(memory_limit=None)
-    try:
-        timed = simulate(unlimited, generate(name, unlimited))
-    except NotApplicableError as error:
-        raise NotApplicableError(f"pipeoffload: {error}") from None
-    if timed.table.recomputed or timed.table.offloaded:
-        raise NotApplicableError(f"pipeoffload: base schedule '{name}' already recomputes or offloads")
+    schedule = _base_schedule(problem, base, "pipeoffload")
+    timed = simulate(problem.replace(memory_limit=None), schedule)
     starts = {op: timed.times_of(op)[0] for op in timed.table.ops()}
     gradient = problem.input_gradient_kind
     candidates = []  # (forward end, backward start, backward length, stage, microbatch)
@@ -162,17 +166,11 @@ def full_offload(problem: Problem, base: str | None = None) -> Schedule:
     Needs allow_offload and one iteration."""
     require(problem.allow_offload, "full-offload", _NEEDS)
     require(problem.iterations == 1, "full-offload", "iterations = 1")
-    name = base or _default_base(problem)
-    try:
-        schedule = generate(name, problem.replace(memory_limit=None))
-    except NotApplicableError as error:
-        raise NotApplicableError(f"full-offload: {error}") from None
+    schedule = _base_schedule(problem, base, "full-offload")
     last = problem.num_stages - 1
     gradient = problem.input_gradient_kind
     orders = []
     for order in schedule.orders:
-        if any(op.kind not in problem.kinds for op in order):
-            raise NotApplicableError(f"full-offload: base schedule '{name}' already recomputes or offloads")
         reloads: dict[int, list[Op]] = {}  # number of forwards listed before a backward -> its L, issued then
         forwards = 0
         for op in order:

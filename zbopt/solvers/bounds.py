@@ -37,6 +37,7 @@ import math
 import operator
 import time
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import networkx as nx
 
@@ -342,20 +343,17 @@ def whole_activations_bound(problem: Problem, device: int, lifetimes: list[tuple
     its release, while the other holds at least its checkpoint): each holds the device from its F's
     start for at least F + rt + B, and only W fits in the gaps.
     """
-    stages = problem.stages_of_device[device]
-    ceiling = memory_ceiling(problem.memory_caps[device])
-    whole = min(problem.activation_memory[s] for s in stages)
-    if 2 * whole <= ceiling:
+    device_view = _one_whole_at_a_time(problem, device, device_load)
+    if device_view is None:
         return 0.0
+    stages, ceiling, whole, weight, edges = device_view
     count = problem.total_microbatches
-    weight = problem.weight_times if problem.split_backward else (0.0,) * problem.num_stages
-    work = sum(count * (problem.forward_times[s] + problem.backward_times[s] + weight[s]) for s in stages)
     away = {s: lifetimes[s][0] - problem.forward_times[s] - problem.backward_times[s] for s in stages}
     if whole + min(problem.checkpoint_memory[s] for s in stages) > ceiling:  # one stage per device: a
         # device with more stages cannot go below one activation and a checkpoint (`min_memory_limit`)
         held = sum(count * (problem.forward_times[s] + away[s] + problem.backward_times[s]) for s in stages)
-        return device_load - work + held + max(0.0, sum(count * (weight[s] - away[s]) for s in stages))
-    base = device_load - work + sum(count * (problem.recompute_times[s] + problem.backward_times[s]) for s in stages)
+        return edges + held + max(0.0, sum(count * (weight[s] - away[s]) for s in stages))
+    base = edges + sum(count * (problem.recompute_times[s] + problem.backward_times[s]) for s in stages)
     outside = sum(count * (problem.forward_times[s] + weight[s]) for s in stages)
     last = max(stages)  # the only stage that may be kept
     c = problem.forward_times[last] + away[last]
@@ -383,17 +381,13 @@ def whole_or_offloaded_bound(problem: Problem, device: int, lifetimes: list[tupl
     between the device's least head and least tail (`device_load` less its work), so the makespan
     is at least those edges plus, per activation, the cheapest way.
     """
-    stages = problem.stages_of_device[device]
-    ceiling = memory_ceiling(problem.memory_caps[device])
-    whole = min(problem.activation_memory[s] for s in stages)
-    if 2 * whole <= ceiling:
+    device_view = _one_whole_at_a_time(problem, device, device_load)
+    if device_view is None:
         return 0.0
+    stages, ceiling, whole, weight, total = device_view
     if problem.recomputation_matters and whole + min(problem.checkpoint_memory[s] for s in stages) <= ceiling:
         return 0.0  # a recomputed activation's F may run while another is whole
     count = problem.total_microbatches
-    weight = problem.weight_times if problem.split_backward else (0.0,) * problem.num_stages
-    work = sum(count * (problem.forward_times[s] + problem.backward_times[s] + weight[s]) for s in stages)
-    total = device_load - work
     for s in stages:
         forward, backward = problem.forward_times[s], problem.backward_times[s]
         ways = [lifetimes[s][0],  # kept: F + rt + B
@@ -403,6 +397,32 @@ def whole_or_offloaded_bound(problem: Problem, device: int, lifetimes: list[tupl
         weight_alone = problem.split_backward and problem.weight_memory[s] + whole > ceiling
         total += count * (min(ways) + (weight[s] if weight_alone else 0.0))
     return total
+
+
+class _OneWhole(NamedTuple):
+    """A device whose limit holds one whole activation at a time (any two exceed it): its stages,
+    its ceiling (`memory_ceiling`), its least activation, W's cost per virtual stage (0 when
+    fused), and its edges, the least head plus the least tail (its `device_load` less its work)."""
+
+    stages: tuple[int, ...]
+    ceiling: float
+    whole: float
+    weight: tuple[float, ...]
+    edges: float
+
+
+def _one_whole_at_a_time(problem: Problem, device: int, device_load: float) -> _OneWhole | None:
+    """What the bounds on a device that holds one whole activation at a time start from, or None
+    when it holds two."""
+    stages = problem.stages_of_device[device]
+    ceiling = memory_ceiling(problem.memory_caps[device])
+    whole = min(problem.activation_memory[s] for s in stages)
+    if 2 * whole <= ceiling:
+        return None
+    weight = problem.weight_times if problem.split_backward else (0.0,) * problem.num_stages
+    work = problem.total_microbatches * sum(problem.forward_times[s] + problem.backward_times[s] + weight[s]
+                                            for s in stages)
+    return _OneWhole(stages, ceiling, whole, weight, device_load - work)
 
 
 def _memory_time(problem: Problem, stage: int, lifetime: tuple[float, float]) -> float:
@@ -416,20 +436,24 @@ def _memory_time(problem: Problem, stage: int, lifetime: tuple[float, float]) ->
 def _recomputed_memory_time(problem: Problem, stage: int) -> float:
     """The least memory-time one recomputed activation of `stage` holds: its checkpoint from F's
     start to R's (at least F), then all of it for R and its backward."""
-    recompute, backward = problem.recompute_times[stage], problem.backward_times[stage]
-    weight = problem.weight_times[stage] if problem.split_backward else 0.0
     return problem.checkpoint_memory[stage] * problem.forward_times[stage] + \
-        _memory_time(problem, stage, (recompute + backward, recompute + backward + weight))
+        _held_from_restore(problem, stage, problem.recompute_times[stage])
 
 
 def _offloaded_memory_time(problem: Problem, stage: int) -> float:
     """The least memory-time one offloaded activation of `stage` holds: all of it for F and its O,
     then from its L's start for L and its backward (the part W keeps, also W)."""
-    forward, backward = problem.forward_times[stage], problem.backward_times[stage]
+    return problem.activation_memory[stage] * (problem.forward_times[stage] + problem.offload_times[stage]) + \
+        _held_from_restore(problem, stage, problem.reload_times[stage])
+
+
+def _held_from_restore(problem: Problem, stage: int, restore: float) -> float:
+    """The least memory-time of an activation of `stage` from the start of the op that makes it
+    whole again (R or L, lasting `restore`): all of it for that op and the backward, the part W
+    keeps also for W."""
+    backward = problem.backward_times[stage]
     weight = problem.weight_times[stage] if problem.split_backward else 0.0
-    reload = problem.reload_times[stage]
-    return problem.activation_memory[stage] * (forward + problem.offload_times[stage]) + \
-        _memory_time(problem, stage, (reload + backward, reload + backward + weight))
+    return _memory_time(problem, stage, (restore + backward, restore + backward + weight))
 
 
 def _trade_off(load: float, memory: float, trades: list[tuple[float, float]], limit: float) -> float:

@@ -143,14 +143,13 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     if problem.mechanisms_matter:
         choices = _activation_choices(model, integral, ops, start, end, interval, horizon)
     # 2. no overlap per device, and per copy lane (shared by a pair of devices with a shared host link)
-    optional = [op for op in interval if op.kind in (RECOMPUTE, OFFLOAD, RELOAD)]
-    for device, mine in enumerate(ops_of_device):
-        recomputes = [interval[op] for op in optional if op.kind == RECOMPUTE and problem.device_of(op.stage) == device]
-        model.AddNoOverlap([interval[op] for op in mine] + recomputes)
-    for kind in (OFFLOAD, RELOAD):
-        for lane in {problem.host_link(device) for device in range(problem.num_devices)}:
-            model.AddNoOverlap([interval[op] for op in optional
-                                if op.kind == kind and problem.host_link(problem.device_of(op.stage)) == lane])
+    lanes: dict[tuple, list] = {}  # ("compute", device) or (copy kind, host link) -> its intervals
+    for op, op_interval in interval.items():
+        device = problem.device_of(op.stage)
+        key = (op.kind, problem.host_link(device)) if op.kind in (OFFLOAD, RELOAD) else ("compute", device)
+        lanes.setdefault(key, []).append(op_interval)
+    for intervals in lanes.values():
+        model.AddNoOverlap(intervals)
     # 3. precedences and iteration barriers (and 5., the symmetry-breaking and memory precedences)
     for source, target, data in graph.edges(data=True):
         model.Add(start[target] >= end[source] + int(data["latency"]))

@@ -9,10 +9,10 @@ writes benchmarks/results/bench_heuristics.json.
 
 from __future__ import annotations
 
-import json
 import platform
 import time
-from pathlib import Path
+
+from record import write_results
 
 from zbopt import NotApplicableError, Problem, generate, simulate
 from zbopt.schedules import registered
@@ -71,11 +71,7 @@ def main() -> None:
             continue
         print(f"{r['schedule']:<16} {r['v']:>2} {r['placement']:>5} {r['build_s']:>8.3f} {r['simulate_s']:>7.3f} "
               f"{r['makespan']:>10.1f} {r['bubble_rate']:>7.4f} {r['zb_bubble_rate']:>9.4f} {r['peak_memory']:>8.1f}")
-    out = Path(__file__).resolve().parent / "results" / "bench_heuristics.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "python": platform.python_version(),
-                               "problem": BASE, "rows": rows}, indent=1) + "\n")
-    print(f"\nwritten to {out}")
+    write_results("bench_heuristics", python=platform.python_version(), problem=BASE, rows=rows)
 
 
 if __name__ == "__main__":

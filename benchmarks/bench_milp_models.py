@@ -18,12 +18,10 @@ Usage: python benchmarks/bench_milp_models.py [--time-limit S]
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
-from pathlib import Path
 
 import pulp
+from record import write_results
 
 from zbopt import Problem, op_graph
 from zbopt.problem import FORWARD
@@ -102,11 +100,7 @@ def main() -> None:
                 binaries = "" if row["binaries"] is None else row["binaries"]
                 print(f"{label:<18} {optimum:>7} {row['model']:<14} {backend:<6} {row['status']:<9} {value:>6} "
                       f"{binaries:>8} {row['solve_time_s']:>7.1f}", flush=True)
-    out = Path(__file__).resolve().parent / "results" / "bench_milp_models.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "time_limit_s": args.time_limit, "rows": rows},
-                              indent=1) + "\n")
-    print(f"\nwritten to {out}")
+    write_results("bench_milp_models", time_limit_s=args.time_limit, rows=rows)
 
 
 if __name__ == "__main__":

@@ -17,11 +17,8 @@ Usage: python benchmarks/bench_offload.py [--time-limit S] [--shapes 4x8,8x16]
 
 from __future__ import annotations
 
-import json
-import platform
-from pathlib import Path
-
 from bench_recompute import CHECKPOINT, LIMITS, arguments, problem
+from record import write_results
 
 from zbopt import NotApplicableError, generate, simulate, solve
 
@@ -67,12 +64,8 @@ def main() -> None:
                   f"{row['offloaded']:>4} | {both.objective:>7.1f} {both.lower_bound:>7.1f} {both.gap:>6.1%} "
                   f"{row['both_recomputed']:>4} {row['both_offloaded']:>4} | {fitted} "
                   f"{'-' if full is None else format(full, '.1f'):>12}", flush=True)
-    out = Path(__file__).resolve().parent / "results" / "bench_offload.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "time_limit_s": args.time_limit,
-                               "checkpoint_memory": CHECKPOINT, "offload_ms": OFFLOAD_MS, "rows": rows},
-                              indent=1) + "\n")
-    print(f"\nwritten to {out}")
+    write_results("bench_offload", time_limit_s=args.time_limit, checkpoint_memory=CHECKPOINT,
+                  offload_ms=OFFLOAD_MS, rows=rows)
 
 
 if __name__ == "__main__":

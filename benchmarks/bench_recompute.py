@@ -14,9 +14,8 @@ Usage: python benchmarks/bench_recompute.py [--time-limit S] [--shapes 4x8,8x16]
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-from pathlib import Path
+
+from record import write_results
 
 from zbopt import Problem, generate, simulate, solve
 from zbopt.published import ZERO_BUBBLE_MODELS
@@ -76,11 +75,7 @@ def main() -> None:
                   f"{chosen.objective:>9.1f} {chosen.lower_bound:>8.1f} {chosen.gap:>6.1%} {recomputed:>4} | "
                   f"{text(megatron)} {text(mario)} | {kept.objective / chosen.objective:>8.2f} "
                   f"{(megatron / chosen.objective if megatron else float('nan')):>7.2f}", flush=True)
-    out = Path(__file__).resolve().parent / "results" / "bench_recompute.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "time_limit_s": args.time_limit,
-                               "checkpoint_memory": CHECKPOINT, "rows": rows}, indent=1) + "\n")
-    print(f"\nwritten to {out}")
+    write_results("bench_recompute", time_limit_s=args.time_limit, checkpoint_memory=CHECKPOINT, rows=rows)
 
 
 if __name__ == "__main__":

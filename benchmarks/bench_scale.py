@@ -18,10 +18,9 @@ the limit rows; default 60)] [--solver cpsat|lns] [--quick]
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
-from pathlib import Path
+
+from record import write_results
 
 from zbopt import Problem, generate, simulate, solve
 from zbopt.blocks.search import optimal_block
@@ -125,11 +124,7 @@ def main() -> None:
         print(f"{'block':<7}{row['p']:>4}{row['memory_limit']:>8.3g}{row['time_limit']:>9g}{row['wall_s']:>8.1f}  "
               f"{row['status']:<9}{row['interval']:>9.3f}{row['least_interval']:>9.3f}{row['work_per_microbatch']:>9.3f}"
               f"  {row['heuristic']} / {row['start']}")
-    out = Path(__file__).resolve().parent / "results" / "bench_scale.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "solver": args.solver, "rows": rows + blocks},
-                              indent=1))
-    print(f"\nwritten to {out}")
+    write_results("bench_scale", solver=args.solver, rows=rows + blocks)
 
 
 if __name__ == "__main__":

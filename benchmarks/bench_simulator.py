@@ -7,10 +7,10 @@ problem's op table (first simulation of a problem); `warm` reuses it, as solvers
 
 from __future__ import annotations
 
-import json
 import platform
 import time
-from pathlib import Path
+
+from record import write_results
 
 from zbopt import Problem, generate, simulate
 from zbopt.simulate import op_table
@@ -64,11 +64,7 @@ def main() -> None:
         print(f"{r['schedule']:<8} {r['p']:>3} {r['m']:>5} {r['v']:>2} {r['placement']:>5} {r['ops']:>8} "
               f"{r['build_s']:>8.3f} {r['simulate_cold_s']:>10.3f} {r['simulate_warm_s']:>10.3f} "
               f"{r['ops_per_s_cold']:>11,.0f} {r['ops_per_s_warm']:>11,.0f}")
-    out = Path(__file__).resolve().parent / "results" / "bench_simulator.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "python": platform.python_version(),
-                               "rows": rows}, indent=1) + "\n")
-    print(f"\nwritten to {out}")
+    write_results("bench_simulator", python=platform.python_version(), rows=rows)
 
 
 if __name__ == "__main__":

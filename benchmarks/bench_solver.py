@@ -13,9 +13,8 @@ Usage: python benchmarks/bench_solver.py [A|B] [--solvers cpsat,highs] [--time-l
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-from pathlib import Path
+
+from record import write_results
 
 from zbopt import Problem, solve
 from zbopt.published import ZERO_BUBBLE_MODELS
@@ -70,11 +69,8 @@ def main() -> None:
                   f"{result.gap:>7.2%} {result.solve_time_s:>7.1f} {row['zb_bubble_rate']:>9.4f} {best:>22}",
                   flush=True)
     variant = "" if args.weight_memory is None else f"_mw{args.weight_memory:g}"
-    out = Path(__file__).resolve().parent / "results" / f"bench_solver_{args.grid}_{args.objective}{variant}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"machine": platform.platform(), "time_limit_s": limit, "objective": args.objective,
-                               "rows": rows}, indent=1) + "\n")
-    print(f"\nwritten to {out}")
+    write_results(f"bench_solver_{args.grid}_{args.objective}{variant}", time_limit_s=limit,
+                  objective=args.objective, rows=rows)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def add_problem_flags(parser: argparse.ArgumentParser) -> None:
         help="microbatches m per iteration (default 8)")
     add("--chunks-per-device", "-v", dest="chunks_per_device", type=int, default=suppress,
         help="model chunks per device (default 1)")
-    add("--placement", default=suppress, help="stage placement: loop or v (default loop)")
+    add("--placement", default=suppress, help="stage placement: loop, v or bidirectional (default loop)")
     add("--forward-times", "-f", dest="forward_times", **numbers,
         help="F time, one value or one per virtual stage (default 1)")
     add("--backward-times", "-bw", dest="backward_times", **numbers,

@@ -3,9 +3,10 @@
 The dependencies are defined once, in `OpTable`; the networkx graph, the simulator and the
 solvers all read them from there.
 
-Within one microbatch j (S = number of virtual stages):
-    F(s, j) -> F(s+1, j);  F(S-1, j) -> B(S-1, j);  B(s+1, j) -> B(s, j);  B(s, j) -> W(s, j)
-    fused:  F(S-1, j) -> BW(S-1, j);  BW(s+1, j) -> BW(s, j)
+Within one microbatch j, through the stages a..z of its route (`Problem.routes`: all S virtual
+stages, or with the bidirectional placement p of them, one way):
+    F(s, j) -> F(s+1, j);  F(z, j) -> B(z, j);  B(s+1, j) -> B(s, j);  B(s, j) -> W(s, j)
+    fused:  F(z, j) -> BW(z, j);  BW(s+1, j) -> BW(s, j)
 A recomputed activation adds R(s, j) (same device): F(s, j) -> R(s, j) -> B(s, j) (or BW).
 An offloaded one adds O(s, j) and L(s, j) on the device's copy lanes: F(s, j) -> O(s, j) -> L(s, j)
 -> B(s, j) (or BW).
@@ -60,8 +61,11 @@ class Op(NamedTuple):
 class OpTable:
     """Every op of a problem numbered 0..N-1 with the flat arrays the simulator and solvers read.
 
-    Index of Op(kind, s, j) = (kind_index · S + s) · M + j with M = m · iterations, so ops of one
-    kind and stage are contiguous and in microbatch order. The optional ops follow, a schedule's
+    Index of Op(kind, s, j) = (kind_index · P + position) · M + j with M = m · iterations, P the
+    stages a microbatch visits and position the place of s on j's route (s itself unless
+    bidirectional), so ops of one kind and stage are contiguous and in microbatch order (with the
+    bidirectional placement, the block of a route position holds the down stage's ops, then the
+    up stage's). The optional ops follow, a schedule's
     choice per (stage, microbatch) pair, each in (stage, microbatch) order: the R of each pair in
     `recomputed`, then the O and then the L of each pair in `offloaded`.
     """
@@ -82,6 +86,8 @@ class OpTable:
         self.problem = problem
         self.kinds = problem.kinds
         self.num_stages = problem.num_stages
+        self.route_length = problem.route_length
+        self._bidirectional = problem.bidirectional
         self.num_microbatches = problem.total_microbatches
         self.core_size = problem.num_ops
         self.recomputed = tuple(sorted(recomputed))
@@ -110,7 +116,14 @@ class OpTable:
         if kind_index is None:
             backward = "split (F, B, W)" if self.problem.split_backward else "fused (F, BW)"
             raise ScheduleError(f"op {op}: kind {kind} does not exist in this problem, whose backward is {backward}")
-        return (kind_index * self.num_stages + stage) * self.num_microbatches + microbatch
+        if self._bidirectional:
+            stages, microbatches = self.problem.routes[self.problem.route_of_stage(stage)]
+            if microbatch not in microbatches:
+                way = self.problem.routes[1 - self.problem.route_of_stage(stage)][0]
+                raise ScheduleError(f"op {op}: microbatch {microbatch} goes through stages {way[0]}..{way[-1]}, "
+                                    f"never stage {stage}")
+            stage -= stages[0]  # its position on the route
+        return (kind_index * self.route_length + stage) * self.num_microbatches + microbatch
 
     def op(self, index: int) -> Op:
         """Inverse of `index`."""
@@ -118,19 +131,27 @@ class OpTable:
             kind, pair = self._optional[index - self.core_size]
             return Op(kind, *pair)
         rest, microbatch = divmod(index, self.num_microbatches)
-        kind_index, stage = divmod(rest, self.num_stages)
-        return Op(self.kinds[kind_index], stage, microbatch)
+        kind_index, position = divmod(rest, self.route_length)
+        return Op(self.kinds[kind_index], self._stage_at(position, microbatch), microbatch)
+
+    def _stage_at(self, position: int, microbatch: int) -> int:
+        """The stage at `position` on the route of `microbatch`."""
+        for stages, microbatches in self.problem.routes:
+            if microbatch in microbatches:
+                return stages[position]
+        raise AssertionError(microbatch)  # every microbatch has a route
 
     def ops(self) -> list[Op]:
         return [self.op(i) for i in range(self.size)]
 
     def _per_op(self, value_of) -> list:
-        """A list over all ops of `value_of(kind, stage)`, built one (kind, stage) block at a time
+        """A list over all ops of `value_of(kind, stage)`, built one (kind, stage) run at a time
         (then one value per optional op)."""
         values: list = []
         for kind in self.kinds:
-            for stage in range(self.num_stages):
-                values.extend([value_of(kind, stage)] * self.num_microbatches)
+            for position in range(self.route_length):
+                for stages, microbatches in self.problem.routes:
+                    values.extend([value_of(kind, stages[position])] * len(microbatches))
         values.extend(value_of(kind, stage) for kind, (stage, _) in self._optional)
         return values
 
@@ -167,15 +188,15 @@ class OpTable:
         return self._per_op(lambda kind, stage: LANE_OF_KIND.get(kind, COMPUTE_LANE))
 
     def _predecessor_stage_kind(self, kind: str, stage: int) -> tuple[str, int] | None:
-        last = self.num_stages - 1
+        route = self.problem.routes[self.problem.route_of_stage(stage)][0]
         if kind in (RECOMPUTE, OFFLOAD):
             return (FORWARD, stage)
         if kind == RELOAD:
             return (OFFLOAD, stage)
         if kind == FORWARD:
-            return (FORWARD, stage - 1) if stage > 0 else None
+            return (FORWARD, stage - 1) if stage > route[0] else None
         if kind in (BACKWARD, FUSED_BACKWARD):
-            return (FORWARD, last) if stage == last else (kind, stage + 1)
+            return (FORWARD, stage) if stage == route[-1] else (kind, stage + 1)
         return (BACKWARD, stage)
 
     @cached_property
@@ -183,9 +204,10 @@ class OpTable:
         """Per op, the one op it directly depends on within its microbatch across stages (for R
         and O, its F; for L, its O), or -1."""
         result: list[int] = []
+        first_route = self.problem.routes[0][0]  # every route's position has the same kind of predecessor
         for kind in self.kinds:
-            for stage in range(self.num_stages):
-                source = self._predecessor_stage_kind(kind, stage)
+            for position in range(self.route_length):
+                source = self._predecessor_stage_kind(kind, first_route[position])
                 if source is None:
                     result.extend([-1] * self.num_microbatches)
                 else:
@@ -271,18 +293,22 @@ def earliest_finish(graph: nx.DiGraph) -> dict[Op, float]:
     return finish
 
 
+def one_per_route(problem: Problem) -> Problem:
+    """A copy with one microbatch on each route (`Problem.routes`), one iteration and no memory
+    limit: what one microbatch's chain is computed on."""
+    return problem.replace(num_microbatches=len(problem.routes), iterations=1, memory_limit=None)
+
+
 def critical_path(problem: Problem) -> float:
-    """Length of one microbatch's dependency chain, latencies included: a lower bound on any
-    schedule's makespan. Computed on the DAG of a one-microbatch, one-iteration copy."""
-    single = problem.replace(num_microbatches=1, iterations=1, memory_limit=None)
-    return max(earliest_finish(op_graph(single)).values())
+    """Length of the longest microbatch's dependency chain, latencies included: a lower bound on
+    any schedule's makespan. Computed on the DAG of `one_per_route`."""
+    return max(earliest_finish(op_graph(one_per_route(problem))).values())
 
 
 def device_work(problem: Problem) -> list[float]:
     """Per device, the total duration of its ops: another lower bound on the makespan."""
-    table = OpTable(problem)
     work = [0.0] * problem.num_devices
     for kind in problem.kinds:
         for stage in range(problem.num_stages):
-            work[problem.device_of(stage)] += problem.cost(kind, stage) * table.num_microbatches
+            work[problem.device_of(stage)] += problem.cost(kind, stage) * len(problem.microbatches_of(stage))
     return work

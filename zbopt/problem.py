@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from numbers import Real
 
 from zbopt.errors import ProblemError
 
-PLACEMENTS = ("loop", "v")
+PLACEMENTS = ("loop", "v", "bidirectional")
 FORWARD, BACKWARD, WEIGHT, FUSED_BACKWARD, RECOMPUTE, OFFLOAD, RELOAD = "F", "B", "W", "BW", "R", "O", "L"
 COPY_KINDS = (OFFLOAD, RELOAD)  # ops on a device's copy lanes (device to host, host to device), beside compute
+# An overlapped pair (DualPipe's "F&B"): a forward with another microbatch's backward, run as one op
+# on one device: F with the input gradient B ("FB", split backward only), or with the full backward
+# ("FBW": B and W when split, BW when fused). The members' kinds by pair kind and backward:
+PAIR_MEMBERS = {("FB", True): (FORWARD, BACKWARD), ("FBW", True): (FORWARD, BACKWARD, WEIGHT),
+                ("FBW", False): (FORWARD, FUSED_BACKWARD)}
+PAIR_KINDS = ("FB", "FBW")
 SPLIT_KINDS = (FORWARD, BACKWARD, WEIGHT)
 FUSED_KINDS = (FORWARD, FUSED_BACKWARD)
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
@@ -37,6 +43,8 @@ def stage_device(stage: int, num_devices: int, placement: str) -> int:
     `loop` (Megatron interleaving): stage s on device s mod p.
     `v` (zig-zag, torch.distributed.pipelining's "v" style): stages 0..p-1 on devices 0..p-1,
     stages p..2p-1 back on devices p-1..0, and so on back and forth.
+    `bidirectional` (DualPipe's): placed as `v` with two chunks, but stages 0..p-1 are the down
+    pipeline's copies of the model's stages and p..2p-1 the up pipeline's (see `Problem`).
 
     >>> [stage_device(s, 3, "v") for s in range(6)]
     [0, 1, 2, 2, 1, 0]
@@ -102,7 +110,13 @@ class Problem:
     num_devices : p, the pipeline devices.
     num_microbatches : m, microbatches per iteration.
     chunks_per_device : v, model chunks each device holds; S = p·v virtual stages.
-    placement : "loop" or "v", see `stage_device`.
+    placement : "loop", "v" or "bidirectional", see `stage_device`. Bidirectional (DeepSeek's
+        DualPipe) needs chunks_per_device = 2 and one iteration: microbatches 0..ceil(m/2)-1 go down
+        the pipeline, through virtual stages 0..p-1 on devices 0..p-1; the others go up, through
+        virtual stages p..2p-1 on devices p-1..0, so stage p+s is the up copy of the model's stage
+        s (give it the same costs) and each microbatch visits p of the 2p stage copies, one per
+        device. The second copy of the parameters is outside the memory model (it counts
+        activations), and so is the exchange of the two copies' gradients after the step.
     forward_times, backward_times : cost of F and of the backward per virtual stage (scalar = all).
         backward_times is the input-gradient B when weight_times is given, else the fused BW.
     weight_times : cost of the weight-gradient W per virtual stage; None means a fused backward.
@@ -137,6 +151,13 @@ class Problem:
     shared_host_link : devices 2k and 2k+1 share one host link (PipeOffload's pairing of ranks,
         its `offloading.py`): one copy at a time each way per pair instead of per device.
         Default false: every device has its own link.
+    overlap_times : what an overlapped pair costs, by pair kind (DualPipe's "F&B", a forward
+        overlapped with another microbatch's backward on one device): "FB", a forward with an
+        input-gradient B (split backward only), and "FBW", a forward with a full backward (B and W,
+        or BW when fused); each a number or one per device, e.g. {"FBW": 2.5}. A schedule may then
+        run such a pair as one op of that cost, which starts once every member's input is ready
+        and ends all of them (`Schedule`). None (default): no pairs; a pair kind not given cannot
+        be used.
 
     Raises
     ------
@@ -163,6 +184,7 @@ class Problem:
     offload_times: PerStage | None = None
     reload_times: PerStage | None = None
     shared_host_link: bool = False
+    overlap_times: object = None  # a mapping as given; stored as ((pair kind, per-device costs), ...)
 
     def __post_init__(self) -> None:
         p = _positive_int("num_devices", self.num_devices)
@@ -173,6 +195,8 @@ class Problem:
         _check_op_count(self)
         if self.placement not in PLACEMENTS:
             raise ProblemError("placement", self.placement, f"expected one of {', '.join(PLACEMENTS)}")
+        if self.bidirectional:
+            self._check_bidirectional()
         stages = p * v
         normalized = {
             "forward_times": _per_item("forward_times", self.forward_times, stages, "virtual stage", 0, True),
@@ -206,6 +230,7 @@ class Problem:
             normalized["weight_memory"] = weight_memory
         normalized.update(self._recomputation(normalized))
         normalized.update(self._offload())
+        normalized["overlap_times"] = self._overlap()
         for key, value in normalized.items():
             object.__setattr__(self, key, value)
         if self.memory_limit is not None:
@@ -219,6 +244,19 @@ class Problem:
                         f"device {device} must hold {self._floor_reason} ({needed:g}); "
                         "no schedule fits below that",
                     )
+
+    def _check_bidirectional(self) -> None:
+        """What the bidirectional placement needs (see the class docstring)."""
+        if self.chunks_per_device != 2:
+            raise ProblemError("chunks_per_device", self.chunks_per_device,
+                               "placement 'bidirectional' holds two stage copies per device: expected 2")
+        if self.iterations != 1:
+            raise ProblemError("iterations", self.iterations, "placement 'bidirectional' models one step (the "
+                                                              "two copies' gradient exchange between steps is "
+                                                              "outside the model): expected 1")
+        if self.num_microbatches < 2:
+            raise ProblemError("num_microbatches", self.num_microbatches,
+                               "placement 'bidirectional' sends microbatches both ways: expected at least 2")
 
     def _recomputation(self, normalized: dict) -> dict:
         """The recomputation keys checked and expanded per virtual stage (see the class docstring)."""
@@ -255,6 +293,34 @@ class Problem:
             _per_item("reload_times", self.reload_times, stages, "virtual stage", 0, True)
         return {"offload_times": offload, "reload_times": reload}
 
+    def _overlap(self) -> tuple[tuple[str, tuple[float, ...]], ...] | None:
+        """The overlap costs checked and expanded per device (see the class docstring), in
+        PAIR_KINDS order; a hashable form, so that a Problem stays a cache key."""
+        given = self.overlap_times
+        if given is None:
+            return None
+        if isinstance(given, tuple) and all(isinstance(item, tuple) and len(item) == 2 for item in given):
+            given = dict(given)  # the stored form, from `replace`
+        if not isinstance(given, Mapping) or not given:
+            raise ProblemError("overlap_times", given, "expected a mapping from pair kind (FB, FBW) to its cost, "
+                                                       "e.g. {FBW: 2.5}")
+        for kind in given:
+            if kind not in PAIR_KINDS:
+                raise ProblemError("overlap_times", given, f"unknown pair kind {kind!r} (known: FB, a forward with "
+                                                           "an input-gradient B; FBW, a forward with a full backward)")
+        if "FB" in given and self.weight_times is None:
+            raise ProblemError("overlap_times", given, "FB pairs a forward with an input-gradient B, which needs a "
+                                                       "split backward (weight_times); with a fused one give FBW")
+        return tuple((kind, _per_item(f"overlap_times.{kind}", given[kind], self.num_devices, "device", 0, True))
+                     for kind in PAIR_KINDS if kind in given)
+
+    def overlap_cost(self, pair_kind: str, device: int) -> float | None:
+        """What a pair of `pair_kind` costs on `device`, or None when no such pair may run."""
+        for kind, costs in self.overlap_times or ():
+            if kind == pair_kind:
+                return costs[device]
+        return None
+
     def _unused_without(self, switch: str, keys: tuple[str, ...]) -> None:
         """A ProblemError for the first of `keys` given (not None, not false) while `switch` is off."""
         for key in keys:
@@ -267,6 +333,35 @@ class Problem:
     def num_stages(self) -> int:
         """S = p·v, the number of virtual stages."""
         return self.num_devices * self.chunks_per_device
+
+    @property
+    def bidirectional(self) -> bool:
+        """Microbatches go both ways (placement "bidirectional"): each visits p of the 2p stages."""
+        return self.placement == "bidirectional"
+
+    @cached_property
+    def routes(self) -> tuple[tuple[range, range], ...]:
+        """(stages, microbatches) of each way through the pipeline: one route through every stage,
+        or with the bidirectional placement the down route (stages 0..p-1, the first ceil(m/2)
+        microbatches) and the up route (stages p..2p-1, the rest). Each route's stages and
+        microbatches are consecutive numbers."""
+        if not self.bidirectional:
+            return ((range(self.num_stages), range(self.total_microbatches)),)
+        p, down = self.num_devices, (self.num_microbatches + 1) // 2
+        return ((range(p), range(down)), (range(p, 2 * p), range(down, self.num_microbatches)))
+
+    @property
+    def route_length(self) -> int:
+        """The stages one microbatch visits: S, or p with the bidirectional placement."""
+        return self.num_devices if self.bidirectional else self.num_stages
+
+    def route_of_stage(self, stage: int) -> int:
+        """The number of the route that visits `stage` (0 unless bidirectional)."""
+        return int(self.bidirectional and stage >= self.num_devices)
+
+    def microbatches_of(self, stage: int) -> range:
+        """The microbatches that visit `stage`."""
+        return self.routes[self.route_of_stage(stage)][1]
 
     @property
     def total_microbatches(self) -> int:
@@ -293,8 +388,8 @@ class Problem:
 
     @property
     def num_activations(self) -> int:
-        """Activations of a step, one per virtual stage and microbatch: what can be recomputed."""
-        return self.num_stages * self.total_microbatches
+        """Activations of a step, one per microbatch and stage it visits: what can be recomputed."""
+        return self.route_length * self.total_microbatches
 
     @property
     def recomputation_matters(self) -> bool:
@@ -315,7 +410,7 @@ class Problem:
 
     @property
     def num_ops(self) -> int:
-        return len(self.kinds) * self.num_stages * self.total_microbatches
+        return len(self.kinds) * self.num_activations
 
     def device_of(self, stage: int) -> int:
         """Device holding virtual stage `stage`."""
@@ -373,11 +468,13 @@ class Problem:
 
     @cached_property
     def one_microbatch_memory(self) -> tuple[float, ...]:
-        """Per device, one microbatch's activations on all its stages: the least memory a schedule
-        that keeps every activation needs. A microbatch's forward on a device's last stage runs while
-        its earlier stages there still hold their activations (their backwards come later); running
-        one microbatch at a time needs no more."""
-        return tuple(sum(self.activation_memory[s] for s in stages) for stages in self.stages_of_device)
+        """Per device, one microbatch's activations on all its stages (with the bidirectional
+        placement, on those of its route: the larger of the two ways, not their sum): the least
+        memory a schedule that keeps every activation needs. A microbatch's forward on a device's
+        last stage runs while its earlier stages there still hold their activations (their
+        backwards come later); running one microbatch at a time needs no more."""
+        return tuple(max(sum(self.activation_memory[s] for s in stages if s in route) for route, _ in self.routes)
+                     for stages in self.stages_of_device)
 
     @cached_property
     def min_memory_limit(self) -> tuple[float, ...]:
@@ -396,11 +493,12 @@ class Problem:
     def recomputation_floor(self) -> tuple[float, ...]:
         """Per device, the least memory a schedule that keeps or recomputes needs: the most, over
         the device's stages s, of stage s's whole activation plus the checkpoints of its earlier
-        stages there. When a microbatch's R (or kept F) on s starts, its earlier stages on the
-        device have run their forwards and not yet their backwards, so each holds at least its
-        checkpoint. One microbatch at a time, every activation recomputed and each W right after its
-        B, needs no more. Only with allow_recompute (it needs checkpoint_memory)."""
-        return tuple(max(self.activation_memory[s] + sum(self.checkpoint_memory[e] for e in stages if e < s)
+        stages there on the same route. When a microbatch's R (or kept F) on s starts, those
+        earlier stages have run their forwards and not yet their backwards, so each holds at least
+        its checkpoint. One microbatch at a time, every activation recomputed and each W right
+        after its B, needs no more. Only with allow_recompute (it needs checkpoint_memory)."""
+        return tuple(max(self.activation_memory[s] + sum(self.checkpoint_memory[e] for e in stages
+                                                         if e < s and self.route_of_stage(e) == self.route_of_stage(s))
                          for s in stages) for stages in self.stages_of_device)
 
     @property
@@ -409,7 +507,7 @@ class Problem:
             return "its largest stage's activation, with offload"
         if self.allow_recompute:
             return "one stage's activation and the checkpoints of its earlier stages, with recomputation"
-        return "one microbatch's activations on its stages"
+        return "one microbatch's activations on its stages" + (" (of one route)" if self.bidirectional else "")
 
     @cached_property
     def memory_caps(self) -> tuple[float, ...]:
@@ -430,6 +528,10 @@ class Problem:
             return values[0] if len(set(values)) == 1 else list(values)
 
         data = {field.name: compact(getattr(self, field.name)) for field in dataclasses.fields(self)}
+        if self.overlap_times is None:
+            del data["overlap_times"]
+        else:
+            data["overlap_times"] = {kind: compact(costs) for kind, costs in self.overlap_times}
         # the keys of mechanisms not allowed stay out, as in the configs that predate them
         if not self.allow_recompute:
             for key in ("allow_recompute", "recompute_times", "checkpoint_memory"):
@@ -455,10 +557,15 @@ class Problem:
             f"p={self.num_devices} devices, m={self.num_microbatches} microbatches, "
             f"v={self.chunks_per_device} chunk(s) ({self.placement} placement), {backward}"
         )
+        if self.bidirectional:
+            (_, down), (_, up) = self.routes
+            text += f", {len(down)} down and {len(up)} up"
         if self.iterations > 1:
             text += f", {self.iterations} iterations" + ("" if self.flush else " without flush")
         if self.allow_recompute:
             text += ", recomputation allowed"
         if self.allow_offload:
             text += ", offload allowed" + (" (host link shared by device pairs)" if self.shared_host_link else "")
+        if self.overlap_times:
+            text += ", overlapped pairs " + " and ".join(kind for kind, _ in self.overlap_times)
         return text

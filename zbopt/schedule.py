@@ -5,6 +5,7 @@ Nothing else is stored: every metric is computed by `zbopt.simulate`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,45 +28,98 @@ def _as_op(item: Op | str | Sequence) -> Op:
     return Op(kind, int(stage), int(microbatch))
 
 
+def _pair_members(item: object) -> tuple[Op, ...] | None:
+    """The members of an overlapped pair written "(0F7;7B3)" (a forward, then a backward's ops),
+    or None when `item` is not one."""
+    if not (isinstance(item, str) and item.strip().startswith("(") and item.strip().endswith(")")):
+        return None
+    members = tuple(Op.from_str(text) for text in item.strip()[1:-1].split(";"))
+    if len(members) < 2:
+        raise ScheduleError(f"{item!r}: a pair needs a forward and a backward, e.g. '(0F7;7B3)'")
+    return members
+
+
+def pair_text(members: Sequence[Op]) -> str:
+    """An overlapped pair's text form, "(0F7;7B3)" (torch writes it "(0F7;7B3)OVERLAP_F_B")."""
+    return "(" + ";".join(str(op) for op in members) + ")"
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Per device d, `orders[d]` is the sequence of ops device d runs.
 
     `start_times[d][i]`, when given, is the start of `orders[d][i]`; the simulator then verifies
     the times instead of computing them. Ops may be given as Op, "3F1" strings or tuples.
+
+    `pairs` are the overlapped pairs (`Problem.overlap_times`): each a forward and another
+    microbatch's backward ops, consecutive in their device's order, run as one op. In an order a
+    pair may be written as one item "(0F7;7B3)" (its members go into the order, the pair into
+    `pairs`; its start time, when times are given, is one for all its members).
     """
 
     orders: tuple[tuple[Op, ...], ...]
     start_times: tuple[tuple[float, ...], ...] | None = None
     name: str = ""
+    pairs: tuple[tuple[Op, ...], ...] = ()
 
     def __post_init__(self) -> None:
-        orders = tuple(tuple(_as_op(item) for item in order) for order in self.orders)
-        object.__setattr__(self, "orders", orders)
+        items_given = [len(order) for order in self.orders]  # a pair written as one item counts one
+        pairs = [tuple(_as_op(op) for op in members) for members in self.pairs]
+        orders, times = [], []
+        for device, order in enumerate(self.orders):
+            ops, device_times = [], []
+            given = None if self.start_times is None or device >= len(self.start_times) else self.start_times[device]
+            for position, item in enumerate(order):
+                members = _pair_members(item)
+                copies = 1 if members is None else len(members)
+                if members is not None:
+                    pairs.append(members)
+                ops.extend([_as_op(item)] if members is None else members)
+                if given is not None and position < len(given):
+                    device_times.extend([float(given[position])] * copies)
+            orders.append(tuple(ops))
+            times.append(device_times)
+        object.__setattr__(self, "orders", tuple(orders))
+        object.__setattr__(self, "pairs", tuple(pairs))
         if self.start_times is not None:
-            times = tuple(tuple(float(t) for t in device_times) for device_times in self.start_times)
-            if len(times) != len(orders):
-                raise ScheduleError(f"start_times has {len(times)} devices, orders has {len(orders)}")
-            for device, (order, device_times) in enumerate(zip(orders, times, strict=True)):
-                if len(order) != len(device_times):
-                    raise ScheduleError(
-                        f"device {device}: {len(order)} ops but {len(device_times)} start times"
-                    )
-            object.__setattr__(self, "start_times", times)
+            written = [len(device_times) for device_times in self.start_times]
+            if len(written) != len(items_given):
+                raise ScheduleError(f"start_times has {len(written)} devices, orders has {len(items_given)}")
+            for device, (count, items) in enumerate(zip(written, items_given, strict=True)):
+                if count != items:
+                    raise ScheduleError(f"device {device}: {items} ops but {count} start times")
+            object.__setattr__(self, "start_times", tuple(tuple(device_times) for device_times in times))
 
     @property
     def num_devices(self) -> int:
         return len(self.orders)
 
     def without_times(self) -> Schedule:
-        """The same orders, to be timed by the simulator."""
-        return Schedule(self.orders, None, self.name)
+        """The same orders (and pairs), to be timed by the simulator."""
+        return dataclasses.replace(self, start_times=None)
+
+    def items(self, device: int) -> list[tuple[str, int]]:
+        """Device `device`'s order as written: (text, position of its first op) per op, a pair as
+        one item "(0F7;7B3)"."""
+        heads = {members[0]: members for members in self.pairs}
+        order, items, position = self.orders[device], [], 0
+        while position < len(order):
+            members = heads.get(order[position])
+            if members is not None and tuple(order[position:position + len(members)]) == members:
+                items.append((pair_text(members), position))
+                position += len(members)
+            else:
+                items.append((str(order[position]), position))
+                position += 1
+        return items
 
     def to_dict(self) -> dict:
         data: dict = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "name": self.name}
-        data["orders"] = [[str(op) for op in order] for order in self.orders]
+        written = [self.items(device) for device in range(self.num_devices)]
+        data["orders"] = [[text for text, _ in items] for items in written]
         if self.start_times is not None:
-            data["start_times"] = [list(times) for times in self.start_times]
+            data["start_times"] = [[times[position] for _, position in items]
+                                   for items, times in zip(written, self.start_times, strict=True)]
         return data
 
     @classmethod

@@ -8,16 +8,18 @@ misplaced op, a deadlock, a start time that breaks a dependency or overlaps, a m
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from itertools import pairwise
+from typing import NamedTuple
 
 import numpy as np
 
 from zbopt.errors import DeadlockError, MemoryLimitError, ScheduleError
 from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, Op, OpTable
-from zbopt.problem import COPY_KINDS, FORWARD, RECOMPUTE, RELOAD, Problem
-from zbopt.schedule import Schedule
+from zbopt.problem import COPY_KINDS, FORWARD, PAIR_MEMBERS, RECOMPUTE, RELOAD, Problem
+from zbopt.schedule import Schedule, pair_text
 
 RELATIVE_TOLERANCE = 1e-9
 RESTORE_NAMES = {RECOMPUTE: "recompute", RELOAD: "reload"}  # the ops that make an activation whole again
@@ -87,6 +89,7 @@ class Simulation:
     end: np.ndarray
     memory_steps: tuple[tuple[np.ndarray, np.ndarray], ...]
     violations: tuple[MemoryViolation, ...]
+    pairs: tuple[Pair, ...] = ()
 
     @property
     def valid(self) -> bool:
@@ -99,6 +102,9 @@ class Simulation:
     @cached_property
     def busy(self) -> tuple[float, ...]:
         work = np.where(np.asarray(self.table.lane) == COMPUTE_LANE, self.table.duration, 0.0)
+        for pair in self.pairs:  # one op of the pair's cost
+            work[list(pair.members)] = 0.0
+            work[pair.members[0]] = pair.cost
         return tuple(float(work[indices].sum()) for indices in self.device_ops)
 
     @property
@@ -129,7 +135,7 @@ class Simulation:
     def timed_orders(self) -> Schedule:
         """The schedule with the simulated start times filled in."""
         times = [self.start[indices].tolist() for indices in self.device_ops]
-        return Schedule(self.schedule.orders, times, self.schedule.name)
+        return dataclasses.replace(self.schedule, start_times=times)
 
     def to_dict(self) -> dict:
         """Every metric as JSON-able values, plus the problem and the timed schedule."""
@@ -198,18 +204,19 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     """
     table = op_table(problem, *activation_choices(schedule))
     orders = _index_orders(problem, table, schedule)
+    pairs = _pairs(problem, table, schedule, orders)
     device_ops = tuple(np.asarray(indices, dtype=np.int64) for indices in orders)
     if schedule.start_times is None:
-        start, end = _time_orders(table, orders)
+        start, end = _time_orders(table, orders, pairs)
     else:
-        start, end = _verify_times(table, orders, schedule.start_times)
+        start, end = _verify_times(table, orders, schedule.start_times, pairs)
     if problem.shared_host_link:
         _check_shared_links(table, start, end, as_soon_as_possible=schedule.start_times is None)
     memory_steps = _memory_steps(problem, table, start, end)
     violations = _memory_violations(problem, memory_steps)
     if strict and violations:
         raise MemoryLimitError(str(violations[0]))
-    return Simulation(problem, schedule, table, device_ops, start, end, memory_steps, violations)
+    return Simulation(problem, schedule, table, device_ops, start, end, memory_steps, violations, pairs)
 
 
 def activation_choices(schedule: Schedule) -> tuple[frozenset, frozenset]:
@@ -223,6 +230,50 @@ def activation_choices(schedule: Schedule) -> tuple[frozenset, frozenset]:
             elif op.kind in COPY_KINDS:
                 offloaded.add((op.stage, op.microbatch))
     return frozenset(recomputed), frozenset(offloaded)
+
+
+class Pair(NamedTuple):
+    """An overlapped pair as the simulator runs it: its members' op numbers (the forward first),
+    in its device's order, and its cost."""
+
+    members: tuple[int, ...]
+    cost: float
+
+
+def _pairs(problem: Problem, table: OpTable, schedule: Schedule, orders: list[list[int]]) -> tuple[Pair, ...]:
+    """The schedule's overlapped pairs, checked: consecutive in one device's order, a forward then
+    one microbatch's whole input-gradient backward (with its W for FBW), a pair kind the problem
+    gives a cost for, each op in at most one pair."""
+    if not schedule.pairs:
+        return ()
+    position = {}
+    for device, indices in enumerate(orders):
+        for place, index in enumerate(indices):
+            position[index] = (device, place)
+    kinds = {members: kind for (kind, split), members in PAIR_MEMBERS.items() if split == problem.split_backward}
+    paired: set[int] = set()
+    pairs = []
+    for members in schedule.pairs:
+        text = pair_text(members)
+        indices = tuple(table.index(op) for op in members)
+        kind = kinds.get(tuple(op.kind for op in members))
+        backward = members[1:]
+        if kind is None or any((op.stage, op.microbatch) != (backward[0].stage, backward[0].microbatch)
+                               for op in backward):
+            shapes = ", ".join(f"({';'.join(kinds_)})" for kinds_ in kinds)
+            raise ScheduleError(f"pair {text}: expected a forward and one microbatch's backward, as {shapes}")
+        device, place = position[indices[0]]
+        if [position[index] for index in indices] != [(device, place + k) for k in range(len(indices))]:
+            raise ScheduleError(f"pair {text}: its ops must be consecutive in one device's order")
+        cost = problem.overlap_cost(kind, device)
+        if cost is None:
+            given = ", ".join(k for k, _ in problem.overlap_times or ()) or "none"
+            raise ScheduleError(f"pair {text}: the problem's overlap_times gives no {kind} cost (it gives {given})")
+        if paired & set(indices):
+            raise ScheduleError(f"pair {text}: {table.op(min(paired & set(indices)))} is in another pair too")
+        paired.update(indices)
+        pairs.append(Pair(indices, cost))
+    return tuple(pairs)
 
 
 def _index_orders(problem: Problem, table: OpTable, schedule: Schedule) -> list[list[int]]:
@@ -278,9 +329,11 @@ def _barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
     return waits, feeds, problem.num_stages * boundaries
 
 
-def _time_orders(table: OpTable, orders: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+def _time_orders(table: OpTable, orders: list[list[int]],
+                 pairs: tuple[Pair, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Earliest start of every op given the device orders: a longest-path sweep in which a device
-    advances until its next op waits on an unfinished op, and is woken when that op finishes."""
+    advances until its next op waits on an unfinished op, and is woken when that op finishes. An
+    overlapped pair starts once all its members could, and ends them all after its cost."""
     duration, predecessor, latency, restore_of = table.duration, table.predecessor, table.latency, table.restore_of
     lane = table.lane
     waits, feeds, group_count = _barrier_groups(table)
@@ -294,60 +347,93 @@ def _time_orders(table: OpTable, orders: list[list[int]]) -> tuple[np.ndarray, n
     copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
     waiting: dict[int, list[int]] = {}  # op index (or ~group for a barrier) -> devices waiting on it
     ready = list(range(len(orders) - 1, -1, -1))
+    pair_of = {pair.members[0]: pair for pair in pairs}
+
+    def pair_start(pair: Pair, t: float) -> tuple[float, int | None]:
+        """The pair's start given the device is free at `t`, or (t, what it waits for)."""
+        for member in pair.members:
+            source = predecessor[member]
+            if source >= 0 and source not in pair.members:
+                if end[source] is None:
+                    return t, source
+                t = max(t, end[source] + latency[member])
+            source = restore_of[member]
+            if source >= 0:
+                if end[source] is None:
+                    return t, source
+                t = max(t, end[source])
+            group = waits[member]
+            if group >= 0:
+                if group_done[group] is None:
+                    return t, ~group
+                t = max(t, group_done[group])
+        return t, None
+
     while ready:
         device = ready.pop()
         order = orders[device]
         i, t = position[device], free[device]
         while i < len(order):
             op = order[i]
-            copy_lane = lane[op]
-            issued = t  # a compute op's start so far; a copy's issue point (the compute op before it ended)
-            if copy_lane:
-                t = max(t, copy_free[device][copy_lane])
-            source = predecessor[op]
-            if source >= 0:
-                finish = end[source]
-                if finish is None:
-                    waiting.setdefault(source, []).append(device)
-                    t = issued
+            pair = pair_of.get(op) if pair_of else None
+            if pair is not None:
+                begin, awaited = pair_start(pair, t)
+                if awaited is not None:
+                    waiting.setdefault(awaited, []).append(device)
                     break
-                finish += latency[op]
-                if finish > t:
-                    t = finish
-            source = restore_of[op]
-            if source >= 0:
-                finish = end[source]
-                if finish is None:
-                    waiting.setdefault(source, []).append(device)
-                    break
-                if finish > t:
-                    t = finish
-            group = waits[op]
-            if group >= 0:
-                finish = group_done[group]
-                if finish is None:
-                    waiting.setdefault(~group, []).append(device)
-                    break
-                if finish > t:
-                    t = finish
-            start[op] = t
-            if copy_lane:
-                copy_free[device][copy_lane] = end[op] = t + duration[op]
-                t = issued
+                members, t = pair.members, begin + pair.cost
+                finish = t
             else:
-                t += duration[op]
-                end[op] = t
-            woken = waiting.pop(op, None)
-            if woken:
-                ready.extend(woken)
-            group = feeds[op]
-            if group >= 0:
-                group_left[group] -= 1
-                group_end[group] = max(group_end[group], t)
-                if group_left[group] == 0:
-                    group_done[group] = group_end[group]
-                    ready.extend(waiting.pop(~group, ()))
-            i += 1
+                copy_lane = lane[op]
+                issued = t  # a compute op's start so far; a copy's issue point (the compute op before it ended)
+                if copy_lane:
+                    t = max(t, copy_free[device][copy_lane])
+                source = predecessor[op]
+                if source >= 0:
+                    finish = end[source]
+                    if finish is None:
+                        waiting.setdefault(source, []).append(device)
+                        t = issued
+                        break
+                    finish += latency[op]
+                    if finish > t:
+                        t = finish
+                source = restore_of[op]
+                if source >= 0:
+                    finish = end[source]
+                    if finish is None:
+                        waiting.setdefault(source, []).append(device)
+                        break
+                    if finish > t:
+                        t = finish
+                group = waits[op]
+                if group >= 0:
+                    finish = group_done[group]
+                    if finish is None:
+                        waiting.setdefault(~group, []).append(device)
+                        break
+                    if finish > t:
+                        t = finish
+                members, begin, finish = (op,), t, t + duration[op]
+                if copy_lane:
+                    copy_free[device][copy_lane] = finish
+                    t = issued
+                else:
+                    t = finish
+            for member in members:
+                start[member] = begin
+                end[member] = finish
+                woken = waiting.pop(member, None)
+                if woken:
+                    ready.extend(woken)
+                group = feeds[member]
+                if group >= 0:
+                    group_left[group] -= 1
+                    group_end[group] = max(group_end[group], finish)
+                    if group_left[group] == 0:
+                        group_done[group] = group_end[group]
+                        ready.extend(waiting.pop(~group, ()))
+            i += len(members)
         position[device], free[device] = i, t
     stuck = [device for device, order in enumerate(orders) if position[device] < len(order)]
     if stuck:
@@ -375,23 +461,36 @@ def _describe_deadlock(table, orders, position, stuck, end, waits) -> str:
     return "deadlock: " + "; ".join(parts) + more
 
 
-def _verify_times(table: OpTable, orders: list[list[int]], start_times) -> tuple[np.ndarray, np.ndarray]:
+def _verify_times(table: OpTable, orders: list[list[int]], start_times,
+                  pairs: tuple[Pair, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Check given start times: ops on a device in order without overlap, dependencies and latency
-    (and iteration barriers) respected, up to a relative tolerance."""
+    (and iteration barriers) respected, up to a relative tolerance; an overlapped pair's members
+    start together and end after its cost."""
     start = np.zeros(table.size)
     for indices, times in zip(orders, start_times, strict=True):
         start[indices] = times
     end = start + np.asarray(table.duration)
+    pair_of = np.full(table.size, -1)
+    for number, pair in enumerate(pairs):
+        members = list(pair.members)
+        if np.ptp(start[members]) > 0:
+            names = ", ".join(f"{table.op(i)} at {start[i]:g}" for i in members)
+            text = pair_text([table.op(i) for i in members])
+            raise ScheduleError(f"pair {text}: its ops start together, not {names}")
+        end[members] = start[members[0]] + pair.cost
+        pair_of[members] = number
     tolerance = RELATIVE_TOLERANCE * max(1.0, float(np.abs(end).max()))
     for device, indices in enumerate(orders):
         for before, after in _listed_before(table, indices):
+            if pair_of[before] >= 0 and pair_of[before] == pair_of[after]:
+                continue  # one op
             if start[after] < end[before] - tolerance:
                 raise ScheduleError(
                     f"device {device}: {table.op(after)} starts at {start[after]:g}, before {table.op(before)} "
                     f"(listed before it) ends at {end[before]:g}"
                 )
     predecessor = np.asarray(table.predecessor)
-    has_source = predecessor >= 0
+    has_source = (predecessor >= 0) & ((pair_of < 0) | (pair_of[predecessor] != pair_of))  # W after its B in a pair
     ready = np.full(table.size, -np.inf)
     ready[has_source] = end[predecessor[has_source]] + np.asarray(table.latency)[has_source]
     restore_of = np.asarray(table.restore_of)

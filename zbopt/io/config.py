@@ -41,6 +41,7 @@ PROBLEM_KEYS = {
     "offload_times": "offload_times",
     "reload_times": "reload_times",
     "shared_host_link": "shared_host_link",
+    "overlap_times": "overlap_times",
 }
 OPTION_KEYS = ("output_file",)
 # What a run uses when neither the config nor a flag says otherwise (the visualizer's example).

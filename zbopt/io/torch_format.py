@@ -42,7 +42,7 @@ from zbopt.problem import (
     Problem,
     stage_device,
 )
-from zbopt.schedule import Schedule
+from zbopt.schedule import Schedule, pair_text
 from zbopt.simulate import simulate
 
 # torch's action letters (its _ComputationType), not zbopt's op kinds: torch's B is zbopt's BW
@@ -72,9 +72,14 @@ class TorchAction(NamedTuple):
 
 
 # ----------------------------------------------------------------------------------------- export
-def _require_one_step(problem: Problem, what: str) -> None:
+def _require_one_step_one_route(problem: Problem, what: str) -> None:
+    """`what` (a format) holds one training step, and every microbatch through every stage (torch
+    and Megatron run each stage on all microbatches)."""
     if problem.iterations != 1:
         raise ZboptError(f"{what} holds one training step: iterations = {problem.iterations} must be 1")
+    if problem.bidirectional:
+        raise ZboptError(f"{what} sends every microbatch through every stage, and placement 'bidirectional' sends "
+                         "half of them each way; export it as zbopt JSON (.json)")
 
 
 def _checked_orders(problem: Problem, schedule: Schedule, what: str) -> tuple[tuple[Op, ...], ...]:
@@ -82,7 +87,12 @@ def _checked_orders(problem: Problem, schedule: Schedule, what: str) -> tuple[tu
     simulator runs them (and checks given start times against). Simulating also rejects a broken
     schedule here, before anything is written; so does a recompute or an offload, which `what`
     (the format) cannot express (dropping it would change the schedule)."""
-    table = simulate(problem, schedule).table
+    simulation = simulate(problem, schedule)
+    if simulation.pairs:
+        raise ZboptError(f"{what}: zbopt does not write overlapped pairs yet, and the schedule has "
+                         f"{len(simulation.pairs)} (first {pair_text(schedule.pairs[0])}); "
+                         "export it as zbopt JSON (.json)")
+    table = simulation.table
     for pairs, kind, action, verb in ((table.recomputed, RECOMPUTE, "recompute", "recomputes"),
                                       (table.offloaded, OFFLOAD, "offload or reload", "offloads")):
         if pairs:
@@ -93,7 +103,7 @@ def _checked_orders(problem: Problem, schedule: Schedule, what: str) -> tuple[tu
 
 def torch_actions(problem: Problem, schedule: Schedule) -> list[list[str]]:
     """Per rank, its torch actions ("3F1", "3I1", "3W1", "3B1") in execution order."""
-    _require_one_step(problem, "a torch schedule CSV")
+    _require_one_step_one_route(problem, "a torch schedule CSV")
     return [[str(TorchAction(op.stage, TORCH_KIND[op.kind], op.microbatch)) for op in order]
             for order in _checked_orders(problem, schedule, "a torch schedule CSV")]
 
@@ -112,7 +122,7 @@ def write_torch_csv(path: str | Path, problem: Problem, schedule: Schedule) -> N
 
 
 def _require_megatron(problem: Problem) -> None:
-    _require_one_step(problem, "Megatron-LM's order")
+    _require_one_step_one_route(problem, "Megatron-LM's order")
     if problem.split_backward:
         raise ZboptError("Megatron-LM's order has no weight-gradient step: it needs a fused backward (no weight_times)")
     if problem.placement == "v" and problem.chunks_per_device > 1:
@@ -177,7 +187,7 @@ def check_exportable(problem: Problem, export_format: str) -> None:
     recomputes or offloads is refused only when written: whether a solver's answer does is known
     then."""
     if export_format == "torch-csv":
-        _require_one_step(problem, "a torch schedule CSV")
+        _require_one_step_one_route(problem, "a torch schedule CSV")
     elif export_format == "megatron":
         _require_megatron(problem)
 
@@ -246,7 +256,7 @@ class TorchOrder:
             raise ScheduleError(f"{self.source}: {num_stages} stages on {num_devices} ranks; zbopt needs the same "
                                 f"number of stages on every rank")
         misplaced = {}
-        for placement in PLACEMENTS:
+        for placement in (placement for placement in PLACEMENTS if placement != "bidirectional"):
             wrong = [(stage, rank) for stage, (rank, _) in sorted(rank_of.items())
                      if stage_device(stage, num_devices, placement) != rank]
             if not wrong:
@@ -275,7 +285,7 @@ class TorchOrder:
         """The zbopt Schedule of these actions on `problem`, each rank's actions in order. Checks
         every action against the problem (rank count, stage placement, microbatch range, backward
         kind) and that each of the problem's ops comes exactly once; a ScheduleError names the cell."""
-        _require_one_step(problem, self.source)
+        _require_one_step_one_route(problem, self.source)
         if len(self.actions) != problem.num_devices:
             raise ScheduleError(f"{self.source} has {len(self.actions)} ranks (rows), the problem "
                                 f"{problem.num_devices} devices")

@@ -56,9 +56,8 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     lanes = [_box(0.0, makespan, device, 0.9) for device in range(p)]
     axes.add_collection(PolyCollection(lanes, facecolors=LANE_COLOR, edgecolors="none", zorder=0, gid="idle-lanes"))
     boxes = _op_boxes(simulation)
-    for (kind, chunk), (begin, width, row, _) in boxes.items():
-        height = _row(simulation, kind)[1]
-        rectangles = [_box(b, w, r, height) for b, w, r in zip(begin, width, row, strict=True)]
+    for (kind, chunk), (begin, width, row, _, height) in boxes.items():
+        rectangles = [_box(b, w, r, h) for b, w, r, h in zip(begin, width, row, height, strict=True)]
         hatch = RECOMPUTE_HATCH if kind == RECOMPUTE else None
         axes.add_collection(PolyCollection(rectangles, facecolors=[chunk_color(kind, chunk, v)], edgecolors="white",
                                            linewidths=0.4, zorder=2, gid=f"ops-{kind}-chunk{chunk}", hatch=hatch))
@@ -68,6 +67,14 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
                              label=KIND_NAMES[RECOMPUTE]))
     if simulation.table.offloaded:
         handles += [Patch(facecolor=KIND_COLORS[kind], label=KIND_NAMES[kind]) for kind in COPY_KINDS]
+    if simulation.pairs:  # a black border around each pair, as DualPipe's figures draw them
+        offset, height = _row(simulation, problem.kinds[0])
+        outlines = [_box(simulation.start[head] - _time_origin(simulation), pair.cost,
+                         simulation.table.device[head] + offset, height)
+                    for pair in simulation.pairs for head in pair.members[:1]]
+        axes.add_collection(PolyCollection(outlines, facecolors="none", edgecolors="black", linewidths=0.8, zorder=3,
+                                           gid="overlapped-pairs"))
+        handles.append(Patch(facecolor="white", edgecolor="black", label="overlapped pair (F over its partner)"))
     handles.append(Patch(facecolor=LANE_COLOR, label="idle"))
     if show_latency and problem.p2p_time > 0:
         # under the boxes: a send to a far device (interleaved wrap-around) must not cross other devices' ops
@@ -84,7 +91,8 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     if p > 16:
         axes.set_ylabel("device")
     _style_axes(axes)
-    legend_title = "lighter shade = earlier chunk on the device" if v > 1 else None
+    legend_title = "lighter shade = down pipeline, darker = up" if problem.bidirectional else \
+        "lighter shade = earlier chunk on the device" if v > 1 else None
     figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8,
                   title=legend_title, title_fontsize=7)
     axes.set_title(title or (
@@ -92,8 +100,7 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
         f"ZB bubble {simulation.zb_bubble_rate:.1%}"
     ), fontsize=10)
     _freeze_layout(figure)
-    _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v,
-                 _row(simulation, problem.kinds[0])[1])
+    _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v)
     return _finish(figure, path)
 
 
@@ -122,19 +129,31 @@ def _row(simulation: Simulation, kind: str) -> tuple[float, float]:
 
 
 def _op_boxes(simulation: Simulation) -> dict[tuple[str, int], tuple[np.ndarray, ...]]:
-    """Per (kind, chunk), the arrays (begin, width, row centre, microbatch) of its ops' boxes."""
+    """Per (kind, chunk), the arrays (begin, width, row centre, microbatch, height) of its ops'
+    boxes. An overlapped pair is one box split across: its forward in the upper strip, its
+    backward's ops below, each the pair's length."""
     problem, table = simulation.problem, simulation.table
     chunk_of = {stage: chunk for stages in problem.stages_of_device for chunk, stage in enumerate(stages)}
     ops = table.ops()
     group = [(op.kind, chunk_of[op.stage]) for op in ops]
     microbatch = np.array([op.microbatch for op in ops])
     begin = simulation.start - _time_origin(simulation)
-    width = np.asarray(table.duration)
-    device = np.asarray(table.device)
+    width = np.asarray(table.duration, dtype=float)
+    offset = np.array([_row(simulation, kind)[0] for kind in table.kind])
+    height = np.array([_row(simulation, kind)[1] for kind in table.kind])
+    for pair in simulation.pairs:
+        strips = len(pair.members)
+        top = offset[pair.members[0]] - height[pair.members[0]] / 2
+        strip = height[pair.members[0]] / strips
+        for place, member in enumerate(pair.members):
+            width[member] = pair.cost
+            offset[member] = top + strip * (place + 0.5)
+            height[member] = strip
+    center = np.asarray(table.device) + offset
     members: dict[tuple[str, int], list[int]] = {}
     for index, key in enumerate(group):
         members.setdefault(key, []).append(index)
-    return {key: (begin[mine], width[mine], device[mine] + _row(simulation, key[0])[0], microbatch[mine])
+    return {key: (begin[mine], width[mine], center[mine], microbatch[mine], height[mine])
             for key, mine in members.items()}
 
 
@@ -155,16 +174,18 @@ def _latency_segments(simulation: Simulation) -> list[tuple[tuple[float, float],
     return segments
 
 
-def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chunks: int, height: float) -> None:
-    """Write each op's microbatch number in its box (`height` tall) where the text, measured by the
-    renderer, fits with a margin on every side; skipping the rest is what keeps dense charts legible."""
+def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chunks: int) -> None:
+    """Write each op's microbatch number in its box where the text, measured by the renderer, fits
+    with a margin on every side (one font size, set by the tallest boxes); skipping the rest is
+    what keeps dense charts legible."""
     figure = axes.figure
     renderer = figure.canvas.get_renderer()
     frame = axes.get_window_extent(renderer)
     x_low, x_high = axes.get_xlim()
     y_low, y_high = axes.get_ylim()
     pixels_per_time = frame.width / (x_high - x_low)
-    box_pixels = height * frame.height / abs(y_high - y_low)
+    pixels_per_row = frame.height / abs(y_high - y_low)
+    box_pixels = max(float(heights.max()) for *_, heights in boxes.values()) * pixels_per_row
     points_per_pixel = 72 / figure.dpi
     fontsize = min(MAX_LABEL_POINTS, 0.5 * box_pixels * points_per_pixel)
     if fontsize < MIN_LABEL_POINTS:
@@ -172,13 +193,14 @@ def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chu
     font = FontProperties(size=fontsize)
     margin = 0.25 * fontsize / points_per_pixel
     text_width: dict[str, float] = {}
-    for (kind, chunk), (begin, width, device, microbatch) in boxes.items():
+    text_height = fontsize / points_per_pixel
+    for (kind, chunk), (begin, width, device, microbatch, heights) in boxes.items():
         color = _text_color(chunk_color(kind, chunk, chunks))
-        for b, w, d, j in zip(begin, width, device, microbatch, strict=True):
+        for b, w, d, j, h in zip(begin, width, device, microbatch, heights, strict=True):
             text = str(j)
             if text not in text_width:
                 text_width[text] = renderer.get_text_width_height_descent(text, font, ismath=False)[0]
-            if text_width[text] + 2 * margin <= w * pixels_per_time:
+            if text_width[text] + 2 * margin <= w * pixels_per_time and text_height <= h * pixels_per_row:
                 axes.text(b + w / 2, d, text, ha="center", va="center", fontproperties=font, color=color, zorder=3)
 
 

@@ -63,7 +63,7 @@ def _caption(simulation: Simulation) -> str:
     problem = simulation.problem
     iterations = f", {problem.iterations} iterations" if problem.iterations > 1 else ""
     return (f"{simulation.schedule.name or 'schedule'}: p={problem.num_devices}, m={problem.num_microbatches}, "
-            f"v={problem.chunks_per_device}{iterations}")
+            f"v={problem.chunks_per_device}{', bidirectional' if problem.bidirectional else ''}{iterations}")
 
 
 def _style_axes(axes) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
@@ -24,21 +25,24 @@ class RegisteredSchedule:
     generator: Generator
     summary: str
     peak_memory_bound: MemoryBound | None = None
+    bidirectional: bool = False  # builds schedules for the bidirectional placement (`Problem.routes`)
 
 
 _REGISTRY: dict[str, RegisteredSchedule] = {}
 
 
 def register(
-    name: str, summary: str, peak_memory_bound: MemoryBound | None = None
+    name: str, summary: str, peak_memory_bound: MemoryBound | None = None, bidirectional: bool = False
 ) -> Callable[[Generator], Generator]:
     """Decorator: register a generator under `name` with a one-line `summary` and optionally
-    `peak_memory_bound(problem) -> per-device bound` on the peak memory its schedules reach."""
+    `peak_memory_bound(problem) -> per-device bound` on the peak memory its schedules reach.
+    Only a generator registered `bidirectional` is asked for problems with that placement: the
+    others send every microbatch through every stage."""
 
     def decorate(generator: Generator) -> Generator:
         if name in _REGISTRY:
             raise RuntimeError(f"schedule {name!r} is registered twice")
-        _REGISTRY[name] = RegisteredSchedule(name, generator, summary, peak_memory_bound)
+        _REGISTRY[name] = RegisteredSchedule(name, generator, summary, peak_memory_bound, bidirectional)
         return generator
 
     return decorate
@@ -75,8 +79,12 @@ def generate(name: str, problem: Problem, **options) -> Schedule:
         if option not in accepted:
             takes = f"it takes {', '.join(accepted)}" if accepted else "it takes none"
             raise ZboptError(f"schedule '{name}' has no option '{option}' ({takes})")
-    schedule = get(name).generator(problem, **options)
-    return Schedule(schedule.orders, schedule.start_times, name)
+    entry = get(name)
+    if problem.bidirectional and not entry.bidirectional:
+        raise NotApplicableError(f"{name} needs a placement other than 'bidirectional' (it sends every microbatch "
+                                 "through every stage)")
+    schedule = entry.generator(problem, **options)
+    return dataclasses.replace(schedule, name=name)
 
 
 def applicable(problem: Problem, reasons: dict[str, str] | None = None) -> Iterator[tuple[str, Schedule]]:

@@ -157,6 +157,8 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     module, backend_options = BACKENDS[solver]
     backend = importlib.import_module(module)
     refusal = getattr(backend, "refusal", lambda _problem: None)(problem)
+    if problem.overlap_times:  # a model without pairs would call its best "optimal" where a pair does better
+        refusal = "overlapped pairs (overlap_times) are not in its model; simulate schedules with pairs instead"
     if refusal:
         raise ZboptError(f"solver '{solver}': {refusal}")
     search = backend.search

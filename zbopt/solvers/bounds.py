@@ -33,6 +33,7 @@ computed on the implied graph still bound the optimum.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import operator
 import time
@@ -41,7 +42,7 @@ from typing import NamedTuple
 
 import networkx as nx
 
-from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
+from zbopt.ops import Op, critical_path, device_work, earliest_finish, one_per_route, op_graph
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.simulate import memory_ceiling
 from zbopt.solvers.relaxation import chain_lags, device_relaxation
@@ -246,11 +247,11 @@ def jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
 
 def activation_lifetimes(problem: Problem) -> list[tuple[float, float]]:
     """Per stage, the least time from F(s) start to the end of B(s) and of W(s) (or BW(s))."""
-    single = problem.replace(num_microbatches=1, iterations=1, memory_limit=None)
+    single = one_per_route(problem)
     graph = op_graph(single)
     lifetimes = []
     for stage in range(problem.num_stages):
-        forward = Op(FORWARD, stage, 0)
+        forward = Op(FORWARD, stage, single.microbatches_of(stage)[0])
         finish = earliest_finish(graph.subgraph(nx.descendants(graph, forward) | {forward}))
         frees = [op for op in finish if op.stage == stage and op.kind != FORWARD]
         by_kind = {op.kind: finish[op] for op in frees}
@@ -288,7 +289,6 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
     if problem.memory_limit is None:
         return 0.0
     best = 0.0
-    count = problem.total_microbatches
     for device, stages in enumerate(problem.stages_of_device):
         limit = problem.memory_limit[device]
         if problem.recomputation_matters and not problem.allow_offload:
@@ -298,6 +298,7 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
         integral = 0.0
         trades = []  # (saving of memory-time per unit of recompute time, recompute time available)
         for stage in stages:
+            count = len(problem.microbatches_of(stage))
             held = _memory_time(problem, stage, lifetimes[stage])
             if problem.offload_matters:
                 held = min(held, _offloaded_memory_time(problem, stage))
@@ -342,9 +343,12 @@ def whole_activations_bound(problem: Problem, device: int, lifetimes: list[tuple
     are held at once at all (were two held at once, the one released first is whole just before
     its release, while the other holds at least its checkpoint): each holds the device from its F's
     start for at least F + rt + B, and only W fits in the gaps.
+
+    0 with the bidirectional placement: no chain comes back to a device, and the argument above
+    (only the device's last stage kept) does not carry over.
     """
     device_view = _one_whole_at_a_time(problem, device, device_load)
-    if device_view is None:
+    if device_view is None or problem.bidirectional:
         return 0.0
     stages, ceiling, whole, weight, edges = device_view
     count = problem.total_microbatches
@@ -387,8 +391,8 @@ def whole_or_offloaded_bound(problem: Problem, device: int, lifetimes: list[tupl
     stages, ceiling, whole, weight, total = device_view
     if problem.recomputation_matters and whole + min(problem.checkpoint_memory[s] for s in stages) <= ceiling:
         return 0.0  # a recomputed activation's F may run while another is whole
-    count = problem.total_microbatches
     for s in stages:
+        count = len(problem.microbatches_of(s))
         forward, backward = problem.forward_times[s], problem.backward_times[s]
         ways = [lifetimes[s][0],  # kept: F + rt + B
                 forward + problem.offload_times[s] + problem.reload_times[s] + backward]
@@ -420,8 +424,8 @@ def _one_whole_at_a_time(problem: Problem, device: int, device_load: float) -> _
     if 2 * whole <= ceiling:
         return None
     weight = problem.weight_times if problem.split_backward else (0.0,) * problem.num_stages
-    work = problem.total_microbatches * sum(problem.forward_times[s] + problem.backward_times[s] + weight[s]
-                                            for s in stages)
+    work = sum(len(problem.microbatches_of(s)) * (problem.forward_times[s] + problem.backward_times[s] + weight[s])
+               for s in stages)
     return _OneWhole(stages, ceiling, whole, weight, device_load - work)
 
 
@@ -596,6 +600,42 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
     return layer[tuple(m for _ in positions)][1]
 
 
+def pair_relaxed(problem: Problem) -> Problem:
+    """The problem whose bounds also bound `problem` where overlapped pairs may run
+    (`Problem.overlap_times`): on each device, every F, B and W (or BW) shortened by the least
+    ratio, over the pair kinds and the device's stages, of a pair's cost to its members' costs
+    run one after the other (when below 1), and no pairs. The problem itself without pairs.
+
+    Notes
+    -----
+    Any schedule of `problem` gives one of the relaxed problem no longer: a pair started at s with
+    cost c becomes its members one after another from s, together at most c; every other op keeps
+    its start and ends no later. No op starts before its inputs' (earlier) ends, the forwards
+    allocate at the same moments and the backwards free no later, so the relaxed schedule is valid
+    and ends no later: the relaxed problem's lower bounds bound `problem`'s optimum ("the cheapest
+    way to run each op").
+    """
+    if not problem.overlap_times:
+        return problem
+    split = problem.split_backward
+    ratio = [1.0] * problem.num_devices
+    for device, stages in enumerate(problem.stages_of_device):
+        for kind, _ in problem.overlap_times:
+            cost = problem.overlap_cost(kind, device)
+            for forward, backward in itertools.product(stages, stages):
+                members = problem.forward_times[forward] + problem.backward_times[backward]
+                if kind == "FBW" and split:
+                    members += problem.weight_times[backward]
+                ratio[device] = min(ratio[device], cost / members)
+    scale = [ratio[problem.device_of(stage)] for stage in range(problem.num_stages)]
+
+    def scaled(costs):
+        return None if costs is None else [c * r for c, r in zip(costs, scale, strict=True)]
+
+    return problem.replace(forward_times=scaled(problem.forward_times), backward_times=scaled(problem.backward_times),
+                           weight_times=scaled(problem.weight_times), overlap_times=None)
+
+
 def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     """All lower bounds of `problem` (see the module docstring), within `deadline`
     (`time.perf_counter()`) where one is given.
@@ -611,8 +651,9 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     reporting the bound CP-SAT proved. The devices go in decreasing order of their preemptive
     one-machine bound, each with half of the phase's time left (the last with all of it), so a
     device done early leaves its time to the next; `complete` is False when some device had no
-    time left.
+    time left. With overlapped pairs allowed, the bounds of `pair_relaxed(problem)`.
     """
+    problem = pair_relaxed(problem)
     if time.perf_counter() + problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         return LowerBounds(critical_path(problem), max(device_work(problem)), 0.0, 0.0, 0.0, complete=False)
     graph = implied_graph(problem)
@@ -628,7 +669,8 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     lifetimes = activation_lifetimes(problem)
     memory = memory_bound(problem, lifetimes, device_load)
     sequencing = relaxed = 0.0
-    if problem.mechanisms_matter:  # the single-device bounds assume kept activations in microbatch order
+    if problem.mechanisms_matter or problem.bidirectional:  # the single-device bounds assume kept
+        # activations in microbatch order, and every microbatch through every stage of the device
         return LowerBounds(critical, load, one_machine, memory, sequencing)
     if problem.chunks_per_device == 1:
         for device in range(problem.num_devices):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from zbopt.problem import OFFLOAD, RECOMPUTE, RELOAD, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules import applicable, generate
 from zbopt.simulate import RELATIVE_TOLERANCE, Simulation, simulate
-from zbopt.solvers.bounds import LowerBounds
+from zbopt.solvers.bounds import LowerBounds, pair_relaxed
 
 OBJECTIVES = ("makespan", "span")
 
@@ -108,7 +109,8 @@ def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> tuple[f
     """The independent lower bound on the objective and its name: the best makespan bound, or for
     the span objective the busiest device's own work, "device_work" (the others speak of the
     makespan only)."""
-    return (bounds.best, bounds.binding) if kind == "makespan" else (max(device_work(problem)), "device_work")
+    return (bounds.best, bounds.binding) if kind == "makespan" else \
+        (max(device_work(pair_relaxed(problem))), "device_work")
 
 
 def objective_value(simulation: Simulation, kind: str) -> float:
@@ -181,7 +183,7 @@ def without_needless_mechanisms(problem: Problem, simulation: Simulation, object
             times = None if schedule.start_times is None else \
                 [[device_times[i] for i in indices] for device_times, indices in zip(schedule.start_times, kept,
                                                                                        strict=True)]
-            candidate = simulate(problem, Schedule(orders, times, name=schedule.name))
+            candidate = simulate(problem, dataclasses.replace(schedule, orders=orders, start_times=times))
             if candidate.valid and objective_value(candidate, objective) <= objective_value(simulation, objective):
                 simulation = candidate
     return simulation

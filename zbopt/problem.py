@@ -409,6 +409,14 @@ class Problem:
         return self.recomputation_matters or self.offload_matters
 
     @property
+    def columns_interchangeable(self) -> bool:
+        """Whether any schedule can be relabelled so that the ops of each kind and stage run in
+        microbatch order (see the CP-SAT module): not once some activation may be recomputed or
+        offloaded (microbatches then differ in what they hold), nor with overlapped pairs (a pair's
+        B and W must stay one microbatch's)."""
+        return not (self.mechanisms_matter or self.overlap_times)
+
+    @property
     def num_ops(self) -> int:
         return len(self.kinds) * self.num_activations
 

@@ -437,26 +437,36 @@ def _time_orders(table: OpTable, orders: list[list[int]],
         position[device], free[device] = i, t
     stuck = [device for device, order in enumerate(orders) if position[device] < len(order)]
     if stuck:
-        raise DeadlockError(_describe_deadlock(table, orders, position, stuck, end, waits))
+        raise DeadlockError(_describe_deadlock(table, orders, position, stuck, end, waits, pairs))
     return np.asarray(start), np.asarray(end, dtype=float)
 
 
-def _describe_deadlock(table, orders, position, stuck, end, waits) -> str:
-    """Which devices wait on which ops, e.g. 'device 0 is stuck at 0B0, waiting for 1B0 (device 1)'."""
+def _describe_deadlock(table, orders, position, stuck, end, waits, pairs=()) -> str:
+    """Which devices wait on which ops, e.g. 'device 0 is stuck at 0B0, waiting for 1B0 (device 1)'
+    (at a pair, the member's input that is missing)."""
+    pair_of = {pair.members[0]: pair.members for pair in pairs}
     parts = []
     for device in stuck[:6]:
         index = orders[device][position[device]]
-        source = table.predecessor[index]
-        restore = table.restore_of[index]
-        if restore >= 0 and end[restore] is None:
-            awaited = f"its {RESTORE_NAMES[table.kind[restore]]} {table.op(restore)} (device {device})"
-        elif source >= 0 and end[source] is None:
-            awaited = f"{table.op(source)} (device {table.device[source]})"
-        else:
-            stage, iteration = divmod(waits[index], table.barrier_count)
-            pending = next(table.op(i) for i in table.iteration_barrier(stage, iteration) if end[i] is None)
-            awaited = f"the weight update of stage {stage} after iteration {iteration} (still needs {pending})"
-        parts.append(f"device {device} is stuck at {table.op(index)}, waiting for {awaited}")
+        members = pair_of.get(index, (index,))
+        for member in members:
+            source, restore, barrier = table.predecessor[member], table.restore_of[member], waits[member]
+            if restore >= 0 and end[restore] is None:
+                awaited = f"its {RESTORE_NAMES[table.kind[restore]]} {table.op(restore)} (device {device})"
+            elif source >= 0 and source not in members and end[source] is None:
+                awaited = f"{table.op(source)} (device {table.device[source]})"
+            elif barrier >= 0:
+                stage, iteration = divmod(barrier, table.barrier_count)
+                pending = next((table.op(i) for i in table.iteration_barrier(stage, iteration) if end[i] is None),
+                               None)
+                if pending is None:
+                    continue
+                awaited = f"the weight update of stage {stage} after iteration {iteration} (still needs {pending})"
+            else:
+                continue
+            stuck_at = table.op(index) if len(members) == 1 else pair_text([table.op(i) for i in members])
+            parts.append(f"device {device} is stuck at {stuck_at}, waiting for {awaited}")
+            break
     more = f"; and {len(stuck) - 6} more devices" if len(stuck) > 6 else ""
     return "deadlock: " + "; ".join(parts) + more
 

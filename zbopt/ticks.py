@@ -42,7 +42,7 @@ def tick_scale(problem: Problem) -> TickScale:
     longest op stays within MAX_TICKS_PER_OP ticks (beyond that, costs are rounded)."""
     values = [*problem.forward_times, *problem.backward_times, *(problem.weight_times or ()),
               *(problem.recompute_times or ()), *(problem.offload_times or ()), *(problem.reload_times or ()),
-              problem.p2p_time]
+              *(cost for _, costs in problem.overlap_times or () for cost in costs), problem.p2p_time]
     longest = max(values)
     scale = 1
     while True:
@@ -88,4 +88,6 @@ def tick_problem(problem: Problem, scale: TickScale) -> Problem:
     return problem.replace(forward_times=ticks(problem.forward_times), backward_times=ticks(problem.backward_times),
                            weight_times=ticks(problem.weight_times), recompute_times=ticks(problem.recompute_times),
                            offload_times=ticks(problem.offload_times), reload_times=ticks(problem.reload_times),
+                           overlap_times=None if problem.overlap_times is None else
+                           {kind: ticks(costs) for kind, costs in problem.overlap_times},
                            p2p_time=ticks([problem.p2p_time])[0] if problem.p2p_time > 0 else 0)

@@ -37,14 +37,17 @@ def repeat_per_iteration(problem: Problem, iteration_orders: list[list[Op]]) -> 
     return Schedule(orders)
 
 
-def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str, timed: bool = False) -> Schedule:
+def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str, timed: bool = False,
+                         pairs: tuple[tuple[Op, ...], ...] = ()) -> Schedule:
     """Per device, its compute ops ordered by their start times (a device computes one op at a
-    time), each copy (O, L) after the compute ops that ended by its start, where a runtime issues
-    it (`simulate`). `timed`: the schedule carries `starts`, which a wait for memory needs (a
-    forward until an offload has freed room; the order alone starts it as soon as possible)."""
+    time; the members of an overlapped pair in `pairs` start together, the forward first), each
+    copy (O, L) after the compute ops that ended by its start, where a runtime issues it
+    (`simulate`). `timed`: the schedule carries `starts`, which a wait for memory needs (a forward
+    until an offload has freed room; the order alone starts it as soon as possible)."""
     compute: list[list[Op]] = [[] for _ in range(problem.num_devices)]
     copies: list[list[Op]] = [[] for _ in range(problem.num_devices)]
-    for op in sorted(starts, key=starts.__getitem__):
+    place_in_pair = {op: place for members in pairs for place, op in enumerate(members)}
+    for op in sorted(starts, key=lambda op: (starts[op], place_in_pair.get(op, 0))):
         (copies if op.kind in COPY_KINDS else compute)[problem.device_of(op.stage)].append(op)
     orders = []
     for ops, device_copies in zip(compute, copies, strict=True):
@@ -58,4 +61,4 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str, t
             order.append(copy)
         orders.append(order + ops[placed:])
     times = [[starts[op] for op in order] for order in orders] if timed else None
-    return Schedule(orders, times, name=name)
+    return Schedule(orders, times, name=name, pairs=pairs)

@@ -96,6 +96,7 @@ class Found:
         can differ from the simulated one through that rounding; `exact` when a proof of
         optimality holds for the problem's own costs, not only for the rounded ones.
     tolerance : the absolute slack its solver allows (problem units).
+    pairs : the overlapped pairs its schedule runs (`Schedule.pairs`).
     """
 
     status: str
@@ -106,6 +107,7 @@ class Found:
     error_bound: float = 0.0
     exact: bool = True
     tolerance: float = 0.0
+    pairs: tuple[tuple[Op, ...], ...] = ()
 
 
 def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, objective: str = "makespan",
@@ -134,7 +136,7 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         (CP-SAT only; skipped when less time than that is left).
     workers, seed : solver threads and random seed; one worker and a seed repeat exactly.
     progress : a live line on stderr (incumbent, bound, gap, elapsed time), redrawn twice a second.
-    options : the backend's own options (CP-SAT: memory_model, symmetry_breaking, lns_share).
+    options : the backend's own options (CP-SAT: memory_model, symmetry_breaking, lns_share, pair_window).
 
     Returns
     -------
@@ -157,8 +159,6 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     module, backend_options = BACKENDS[solver]
     backend = importlib.import_module(module)
     refusal = getattr(backend, "refusal", lambda _problem: None)(problem)
-    if problem.overlap_times:  # a model without pairs would call its best "optimal" where a pair does better
-        refusal = "overlapped pairs (overlap_times) are not in its model; simulate schedules with pairs instead"
     if refusal:
         raise ZboptError(f"solver '{solver}': {refusal}")
     search = backend.search
@@ -269,10 +269,11 @@ def simulated_answer(problem: Problem, found: Found, objective: str, solver: str
     # shared host link are in the model's times only
     simulation = None
     if not problem.shared_host_link:
-        simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver),
+        simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, pairs=found.pairs),
                               strict=not problem.mechanisms_matter)
     if simulation is None or not simulation.valid:
-        simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, timed=True), strict=True)
+        simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, timed=True,
+                                                            pairs=found.pairs), strict=True)
     if found.modelled is not None:
         check_close(solver, objective_value(simulation, objective), found.modelled, found.error_bound)
     return simulation

@@ -93,14 +93,16 @@ def _same_order_group(problem: Problem, microbatch: int, other: int) -> bool:
 def symmetric_successors(problem: Problem, ops) -> list[tuple[Op, Op]]:
     """Pairs (op, the same kind and stage on the next microbatch) that symmetry breaking orders.
 
-    With recomputation or offload allowed, only the first stage's forwards: microbatches differ in
-    what they hold once some are recomputed or offloaded, so relabelling each column apart is no longer a symmetry;
-    relabelling whole microbatches still is, and sorts one column."""
+    Where the columns are not interchangeable (`Problem.columns_interchangeable`: recomputation,
+    offload or overlapped pairs allowed), only the forwards of each route's first stage:
+    relabelling each column apart is no longer a symmetry, relabelling whole microbatches of one
+    route still is, and sorts one column."""
     present = set(ops)
+    firsts = {stages[0] for stages, _ in problem.routes}
     return [(op, following) for op in ops
             if (following := Op(op.kind, op.stage, op.microbatch + 1)) in present
             and _same_order_group(problem, op.microbatch, following.microbatch)
-            and (not problem.mechanisms_matter or (op.kind == FORWARD and op.stage == 0))]
+            and (problem.columns_interchangeable or (op.kind == FORWARD and op.stage in firsts))]
 
 
 def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
@@ -120,10 +122,9 @@ def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
     ----------
     .. [1] Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 1.
 
-    None with recomputation or offload allowed: such a microbatch holds less, and the columns are not
-    in microbatch order (`symmetric_successors`).
+    None where the columns are not in microbatch order (`symmetric_successors`).
     """
-    if problem.memory_limit is None or problem.mechanisms_matter:
+    if problem.memory_limit is None or not problem.columns_interchangeable:
         return []
     present = set(ops)
     pairs = []
@@ -156,9 +157,9 @@ def memory_disjunctions(problem: Problem, ops) -> list[tuple[Op, Op, Op]]:
     The reasoning of `memory_precedences`: were neither ended, microbatches j..n of stage s would
     hold M_B each and i..j-1 at least M_W each: too much once (n-j+1)·M_B + (j-i)·M_W > L. For each
     j the latest such i is given (the strongest claim); j = n - k with (k+1)·M_B > L is a memory
-    precedence instead. None with recomputation or offload allowed (see `memory_precedences`).
+    precedence instead. None where the columns are not in microbatch order (`memory_precedences`).
     """
-    if problem.memory_limit is None or not problem.split_backward or problem.mechanisms_matter:
+    if problem.memory_limit is None or not problem.split_backward or not problem.columns_interchangeable:
         return []
     present = set(ops)
     triples = []

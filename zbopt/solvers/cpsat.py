@@ -2,7 +2,8 @@
 
 The model, built in named steps like OR-Tools' job-shop example:
   1. one fixed-size interval per op, its start bounded by its head and tail;
-  2. no overlap on a device;
+  2. no overlap on a device; with overlapped pairs (`Problem.overlap_times`), an optional interval
+     per candidate pair (`_pair_choices`), each member alone or in exactly one chosen pair;
   3. precedences with latency, and the weight-update barrier between iterations;
   4. memory: per device a cumulative over activation lifetimes (from F's start to the end of each
      op that frees part of it, by `Problem.memory_delta`), or a reservoir of the same allocations
@@ -14,8 +15,8 @@ The model, built in named steps like OR-Tools' job-shop example:
   5. symmetry breaking: ops of one kind on one stage run in microbatch order (safe: see Notes),
      and with it the memory precedences and disjunctions it implies (`bounds.memory_precedences`,
      `bounds.memory_disjunctions`): redundant given the memory constraint, but they let the solver
-     prove memory-bound optima; with recomputation or offload allowed, only the first stage's
-     forwards (see `bounds.symmetric_successors`);
+     prove memory-bound optima; with recomputation, offload or pairs allowed, only each route's
+     first stage's forwards (see `bounds.symmetric_successors`);
   6. objective: the makespan (or the longest device span) with the independent lower bound; in
      the driver's second phase, the highest peak memory with the objective capped.
 
@@ -30,19 +31,24 @@ Within an iteration only, when iterations are separated by a flush. Once some ac
 recomputed or offloaded, microbatches differ in the memory they hold, and relabelling one column
 apart could pair a recomputed (or offloaded) forward with a kept backward; relabelling whole
 microbatches (their choice travels with them) is still a symmetry, and orders the first stage's
-forwards.
+forwards. So with overlapped pairs: an FBW pair's B and W must be one microbatch's, and sorting
+the B and W columns apart could split them (a W deferred past a later microbatch's paired W).
+With the bidirectional placement microbatches are identical within a route: the same holds per
+route.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from typing import NamedTuple
 
 from ortools.sat.python import cp_model
 
+from zbopt.errors import ZboptError
 from zbopt.ops import Op, op_graph
-from zbopt.problem import FORWARD, OFFLOAD, RECOMPUTE, RELOAD, Problem
+from zbopt.problem import BACKWARD, FORWARD, OFFLOAD, PAIR_MEMBERS, RECOMPUTE, RELOAD, WEIGHT, Problem
 from zbopt.simulate import op_table, simulate
 from zbopt.solvers.api import Found, SearchTask
 from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunctions
@@ -88,23 +94,37 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.report(units(self.ObjectiveValue()), units(self.BestObjectiveBound()) - self.scale.error_bound)
 
 
+def refusal(problem: Problem) -> str | None:
+    """Why this backend cannot model `problem`, or None."""
+    if problem.overlap_times and problem.mechanisms_matter:
+        return "overlapped pairs together with recomputation or offload are not in its model"
+    return None
+
+
 def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulative",
-           symmetry_breaking: bool = True) -> Found:
+           symmetry_breaking: bool = True, pair_window: int | None = None) -> Found:
     """Build the model (see the module docstring) in integer ticks and solve it until the deadline.
 
     memory_model : "cumulative" or "reservoir".
     symmetry_breaking : order ops of one kind and stage by microbatch, with the memory precedences
         that follow (see Notes).
+    pair_window : with overlapped pairs (`Problem.overlap_times`), the candidate pairs: a forward
+        and a backward on one device whose microbatches are at most this far apart in their
+        stages' microbatch order (default: the stages a microbatch visits); the candidates grow
+        as m times it rather than m squared.
     """
     if memory_model not in MEMORY_MODELS:
         raise ValueError(f"memory_model must be one of {MEMORY_MODELS}")
+    if pair_window is not None and (isinstance(pair_window, bool) or not isinstance(pair_window, int)
+                                    or pair_window < 0):
+        raise ZboptError(f"pair_window {pair_window!r}: expected a whole number >= 0")
     solver = cp_model.CpSolver()
     task.on_stop(solver.StopSearch)  # marks this backend stoppable; `_stop_at_deadline_or_ctrl_c` does the stopping
     scale = tick_scale(problem)
     integral = tick_problem(problem, scale)
     table = op_table(integral)
     graph = implied_graph(integral) if symmetry_breaking else op_graph(integral)  # 3. and 5. as edges
-    heads, tails = heads_and_tails(graph)
+    heads, tails = heads_and_tails(_as_paired(graph, integral) if integral.overlap_times else graph)
     ops = table.ops()
     duration = table.duration
     ops_of_device = [[op for op in ops if op.stage in stages] for stages in problem.stages_of_device]
@@ -135,10 +155,14 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     start, end, interval = {}, {}, {}
     for index, op in enumerate(ops):
         size = int(duration[index])
-        latest = horizon - size - (int(tails[op]) if makespan_goal else 0)
+        latest = horizon - _least_duration(integral, op) - (int(tails[op]) if makespan_goal else 0)
         start[op] = model.NewIntVar(int(heads[op]), max(int(heads[op]), latest), f"start_{op}")
         end[op] = start[op] + size
         interval[op] = model.NewFixedSizeIntervalVar(start[op], size, f"op_{op}")
+    pairs = []  # candidate overlapped pairs, each run as one op when its literal holds
+    if integral.overlap_times:
+        window = integral.route_length if pair_window is None else pair_window
+        pairs = _pair_choices(model, integral, ops, start, end, interval, horizon, window)
     choices = None  # per stage and microbatch, kept, recomputed or offloaded, where memory can make it pay
     if problem.mechanisms_matter:
         choices = _activation_choices(model, integral, ops, start, end, interval, horizon)
@@ -148,11 +172,16 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         device = problem.device_of(op.stage)
         key = (op.kind, problem.host_link(device)) if op.kind in (OFFLOAD, RELOAD) else ("compute", device)
         lanes.setdefault(key, []).append(op_interval)
+    for pair in pairs:
+        lanes[("compute", problem.device_of(pair.members[0].stage))].append(pair.interval)
     for intervals in lanes.values():
         model.AddNoOverlap(intervals)
     # 3. precedences and iteration barriers (and 5., the symmetry-breaking and memory precedences)
+    whole_backward = {pair.members[1]: pair.whole_backward for pair in pairs if pair.whole_backward is not None}
     for source, target, data in graph.edges(data=True):
-        model.Add(start[target] >= end[source] + int(data["latency"]))
+        precedence = model.Add(start[target] >= end[source] + int(data["latency"]))
+        if source in whole_backward and target.kind == WEIGHT and target.microbatch == source.microbatch:
+            precedence.OnlyEnforceIf(whole_backward[source].Not())  # else B and W are one pair's
     # 4. memory
     lifetimes = None
     if problem.memory_limit is not None or task.peak_cap is not None:
@@ -181,6 +210,9 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
             for literal, kind in ((choice.recomputed, RECOMPUTE), (choice.offloaded, OFFLOAD)):
                 if literal is not None:
                     model.AddHint(literal, Op(kind, stage, microbatch) in hint)
+        warm_pairs = set() if task.warm is None else set(task.warm.schedule.pairs)
+        for pair in pairs:
+            model.AddHint(pair.chosen, pair.members in warm_pairs)
 
     if task.stopped.is_set():  # stopped before the search: the hint is its incumbent
         return _hinted_only(task, scale)
@@ -208,6 +240,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         starts = {op: scale.units(solver.Value(start[op])) for op in start
                   if op.kind not in (RECOMPUTE, OFFLOAD, RELOAD) or solver.BooleanValue(_chosen(choices, op))}
     return Found(
+        pairs=tuple(pair.members for pair in pairs if found and solver.BooleanValue(pair.chosen)),
         status=status,
         starts=starts,
         bound=scale.units(solver.BestObjectiveBound()) - scale.error_bound
@@ -305,6 +338,95 @@ def _activation_choices(model, problem: Problem, ops, start, end, interval, hori
             model.AddExactlyOne([kept, *ways])
         choices[stage, microbatch] = Choice(kept, recomputed, offloaded)
     return choices
+
+
+class PairChoice(NamedTuple):
+    """A candidate overlapped pair: its members (the forward first), the literal under which they
+    run as one op, that op's interval, and for a pair with a whole backward (FBW, split) the
+    literal under which its B is in any such pair (W then starts with B, not after it)."""
+
+    members: tuple[Op, ...]
+    chosen: object
+    interval: object
+    whole_backward: object = None
+
+
+def _least_duration(problem: Problem, op: Op) -> int:
+    """The least time `op` can take: its own cost, or less in a pair of a cheaper cost (where the
+    problem has pairs, `Problem.overlap_times`)."""
+    size = int(problem.cost(op.kind, op.stage))
+    if op.kind not in problem.kinds or not problem.overlap_times:
+        return size
+    device = problem.device_of(op.stage)
+    return min([size, *(int(problem.overlap_cost(kind, device)) for kind, _ in problem.overlap_times
+                        if op.kind in PAIR_MEMBERS[kind, problem.split_backward])])
+
+
+def _as_paired(graph, problem: Problem):
+    """The graph for heads and tails where ops may pair: each op at its least duration
+    (`_least_duration`), and W free to start with its B (in an FBW pair they start together)."""
+    paired = graph.copy()
+    for op in paired:
+        paired.nodes[op]["duration"] = _least_duration(problem, op)
+    whole = problem.split_backward and any(kind == "FBW" for kind, _ in problem.overlap_times)
+    for source, target in paired.edges():
+        if whole and source.kind == BACKWARD and target == Op(WEIGHT, source.stage, source.microbatch):
+            paired.edges[source, target]["latency"] = -paired.nodes[source]["duration"]
+    return paired
+
+
+def _pair_choices(model, problem: Problem, ops, start, end, interval, horizon: int, window: int) -> list[PairChoice]:
+    """The candidate overlapped pairs (`Problem.overlap_times`): on each device, a forward and a
+    backward of another microbatch whose positions in their stages' microbatch order are at most
+    `window` apart, for each pair kind. A member runs alone (its own interval) or in exactly one
+    chosen pair (starting with it, ending when it ends): its interval becomes optional and its end
+    a variable in `interval` and `end`."""
+    present = set(ops)
+    candidates: dict[Op, list] = {}
+    pairs = []
+    for device, stages in enumerate(problem.stages_of_device):
+        for kind, costs in problem.overlap_times:
+            cost = int(costs[device])
+            kinds = PAIR_MEMBERS[kind, problem.split_backward]
+            for forward_stage, backward_stage in itertools.product(stages, stages):
+                forwards, backwards = problem.microbatches_of(forward_stage), problem.microbatches_of(backward_stage)
+                for place, first in enumerate(forwards):
+                    for other in backwards[max(0, place - window):place + window + 1]:
+                        members = (Op(FORWARD, forward_stage, first),
+                                   *(Op(member, backward_stage, other) for member in kinds[1:]))
+                        if first == other or not set(members) <= present:
+                            continue  # one microbatch's backward waits for its own forward
+                        chosen = model.NewBoolVar(f"pair_{'_'.join(map(str, members))}")
+                        begin = model.NewIntVar(0, horizon, f"pair_start_{'_'.join(map(str, members))}")
+                        for member in members:
+                            model.Add(start[member] == begin).OnlyEnforceIf(chosen)
+                            candidates.setdefault(member, []).append((chosen, begin + cost))
+                        pairs.append(PairChoice(members, chosen,
+                                                model.NewOptionalFixedSizeIntervalVar(begin, cost, chosen,
+                                                                                      f"pair_{len(pairs)}")))
+    for op, options in candidates.items():
+        alone = model.NewBoolVar(f"alone_{op}")
+        model.AddExactlyOne([alone, *(chosen for chosen, _ in options)])
+        size = int(problem.cost(op.kind, op.stage))
+        finish = model.NewIntVar(0, horizon, f"end_{op}")
+        model.Add(finish == start[op] + size).OnlyEnforceIf(alone)
+        for chosen, pair_end in options:
+            model.Add(finish == pair_end).OnlyEnforceIf(chosen)
+        end[op] = finish
+        interval[op] = model.NewOptionalFixedSizeIntervalVar(start[op], size, alone, f"op_{op}")
+    whole: dict[Op, object] = {}
+    for number, pair in enumerate(pairs):
+        if len(pair.members) == 3:  # F, B and W: B's W starts with it
+            backward = pair.members[1]
+            if backward not in whole:
+                whole[backward] = model.NewBoolVar(f"whole_{backward}")
+                model.AddBoolOr([other.chosen for other in pairs if len(other.members) == 3
+                                 and other.members[1] == backward]).OnlyEnforceIf(whole[backward])
+                for other in pairs:
+                    if len(other.members) == 3 and other.members[1] == backward:
+                        model.AddImplication(other.chosen, whole[backward])
+            pairs[number] = pair._replace(whole_backward=whole[backward])
+    return pairs
 
 
 def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, amount=round,

@@ -28,8 +28,11 @@ LNS_MIN_OPS = 600  # between the sizes measured: the full model wins at 432 ops,
 LNS_SHARE = 0.5  # of the search time, for LNS after the full model
 
 
+refusal = cpsat.refusal
+
+
 def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulative", symmetry_breaking: bool = True,
-           lns_share: float | None = None) -> Found:
+           lns_share: float | None = None, pair_window: int | None = None) -> Found:
     """The full model (`cpsat.search`, with its options), then LNS (`lns.search`) from its best for
     `lns_share` of the search time unless the full model proved its answer first, where LNS applies
     (the makespan, one iteration, not the driver's second phase). `lns_share` None: LNS_SHARE on
@@ -38,7 +41,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         lns_share = LNS_SHARE if problem.num_ops >= LNS_MIN_OPS else 0.0
     if not 0 <= lns_share < 1:
         raise ValueError(f"lns_share {lns_share}: must be at least 0 and below 1")
-    model_options = dict(memory_model=memory_model, symmetry_breaking=symmetry_breaking)
+    model_options = dict(memory_model=memory_model, symmetry_breaking=symmetry_breaking, pair_window=pair_window)
     if lns_share == 0 or task.warm is None or not lns.applies(problem, task):
         # without a warm start the full model may find no schedule in its share, and LNS none without one
         return cpsat.search(problem, task, **model_options)

@@ -87,6 +87,8 @@ def refusal(problem: Problem) -> str | None:
         return "it does not choose recomputation (allow_recompute); use cpsat"
     if problem.allow_offload:
         return "it does not choose offload (allow_offload); use cpsat"
+    if problem.overlap_times:
+        return "it does not choose overlapped pairs (overlap_times); use cpsat"
     return None
 
 

@@ -52,6 +52,8 @@ def refusal(problem: Problem) -> str | None:
         return "the MILP does not model recomputation (allow_recompute); use cpsat"
     if problem.allow_offload:
         return "the MILP does not model offload (allow_offload); use cpsat"
+    if problem.overlap_times:
+        return "the MILP does not model overlapped pairs (overlap_times); use cpsat"
     return None
 
 

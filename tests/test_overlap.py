@@ -4,6 +4,7 @@ starts once every member's input is ready and ends all of them; the DualPipe REA
 Units: zbopt's B is the input gradient; the README's "B" is a full backward chunk, zbopt's B + W.
 """
 
+import dataclasses
 import itertools
 import math
 
@@ -25,6 +26,7 @@ from zbopt import (
     simulate,
     solve,
 )
+from zbopt.io.torch_format import megatron_order, parse_torch_csv, torch_csv
 from zbopt.plot import plot_gantt
 from zbopt.problem import PAIR_MEMBERS
 from zbopt.schedule import load_schedule, save_schedule
@@ -332,14 +334,47 @@ def test_gantt_draws_a_pair_as_one_outlined_box_split_across():
     plt.close("all")
 
 
-def test_torch_export_refuses_pairs_rather_than_dropping_them():
+def dualpipe_v_with_pairs(**changes):
+    parameters = dict(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="v", forward_times=1,
+                      backward_times=1, weight_times=1, overlap_times={"FBW": 2.5})
+    return Problem(**{**parameters, **changes})
+
+
+def test_torch_csv_writes_pairs_as_overlap_f_b_and_reads_them_back():
     """DualPipeV, p = 2, m = 4: rank 0 overlaps its one main step's two F&B and step 5's F1&B0,
     rank 1 (the last) its main step's two iterations but the first F0 and B1: 3 + 3 pairs, the
-    first rank 0's F0 of microbatch 3 (after 2 + 1 forwards down) with B1 of microbatch 1."""
-    from zbopt.io.torch_format import torch_csv
-    problem = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="v", forward_times=1,
-                      backward_times=1, weight_times=1, overlap_times={"FBW": 2.5})
-    with pytest.raises(ZboptError, match=r"a torch schedule CSV: zbopt does not write overlapped pairs yet, and the "
-                                         r"schedule has 6 \(first \(0F3;3B1;3W1\)\)"):
-        torch_csv(problem, generate("dualpipe-v", problem))
-    assert torch_csv(problem.replace(overlap_times=None), generate("dualpipe-v", problem.replace(overlap_times=None)))
+    first rank 0's F0 of microbatch 3 (after 2 + 1 forwards down) with B1 of microbatch 1, written
+    as torch writes it (its B the full backward). Read back with overlap_times they are pairs
+    again; without, their actions run one after another."""
+    problem = dualpipe_v_with_pairs()
+    schedule = generate("dualpipe-v", problem)
+    text = torch_csv(problem, schedule)
+    assert text.count("OVERLAP_F_B") == 6 and "(0F3;3B1)OVERLAP_F_B" in text.splitlines()[0]
+    order = parse_torch_csv(text)
+    assert set(order.to_schedule(problem).pairs) == set(schedule.pairs)
+    plain = order.to_schedule(problem.replace(overlap_times=None))
+    assert plain.pairs == () and plain.orders == schedule.orders
+
+
+def test_an_overlap_f_b_without_its_cost_is_named():
+    text = torch_csv(dualpipe_v_with_pairs(), generate("dualpipe-v", dualpipe_v_with_pairs()))
+    fb_only = dualpipe_v_with_pairs(overlap_times={"FB": 1.5})
+    with pytest.raises(ScheduleError, match=r"torch CSV row 1, column 8: this OVERLAP_F_B is an FBW pair, and "
+                                             r"overlap_times gives no cost for it \(it gives FB\)"):
+        parse_torch_csv(text).to_schedule(fb_only)
+
+
+def test_an_fb_pair_is_written_with_torchs_input_backward():
+    problem = one_device()
+    schedule = Schedule([["0F0", "(0F1;0B0)", "0W0", "0B1", "0W1"]])
+    assert torch_csv(problem, schedule).strip() == "0F0,(0F1;0I0)OVERLAP_F_B,0W0,0I1,0W1"
+    assert parse_torch_csv(torch_csv(problem, schedule)).to_schedule(problem).pairs == schedule.pairs
+
+
+def test_megatron_refuses_pairs_rather_than_dropping_them():
+    problem = one_device(weight_times=None, overlap_times={"FBW": 2.5})
+    schedule = Schedule([["0F0", "(0F1;0BW0)", "0BW1"]])
+    with pytest.raises(ZboptError, match=r"Megatron-LM's order has no overlapped pair, and the schedule has 1 "
+                                         r"\(first \(0F1;0BW0\)\); export it as zbopt JSON"):
+        megatron_order(problem, schedule)
+    assert megatron_order(problem, dataclasses.replace(schedule, pairs=())) == [[1, 1, -1, -1]]

@@ -241,6 +241,17 @@ def test_torch_built_ins_are_zbopt_generators(pipelining, torch_name, zbopt_name
     assert simulate(problem, theirs).makespan == simulate(problem, ours).makespan
 
 
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (3, 8), (4, 8), (4, 11)])
+def test_dualpipe_v_pairs_are_torchs_overlap_f_b(pipelining, p, m):
+    """With an FBW cost, zbopt's DualPipeV pairs exactly the actions torch's ScheduleDualPipeV
+    writes as OVERLAP_F_B (the last rank's first F0 and B1 apart in both), read back as pairs."""
+    problem = Problem(num_devices=p, num_microbatches=m, chunks_per_device=2, placement="v", forward_times=1,
+                      backward_times=1, weight_times=1, overlap_times={"FBW": 2.5})
+    ours, theirs = generate("dualpipe-v", problem), torch_schedule("DualPipeV", problem)
+    assert theirs.orders == ours.orders and set(theirs.pairs) == set(ours.pairs) and ours.pairs
+    assert simulate(problem, theirs).makespan == simulate(problem, ours).makespan
+
+
 def test_torch_interleaved_zero_bubble_beats_interleaved_1f1b(pipelining):
     problem = PROBLEMS[3]  # F = B = W = 1: (m + p - 1)(F + B) + mW per chunk pass for 1F1B-like orders
     zero_bubble = simulate(problem, torch_schedule("ScheduleInterleavedZeroBubble", problem))

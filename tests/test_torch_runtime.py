@@ -131,6 +131,21 @@ def test_every_registered_schedule_and_cpsat_optima_run_with_the_reference_gradi
             problem.num_devices, problem.num_stages, problem.num_microbatches, problem.placement), name
 
 
+def test_overlapped_pairs_run_with_the_reference_gradients(tmp_path):
+    """DualPipeV and CP-SAT's optimum with FBW pairs, written as torch's OVERLAP_F_B (torch runs
+    a pair's sub-actions one after the other: the gradients are the reference's either way)."""
+    problem = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="v", forward_times=1,
+                      backward_times=1, weight_times=1, overlap_times={"FBW": 2.2})
+    optimum = solve(problem, time_limit=10, lower_peak=False)
+    for name, schedule in (("dualpipe-v", generate("dualpipe-v", problem)), ("cpsat", optimum.simulation.schedule)):
+        assert schedule.pairs, name
+        path = tmp_path / f"{name}.csv"
+        write_torch_csv(path, problem, schedule)
+        assert "OVERLAP_F_B" in path.read_text()
+        report = run_torch(path, **SMALL)
+        assert report.passed and report.max_abs_diff <= ATOL, name
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     """One real run per schedule, shared by the tests below."""

@@ -39,6 +39,15 @@ def _pair_members(item: object) -> tuple[Op, ...] | None:
     return members
 
 
+def _first_positions(items: list[tuple[Op, ...]]) -> list[int]:
+    """The position in its order of each item's first op."""
+    positions, position = [], 0
+    for item in items:
+        positions.append(position)
+        position += len(item)
+    return positions
+
+
 def pair_text(members: Sequence[Op]) -> str:
     """An overlapped pair's text form, "(0F7;7B3)" (torch writes it "(0F7;7B3)OVERLAP_F_B")."""
     return "(" + ";".join(str(op) for op in members) + ")"
@@ -98,27 +107,25 @@ class Schedule:
         """The same orders (and pairs), to be timed by the simulator."""
         return dataclasses.replace(self, start_times=None)
 
-    def items(self, device: int) -> list[tuple[str, int]]:
-        """Device `device`'s order as written: (text, position of its first op) per op, a pair as
-        one item "(0F7;7B3)"."""
+    def items(self, device: int) -> list[tuple[Op, ...]]:
+        """Device `device`'s order as written: one tuple per item, an op alone or an overlapped
+        pair's members."""
         heads = {members[0]: members for members in self.pairs}
         order, items, position = self.orders[device], [], 0
         while position < len(order):
             members = heads.get(order[position])
-            if members is not None and tuple(order[position:position + len(members)]) == members:
-                items.append((pair_text(members), position))
-                position += len(members)
-            else:
-                items.append((str(order[position]), position))
-                position += 1
+            if members is None or tuple(order[position:position + len(members)]) != members:
+                members = (order[position],)
+            items.append(members)
+            position += len(members)
         return items
 
     def to_dict(self) -> dict:
         data: dict = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "name": self.name}
         written = [self.items(device) for device in range(self.num_devices)]
-        data["orders"] = [[text for text, _ in items] for items in written]
-        if self.start_times is not None:
-            data["start_times"] = [[times[position] for _, position in items]
+        data["orders"] = [[str(item[0]) if len(item) == 1 else pair_text(item) for item in items] for items in written]
+        if self.start_times is not None:  # one per item: a pair's members start together
+            data["start_times"] = [[times[position] for position in _first_positions(items)]
                                    for items, times in zip(written, self.start_times, strict=True)]
         return data
 

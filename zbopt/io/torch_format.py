@@ -36,6 +36,7 @@ from zbopt.problem import (
     FORWARD,
     FUSED_BACKWARD,
     OFFLOAD,
+    PAIR_MEMBERS,
     PLACEMENTS,
     RECOMPUTE,
     WEIGHT,
@@ -82,16 +83,17 @@ def _require_one_step_one_route(problem: Problem, what: str) -> None:
                          "half of them each way; export it as zbopt JSON (.json)")
 
 
-def _checked_orders(problem: Problem, schedule: Schedule, what: str) -> tuple[tuple[Op, ...], ...]:
+def _checked_orders(problem: Problem, schedule: Schedule, what: str,
+                    pairs_allowed: bool = False) -> tuple[tuple[Op, ...], ...]:
     """Per device, its ops in the order a runtime must follow: the schedule's own, in which the
     simulator runs them (and checks given start times against). Simulating also rejects a broken
     schedule here, before anything is written; so does a recompute or an offload, which `what`
-    (the format) cannot express (dropping it would change the schedule)."""
+    (the format) cannot express (dropping it would change the schedule), and an overlapped pair
+    unless `pairs_allowed`."""
     simulation = simulate(problem, schedule)
-    if simulation.pairs:
-        raise ZboptError(f"{what}: zbopt does not write overlapped pairs yet, and the schedule has "
-                         f"{len(simulation.pairs)} (first {pair_text(schedule.pairs[0])}); "
-                         "export it as zbopt JSON (.json)")
+    if simulation.pairs and not pairs_allowed:
+        raise ZboptError(f"{what} has no overlapped pair, and the schedule has {len(simulation.pairs)} (first "
+                         f"{pair_text(schedule.pairs[0])}); export it as zbopt JSON (.json) or a torch CSV")
     table = simulation.table
     for pairs, kind, action, verb in ((table.recomputed, RECOMPUTE, "recompute", "recomputes"),
                                       (table.offloaded, OFFLOAD, "offload or reload", "offloads")):
@@ -102,10 +104,23 @@ def _checked_orders(problem: Problem, schedule: Schedule, what: str) -> tuple[tu
 
 
 def torch_actions(problem: Problem, schedule: Schedule) -> list[list[str]]:
-    """Per rank, its torch actions ("3F1", "3I1", "3W1", "3B1") in execution order."""
+    """Per rank, its torch actions ("3F1", "3I1", "3W1", "3B1") in execution order; an overlapped
+    pair as torch's "(0F7;7B3)OVERLAP_F_B", its backward a full B (an FBW pair) or an I (FB)."""
     _require_one_step_one_route(problem, "a torch schedule CSV")
-    return [[str(TorchAction(op.stage, TORCH_KIND[op.kind], op.microbatch)) for op in order]
-            for order in _checked_orders(problem, schedule, "a torch schedule CSV")]
+    _checked_orders(problem, schedule, "a torch schedule CSV", pairs_allowed=True)
+    return [[_torch_cell(item) for item in schedule.items(device)] for device in range(schedule.num_devices)]
+
+
+def _torch_cell(ops: tuple[Op, ...]) -> str:
+    """One op's torch action, or an overlapped pair's OVERLAP_F_B (forward, then the backward:
+    torch's full B for B and W or BW, its I for B alone)."""
+    if len(ops) == 1:
+        op = ops[0]
+        return str(TorchAction(op.stage, TORCH_KIND[op.kind], op.microbatch))
+    forward, backward = ops[0], ops[1]
+    kind = TORCH_INPUT_BACKWARD if len(ops) == 2 and backward.kind == BACKWARD else TORCH_FULL_BACKWARD
+    return f"({TorchAction(forward.stage, TORCH_FORWARD, forward.microbatch)};" \
+           f"{TorchAction(backward.stage, kind, backward.microbatch)})OVERLAP_F_B"
 
 
 def torch_csv(problem: Problem, schedule: Schedule) -> str:
@@ -194,7 +209,8 @@ def check_exportable(problem: Problem, export_format: str) -> None:
 
 # ----------------------------------------------------------------------------------------- import
 def _parse_cell(text: str, where: str) -> list[TorchAction]:
-    """The compute actions of one non-empty cell: one, or an OVERLAP_F_B's sub-actions in order."""
+    """The compute actions of one non-empty cell: one, or an OVERLAP_F_B's sub-actions in order
+    (a forward, then a backward: torch's DualPipeV pairs them so)."""
     text = text.strip()
     overlap = _OVERLAP.fullmatch(text)
     actions = []
@@ -224,6 +240,7 @@ class TorchOrder:
     actions: tuple[tuple[TorchAction, ...], ...]
     places: tuple[tuple[str, ...], ...]
     source: str
+    overlapped: tuple[tuple[int, ...], ...] = ()  # per rank, per action, its OVERLAP_F_B cell's number or -1
 
     @property
     def split_backward(self) -> bool:
@@ -291,10 +308,15 @@ class TorchOrder:
                                 f"{problem.num_devices} devices")
         seen: dict[Op, tuple[str, TorchAction]] = {}
         orders = []
+        cells: dict[tuple[int, int], list[Op]] = {}  # (rank, OVERLAP_F_B cell) -> its ops
         for rank, (actions, places) in enumerate(zip(self.actions, self.places, strict=True)):
             order = []
-            for action, place in zip(actions, places, strict=True):
-                for op in _zbopt_ops(action, place, rank, problem):
+            overlapped = self.overlapped[rank] if self.overlapped else (-1,) * len(actions)
+            for action, place, cell in zip(actions, places, overlapped, strict=True):
+                ops = _zbopt_ops(action, place, rank, problem)
+                if cell >= 0:
+                    cells.setdefault((rank, cell), []).extend(ops)
+                for op in ops:
                     if op in seen:
                         first_place, first = seen[op]
                         raise ScheduleError(f"{place}: '{action}' repeats the {_KIND_NAMES[op.kind]} of stage "
@@ -310,17 +332,38 @@ class TorchOrder:
             more = f" (and {len(missing) - 1} more actions)" if len(missing) > 1 else ""
             raise ScheduleError(f"{self.source}: stage {op.stage} misses the {_KIND_NAMES[op.kind]} of microbatch "
                                 f"{op.microbatch}{more}")
-        return Schedule(orders, name=name)
+        return Schedule(orders, name=name, pairs=self._pairs(problem, cells, seen))
+
+    def _pairs(self, problem: Problem, cells: dict, seen: dict) -> list[tuple[Op, ...]]:
+        """The OVERLAP_F_B cells as overlapped pairs where the problem gives overlap costs (each
+        pair kind it holds must have one), else none: their actions run one after another."""
+        if not problem.overlap_times:
+            return []
+        shapes = {members: kind for (kind, split), members in PAIR_MEMBERS.items() if split == problem.split_backward}
+        given = {kind for kind, _ in problem.overlap_times}
+        pairs = []
+        for ops in cells.values():
+            kind = shapes.get(tuple(op.kind for op in ops))
+            if kind not in given:
+                place = seen[ops[0]][0]
+                what = f"an {kind} pair" if kind else "no pair zbopt models (a forward, then one backward)"
+                raise ScheduleError(f"{place}: this OVERLAP_F_B is {what}, and overlap_times gives no cost for it "
+                                    f"(it gives {', '.join(sorted(given))})")
+            pairs.append(tuple(ops))
+        return pairs
 
     @classmethod
     def from_cells(cls, ranks: list[list[tuple[str, str]]], source: str) -> TorchOrder:
         """A TorchOrder from, per rank, its cells in order as (text, where); an empty text is an idle step."""
-        actions, places = [], []
+        actions, places, overlapped = [], [], []
         for cells in ranks:
-            parsed = [(action, where) for text, where in cells if text.strip() for action in _parse_cell(text, where)]
-            actions.append(tuple(action for action, _ in parsed))
-            places.append(tuple(where for _, where in parsed))
-        return cls(tuple(actions), tuple(places), source)
+            parsed = [(action, where, number if _OVERLAP.fullmatch(text.strip()) else -1)
+                      for number, (text, where) in enumerate(cells) if text.strip()
+                      for action in _parse_cell(text, where)]
+            actions.append(tuple(action for action, _, _ in parsed))
+            places.append(tuple(where for _, where, _ in parsed))
+            overlapped.append(tuple(cell for *_, cell in parsed))
+        return cls(tuple(actions), tuple(places), source, tuple(overlapped))
 
 
 def _zbopt_ops(action: TorchAction, place: str, rank: int, problem: Problem) -> list[Op]:

@@ -306,3 +306,13 @@ def _search_in_time(cost, needs, lane, grows, frees, device_of, limits, work, be
         return best
 
     return visit(0.0, {}, {}, list(work), best)
+
+
+def assert_cpsat_proves(problem: Problem, expected: float) -> None:
+    """CP-SAT proves `expected` (an independent search's optimum) optimal, its lower bound below it."""
+    from zbopt import solve
+
+    result = solve(problem, time_limit=20, lower_peak=False)
+    assert result.status == "optimal"
+    assert abs(result.objective - expected) <= 1e-9 * max(1.0, expected), (result.objective, expected)
+    assert result.lower_bound <= expected + 1e-9

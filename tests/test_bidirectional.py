@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.reference import _search_in_time
+from tests.reference import _search_in_time, assert_cpsat_proves
 from zbopt import (
     NotApplicableError,
     Op,
@@ -200,10 +200,7 @@ def test_cpsat_agrees_with_an_exhaustive_search_on_tiny_bidirectional_problems(d
     if extra is not None:
         problem = problem.replace(memory_limit=[level + extra for level in floor])
     expected = _route_search_optimum(problem)
-    result = solve(problem, time_limit=20, lower_peak=False)
-    assert result.status == "optimal"
-    assert result.objective == pytest.approx(expected)
-    assert result.lower_bound <= expected + 1e-9
+    assert_cpsat_proves(problem, expected)
 
 
 def test_solver_proves_dualpipe_optimal_with_unit_costs():

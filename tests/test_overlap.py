@@ -7,13 +7,14 @@ Units: zbopt's B is the input gradient; the README's "B" is a full backward chun
 import dataclasses
 import itertools
 import math
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.reference import device_linear_extensions
+from tests.reference import assert_cpsat_proves, device_linear_extensions
 from zbopt import (
     DeadlockError,
     Op,
@@ -298,10 +299,7 @@ def test_cpsat_with_pairs_agrees_with_brute_force(problem):
     """CP-SAT's proven optimum, pairs chosen by the model, equals the least makespan over every order
     and every placement of pairs; its schedule's pairs are real (re-simulated)."""
     expected = brute_force_pair_optimum(problem)
-    result = solve(problem, time_limit=20, lower_peak=False)
-    assert result.status == "optimal"
-    assert result.objective == pytest.approx(expected)
-    assert result.lower_bound <= expected + 1e-9
+    assert_cpsat_proves(problem, expected)
 
 
 def test_cpsat_pairs_beat_dualpipe_where_pairs_pay():
@@ -378,3 +376,61 @@ def test_megatron_refuses_pairs_rather_than_dropping_them():
                                          r"\(first \(0F1;0BW0\)\); export it as zbopt JSON"):
         megatron_order(problem, schedule)
     assert megatron_order(problem, dataclasses.replace(schedule, pairs=())) == [[1, 1, -1, -1]]
+
+
+def test_a_forward_paired_with_its_own_microbatchs_backward_is_refused():
+    """The backward waits for its own forward: such a pair could never start (found by review: it
+    used to run as one op of the pair's cost)."""
+    problem = one_device(num_microbatches=1)
+    with pytest.raises(ScheduleError, match=r"pair \(0F0;0B0;0W0\): a forward and its own microbatch's backward"):
+        simulate(problem, Schedule([["(0F0;0B0;0W0)"]]))
+
+
+def test_a_window_that_leaves_pairs_out_proves_nothing():
+    """One device, m = 2, FBW 1.5: the optimum pairs F1 with B0 (4.5). With pair_window 0 the model
+    has no pair and finds 6, which it must not call optimal (found by review)."""
+    problem = one_device(overlap_times={"FBW": 1.5})
+    assert solve(problem, time_limit=10, lower_peak=False).objective == 4.5
+    restricted = solve(problem, time_limit=10, lower_peak=False, pair_window=0)
+    assert restricted.status == "feasible" and restricted.lower_bound <= 4.5
+
+
+def test_simulate_json_carries_the_pairs_and_reads_back():
+    simulation = simulate(one_device(), Schedule([PAIRED]))
+    data = simulation.to_dict()
+    assert data["pairs"] == ["(0F1;0B0;0W0)"]
+    again = Schedule.from_dict({"orders": data["orders"], "start_times": data["start_times"], "pairs": data["pairs"]})
+    assert simulate(one_device(), again).makespan == 4.5
+
+
+def test_offload_heuristics_refuse_a_base_with_pairs():
+    from zbopt import NotApplicableError
+    problem = dualpipe_v_with_pairs(allow_offload=True, offload_times=0.5)
+    with pytest.raises(NotApplicableError, match="base schedule 'dualpipe-v' runs overlapped pairs"):
+        generate("pipeoffload", problem, base="dualpipe-v")
+
+
+def test_the_block_search_refuses_pairs_and_both_ways():
+    from zbopt.blocks.search import optimal_block
+    with pytest.raises(ZboptError, match="does not model overlapped pairs"):
+        optimal_block(one_device(), time_limit=5)
+    both = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="bidirectional")
+    with pytest.raises(ZboptError, match="placement 'bidirectional' sends microbatches two ways"):
+        optimal_block(both, time_limit=5)
+
+
+def test_compare_ranks_dualpipe_v_with_pairs_against_the_v_shapes_and_the_optimum(tmp_path):
+    """examples/moe_overlap.yaml (README): DualPipeV pairs (FBW 2.0 < F + B + W = 2.8) and comes
+    first among ZB-V and V-Half, which do not; the optimizer's row is never worse than it (hinted
+    with it), the lower bound below every row; the HTML report draws the pairs."""
+    from zbopt import compare
+    from zbopt.io.config import load_config
+    from zbopt.report import write_report
+    problem = load_config(Path(__file__).parent.parent / "examples" / "moe_overlap.yaml").problem
+    comparison = compare(problem, ["dualpipe-v", "zb-v", "v-half"], optimal=True, time_limit=5)
+    makespan = {row.name: row.makespan for row in comparison.rows}
+    assert makespan["dualpipe-v"] < makespan["zb-v"] < makespan["v-half"]
+    assert makespan["cpsat"] <= makespan["dualpipe-v"] + 1e-9
+    assert all(comparison.lower_bound <= value + 1e-9 for value in makespan.values())
+    html = write_report(tmp_path / "report.html", comparison).read_text()
+    assert html.count('id="overlapped-pairs"') >= 1

@@ -138,7 +138,10 @@ class Schedule:
         orders = data["orders"]
         if not isinstance(orders, list) or not all(isinstance(order, list) for order in orders):
             raise ScheduleError("'orders' must be a list with one list of ops per device")
-        return cls(orders, data.get("start_times"), data.get("name", ""))
+        pairs = data.get("pairs", [])  # as `simulate --json` writes them, beside orders of single ops
+        if not isinstance(pairs, list) or any(_pair_members(text) is None for text in pairs):
+            raise ScheduleError("'pairs' must be a list of overlapped pairs, e.g. ['(0F7;7B3)']")
+        return cls(orders, data.get("start_times"), data.get("name", ""), tuple(map(_pair_members, pairs)))
 
 
 def save_schedule(path: str | Path, schedule: Schedule, problem: Problem | None = None) -> None:

@@ -164,6 +164,7 @@ class Simulation:
             "violations": [str(violation) for violation in self.violations],
             "orders": [[str(op) for op in order] for order in self.schedule.orders],
             "start_times": [self.start[indices].tolist() for indices in self.device_ops],
+            "pairs": [pair_text(members) for members in self.schedule.pairs],
         }
 
 
@@ -262,6 +263,9 @@ def _pairs(problem: Problem, table: OpTable, schedule: Schedule, orders: list[li
                                for op in backward):
             shapes = ", ".join(f"({';'.join(kinds_)})" for kinds_ in kinds)
             raise ScheduleError(f"pair {text}: expected a forward and one microbatch's backward, as {shapes}")
+        if members[0].microbatch == backward[0].microbatch:
+            raise ScheduleError(f"pair {text}: a forward and its own microbatch's backward cannot overlap (the "
+                                "backward waits for the forward)")
         device, place = position[indices[0]]
         if [position[index] for index in indices] != [(device, place + k) for k in range(len(indices))]:
             raise ScheduleError(f"pair {text}: its ops must be consecutive in one device's order")

@@ -112,6 +112,11 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
         if getattr(problem, key):
             raise ZboptError(f"the block search keeps every activation: it does not model {what} ({key}); "
                              "use zbopt solve")
+    if problem.bidirectional:
+        raise ZboptError("the block search repeats one microbatch's block, and placement 'bidirectional' sends "
+                         "microbatches two ways; use zbopt solve")
+    if problem.overlap_times:
+        raise ZboptError("the block search does not model overlapped pairs (overlap_times); use zbopt solve")
     if problem.iterations != 1:
         raise NotApplicableError(f"a block schedule needs iterations = 1 (got {problem.iterations})")
     deadline = time.perf_counter() + time_limit

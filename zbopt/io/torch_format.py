@@ -73,14 +73,16 @@ class TorchAction(NamedTuple):
 
 
 # ----------------------------------------------------------------------------------------- export
-def _require_one_step_one_route(problem: Problem, what: str) -> None:
+def _require_one_step_one_route(problem: Problem, what: str, reading: bool = False) -> None:
     """`what` (a format) holds one training step, and every microbatch through every stage (torch
-    and Megatron run each stage on all microbatches)."""
+    and Megatron run each stage on all microbatches); `reading`: the problem is the one a file of
+    that format is read into."""
     if problem.iterations != 1:
         raise ZboptError(f"{what} holds one training step: iterations = {problem.iterations} must be 1")
     if problem.bidirectional:
+        advice = "read it into a problem of loop or v placement" if reading else "export it as zbopt JSON (.json)"
         raise ZboptError(f"{what} sends every microbatch through every stage, and placement 'bidirectional' sends "
-                         "half of them each way; export it as zbopt JSON (.json)")
+                         f"half of them each way; {advice}")
 
 
 def _checked_orders(problem: Problem, schedule: Schedule, what: str,
@@ -302,7 +304,7 @@ class TorchOrder:
         """The zbopt Schedule of these actions on `problem`, each rank's actions in order. Checks
         every action against the problem (rank count, stage placement, microbatch range, backward
         kind) and that each of the problem's ops comes exactly once; a ScheduleError names the cell."""
-        _require_one_step_one_route(problem, self.source)
+        _require_one_step_one_route(problem, self.source, reading=True)
         if len(self.actions) != problem.num_devices:
             raise ScheduleError(f"{self.source} has {len(self.actions)} ranks (rows), the problem "
                                 f"{problem.num_devices} devices")

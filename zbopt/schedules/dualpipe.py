@@ -71,35 +71,51 @@ class _DeviceProgram:
             self.pairs.append(tuple(self.order[first:]))
 
 
+def _first_five_steps(program: _DeviceProgram, first: int, second: int, *, ahead: int, fill: int, main: int,
+                      apart: bool) -> None:
+    """Steps 1 to 5 of both scripts on one rank, `first` its phase-0 stage and `second` its
+    phase-1 stage: nF0 (2·ahead), nF0F1 (fill), nB1W1F1 (ahead, zero bubble), the main step
+    n(F0&B1)(F1&B0) (main; its first F0 and B1 not overlapped when `apart`), nB1(F1&B0) (ahead)."""
+    for _ in range(2 * ahead):  # step 1: nF0
+        program.forward(first)
+    for _ in range(fill):  # step 2: nF0F1
+        program.forward(first)
+        program.forward(second)
+    for _ in range(ahead):  # step 3: nB1W1F1, zero bubble
+        program.backward(second, defer_weight=True)
+        program.weight()
+        program.forward(second)
+    for i in range(main):  # step 4, the main step: nF0B1F1B0 as (F0&B1)(F1&B0)
+        program.overlapped(first, second, overlap=i > 0 or not apart)
+        program.overlapped(second, first)
+    for _ in range(ahead):  # step 5: nB1F1B0 as B1 (F1&B0)
+        program.backward(second)
+        program.overlapped(second, first)
+
+
+def _last_two_steps(program: _DeviceProgram, first: int, *, ahead: int, fill: int) -> None:
+    """Steps 7 and 8 of both scripts: nWB0 (ahead, zero bubble), then nW (fill) empties the
+    deferred weight gradients."""
+    for _ in range(ahead):  # step 7: nWB0
+        program.weight()
+        program.backward(first, defer_weight=True)
+    for _ in range(fill):  # step 8: nW
+        program.weight()
+
+
 def _dualpipe_v_device_program(problem: Problem, device: int, microbatches: Sequence[int]) -> _DeviceProgram:
     """The eight steps of DualPipeV.step for rank `device`. Chunk 0 is stage `device` (going down
-    the V), chunk 1 is stage 2p-1-device (coming back up). An overlapped pair "F&B" is its forward
-    then its full backward, the order dualpipev.py runs them in when it does not overlap."""
+    the V), chunk 1 is stage 2p-1-device (coming back up). Each F&B is an overlapped pair when
+    the problem gives an FBW cost, else its forward then its full backward, the order dualpipev.py
+    runs them in when it does not overlap."""
     p, m, r = problem.num_devices, len(microbatches), device
     down, up = problem.stages_of_device[device]
     program = _DeviceProgram(problem, {down: microbatches, up: microbatches})
-    for _ in range(2 * (p - r - 1)):  # step 1: nF0
-        program.forward(down)
-    for _ in range(r + 1):  # step 2: nF0F1
-        program.forward(down)
-        program.forward(up)
-    for _ in range(p - r - 1):  # step 3: nB1W1F1, zero bubble
-        program.backward(up, defer_weight=True)
-        program.weight()
-        program.forward(up)
-    for i in range(m - 2 * p + r + 1):  # step 4, the main step: nF0B1F1B0 as (F0&B1)(F1&B0); the last
-        program.overlapped(down, up, overlap=i > 0 or r < p - 1)  # rank's first F0, B1 apart, as dualpipev.py
-        program.overlapped(up, down)
-    for _ in range(p - r - 1):  # step 5: nB1F1B0 as B1 (F1&B0)
-        program.backward(up)
-        program.overlapped(up, down)
+    # the last rank (the V's bottom) keeps its first F0 and B1 apart, as dualpipev.py does
+    _first_five_steps(program, down, up, ahead=p - r - 1, fill=r + 1, main=m - 2 * p + r + 1, apart=r == p - 1)
     for i in range(2 * (r + 1)):  # step 6: nB1B0; the second half defer their W (zero bubble)
         program.backward(up if i % 2 == 0 else down, defer_weight=i >= r + 1)
-    for _ in range(p - r - 1):  # step 7: nWB0, zero bubble
-        program.weight()
-        program.backward(down, defer_weight=True)
-    for _ in range(r + 1):  # step 8: nW
-        program.weight()
+    _last_two_steps(program, down, ahead=p - r - 1, fill=r + 1)
     return program
 
 
@@ -169,32 +185,16 @@ def _dualpipe_device_program(problem: Problem, device: int) -> _DeviceProgram:
     first, second = (down, up) if device < half else (up, down)
     program = _DeviceProgram(problem, {stage: problem.microbatches_of(stage) for stage in (down, up)})
     chunks = problem.num_microbatches // 2  # per way: dualpipe.py's half_num_chunks
-    for _ in range(2 * (half - h - 1)):  # step 1: nF0
-        program.forward(first)
-    for _ in range(h + 1):  # step 2: nF0F1
-        program.forward(first)
-        program.forward(second)
-    for _ in range(half - h - 1):  # step 3: nB1W1F1, zero bubble
-        program.backward(second, defer_weight=True)
-        program.weight()
-        program.forward(second)
-    for i in range(chunks - p + h + 1):  # step 4, the main step: nF0B1F1B0 as (F0&B1)(F1&B0); the middle
-        program.overlapped(first, second, overlap=i > 0 or h < half - 1)  # ranks' first F0, B1 apart
-        program.overlapped(second, first)
-    for _ in range(half - h - 1):  # step 5: nB1F1B0 as B1 (F1&B0)
-        program.backward(second)
-        program.overlapped(second, first)
+    # the middle ranks keep their first F0 and B1 apart, as dualpipe.py does
+    _first_five_steps(program, first, second, ahead=half - h - 1, fill=h + 1, main=chunks - p + h + 1,
+                      apart=h == half - 1)
     deferring = False
     for i in range(h + 1):  # step 6: nB1B0; from the middle of the step on, W is deferred (zero bubble)
         deferring = deferring or (i == (h + 1) // 2 and h % 2 == 1)
         program.backward(second, defer_weight=deferring)
         deferring = deferring or (i == (h + 1) // 2 and h % 2 == 0)
         program.backward(first, defer_weight=deferring)
-    for _ in range(half - h - 1):  # step 7: nWB0, zero bubble
-        program.weight()
-        program.backward(first, defer_weight=True)
-    for _ in range(h + 1):  # step 8: nW
-        program.weight()
+    _last_two_steps(program, first, ahead=half - h - 1, fill=h + 1)
     return program
 
 

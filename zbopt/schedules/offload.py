@@ -46,6 +46,9 @@ def _base_schedule(problem: Problem, base: str | None, name: str) -> Schedule:
         raise NotApplicableError(f"{name}: {error}") from None
     if any(op.kind not in problem.kinds for order in schedule.orders for op in order):
         raise NotApplicableError(f"{name}: base schedule '{base}' already recomputes or offloads")
+    if schedule.pairs:
+        raise NotApplicableError(f"{name}: base schedule '{base}' runs overlapped pairs, which {name} does not "
+                                 "keep (give a base without pairs, or no overlap_times)")
     return schedule
 
 

@@ -19,7 +19,9 @@ With recomputation allowed, the memory bound prices it (a recomputed activation 
 more work, `memory_bound`, and where a device holds one whole activation at a time,
 `whole_activations_bound`), and the two single-device bounds, which assume every activation kept,
 are 0 (a relaxation choosing what to recompute was tried: with 5 s per device CP-SAT proved no
-more than the device's work, p = 4, m = 8, 1.5B costs).
+more than the device's work, p = 4, m = 8, 1.5B costs). They are 0 too with the bidirectional
+placement, where a microbatch visits only some of a device's stages. With overlapped pairs every
+bound is that of `pair_relaxed`.
 
 Notes
 -----
@@ -642,9 +644,10 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     (`time.perf_counter()`) where one is given.
 
     The bounds on the op graph cost about GRAPH_SECONDS_PER_OP per op (networkx); when that does
-    not fit before the deadline only the two that need no graph are computed (one microbatch's
-    critical path, the busiest device's work) and `complete` is False. With recomputation allowed
-    the single-device bounds are 0 (see the module docstring). With one stage per device the
+    not fit before the deadline only the two that need no graph are computed (the longest
+    microbatch's critical path, the busiest device's work) and `complete` is False. With
+    recomputation allowed, or the bidirectional placement, the single-device bounds are 0 (see the
+    module docstring). With one stage per device the
     device sequencing bound stops at the deadline, device by device (0 where it did not finish).
     With more, the single-device bounds share the time left before the deadline, at most
     RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it; 0 on a device that did

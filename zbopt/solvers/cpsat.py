@@ -56,6 +56,7 @@ from zbopt.solvers.result import objective_value, start_times
 from zbopt.ticks import ceil_ticks, memory_scale, tick_problem, tick_scale
 
 MEMORY_MODELS = ("cumulative", "reservoir")
+MAX_PAIR_CANDIDATES = 20_000  # every candidate pair up to this many (p = 4, m = 32 both ways: 4,096 per kind)
 STOP_POLL_S = 0.05  # how often a running solve checks for the deadline and Ctrl-C
 _STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
            cp_model.MODEL_INVALID: "unknown", cp_model.UNKNOWN: "unknown"}
@@ -110,14 +111,18 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         that follow (see Notes).
     pair_window : with overlapped pairs (`Problem.overlap_times`), the candidate pairs: a forward
         and a backward on one device whose microbatches are at most this far apart in their
-        stages' microbatch order (default: the stages a microbatch visits); the candidates grow
-        as m times it rather than m squared.
+        stages' microbatch order. Default: every pair while they number at most
+        MAX_PAIR_CANDIDATES, else the stages a microbatch visits (then the candidates grow as m
+        times the window rather than m squared). A window that leaves pairs out makes the model
+        a restriction: its answers stand, but it proves nothing (no bound, never "optimal").
     """
     if memory_model not in MEMORY_MODELS:
         raise ValueError(f"memory_model must be one of {MEMORY_MODELS}")
     if pair_window is not None and (isinstance(pair_window, bool) or not isinstance(pair_window, int)
                                     or pair_window < 0):
         raise ZboptError(f"pair_window {pair_window!r}: expected a whole number >= 0")
+    if pair_window is not None and not problem.overlap_times:
+        raise ZboptError("pair_window applies to overlapped pairs: the problem gives no overlap_times")
     solver = cp_model.CpSolver()
     task.on_stop(solver.StopSearch)  # marks this backend stoppable; `_stop_at_deadline_or_ctrl_c` does the stopping
     scale = tick_scale(problem)
@@ -130,10 +135,10 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     ops_of_device = [[op for op in ops if op.stage in stages] for stages in problem.stages_of_device]
     makespan_goal = task.objective == "makespan"
     # without a limit a recompute only adds work and an offload saves nothing
-    optional_work = table.num_microbatches * sum(
-        [*(integral.recompute_times if problem.recomputation_matters else ()),
-         *(integral.offload_times if problem.offload_matters else ()),
-         *(integral.reload_times if problem.offload_matters else ())])
+    optional_work = sum(len(integral.microbatches_of(stage)) * sum(
+        [*((integral.recompute_times[stage],) if problem.recomputation_matters else ()),
+         *((integral.offload_times[stage], integral.reload_times[stage]) if problem.offload_matters else ())])
+        for stage in range(integral.num_stages))
     horizon = int(sum(duration) + sum(table.latency) + optional_work)  # everything in a row: always feasible
     hint = warm_goal = None  # the warm start's starts and objective, in ticks
     warm_table = None if task.warm is None else task.warm.table
@@ -160,8 +165,9 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         end[op] = start[op] + size
         interval[op] = model.NewFixedSizeIntervalVar(start[op], size, f"op_{op}")
     pairs = []  # candidate overlapped pairs, each run as one op when its literal holds
+    restricted = False  # some pairs left out: the model proves nothing about the problem
     if integral.overlap_times:
-        window = integral.route_length if pair_window is None else pair_window
+        window, restricted = _pair_window(integral, pair_window)
         pairs = _pair_choices(model, integral, ops, start, end, interval, horizon, window)
     choices = None  # per stage and microbatch, kept, recomputed or offloaded, where memory can make it pay
     if problem.mechanisms_matter:
@@ -231,6 +237,8 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     finally:
         solving.set()
     status = _STATUS[code]
+    if restricted:
+        status = {"optimal": "feasible", "infeasible": "unknown"}.get(status, status)
     found = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     if not found and task.stopped.is_set():
         return _hinted_only(task, scale)
@@ -244,7 +252,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         status=status,
         starts=starts,
         bound=scale.units(solver.BestObjectiveBound()) - scale.error_bound
-        if exact_objective and status != "infeasible" else 0.0,
+        if exact_objective and status != "infeasible" and not restricted else 0.0,
         modelled=scale.units(solver.Value(goal)) if found else None,
         resolution=scale.resolution, error_bound=scale.error_bound, exact=scale.exact,
     )
@@ -274,7 +282,8 @@ def _hinted_only(task: SearchTask, scale) -> Found:
     hinted with (its incumbent from the start), nothing proven."""
     starts = None if task.warm is None else start_times(task.warm)
     return Found("feasible" if starts else "unknown", starts, 0.0, None, scale.resolution,
-                 error_bound=scale.error_bound, exact=scale.exact)
+                 error_bound=scale.error_bound, exact=scale.exact,
+                 pairs=() if task.warm is None else task.warm.schedule.pairs)
 
 
 def _objective(model, task: SearchTask, scale, ops, ops_of_device, start, end, tails, horizon: int):
@@ -373,6 +382,27 @@ def _as_paired(graph, problem: Problem):
         if whole and source.kind == BACKWARD and target == Op(WEIGHT, source.stage, source.microbatch):
             paired.edges[source, target]["latency"] = -paired.nodes[source]["duration"]
     return paired
+
+
+def _pair_window(problem: Problem, given: int | None) -> tuple[int, bool]:
+    """(window, whether it leaves pairs out) for `_pair_choices`: `given`, or every pair while
+    they number at most MAX_PAIR_CANDIDATES, else the stages a microbatch visits."""
+    full = max(len(microbatches) for _, microbatches in problem.routes) - 1
+    if given is None:
+        given = full if _pair_count(problem, full) <= MAX_PAIR_CANDIDATES else problem.route_length
+    return given, given < full
+
+
+def _pair_count(problem: Problem, window: int) -> int:
+    """How many candidate pairs `_pair_choices` makes with `window` (at most; same-microbatch ones
+    are left out there)."""
+    count = 0
+    for stages in problem.stages_of_device:
+        for forward_stage, backward_stage in itertools.product(stages, stages):
+            backwards = len(problem.microbatches_of(backward_stage))
+            count += sum(min(backwards, place + window + 1) - max(0, place - window)
+                         for place in range(len(problem.microbatches_of(forward_stage))))
+    return count * len(problem.overlap_times)
 
 
 def _pair_choices(model, problem: Problem, ops, start, end, interval, horizon: int, window: int) -> list[PairChoice]:

@@ -301,11 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulating.add_argument("--json", action="store_true", help="print one JSON object")
     add_input_flags(simulating)
     simulating.set_defaults(run=_command_simulate)
-    exporting = commands.add_parser("export", help="write a schedule for torch.distributed.pipelining or Megatron-LM")
+    exporting = commands.add_parser("export", help="write a schedule for torch.distributed.pipelining or Megatron-LM, "
+                                                   "or as a trace for Perfetto")
     add_schedule_flags(exporting)
     exporting.add_argument("--format", choices=list(EXPORT_FORMATS),
-                           help="torch-csv (torch's compute-only CSV), megatron (Megatron-LM's per-rank order, JSON) "
-                                "or json (zbopt's schedule JSON); default from -o's extension (.csv, .json)")
+                           help="torch-csv (torch's compute-only CSV), megatron (Megatron-LM's per-rank order, JSON), "
+                                "json (zbopt's schedule JSON) or chrome-trace (Perfetto / chrome://tracing); default "
+                                "from -o's extension (.csv, .json, .trace.json)")
     add_input_flags(exporting, output_help="the file to write (required)")
     exporting.set_defaults(run=_command_export)
     solving = commands.add_parser("solve", help="find the optimal schedule under the memory limit")
@@ -321,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     solving.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     solving.add_argument("--json", action="store_true", help="print one JSON object")
     add_quiet_flag(solving)
-    solving.add_argument("--export", metavar="FILE", help="write the schedule found: .csv torch CSV, .json zbopt JSON")
+    solving.add_argument("--export", metavar="FILE", help="write the schedule found: .csv torch CSV, .json zbopt JSON, "
+                                                         ".trace.json a trace for Perfetto")
     add_input_flags(solving)
     solving.set_defaults(run=_command_solve)
     comparing = commands.add_parser("compare", help="simulate several schedules (and the optimum) side by side")

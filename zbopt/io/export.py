@@ -10,25 +10,31 @@ from pathlib import Path
 
 from zbopt.errors import ZboptError
 from zbopt.io.torch_format import check_exportable, write_megatron_order, write_torch_csv
+from zbopt.io.trace import write_chrome_trace
 from zbopt.problem import Problem
 from zbopt.schedule import save_schedule
 from zbopt.simulate import Simulation
 
-EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON"}
-EXPORT_EXTENSIONS = {".csv": "torch-csv", ".json": "json"}  # the formats told by the file's extension
+EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON",
+                  "chrome-trace": "Perfetto / chrome://tracing trace"}
+# the formats told by the file's name, longest ending first (a trace is JSON too: .json alone is zbopt's)
+EXPORT_EXTENSIONS = {".trace.json": "chrome-trace", ".csv": "torch-csv", ".json": "json"}
 
 
 def export_format(path: str | Path, given: str | None = None) -> str:
-    """The export format: `given`, else from the file's extension (.csv torch CSV, .json zbopt JSON)."""
+    """The export format: `given`, else from the file's name (.trace.json a trace, .csv torch CSV,
+    .json zbopt JSON)."""
     if given is not None:
         if given not in EXPORT_FORMATS:
             raise ZboptError(f"unknown export format '{given}' (known: {', '.join(EXPORT_FORMATS)})")
         return given
-    suffix = Path(path).suffix.lower()
-    if suffix not in EXPORT_EXTENSIONS:
-        raise ZboptError(f"'{path}': cannot tell the export format from '{suffix or 'no extension'}' "
-                         f"(.csv torch CSV, .json zbopt JSON; or give --format)")
-    return EXPORT_EXTENSIONS[suffix]
+    name = Path(path).name.lower()
+    for ending, chosen in EXPORT_EXTENSIONS.items():
+        if name.endswith(ending):
+            return chosen
+    suffix = Path(path).suffix
+    raise ZboptError(f"'{path}': cannot tell the export format from '{suffix or 'no extension'}' "
+                     f"(.trace.json a trace, .csv torch CSV, .json zbopt JSON; or give --format)")
 
 
 def check_output_directory(path: str | Path) -> None:
@@ -59,6 +65,8 @@ def write_export(path: str | Path, simulation: Simulation, given: str | None = N
         write_torch_csv(path, problem, schedule)
     elif chosen == "megatron":
         write_megatron_order(path, problem, schedule)
+    elif chosen == "chrome-trace":
+        write_chrome_trace(path, simulation)
     else:
         save_schedule(path, schedule, problem)
     return chosen

@@ -7,6 +7,7 @@ import dataclasses
 import multiprocessing
 import os
 import re
+from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
@@ -26,6 +27,7 @@ from zbopt.cli import main  # noqa: E402
 from zbopt.errors import DeadlockError, ScheduleError, ZboptError  # noqa: E402
 from zbopt.io.config import load_config  # noqa: E402
 from zbopt.io.torch_format import read_torch_csv, write_torch_csv  # noqa: E402
+from zbopt.io.trace import measured_trace  # noqa: E402
 from zbopt.problem import stage_device  # noqa: E402
 from zbopt.runtime import (  # noqa: E402
     ATOL,
@@ -172,6 +174,23 @@ def test_gradients_match_the_single_process_reference(reports, name):
         assert stage.activation_bytes == ACTIVATION_BYTES
     # the ranks hold the stages where zbopt's placement puts them (V: rank 0 holds 0 and 2p-1)
     assert [stage.rank for stage in report.stages] == [stage_device(s, ranks, placement) for s in range(stages)]
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_the_measured_trace_runs_each_rank_in_its_csv_order(reports, name):
+    """run-torch --trace: the last step's actions, each rank's in the CSV's order (an OVERLAP_F_B's
+    sub-actions in turn), one after another on its track, on one clock (every start >= 0, the
+    first at 0)."""
+    report = reports[name]
+    trace = measured_trace(report)
+    order = read_torch_csv(report.path)
+    starts = [event["ts"] for event in trace["traceEvents"] if event["ph"] == "X"]
+    assert min(starts) == 0
+    for rank, actions in enumerate(order.actions):
+        ran = sorted((event["ts"], event["dur"], event["name"]) for event in trace["traceEvents"]
+                     if event["ph"] == "X" and event["pid"] == rank)
+        assert [text for *_, text in ran] == [str(action) for action in actions]
+        assert all(start + duration <= following for (start, duration, _), (following, _, _) in pairwise(ran))
 
 
 def test_the_gradient_check_can_fail(reports):

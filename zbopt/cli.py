@@ -18,6 +18,7 @@ from zbopt.errors import MissingSettingsError, ZboptError
 from zbopt.flags import add_input_flags, add_quiet_flag, add_schedule_flags, config_file, flag_values
 from zbopt.io.export import EXPORT_FORMATS, check_export, check_output_directory, write_export
 from zbopt.io.inputs import is_schedule_file, run_and_schedule, run_config
+from zbopt.io.trace import write_measured_trace
 from zbopt.schedules import get, registered
 from zbopt.simulate import Simulation, simulate
 from zbopt.solvers.api import SOLVERS
@@ -259,9 +260,15 @@ def _say_if_gradients_differ(report) -> None:
 def _command_run_torch(args: argparse.Namespace) -> int:
     from zbopt.runtime import format_report, run_torch
 
+    if args.trace is not None:
+        check_output_directory(args.trace)
     report = run_torch(args.schedule, **_torch_run_options(args))
     _say_if_gradients_differ(report)
     print(json.dumps(report.to_dict()) if args.json else format_report(report))
+    if args.trace is not None:
+        write_measured_trace(args.trace, report)
+        if not args.json:
+            print(f"measured trace of the last step written to {args.trace}")
     return 0 if report.passed else EXIT_INVALID_SCHEDULE
 
 
@@ -362,6 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "check its gradients and time its ops")
     _add_torch_flags(running)
     running.add_argument("--json", action="store_true", help="print one JSON object")
+    running.add_argument("--trace", metavar="FILE", help="write the last step as a trace for Perfetto, as "
+                                                         "`export --format chrome-trace` writes the predicted one")
     running.set_defaults(run=_command_run_torch)
     profiling = commands.add_parser("profile-torch", help="run a torch CSV schedule and write its measured costs "
                                     "as a zbopt config")

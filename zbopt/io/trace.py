@@ -32,6 +32,7 @@ TRACK_NAMES = {COMPUTE_LANE: "compute", OFFLOAD_LANE: "device-to-host", RELOAD_L
                PAIR_TRACK: "overlapped pair members"}
 KIND_NAMES = {"F": "forward", "B": "input gradient", "W": "weight gradient", "BW": "backward", "R": "recompute",
               "O": "offload", "L": "reload"}
+TORCH_KIND_NAMES = {"F": "forward", "I": "input gradient", "W": "weight gradient", "B": "backward"}
 
 
 def trace_scale(simulation: Simulation) -> int:
@@ -51,15 +52,8 @@ def chrome_trace(simulation: Simulation) -> dict:
 
     chunk_of = {stage: chunk for stages in problem.stages_of_device for chunk, stage in enumerate(stages)}
     paired = {member for pair in simulation.pairs for member in pair.members}
-    events: list[dict] = []
-    for device in range(problem.num_devices):
-        events.append({"ph": "M", "name": "process_name", "pid": device, "args": {"name": f"device {device}"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": device, "args": {"sort_index": device}})
-    tracks = {(table.device[i], PAIR_TRACK if i in paired else table.lane[i]) for i in range(table.size)}
-    for device, track in sorted(tracks):
-        events.append({"ph": "M", "name": "thread_name", "pid": device, "tid": track,
-                       "args": {"name": TRACK_NAMES[track]}})
     track_of = [PAIR_TRACK if index in paired else table.lane[index] for index in range(table.size)]
+    events = _track_names(problem.num_devices, {(table.device[i], track_of[i]) for i in range(table.size)})
     for index in range(table.size):
         op = table.op(index)
         begin, end = ticks(simulation.start[index]), ticks(simulation.end[index])
@@ -90,6 +84,50 @@ def chrome_trace(simulation: Simulation) -> dict:
                           "time": f"trace microseconds = problem units x {scale}, from the first op's start"}}
 
 
+def _track_names(num_devices: int, tracks: set[tuple[int, int]]) -> list[dict]:
+    """The metadata events naming each device's process ("device d", in device order) and each
+    of its (device, track) tracks."""
+    events = []
+    for device in range(num_devices):
+        events.append({"ph": "M", "name": "process_name", "pid": device, "args": {"name": f"device {device}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": device, "args": {"sort_index": device}})
+    for device, track in sorted(tracks):
+        events.append({"ph": "M", "name": "thread_name", "pid": device, "tid": track,
+                       "args": {"name": TRACK_NAMES[track]}})
+    return events
+
+
+def measured_trace(report) -> dict:
+    """The last timed step of a `zbopt.runtime.run_torch` report in the same form as
+    `chrome_trace` (the predicted step opens beside it): per rank its process and compute track,
+    one complete event per torch action run ("3F1", "3I1", "3W1", "3B1", the loss within the last
+    stage's F), at microseconds from the step's first op on the clock all ranks share. No memory
+    counters or flows: the run measures neither over time."""
+    first = min((start for *_, start, _ in report.intervals), default=0.0)
+
+    def microseconds(seconds: float) -> int:
+        return round((seconds - first) * 1e6)
+
+    events = _track_names(report.num_ranks, {(rank, COMPUTE_LANE) for rank, *_ in report.intervals})
+    for rank, stage, kind, microbatch, start, end in report.intervals:
+        begin = microseconds(start)
+        events.append({"ph": "X", "name": f"{stage}{kind}{microbatch}", "cat": TORCH_KIND_NAMES[kind], "pid": rank,
+                       "tid": COMPUTE_LANE, "ts": begin, "dur": microseconds(end) - begin,
+                       "args": {"kind": kind, "stage": stage, "microbatch": microbatch}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"schedule": report.path, "measured": "torch.distributed.pipelining, the last of "
+                          f"{report.steps} steps", "time": "trace microseconds from the step's first op"}}
+
+
 def write_chrome_trace(path: str | Path, simulation: Simulation) -> None:
     """Write `chrome_trace` to `path` (open it in ui.perfetto.dev or chrome://tracing)."""
-    Path(path).write_text(json.dumps(chrome_trace(simulation), separators=(",", ":")) + "\n")
+    _write(path, chrome_trace(simulation))
+
+
+def write_measured_trace(path: str | Path, report) -> None:
+    """Write `measured_trace` to `path`."""
+    _write(path, measured_trace(report))
+
+
+def _write(path: str | Path, trace: dict) -> None:
+    Path(path).write_text(json.dumps(trace, separators=(",", ":")) + "\n")

@@ -184,4 +184,5 @@ def run_torch(
         step_time_s=tuple(result["step_time_s"] for result in results),
         p2p_time_s=results[0]["p2p_time_s"],
         gradients=gradients,
+        intervals=tuple((rank, *interval) for rank, result in enumerate(results) for interval in result["intervals"]),
     )

@@ -46,10 +46,13 @@ class _OpRecorder:
     """Wraps a rank's PipelineStage methods: op times (timed steps), saved-activation bytes (step 0),
     and the rank's progress (step, ops done) in shared memory for the parent's timeout message."""
 
-    def __init__(self, modules: list, progress, rank: int):
+    def __init__(self, modules: list, progress, rank: int, last_step: int):
         self.samples: dict[tuple[int, str], list[float]] = defaultdict(list)
         self.activation_bytes: dict[int, int] = {}
-        self.modules, self.progress, self.rank = modules, progress, rank
+        # the last step's ops as (stage, kind, microbatch, start, end), on time.perf_counter's clock,
+        # which is CLOCK_MONOTONIC on Linux: one clock for every rank's process on the machine
+        self.intervals: list[tuple[int, str, int, float, float]] = []
+        self.modules, self.progress, self.rank, self.last_step = modules, progress, rank, last_step
         self.step = 0
 
     def start_step(self, step: int) -> None:
@@ -59,8 +62,11 @@ class _OpRecorder:
     def _timed(self, stage: int, kind: str, function, *args, **kwargs):
         start = time.perf_counter()
         result = function(*args, **kwargs)
+        end = time.perf_counter()
         if self.step > 0:
-            self.samples[stage, kind].append(time.perf_counter() - start)
+            self.samples[stage, kind].append(end - start)
+        if self.step == self.last_step:  # the chunk id comes first, as torch's runtime passes it
+            self.intervals.append((stage, kind, args[0] if args else next(iter(kwargs.values())), start, end))
         self.progress[2 * self.rank + 1] += 1
         return result
 
@@ -110,8 +116,12 @@ class _OpRecorder:
         def loss(output, target):
             start = time.perf_counter()
             value = loss_fn(output, target)
+            end = time.perf_counter()
             if self.step > 0:
-                self.samples[last_stage, TORCH_FORWARD][-1] += time.perf_counter() - start
+                self.samples[last_stage, TORCH_FORWARD][-1] += end - start
+            if self.step == self.last_step:  # the forward's interval runs on to the loss's end
+                stage, kind, microbatch, began, _ = self.intervals[-1]
+                self.intervals[-1] = (stage, kind, microbatch, began, end)
             return value
 
         return loss
@@ -152,7 +162,7 @@ def _run_rank(rank: int, job: RankJob, progress) -> dict:
         model, mine = job.model, job.stages_of_rank[rank]
         last = model.num_stages - 1
         modules = model.stage_modules()
-        recorder = _OpRecorder(modules, progress, rank)
+        recorder = _OpRecorder(modules, progress, rank, job.steps - 1)
         shape = (model.microbatch_size, model.hidden)
         stages = []
         for stage in mine:
@@ -188,6 +198,7 @@ def _run_rank(rank: int, job: RankJob, progress) -> dict:
     return {
         "gradients": gradients,
         "samples": dict(recorder.samples),
+        "intervals": recorder.intervals,
         "activation_bytes": recorder.activation_bytes,
         "step_time_s": statistics.median(step_times[1:]),
         "p2p_time_s": p2p,

@@ -74,6 +74,8 @@ class TorchRunReport:
     step_time_s: tuple[float, ...]
     p2p_time_s: float | None
     gradients: list[dict] = field(repr=False, compare=False)
+    # the last step's ops as (rank, stage, torch kind, microbatch, start s, end s), one clock for all ranks
+    intervals: tuple[tuple[int, int, str, int, float, float], ...] = field(default=(), repr=False, compare=False)
 
     @property
     def passed(self) -> bool:

@@ -1,6 +1,8 @@
 """The HTML report: one self-contained page whose table holds the comparison's exact numbers, with
 exactly one Gantt chart and one memory chart per schedule, and nothing fetched from anywhere."""
 
+import base64
+import gzip
 import json
 import re
 from collections import Counter
@@ -25,6 +27,11 @@ class Page(HTMLParser):
         super().__init__()
         self.figures: list[tuple[str, str | None]] = []  # (class, data-schedule)
         self.svgs_in_figures = 0
+        self.canvases_in_figures = 0
+        self.script_sources: list[str | None] = []  # each <script>'s src (None: inline)
+        self.data: dict[str, str] = {}  # schedule -> its embedded data, as written
+        self._section: str | None = None
+        self._in_data = False
         self.ids: list[str] = []
         self.links: list[str] = []
         self.tags: Counter = Counter()
@@ -45,6 +52,15 @@ class Page(HTMLParser):
             self._depth_in_figure += 1
         if tag == "svg" and self._depth_in_figure:
             self.svgs_in_figures += 1
+        if tag == "canvas" and self._depth_in_figure:
+            self.canvases_in_figures += 1
+        if tag == "section":
+            self._section = attrs.get("data-schedule")
+        if tag == "script":
+            self.script_sources.append(attrs.get("src"))
+            self._in_data = "schedule-data" in attrs.get("class", "")
+            if self._in_data:
+                self.data[self._section] = ""
         if tag == "tr" and "data-schedule" in attrs:
             self.table.append((attrs["data-schedule"], {}))
         if tag == "td" and "data-key" in attrs:
@@ -53,6 +69,8 @@ class Page(HTMLParser):
     def handle_endtag(self, tag):
         if tag == "figure":
             self._depth_in_figure -= 1
+        if tag == "script":
+            self._in_data = False
         if tag == "td" and self._cell is not None:
             self.table[-1][1][self._cell["key"]] = (self._cell["value"], self._cell["text"])
             self._cell = None
@@ -60,6 +78,8 @@ class Page(HTMLParser):
     def handle_data(self, data):
         if self._cell is not None:
             self._cell["text"] += data
+        if self._in_data:
+            self.data[self._section] += data
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +97,9 @@ def test_one_gantt_and_one_memory_chart_per_schedule_each_in_its_section(report)
     charts = Counter(page.figures)
     assert charts == Counter({("comparison", None): 1, **{("gantt", name): 1 for name in names},
                               **{("memory", name): 1 for name in names}})
-    assert page.svgs_in_figures == len(page.figures)  # every chart is inline SVG
+    # the comparison chart is inline SVG; each schedule's charts a canvas the page draws from its data
+    assert page.svgs_in_figures == 1 and page.canvases_in_figures == 2 * len(names)
+    assert sorted(page.data) == sorted(names)
     # the table's names link to the sections, one section per schedule
     assert sorted(page.ids) == sorted(f"schedule-{name}" for name in names)
     assert page.links == [f"#schedule-{name}" for name in names]
@@ -95,13 +117,36 @@ def test_table_holds_the_comparisons_exact_numbers_in_its_order(report):
 
 def test_report_refers_to_no_external_resource(report):
     _, text, page = report
-    assert not page.tags["link"] and not page.tags["script"] and not page.tags["img"] and not page.tags["iframe"]
+    assert not page.tags["link"] and not page.tags["img"] and not page.tags["iframe"]
+    assert page.script_sources and set(page.script_sources) == {None}  # inline scripts only
     assert not re.search(r"(?:src|href)\s*=\s*[\"']?\s*(?:[a-z]+:)?//", text, re.IGNORECASE)
     assert "@import" not in text and not re.search(r"url\(\s*[\"']?(?:[a-z]+:)?//", text, re.IGNORECASE)
     # the only URLs are SVG's namespace names, which nothing fetches
     urls = re.findall(r"(\S+?)=\"(https?://[^\"]*)\"", text)
     assert {attribute for attribute, _ in urls} <= {"xmlns", "xmlns:xlink"}
     assert len(urls) == len(re.findall(r"https?://", text))
+
+
+def test_embedded_data_are_the_simulations_numbers(report):
+    """Each schedule's data (gzip, base64) decode to its simulation: every op's device, start and
+    end (from the first op's start), and the memory its device holds after the op's allocation or
+    release, read off the simulator's memory steps here independently (the last step at or before
+    that moment)."""
+    comparison, _, page = report
+    for row in comparison.rows:
+        data = json.loads(gzip.decompress(base64.b64decode(page.data[row.name])))
+        simulation, table = row.simulation, row.simulation.table
+        origin = float(simulation.start.min())
+        ops = data["ops"]
+        assert ops["name"] == [str(op) for op in table.ops()] and ops["d"] == list(table.device)
+        assert ops["t0"] == pytest.approx([s - origin for s in simulation.start.tolist()], abs=1e-6)
+        assert ops["t1"] == pytest.approx([e - origin for e in simulation.end.tolist()], abs=1e-6)
+        for index, op in enumerate(table.ops()):
+            times, levels = simulation.memory_steps[table.device[index]]
+            moment = simulation.start[index] if op.kind == "F" else simulation.end[index]
+            held = [level for time, level in zip(times, levels, strict=True) if time <= moment][-1]
+            assert ops["m"][index] == held
+        assert data["makespan"] == simulation.makespan and data["devices"] == comparison.problem.num_devices
 
 
 def test_report_path_must_be_html(tmp_path):

@@ -27,6 +27,9 @@ from zbopt.errors import ScheduleError
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT, Problem
 
 _OP_PATTERN = re.compile(r"^\s*(\d+)(F|BW|B|W|R|O|L)(\d+)\s*$")
+# What each kind of op is, in words (traces and the report's hover text).
+KIND_WORDS = {FORWARD: "forward", BACKWARD: "input gradient", WEIGHT: "weight gradient", FUSED_BACKWARD: "backward",
+              RECOMPUTE: "recompute", OFFLOAD: "offload", RELOAD: "reload"}
 # Where an op runs on its device: compute, or one of the two copy lanes beside it.
 COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE = 0, 1, 2
 LANE_OF_KIND = {OFFLOAD: OFFLOAD_LANE, RELOAD: RELOAD_LANE}

@@ -1,23 +1,36 @@
 """One self-contained HTML page comparing schedules: the problem, the comparison table and chart,
 and every schedule's Gantt chart and memory timeline.
 
-Charts are inline SVG and the style sheet is inline, so the page opens from disk, offline, and
-can be mailed as one file; it refers to no external resource.
+The comparison and frontier charts are inline SVG. Each schedule's Gantt chart and memory
+timeline are drawn in the browser on canvases (`viewer.js`, inlined: hover details, zoom, pan; a
+click on a table row shows that schedule) from its simulation's numbers, embedded gzip-compressed
+and base64-encoded: p = 32, m = 256 is some 50k ops per schedule, too many for SVG elements. The
+style sheet is inline too, so the page opens from disk, offline, and can be mailed as one file; it
+refers to no external resource.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import html
 import io
+import json
 import re
+from importlib.resources import files
 from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import to_hex
 
 from zbopt import __version__, plot
 from zbopt.compare import COLUMNS, Comparison, ComparisonRow
 from zbopt.errors import ZboptError
+from zbopt.ops import KIND_WORDS
+from zbopt.plot.style import chunk_color
+from zbopt.simulate import Simulation
 
 REPORT_FORMATS = (".html", ".htm")
 STYLE = """
@@ -30,11 +43,18 @@ tr.over-limit td { color: #c0392b; }
 figure { margin: 0.5em 0 1.5em; }
 svg { max-width: 100%; height: auto; }
 section.schedule { border-top: 1px solid #ccc; margin-top: 1.5em; }
+canvas { display: block; cursor: crosshair; }
+table.comparison tr[data-schedule] { cursor: pointer; }
+table.comparison tr.shown td { background: #eef3fb; }
+.tip { position: absolute; background: #fffbe6; border: 1px solid #c9b458; padding: 0.2em 0.5em; font-size: 0.8em;
+       pointer-events: none; white-space: nowrap; }
 """
 # text as text (a fraction of the size of glyph paths); where DejaVu Sans (what the labels were
 # measured with) is missing, the browser falls back to narrower fonts, so fitted labels still fit
 SVG_TEXT = {"svg.fonttype": "none", "font.sans-serif": ["DejaVu Sans", "Arial", "Helvetica"]}
 NUMBER_COLUMNS = ("makespan", "bubble_rate", "zb_bubble_rate", "peak_memory", "gap")
+VIEWER = files("zbopt").joinpath("viewer.js").read_text(encoding="utf-8")
+PAIR_LANE = 3  # the viewer's lane of an overlapped pair's members, split across the compute row
 
 
 def check_report_path(path: str | Path) -> Path:
@@ -71,9 +91,11 @@ def render_report(comparison: Comparison, *, frontier=None) -> str:
     ]
     if frontier is not None:
         parts += ['<h2 id="frontier">Frontier</h2>', _figure("frontier", plot.plot_frontier(frontier))]
-    parts.append('<h2 id="schedules">Schedules</h2>')
-    for row in comparison.rows:
-        parts.append(_schedule_section(row))
+    parts.append('<h2 id="schedules">Schedules</h2><p>Click a row of the table to show its schedule; hover for '
+                 "details, wheel to zoom, drag to pan, double click to see it whole.</p>")
+    for number, row in enumerate(comparison.rows):
+        parts.append(_schedule_section(row, shown=number == 0))
+    parts.append(f"<script>{VIEWER}</script>")
     parts.append(f'<p><small>Written by zbopt {__version__}.</small></p></body></html>')
     return "\n".join(parts)
 
@@ -113,16 +135,64 @@ def _comparison_table(rows: tuple[ComparisonRow, ...]) -> str:
     return "\n".join(lines)
 
 
-def _schedule_section(row: ComparisonRow) -> str:
+def _schedule_section(row: ComparisonRow, shown: bool) -> str:
+    """A schedule's section: its summary, a canvas each for its Gantt chart and memory timeline,
+    and its numbers for them (`schedule_data`), gzip-compressed and base64-encoded."""
     cells = row.cells()
     summary = ", ".join(f"{COLUMNS[key]} {cells[key]}" for key in list(COLUMNS)[1:] if cells[key] != "-")
+    packed = base64.b64encode(gzip.compress(json.dumps(schedule_data(row.simulation), separators=(",", ":"))
+                                            .encode(), mtime=0)).decode()
+    owner = f'data-schedule="{_text(row.name)}"'
     return "\n".join([
-        f'<section class="schedule" id="{_anchor(row.name)}">',
+        f'<section class="schedule" id="{_anchor(row.name)}" {owner}{"" if shown else " hidden"}>',
         f"<h3>{_text(row.name)}</h3><p>{_text(summary)}</p>",
-        _figure("gantt", plot.plot_gantt(row.simulation), row.name),
-        _figure("memory", plot.plot_memory(row.simulation), row.name),
+        f'<figure class="gantt" {owner}><canvas class="gantt"></canvas></figure>',
+        f'<figure class="memory" {owner}><canvas class="memory"></canvas></figure>',
+        '<div class="tip" hidden></div>',
+        f'<script type="application/octet-stream" class="schedule-data" data-encoding="gzip+base64">{packed}</script>',
         "</section>",
     ])
+
+
+def schedule_data(simulation: Simulation) -> dict:
+    """What the viewer draws, per op (in op-table order): its name, device, kind (an index into `kinds`),
+    stage, chunk, microbatch, start and end (from the first op's start), the memory its device
+    holds after the op's allocation or release (`m`), its colour (an index into `palette`, the
+    Gantt's colours), its lane (0 compute, 1 device-to-host, 2 host-to-device, 3 an overlapped
+    pair's member) and, for a pair's member, its place in the pair and the pair's size; per device
+    its memory steps; the limits and the makespan."""
+    problem, table = simulation.problem, simulation.table
+    origin = float(simulation.start.min())
+    chunk_of = {stage: chunk for stages in problem.stages_of_device for chunk, stage in enumerate(stages)}
+    ops = table.ops()
+    kinds = list(dict.fromkeys(op.kind for op in ops))
+    colours = list(dict.fromkeys((op.kind, chunk_of[op.stage]) for op in ops))
+    part, parts, lane = [0] * table.size, [1] * table.size, list(table.lane)
+    for pair in simulation.pairs:
+        for place, member in enumerate(pair.members):
+            part[member], parts[member], lane[member] = place, len(pair.members), PAIR_LANE
+    when = np.where(np.asarray(table.allocates_at_start), simulation.start, simulation.end)
+    after = []
+    for index, device in enumerate(table.device):
+        times, levels = simulation.memory_steps[device]
+        after.append(float(levels[np.searchsorted(times, when[index], side="right") - 1]))
+
+    def times(values) -> list[float]:
+        return [round(float(value) - origin, 6) for value in values]
+
+    return {
+        "devices": problem.num_devices, "chunks": problem.chunks_per_device, "makespan": simulation.makespan,
+        "kinds": [KIND_WORDS[kind] for kind in kinds],
+        "palette": [to_hex(chunk_color(kind, chunk, problem.chunks_per_device)) for kind, chunk in colours],
+        "limit": None if problem.memory_limit is None else list(problem.memory_limit),
+        "ops": {"name": [str(op) for op in ops], "d": list(table.device), "k": [kinds.index(op.kind) for op in ops],
+                "s": [op.stage for op in ops], "chunk": [chunk_of[op.stage] for op in ops],
+                "j": [op.microbatch for op in ops], "t0": times(simulation.start), "t1": times(simulation.end),
+                "m": after, "c": [colours.index((op.kind, chunk_of[op.stage])) for op in ops], "lane": lane,
+                "part": part, "parts": parts},
+        "memory": [[times(step_times), [float(level) for level in levels]]
+                   for step_times, levels in simulation.memory_steps],
+    }
 
 
 def _figure(kind: str, figure, schedule: str | None = None) -> str:

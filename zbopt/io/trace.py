@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE
+from zbopt.io.torch_format import TORCH_KIND
+from zbopt.ops import COMPUTE_LANE, KIND_WORDS, OFFLOAD_LANE, RELOAD_LANE
 from zbopt.schedule import pair_text
 from zbopt.simulate import Simulation
 from zbopt.ticks import tick_scale
@@ -30,9 +31,7 @@ MIN_TICKS_PER_UNIT = 1000  # one problem unit shows as at least a millisecond
 PAIR_TRACK = 3
 TRACK_NAMES = {COMPUTE_LANE: "compute", OFFLOAD_LANE: "device-to-host", RELOAD_LANE: "host-to-device",
                PAIR_TRACK: "overlapped pair members"}
-KIND_NAMES = {"F": "forward", "B": "input gradient", "W": "weight gradient", "BW": "backward", "R": "recompute",
-              "O": "offload", "L": "reload"}
-TORCH_KIND_NAMES = {"F": "forward", "I": "input gradient", "W": "weight gradient", "B": "backward"}
+TORCH_KIND_WORDS = {letter: KIND_WORDS[kind] for kind, letter in TORCH_KIND.items()}  # torch's B is a full backward
 
 
 def trace_scale(simulation: Simulation) -> int:
@@ -57,7 +56,7 @@ def chrome_trace(simulation: Simulation) -> dict:
     for index in range(table.size):
         op = table.op(index)
         begin, end = ticks(simulation.start[index]), ticks(simulation.end[index])
-        events.append({"ph": "X", "name": str(op), "cat": KIND_NAMES[op.kind], "pid": table.device[index],
+        events.append({"ph": "X", "name": str(op), "cat": KIND_WORDS[op.kind], "pid": table.device[index],
                        "tid": track_of[index], "ts": begin, "dur": end - begin,
                        "args": {"kind": op.kind, "stage": op.stage, "chunk": chunk_of[op.stage],
                                 "microbatch": op.microbatch, "start": float(simulation.start[index]),
@@ -111,7 +110,7 @@ def measured_trace(report) -> dict:
     events = _track_names(report.num_ranks, {(rank, COMPUTE_LANE) for rank, *_ in report.intervals})
     for rank, stage, kind, microbatch, start, end in report.intervals:
         begin = microseconds(start)
-        events.append({"ph": "X", "name": f"{stage}{kind}{microbatch}", "cat": TORCH_KIND_NAMES[kind], "pid": rank,
+        events.append({"ph": "X", "name": f"{stage}{kind}{microbatch}", "cat": TORCH_KIND_WORDS[kind], "pid": rank,
                        "tid": COMPUTE_LANE, "ts": begin, "dur": microseconds(end) - begin,
                        "args": {"kind": kind, "stage": stage, "microbatch": microbatch}})
     return {"traceEvents": events, "displayTimeUnit": "ms",

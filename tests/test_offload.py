@@ -323,12 +323,13 @@ def test_full_offload_with_short_copies_and_room_is_1f1b(p, m):
 def test_full_offload_fits_its_limit(p, m, limit, split, shared, copy):
     """On 1F1B's order, each allocation waiting for room: valid within the limit, down to the floor
     of one activation, on every shape tried (a forward waits for the offload before it, a reload
-    for the backward before it to free room); never slower than one microbatch at a time."""
+    for the backward before it to free room). Not always faster than one microbatch at a time:
+    p = 3, m = 3, limit 1, fused, a shared host link and copies of 6 (twice F) take 97 against
+    serial-offload's 93 (found by this test; the claim it used to make is dropped)."""
     problem = offloading(p, m, weight_times=2 if split else None, memory_limit=limit, shared_host_link=shared,
                          offload_times=copy, p2p_time=0.5)
     result = simulate(problem, generate("full-offload", problem))
     assert result.valid and max(result.peak_memory) <= limit + 1e-9
-    assert result.makespan <= simulate(problem, generate("serial-offload", problem)).makespan + 1e-9
 
 
 @pytest.mark.parametrize("shared", [False, True])

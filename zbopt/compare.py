@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from zbopt import display
 from zbopt.errors import NotApplicableError
 from zbopt.problem import Problem
 from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
@@ -94,6 +95,18 @@ class Comparison:
 
     def to_dicts(self) -> list[dict]:
         return [row.to_dict() for row in self.rows]
+
+    def to_dataframe(self):
+        """`to_dicts` as a pandas DataFrame (pandas is optional)."""
+        return display.dataframe(self.to_dicts())
+
+    def __str__(self) -> str:
+        """The CLI's table (`zbopt.display`)."""
+        return display.text(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the table and its chart (`zbopt.display`)."""
+        return display.rich(self)
 
 
 def row_order(row: ComparisonRow) -> tuple[bool, float]:

@@ -17,6 +17,7 @@ from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
+from zbopt import display
 from zbopt.errors import ProblemError, ZboptError
 from zbopt.problem import Problem
 from zbopt.schedules import generate_applicable
@@ -86,6 +87,18 @@ class Frontier:
         return {"problem": problem, "time_limit": self.time_limit, "wall_time_s": self.wall_time_s,
                 "points": [point.to_dict() for point in self.points],
                 "heuristics": [point.to_dict() for point in self.heuristics]}
+
+    def to_dataframe(self):
+        """One row per memory limit (`FrontierPoint.to_dict`), as a pandas DataFrame (pandas is optional)."""
+        return display.dataframe([point.to_dict() for point in self.points])
+
+    def __str__(self) -> str:
+        """The CLI's table (`zbopt.display`)."""
+        return display.text(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the table and its chart (`zbopt.display`)."""
+        return display.rich(self)
 
 
 def parse_memory_limits(text: str) -> tuple[float, ...]:

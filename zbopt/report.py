@@ -87,10 +87,10 @@ def render_report(comparison: Comparison, *, frontier=None) -> str:
         _problem_table(comparison),
         '<h2 id="comparison">Comparison</h2>',
         _comparison_table(comparison.rows),
-        _figure("comparison", plot.plot_comparison(comparison)),
+        figure_html("comparison", plot.plot_comparison(comparison)),
     ]
     if frontier is not None:
-        parts += ['<h2 id="frontier">Frontier</h2>', _figure("frontier", plot.plot_frontier(frontier))]
+        parts += ['<h2 id="frontier">Frontier</h2>', figure_html("frontier", plot.plot_frontier(frontier))]
     parts.append('<h2 id="schedules">Schedules</h2><p>Click a row of the table to show its schedule; hover for '
                  "details, wheel to zoom, drag to pan, double click to see it whole.</p>")
     for number, row in enumerate(comparison.rows):
@@ -195,7 +195,7 @@ def schedule_data(simulation: Simulation) -> dict:
     }
 
 
-def _figure(kind: str, figure, schedule: str | None = None) -> str:
+def figure_html(kind: str, figure, schedule: str | None = None) -> str:
     """The figure as an inline SVG in a <figure class=kind>, and closed (a report draws many)."""
     buffer = io.StringIO()
     with matplotlib.rc_context(SVG_TEXT):

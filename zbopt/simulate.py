@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from zbopt import display
 from zbopt.errors import DeadlockError, MemoryLimitError, ScheduleError
 from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, Op, OpTable
 from zbopt.problem import COPY_KINDS, FORWARD, PAIR_MEMBERS, RECOMPUTE, RELOAD, Problem
@@ -131,6 +132,19 @@ class Simulation:
         """(start, end) of one op."""
         index = self.table.index(op)
         return float(self.start[index]), float(self.end[index])
+
+    def to_dataframe(self):
+        """One row per device: busy, idle, span, peak memory, as a pandas DataFrame (pandas is optional)."""
+        return display.dataframe([{"device": device, "busy": self.busy[device], "idle": self.idle[device],
+                                   "span": self.span[device], "peak_memory": self.peak_memory[device]}
+                                  for device in range(self.problem.num_devices)])
+    def __str__(self) -> str:
+        """The CLI's table (`zbopt.display`)."""
+        return display.text(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the table and its chart (`zbopt.display`)."""
+        return display.rich(self)
 
     def timed_orders(self) -> Schedule:
         """The schedule with the simulated start times filled in."""

@@ -7,6 +7,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from zbopt import display
 from zbopt.errors import ZboptError
 from zbopt.ops import Op, device_work
 from zbopt.problem import OFFLOAD, RECOMPUTE, RELOAD, Problem
@@ -63,6 +64,20 @@ class SolveResult:
                     warm_start=self.warm_start, resolution=self.resolution, decided_by=self.decided_by,
                     bounds=self.bounds, binding_bound=self.binding_bound, bounds_complete=self.bounds_complete)
         return data
+
+    def to_dataframe(self):
+        """Its schedule's devices (`Simulation.to_dataframe`); pandas is optional."""
+        if self.simulation is None:
+            raise ZboptError(f"the solver found no schedule ({self.status}): nothing to tabulate")
+        return self.simulation.to_dataframe()
+
+    def __str__(self) -> str:
+        """The CLI's table (`zbopt.display`)."""
+        return display.text(self)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the table and its chart (`zbopt.display`)."""
+        return display.rich(self)
 
 
 def relative_gap(value: float | None, lower_bound: float) -> float | None:

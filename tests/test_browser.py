@@ -67,3 +67,35 @@ def test_report_renders_shows_a_schedule_and_its_op_on_hover(browser, tmp_path):
     browser.save_screenshot(str(ARTIFACTS / "report_hover.png"))
     errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert errors == []
+
+
+def test_hovering_a_copy_strip_shows_the_copy(browser, tmp_path):
+    """serial-offload, p = 2, m = 4: device 0's first offload 0O0 runs on the device-to-host strip
+    under the compute boxes (rows 15-17 px of the 22 px row); a hover there names it, and one on the
+    compute band at the same moment does not."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from zbopt import Op, generate, simulate
+
+    problem = Problem(num_devices=2, num_microbatches=4, weight_times=1, allow_offload=True, offload_times=0.5,
+                      memory_limit=1)
+    comparison = compare(problem, ["serial-offload"])
+    path = write_report(tmp_path / "report.html", comparison)
+    browser.get(path.as_uri())
+    WebDriverWait(browser, 10).until(lambda driver: driver.execute_script("return document.body.dataset.shown"))
+    canvas = browser.find_element(By.CSS_SELECTOR, "canvas.gantt")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
+    simulation = simulate(problem, generate("serial-offload", problem))
+    begin, end = simulation.times_of(Op.from_str("0O0"))
+    width, height = canvas.size["width"], canvas.size["height"]
+    x = 70 + (begin + end) / 2 / simulation.makespan * (width - 70 - 8)
+    tip = browser.find_element(By.CSS_SELECTOR, ".tip")
+    for y, expected in ((16, "0O0 · offload"), (5, None)):
+        ActionChains(browser).move_to_element_with_offset(canvas, int(x - width / 2), int(y - height / 2)).perform()
+        if expected is None:
+            WebDriverWait(browser, 5).until(lambda driver: not tip.is_displayed() or "0O0" not in tip.text)
+        else:
+            WebDriverWait(browser, 5).until(lambda driver: tip.is_displayed())
+            assert tip.text.startswith(expected)

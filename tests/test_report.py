@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from zbopt import Problem, compare, solve
+from zbopt import Op, Problem, compare, generate, simulate, solve
 from zbopt.cli import main
 from zbopt.errors import ZboptError
 from zbopt.report import write_report
@@ -129,9 +129,9 @@ def test_report_refers_to_no_external_resource(report):
 
 def test_embedded_data_are_the_simulations_numbers(report):
     """Each schedule's data (gzip, base64) decode to its simulation: every op's device, start and
-    end (from the first op's start), and the memory its device holds after the op's allocation or
-    release, read off the simulator's memory steps here independently (the last step at or before
-    that moment)."""
+    end (from the first op's start), and the memory its device holds right after the op's own
+    change: where the op alone changes its device's memory at that moment, the level of the
+    simulator's memory step there, read off the steps here."""
     comparison, _, page = report
     for row in comparison.rows:
         data = json.loads(gzip.decompress(base64.b64decode(page.data[row.name])))
@@ -139,14 +139,28 @@ def test_embedded_data_are_the_simulations_numbers(report):
         origin = float(simulation.start.min())
         ops = data["ops"]
         assert ops["name"] == [str(op) for op in table.ops()] and ops["d"] == list(table.device)
-        assert ops["t0"] == pytest.approx([s - origin for s in simulation.start.tolist()], abs=1e-6)
-        assert ops["t1"] == pytest.approx([e - origin for e in simulation.end.tolist()], abs=1e-6)
-        for index, op in enumerate(table.ops()):
+        assert ops["t0"] == pytest.approx([s - origin for s in simulation.start.tolist()], abs=1e-9)
+        assert ops["t1"] == pytest.approx([e - origin for e in simulation.end.tolist()], abs=1e-9)
+        moments = [simulation.start[i] if table.allocates_at_start[i] else simulation.end[i] for i in range(table.size)]
+        alone = Counter((table.device[i], moments[i]) for i in range(table.size) if table.memory_delta[i])
+        for index in range(table.size):
             times, levels = simulation.memory_steps[table.device[index]]
-            moment = simulation.start[index] if op.kind == "F" else simulation.end[index]
-            held = [level for time, level in zip(times, levels, strict=True) if time <= moment][-1]
-            assert ops["m"][index] == held
+            if table.memory_delta[index] and alone[table.device[index], moments[index]] == 1:
+                held = [level for time, level in zip(times, levels, strict=True) if time <= moments[index]][-1]
+                assert ops["m"][index] == held
         assert data["makespan"] == simulation.makespan and data["devices"] == comparison.problem.num_devices
+
+
+def test_memory_after_an_op_is_its_own_change_where_two_coincide():
+    """serial-offload, p = 2, m = 4 (found by review): 0W0 ends at 7 as 0F1 starts; 0W0 leaves its
+    device empty, 0F1 then holds one activation (the step at 7 shows only the latter)."""
+    problem = Problem(num_devices=2, num_microbatches=4, weight_times=1, allow_offload=True, offload_times=0.5,
+                      memory_limit=1)
+    simulation = simulate(problem, generate("serial-offload", problem))
+    table = simulation.table
+    assert simulation.times_of(Op.from_str("0W0"))[1] == simulation.times_of(Op.from_str("0F1"))[0]
+    assert simulation.memory_after[table.index(Op.from_str("0W0"))] == 0.0
+    assert simulation.memory_after[table.index(Op.from_str("0F1"))] == 1.0
 
 
 def test_report_path_must_be_html(tmp_path):

@@ -188,7 +188,7 @@ def test_the_measured_trace_runs_each_rank_in_its_csv_order(reports, name):
     assert min(starts) == 0
     for rank, actions in enumerate(order.actions):
         ran = sorted((event["ts"], event["dur"], event["name"]) for event in trace["traceEvents"]
-                     if event["ph"] == "X" and event["pid"] == rank)
+                     if event["ph"] == "X" and event["pid"] == rank + 1)  # pid 0 is Perfetto's idle task
         assert [text for *_, text in ran] == [str(action) for action in actions]
         assert all(start + duration <= following for (start, duration, _), (following, _, _) in pairwise(ran))
 

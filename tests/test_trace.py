@@ -52,7 +52,7 @@ def test_zb_v_trace_reads_back_as_the_simulation():
     assert len(ops) == len(slices(trace)) == table.size
     for index, op in enumerate(table.ops()):
         event = ops[str(op)]
-        assert (event["pid"], event["tid"]) == (table.device[index], 0)
+        assert (event["pid"], event["tid"]) == (table.device[index] + 1, 1)  # pid and tid 0 are Perfetto's idle task
         assert event["ts"] == simulation.start[index] * scale and event["dur"] == table.duration[index] * scale
         assert event["args"] == {"kind": op.kind, "stage": op.stage, "microbatch": op.microbatch,
                                  "chunk": simulation.problem.stages_of_device[table.device[index]].index(op.stage),
@@ -61,7 +61,7 @@ def test_zb_v_trace_reads_back_as_the_simulation():
     counters = defaultdict(list)
     for event in trace["traceEvents"]:
         if event["ph"] == "C":
-            counters[event["pid"]].append((event["ts"] / scale, event["args"]["held"]))
+            counters[event["pid"] - 1].append((event["ts"] / scale, event["args"]["held"]))
     for device, (times, levels) in enumerate(simulation.memory_steps):
         assert counters[device] == list(zip(times.tolist(), levels.tolist(), strict=True))
     flows = defaultdict(dict)
@@ -71,11 +71,12 @@ def test_zb_v_trace_reads_back_as_the_simulation():
     edges = {(table.op(source), table.op(target)) for target, source in enumerate(table.predecessor)
              if source >= 0 and table.device[source] != table.device[target]}
     assert len(flows) == len(edges)
-    for target_index, ends in flows.items():
+    for target_index, ends in flows.items():  # each end in the middle of its op's slice: it binds to that slice
         source_index = table.predecessor[target_index]
         assert (table.op(source_index), table.op(target_index)) in edges
-        assert ends["s"] == (table.device[source_index], ops[str(table.op(source_index))]["ts"], "e")
-        assert ends["f"] == (table.device[target_index], ops[str(table.op(target_index))]["ts"], "e")
+        for phase, index in (("s", source_index), ("f", target_index)):
+            slice_ = ops[str(table.op(index))]
+            assert ends[phase] == (table.device[index] + 1, slice_["ts"] + slice_["dur"] / 2, "e")
 
 
 def test_float_costs_give_whole_microseconds_and_no_overlap():
@@ -95,19 +96,19 @@ def test_float_costs_give_whole_microseconds_and_no_overlap():
 
 def test_copies_and_pairs_get_their_own_tracks():
     """Offloads and reloads on the copy tracks; an overlapped pair one slice on the compute track,
-    its members nested on the pair track."""
+    its members side by side on a track each (on one track they would nest as a call stack)."""
     offloading = Problem(num_devices=2, num_microbatches=4, weight_times=1, allow_offload=True, offload_times=0.5,
                          memory_limit=1)
     trace = chrome_trace(simulate(offloading, generate("serial-offload", offloading)))
     tracks = {event["args"]["kind"]: event["tid"] for event in slices(trace)}
-    assert (tracks["O"], tracks["L"], tracks["F"]) == (1, 2, 0)
+    assert (tracks["O"], tracks["L"], tracks["F"]) == (2, 3, 1)
     assert_tracks_nest(trace)
     paired = Problem(num_devices=1, num_microbatches=2, forward_times=1, backward_times=1, weight_times=1,
                      overlap_times={"FBW": 1.5})
     trace = chrome_trace(simulate(paired, Schedule([["0F0", "(0F1;0B0;0W0)", "0B1", "0W1"]])))
     by_name = {event["name"]: event for event in slices(trace)}
-    assert (by_name["(0F1;0B0;0W0)"]["tid"], by_name["(0F1;0B0;0W0)"]["dur"]) == (0, 1500)
-    assert {by_name[name]["tid"] for name in ("0F1", "0B0", "0W0")} == {3}
+    assert (by_name["(0F1;0B0;0W0)"]["tid"], by_name["(0F1;0B0;0W0)"]["dur"]) == (1, 1500)
+    assert [by_name[name]["tid"] for name in ("0F1", "0B0", "0W0")] == [4, 5, 6]  # side by side, not nested
     assert_tracks_nest(trace)
 
 

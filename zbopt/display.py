@@ -11,6 +11,8 @@ import html
 
 from zbopt.errors import ZboptError
 
+MAX_CHART_OPS = 5000  # above this a notebook shows the table alone: an SVG Gantt of more takes seconds and MBs
+
 
 def text(result) -> str:
     """The CLI's table for `result` (a Simulation, SolveResult, Comparison or Frontier)."""
@@ -37,6 +39,10 @@ def rich(result) -> str:
     from zbopt.report import figure_html
     from zbopt.simulate import Simulation
 
+    simulation = result if isinstance(result, Simulation) else getattr(result, "simulation", None)
+    if simulation is not None and simulation.table.size > MAX_CHART_OPS:
+        return (f"<pre>{html.escape(text(result))}</pre><p>(Gantt chart left out: {simulation.table.size:,} ops; "
+                "zbopt.plot.plot_gantt draws it, the HTML report draws it zoomable)</p>")
     if isinstance(result, Simulation):
         figure = plot.plot_gantt(result)
     elif isinstance(result, Comparison):

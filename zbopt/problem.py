@@ -436,6 +436,15 @@ class Problem:
             stages[self.device_of(stage)].append(stage)
         return tuple(tuple(s) for s in stages)
 
+    @cached_property
+    def chunk_of(self) -> tuple[int, ...]:
+        """Per virtual stage, its chunk: its place among its device's stages in increasing order."""
+        chunks = [0] * self.num_stages
+        for stages in self.stages_of_device:
+            for chunk, stage in enumerate(stages):
+                chunks[stage] = chunk
+        return tuple(chunks)
+
     def cost(self, kind: str, stage: int) -> float:
         """Duration of one op of `kind` on virtual stage `stage`."""
         if kind == FORWARD:

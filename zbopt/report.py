@@ -4,7 +4,8 @@ and every schedule's Gantt chart and memory timeline.
 The comparison and frontier charts are inline SVG. Each schedule's Gantt chart and memory
 timeline are drawn in the browser on canvases (`viewer.js`, inlined: hover details, zoom, pan; a
 click on a table row shows that schedule) from its simulation's numbers, embedded gzip-compressed
-and base64-encoded: p = 32, m = 256 is some 50k ops per schedule, too many for SVG elements. The
+and base64-encoded: p = 32, m = 256 is 24,576 ops per schedule (twice that at v = 2), too many for
+SVG elements. The
 style sheet is inline too, so the page opens from disk, offline, and can be mailed as one file; it
 refers to no external resource.
 """
@@ -22,7 +23,6 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
-import numpy as np
 from matplotlib.colors import to_hex
 
 from zbopt import __version__, plot
@@ -92,7 +92,8 @@ def render_report(comparison: Comparison, *, frontier=None) -> str:
     if frontier is not None:
         parts += ['<h2 id="frontier">Frontier</h2>', figure_html("frontier", plot.plot_frontier(frontier))]
     parts.append('<h2 id="schedules">Schedules</h2><p>Click a row of the table to show its schedule; hover for '
-                 "details, wheel to zoom, drag to pan, double click to see it whole.</p>")
+                 "details, Ctrl + wheel to zoom, drag to pan, double click to see it whole.</p>"
+                 "<noscript><p>The charts are drawn by the page's script: allow it to see them.</p></noscript>")
     for number, row in enumerate(comparison.rows):
         parts.append(_schedule_section(row, shown=number == 0))
     parts.append(f"<script>{VIEWER}</script>")
@@ -163,7 +164,7 @@ def schedule_data(simulation: Simulation) -> dict:
     its memory steps; the limits and the makespan."""
     problem, table = simulation.problem, simulation.table
     origin = float(simulation.start.min())
-    chunk_of = {stage: chunk for stages in problem.stages_of_device for chunk, stage in enumerate(stages)}
+    chunk_of = problem.chunk_of
     ops = table.ops()
     kinds = list(dict.fromkeys(op.kind for op in ops))
     colours = list(dict.fromkeys((op.kind, chunk_of[op.stage]) for op in ops))
@@ -171,14 +172,9 @@ def schedule_data(simulation: Simulation) -> dict:
     for pair in simulation.pairs:
         for place, member in enumerate(pair.members):
             part[member], parts[member], lane[member] = place, len(pair.members), PAIR_LANE
-    when = np.where(np.asarray(table.allocates_at_start), simulation.start, simulation.end)
-    after = []
-    for index, device in enumerate(table.device):
-        times, levels = simulation.memory_steps[device]
-        after.append(float(levels[np.searchsorted(times, when[index], side="right") - 1]))
 
     def times(values) -> list[float]:
-        return [round(float(value) - origin, 6) for value in values]
+        return [float(value) - origin for value in values]
 
     return {
         "devices": problem.num_devices, "chunks": problem.chunks_per_device, "makespan": simulation.makespan,
@@ -188,8 +184,8 @@ def schedule_data(simulation: Simulation) -> dict:
         "ops": {"name": [str(op) for op in ops], "d": list(table.device), "k": [kinds.index(op.kind) for op in ops],
                 "s": [op.stage for op in ops], "chunk": [chunk_of[op.stage] for op in ops],
                 "j": [op.microbatch for op in ops], "t0": times(simulation.start), "t1": times(simulation.end),
-                "m": after, "c": [colours.index((op.kind, chunk_of[op.stage])) for op in ops], "lane": lane,
-                "part": part, "parts": parts},
+                "m": simulation.memory_after.tolist(), "lane": lane, "part": part, "parts": parts,
+                "c": [colours.index((op.kind, chunk_of[op.stage])) for op in ops]},
         "memory": [[times(step_times), [float(level) for level in levels]]
                    for step_times, levels in simulation.memory_steps],
     }

@@ -91,6 +91,7 @@ class Simulation:
     memory_steps: tuple[tuple[np.ndarray, np.ndarray], ...]
     violations: tuple[MemoryViolation, ...]
     pairs: tuple[Pair, ...] = ()
+    memory_after: np.ndarray | None = None  # per op, what its device holds right after the op's own change
 
     @property
     def valid(self) -> bool:
@@ -227,11 +228,11 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
         start, end = _verify_times(table, orders, schedule.start_times, pairs)
     if problem.shared_host_link:
         _check_shared_links(table, start, end, as_soon_as_possible=schedule.start_times is None)
-    memory_steps = _memory_steps(problem, table, start, end)
+    memory_steps, memory_after = _memory_steps(problem, table, start, end)
     violations = _memory_violations(problem, memory_steps)
     if strict and violations:
         raise MemoryLimitError(str(violations[0]))
-    return Simulation(problem, schedule, table, device_ops, start, end, memory_steps, violations, pairs)
+    return Simulation(problem, schedule, table, device_ops, start, end, memory_steps, violations, pairs, memory_after)
 
 
 def activation_choices(schedule: Schedule) -> tuple[frozenset, frozenset]:
@@ -586,7 +587,8 @@ def _check_shared_links(table: OpTable, start: np.ndarray, end: np.ndarray, as_s
 
 
 def _memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray):
-    """Per device, the memory step function (times, levels) from the alloc/free events."""
+    """Per device, the memory step function (times, levels) from the alloc/free events; and per op,
+    the level right after its own event (changes at one moment counted in the steps' order)."""
     device = np.asarray(table.device)
     delta = np.asarray(table.memory_delta)
     allocates = np.asarray(table.allocates_at_start)
@@ -600,13 +602,15 @@ def _memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.n
     counts = np.bincount(device, minlength=problem.num_devices)
     bounds = np.concatenate(([0], np.cumsum(counts)))
     steps = []
+    after = np.empty(table.size)
     for d in range(problem.num_devices):
         lo, hi = bounds[d], bounds[d + 1]
         device_levels = levels[lo:hi] - (levels[lo - 1] if lo else 0.0)
+        after[order[lo:hi]] = device_levels
         device_times = times[lo:hi]
         last_at_time = np.append(device_times[1:] != device_times[:-1], True)
         steps.append((device_times[last_at_time], device_levels[last_at_time]))
-    return tuple(steps)
+    return tuple(steps), after
 
 
 def _memory_violations(problem: Problem, memory_steps) -> tuple[MemoryViolation, ...]:

@@ -1,12 +1,15 @@
 // zbopt's report viewer: each schedule's Gantt chart and memory timeline drawn on canvases from the
 // data the report embeds (gzip, base64: DecompressionStream unpacks it), with hover details, zoom
-// (wheel, around the pointer), pan (drag) and reset (double click); a click on a row of the
-// comparison table shows that schedule. Plain JavaScript written for zbopt, no library.
+// (Ctrl + wheel, around the pointer; a plain wheel scrolls the page), pan (drag) and reset (double
+// click); a click on a row of the comparison table shows that schedule. Plain JavaScript written
+// for zbopt, no library.
 "use strict";
 
 const ROW = 22;        // px per device row in the Gantt
 const MEMORY_ROW = 34; // px per device in the memory timeline
 const LEFT = 70;       // px of device labels
+const RIGHT = 8;       // px of right margin
+const COPY_TOP = ROW - 7; // the copy lanes' strips: device-to-host at COPY_TOP, host-to-device 2 px below
 
 async function unpack(element) {
   const bytes = Uint8Array.from(atob(element.textContent.trim()), (c) => c.charCodeAt(0));
@@ -36,63 +39,91 @@ class Viewer {
     this.gantt = section.querySelector("canvas.gantt");
     this.memory = section.querySelector("canvas.memory");
     this.tip = section.querySelector(".tip");
-    this.view = [0, data.makespan];
+    this.span = data.makespan > 0 ? data.makespan : 1;
+    this.view = [0, this.span];
     this.byDevice = Array.from({ length: data.devices }, () => []);
     data.ops.d.forEach((device, index) => this.byDevice[device].push(index));
     for (const list of this.byDevice) list.sort((a, b) => data.ops.t0[a] - data.ops.t0[b]);
+    this.highest = 0;  // the memory axis: the highest level or limit (a loop: spreading 100k levels overflows)
+    for (const [, levels] of data.memory) for (const level of levels) this.highest = Math.max(this.highest, level);
+    for (const limit of data.limit || []) this.highest = Math.max(this.highest, limit);
+    this.highest = this.highest || 1;
+    this.pending = false;
     for (const canvas of [this.gantt, this.memory]) this.listen(canvas);
+    this.resize();
+  }
+
+  resize() {  // the canvases' size follows the page's; then a full redraw
+    this.ganttSize = fit(this.gantt, this.data.devices * ROW + 20);
+    this.memorySize = fit(this.memory, this.data.devices * MEMORY_ROW + 4);
     this.draw();
   }
 
+  redraw() {  // at most one redraw per frame while dragging or zooming
+    if (this.pending) return;
+    this.pending = true;
+    requestAnimationFrame(() => { this.pending = false; this.draw(); });
+  }
+
   x(time, width) {
-    return LEFT + ((time - this.view[0]) / (this.view[1] - this.view[0])) * (width - LEFT - 8);
+    return LEFT + ((time - this.view[0]) / (this.view[1] - this.view[0])) * (width - LEFT - RIGHT);
   }
 
   time(x, width) {
-    return this.view[0] + ((x - LEFT) / (width - LEFT - 8)) * (this.view[1] - this.view[0]);
+    return this.view[0] + ((x - LEFT) / (width - LEFT - RIGHT)) * (this.view[1] - this.view[0]);
+  }
+
+  band(index) {  // [top offset, height] of an op's box within its device row
+    const { lane, part, parts } = this.data.ops;
+    if (lane[index] === 1 || lane[index] === 2) return [COPY_TOP + 2 * (lane[index] - 1), 2];
+    if (lane[index] === 3) return [2 + (part[index] * (ROW - 4)) / parts[index], (ROW - 4) / parts[index]];
+    return [2, ROW - 4];
   }
 
   draw() {
     const { ops, palette, devices } = this.data;
-    const { context, width, height } = fit(this.gantt, devices * ROW + 20);
+    const { context, width, height } = this.ganttSize;
     context.clearRect(0, 0, width, height);
     context.font = "11px system-ui, sans-serif";
+    const digit = context.measureText("0").width;
     for (let device = 0; device < devices; device++) {
       const top = device * ROW;
       context.fillStyle = "#ececec";
-      context.fillRect(LEFT, top + 2, width - LEFT - 8, ROW - 4);
+      context.fillRect(LEFT, top + 2, width - LEFT - RIGHT, ROW - 4);
       context.fillStyle = "#1a1a1a";
       context.fillText("device " + device, 4, top + ROW / 2 + 4);
-      for (const index of this.byDevice[device]) {
-        const left = this.x(ops.t0[index], width), right = this.x(ops.t1[index], width);
-        if (right < LEFT || left > width) continue;
-        const lane = ops.lane[index];  // 0 compute, 1 and 2 the copy lanes, 3 a pair's members
-        const [offset, size] = lane === 0 ? [2, ROW - 4] : lane === 3 ? [2 + (ops.part[index] * (ROW - 4)) / ops.parts[index], (ROW - 4) / ops.parts[index]] : [ROW - 7 + 2 * (lane - 1), 2];
-        const from = Math.max(left, LEFT), span = Math.min(right, width) - from;
-        context.fillStyle = palette[ops.c[index]];
-        context.fillRect(from, top + offset, Math.max(1, span - 0.5), size);
-        const label = String(ops.j[index]);
-        if (lane === 0 && span > context.measureText(label).width + 6) {  // the microbatch, where it fits
-          context.fillStyle = ops.chunk[index] === this.data.chunks - 1 ? "#ffffff" : "#1a1a1a";
-          context.fillText(label, from + (span - context.measureText(label).width) / 2, top + ROW / 2 + 4);
+      for (const copies of [false, true]) {  // the copy lanes' strips last, over the compute boxes
+        for (const index of this.byDevice[device]) {
+          const lane = ops.lane[index];  // 0 compute, 1 and 2 the copy lanes, 3 a pair's members
+          if ((lane === 1 || lane === 2) !== copies) continue;
+          const left = this.x(ops.t0[index], width), right = this.x(ops.t1[index], width);
+          if (right < LEFT || left > width - RIGHT) continue;
+          const [offset, size] = this.band(index);
+          const from = Math.max(left, LEFT), span = Math.min(right, width - RIGHT) - from;
+          context.fillStyle = palette[ops.c[index]];
+          context.fillRect(from, top + offset, Math.max(1, span - 0.5), size);
+          const label = String(ops.j[index]);
+          if (lane === 0 && span > label.length * digit + 6) {  // the microbatch, where it fits
+            context.fillStyle = ops.chunk[index] === this.data.chunks - 1 ? "#ffffff" : "#1a1a1a";
+            context.fillText(label, from + (span - label.length * digit) / 2, top + ROW / 2 + 4);
+          }
         }
       }
     }
     context.fillStyle = "#1a1a1a";
     context.fillText(format(this.view[0]), LEFT, devices * ROW + 14);
     const end = format(this.view[1]);
-    context.fillText(end, width - 8 - context.measureText(end).width, devices * ROW + 14);
+    context.fillText(end, width - RIGHT - context.measureText(end).width, devices * ROW + 14);
     this.drawMemory();
   }
 
   drawMemory() {
     const { memory, devices, limit } = this.data;
-    const { context, width, height } = fit(this.memory, devices * MEMORY_ROW + 4);
+    const { context, width, height } = this.memorySize;
     context.clearRect(0, 0, width, height);
     context.font = "11px system-ui, sans-serif";
-    const top = Math.max(...memory.map(([, levels]) => Math.max(...levels)), ...(limit || [0])) || 1;
     for (let device = 0; device < devices; device++) {
-      const base = (device + 1) * MEMORY_ROW, scale = (MEMORY_ROW - 6) / top;
+      const base = (device + 1) * MEMORY_ROW, scale = (MEMORY_ROW - 6) / this.highest;
       const [times, levels] = memory[device];
       context.fillStyle = "#1a1a1a";
       context.fillText("device " + device, 4, base - MEMORY_ROW / 2 + 4);
@@ -100,7 +131,7 @@ class Viewer {
         context.strokeStyle = "#c0392b";
         context.beginPath();
         context.moveTo(LEFT, base - limit[device] * scale);
-        context.lineTo(width - 8, base - limit[device] * scale);
+        context.lineTo(width - RIGHT, base - limit[device] * scale);
         context.stroke();
       }
       context.strokeStyle = "#3b6fb6";
@@ -108,22 +139,32 @@ class Viewer {
       let level = 0;
       context.moveTo(LEFT, base);
       times.forEach((time, step) => {
-        const x = Math.min(Math.max(this.x(time, width), LEFT), width - 8);
+        const x = Math.min(Math.max(this.x(time, width), LEFT), width - RIGHT);
         context.lineTo(x, base - level * scale);
         level = levels[step];
         context.lineTo(x, base - level * scale);
       });
-      context.lineTo(width - 8, base - level * scale);
+      context.lineTo(width - RIGHT, base - level * scale);
       context.stroke();
     }
   }
 
-  opAt(x, y) {
+  opAt(x, y) {  // the op whose box is under (x, y): its device's row, its time and its band in the row
     const device = Math.floor(y / ROW);
     if (device < 0 || device >= this.data.devices) return null;
-    const time = this.time(x, this.gantt.clientWidth), { t0, t1 } = this.data.ops;
-    const hits = this.byDevice[device].filter((index) => t0[index] <= time && time < t1[index]);
-    return hits.length ? hits[0] : null;
+    const time = this.time(x, this.gantt.clientWidth), within = y - device * ROW, { t0, t1, lane } = this.data.ops;
+    const onCopies = within >= COPY_TOP - 1 && within < COPY_TOP + 4;
+    let found = null;
+    for (const index of this.byDevice[device]) {
+      if (t0[index] > time) break;
+      if (time >= t1[index]) continue;
+      const [offset, size] = this.band(index), copy = lane[index] === 1 || lane[index] === 2;
+      if (copy ? onCopies && within >= offset - 1 && within < offset + size + 1 : within >= offset && within < offset + size) {
+        found = index;
+        if (copy) break;  // a copy's strip lies over the compute box
+      }
+    }
+    return found;
   }
 
   describe(canvas, x, y) {
@@ -151,7 +192,8 @@ class Viewer {
         const shift = this.time(drag, canvas.clientWidth) - this.time(x, canvas.clientWidth);
         this.view = [this.view[0] + shift, this.view[1] + shift];
         drag = x;
-        this.draw();
+        this.tip.hidden = true;
+        this.redraw();
         return;
       }
       const text = x > LEFT ? this.describe(canvas, x, y) : null;
@@ -165,19 +207,22 @@ class Viewer {
     canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; drag = null; });
     canvas.addEventListener("mousedown", (event) => { drag = event.offsetX; });
     canvas.addEventListener("mouseup", () => { drag = null; });
-    canvas.addEventListener("dblclick", () => { this.view = [0, this.data.makespan]; this.draw(); });
+    canvas.addEventListener("dblclick", () => { this.view = [0, this.span]; this.draw(); });
     canvas.addEventListener("wheel", (event) => {
+      if (!(event.ctrlKey || event.metaKey) || event.deltaY === 0) return;  // a plain wheel scrolls the page
       event.preventDefault();
-      const at = this.time(event.offsetX, canvas.clientWidth), factor = event.deltaY > 0 ? 1.25 : 0.8;
-      this.view = [at - (at - this.view[0]) * factor, at + (this.view[1] - at) * factor];
-      this.draw();
+      const at = this.time(event.offsetX, canvas.clientWidth), factor = Math.exp(event.deltaY * 0.0015);
+      const span = Math.max((this.view[1] - this.view[0]) * factor, this.span * 1e-9);
+      const share = (at - this.view[0]) / (this.view[1] - this.view[0]);
+      this.view = [at - share * span, at + (1 - share) * span];
+      this.redraw();
     }, { passive: false });
   }
 }
 
 const viewers = new Map();
 
-async function show(name) {
+async function show(name, scroll) {
   for (const section of document.querySelectorAll("section.schedule")) {
     section.hidden = section.dataset.schedule !== name;
   }
@@ -185,17 +230,26 @@ async function show(name) {
     row.classList.toggle("shown", row.dataset.schedule === name);
   }
   const section = document.querySelector(`section.schedule[data-schedule="${CSS.escape(name)}"]`);
-  if (!viewers.has(name)) {
-    viewers.set(name, new Viewer(section, await unpack(section.querySelector("script.schedule-data"))));
-  } else {
-    viewers.get(name).draw();
+  if (scroll) section.scrollIntoView();
+  if (!viewers.has(name)) {  // the promise, at once: a second click while unpacking makes no second viewer
+    viewers.set(name, unpack(section.querySelector("script.schedule-data")).then((data) => new Viewer(section, data)));
+  }
+  try {
+    (await viewers.get(name)).resize();  // it was hidden: its canvases had no width
+  } catch (error) {
+    section.querySelector(".tip").hidden = false;
+    section.querySelector(".tip").textContent = "this browser cannot draw the chart: " + error;
+    throw error;
   }
   document.body.dataset.shown = name;  // for tests: the viewer of this schedule is drawn
 }
 
 for (const row of document.querySelectorAll("table.comparison tr[data-schedule]")) {
-  row.addEventListener("click", (event) => { event.preventDefault(); show(row.dataset.schedule); });
+  row.addEventListener("click", (event) => { event.preventDefault(); show(row.dataset.schedule, true); });
 }
-window.addEventListener("resize", () => { for (const viewer of viewers.values()) viewer.draw(); });
+window.addEventListener("resize", async () => {
+  const shown = document.body.dataset.shown;
+  if (shown && viewers.has(shown)) (await viewers.get(shown)).resize();
+});
 const first = document.querySelector("table.comparison tr[data-schedule]");
-if (first) show(first.dataset.schedule);
+if (first) show(first.dataset.schedule, false);

@@ -40,7 +40,7 @@ def plot_block(block: Block, path: str | Path | None = None, *, title: str | Non
     height = min(12.0, 2.4 + 3 * 0.32 * p)
     figure, panels = plt.subplots(3, 1, figsize=(min(MAX_WIDTH_IN, 12.0), height), dpi=DPI, layout="constrained",
                                   height_ratios=[1, 1, 1])
-    chunk_of = {stage: chunk for stages in problem.stages_of_device for chunk, stage in enumerate(stages)}
+    chunk_of = problem.chunk_of
     period = block.period
 
     def boxes(axes, placed, label_of, gid: str):

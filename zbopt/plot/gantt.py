@@ -133,7 +133,7 @@ def _op_boxes(simulation: Simulation) -> dict[tuple[str, int], tuple[np.ndarray,
     boxes. An overlapped pair is one box split across: its forward in the upper strip, its
     backward's ops below, each the pair's length."""
     problem, table = simulation.problem, simulation.table
-    chunk_of = {stage: chunk for stages in problem.stages_of_device for chunk, stage in enumerate(stages)}
+    chunk_of = problem.chunk_of
     ops = table.ops()
     group = [(op.kind, chunk_of[op.stage]) for op in ops]
     microbatch = np.array([op.microbatch for op in ops])

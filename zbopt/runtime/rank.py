@@ -66,7 +66,8 @@ class _OpRecorder:
         if self.step > 0:
             self.samples[stage, kind].append(end - start)
         if self.step == self.last_step:  # the chunk id comes first, as torch's runtime passes it
-            self.intervals.append((stage, kind, args[0] if args else next(iter(kwargs.values())), start, end))
+            chunk = args[0] if args else kwargs.get("fwd_chunk_id", kwargs.get("bwd_chunk_id"))
+            self.intervals.append((stage, kind, chunk, start, end))
         self.progress[2 * self.rank + 1] += 1
         return result
 

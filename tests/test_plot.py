@@ -46,6 +46,18 @@ def test_gantt_boxes_span_the_simulated_times_on_their_device_rows():
     plt.close("all")
 
 
+def test_gantt_rows_end_with_each_devices_peak_memory():
+    """1F1B and GPipe share a makespan (F = 1, B = 2, p = 4, m = 8); their rows' ends tell them
+    apart: p - d activations at once on device d against all m."""
+    for name, expected in (("1f1b", ["peak 4", "peak 3", "peak 2", "peak 1"]), ("gpipe", ["peak 8"] * 4)):
+        simulation = simulated(name, num_devices=4, num_microbatches=8, forward_times=1, backward_times=2)
+        figure = plot_gantt(simulation)
+        peaks = next(axes for axes in figure.axes[1:] if axes.get_yticklabels())
+        assert [label.get_text() for label in peaks.get_yticklabels()] == expected
+        assert [f"peak {peak:g}" for peak in simulation.peak_memory] == expected
+    plt.close("all")
+
+
 def label_boxes_in_pixels(figure, simulation):
     """Per label of the Gantt, (its text's pixel bbox, its op's box's pixel bbox, its text, its op)."""
     axes = figure.axes[0]

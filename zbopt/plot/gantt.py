@@ -86,6 +86,13 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     axes.set_yticks(range(p), [f"device {d}" for d in range(p)] if p <= 16 else [str(d) for d in range(p)],
                     fontsize=8 if p <= 16 else 7)
     axes.tick_params(axis="y", length=0)
+    if p <= 16:  # each device's peak memory at its row's end: two schedules of one makespan can differ there
+        peaks = axes.twinx()
+        peaks.set_ylim(axes.get_ylim())
+        peaks.set_yticks(range(p), [f"peak {peak:.4g}" for peak in simulation.peak_memory], fontsize=8)
+        peaks.tick_params(axis="y", length=0)
+        for spine in peaks.spines.values():
+            spine.set_visible(False)
     axes.set_xlim(0, makespan)
     axes.set_xlabel("time")
     if p > 16:

@@ -444,18 +444,18 @@ def _pair_choices(model, problem: Problem, ops, start, end, interval, horizon: i
             model.Add(finish == pair_end).OnlyEnforceIf(chosen)
         end[op] = finish
         interval[op] = model.NewOptionalFixedSizeIntervalVar(start[op], size, alone, f"op_{op}")
-    whole: dict[Op, object] = {}
+    with_weight: dict[Op, list[int]] = {}  # B -> the pairs of F, B and W it is in (its W starts with it)
     for number, pair in enumerate(pairs):
-        if len(pair.members) == 3:  # F, B and W: B's W starts with it
-            backward = pair.members[1]
-            if backward not in whole:
-                whole[backward] = model.NewBoolVar(f"whole_{backward}")
-                model.AddBoolOr([other.chosen for other in pairs if len(other.members) == 3
-                                 and other.members[1] == backward]).OnlyEnforceIf(whole[backward])
-                for other in pairs:
-                    if len(other.members) == 3 and other.members[1] == backward:
-                        model.AddImplication(other.chosen, whole[backward])
-            pairs[number] = pair._replace(whole_backward=whole[backward])
+        if len(pair.members) == 3:
+            with_weight.setdefault(pair.members[1], []).append(number)
+    for backward, numbers in with_weight.items():
+        whole = model.NewBoolVar(f"whole_{backward}")  # B is in one of them
+        chosen = [pairs[number].chosen for number in numbers]
+        model.AddBoolOr(chosen).OnlyEnforceIf(whole)
+        for literal in chosen:
+            model.AddImplication(literal, whole)
+        for number in numbers:
+            pairs[number] = pairs[number]._replace(whole_backward=whole)
     return pairs
 
 

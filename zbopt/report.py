@@ -163,7 +163,7 @@ def schedule_data(simulation: Simulation) -> dict:
     pair's member) and, for a pair's member, its place in the pair and the pair's size; per device
     its memory steps; the limits and the makespan."""
     problem, table = simulation.problem, simulation.table
-    origin = float(simulation.start.min())
+    origin = simulation.origin
     chunk_of = problem.chunk_of
     ops = table.ops()
     kinds = list(dict.fromkeys(op.kind for op in ops))

@@ -98,8 +98,13 @@ class Simulation:
         return not self.violations
 
     @cached_property
+    def origin(self) -> float:
+        """The first op's start: time 0 of the charts, the report and the traces."""
+        return float(self.start.min())
+
+    @cached_property
     def makespan(self) -> float:
-        return float(self.end.max() - self.start.min())
+        return float(self.end.max()) - self.origin
 
     @cached_property
     def busy(self) -> tuple[float, ...]:

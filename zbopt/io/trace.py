@@ -46,7 +46,7 @@ def chrome_trace(simulation: Simulation) -> dict:
     """The trace of `simulation` as a JSON-able dict (see the module docstring)."""
     problem, table = simulation.problem, simulation.table
     scale = trace_scale(simulation)
-    origin = float(simulation.start.min())
+    origin = simulation.origin
 
     def ticks(time: float) -> int:
         return round(float(time - origin) * scale)  # a Python float rounds to an int

@@ -25,7 +25,6 @@ from zbopt.plot.style import (
     _freeze_layout,
     _output_path,
     _style_axes,
-    _time_origin,
     chunk_color,
 )
 from zbopt.problem import COPY_KINDS, OFFLOAD, RECOMPUTE, RELOAD
@@ -69,7 +68,7 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
         handles += [Patch(facecolor=KIND_COLORS[kind], label=KIND_NAMES[kind]) for kind in COPY_KINDS]
     if simulation.pairs:  # a black border around each pair, as DualPipe's figures draw them
         offset, height = _row(simulation, problem.kinds[0])
-        outlines = [_box(simulation.start[head] - _time_origin(simulation), pair.cost,
+        outlines = [_box(simulation.start[head] - simulation.origin, pair.cost,
                          simulation.table.device[head] + offset, height)
                     for pair in simulation.pairs for head in pair.members[:1]]
         axes.add_collection(PolyCollection(outlines, facecolors="none", edgecolors="black", linewidths=0.8, zorder=3,
@@ -144,7 +143,7 @@ def _op_boxes(simulation: Simulation) -> dict[tuple[str, int], tuple[np.ndarray,
     ops = table.ops()
     group = [(op.kind, chunk_of[op.stage]) for op in ops]
     microbatch = np.array([op.microbatch for op in ops])
-    begin = simulation.start - _time_origin(simulation)
+    begin = simulation.start - simulation.origin
     width = np.asarray(table.duration, dtype=float)
     offset = np.array([_row(simulation, kind)[0] for kind in table.kind])
     height = np.array([_row(simulation, kind)[1] for kind in table.kind])
@@ -168,7 +167,7 @@ def _latency_segments(simulation: Simulation) -> list[tuple[tuple[float, float],
     """Per dependency across devices, a segment from the producer's end at the edge of its box
     to (end + latency) at the near edge of the consumer's box."""
     table = simulation.table
-    origin = _time_origin(simulation)
+    origin = simulation.origin
     segments = []
     for consumer, (producer, latency) in enumerate(zip(table.predecessor, table.latency, strict=True)):
         if producer < 0 or table.device[producer] == table.device[consumer]:

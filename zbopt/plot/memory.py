@@ -18,7 +18,6 @@ from zbopt.plot.style import (
     _finish,
     _output_path,
     _style_axes,
-    _time_origin,
 )
 from zbopt.simulate import Simulation
 
@@ -44,7 +43,7 @@ def plot_memory(simulation: Simulation, path: str | Path | None = None, *, title
     limits = problem.memory_limit or (None,) * p
     peaks = simulation.peak_memory
     over_limit = {violation.device for violation in simulation.violations}
-    origin = _time_origin(simulation)
+    origin = simulation.origin
     for device, axes in enumerate(panels.flatten(order="F")):
         if device >= p:
             axes.set_visible(False)

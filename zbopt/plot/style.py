@@ -71,11 +71,6 @@ def _style_axes(axes) -> None:
         axes.spines[spine].set_visible(False)
 
 
-def _time_origin(simulation: Simulation) -> float:
-    """Plots start at the first op's start, so the time axis runs from 0 to the makespan."""
-    return float(simulation.start.min())
-
-
 def _freeze_layout(figure) -> None:
     """Run the constrained layout once and keep it, so label sizes measured now hold when saved."""
     figure.draw_without_rendering()

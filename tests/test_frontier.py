@@ -4,11 +4,12 @@ heuristics on or above it, the same answers on a dask cluster, and one-line erro
 import itertools
 import json
 
+import matplotlib.pyplot as plt
 import pytest
 
 from zbopt import Problem, ZboptError, solve
 from zbopt.cli import main
-from zbopt.frontier import HeuristicPoint, memory_frontier, parse_memory_limits
+from zbopt.frontier import Frontier, FrontierPoint, HeuristicPoint, memory_frontier, parse_memory_limits
 from zbopt.plot import plot_frontier
 from zbopt.plot.frontier import _text_box
 
@@ -101,15 +102,68 @@ def test_a_dask_cluster_gives_the_same_frontier(frontier):
 
 def test_plot_labels_every_heuristic_once_without_overlap(frontier):
     figure = plot_frontier(frontier)
-    axes = figure.axes[0]
-    labels = [text for text in axes.texts if text.get_text()]
+    labels = [text for axes in figure.axes for text in axes.texts if text.get_text()]
     names = [name for label in labels for name in label.get_text().split(", ")]
     assert sorted(names) == sorted(point.name for point in frontier.heuristics)
     renderer = figure.canvas.get_renderer()
     boxes = [_text_box(label, renderer) for label in labels]
     for index, box in enumerate(boxes):
         assert not any(box.overlaps(other) for other in boxes[index + 1:])
-    assert "memory per device" in axes.get_xlabel() and "makespan" in axes.get_ylabel()
+    assert "memory per device" in figure.axes[-1].get_xlabel() and "makespan" in figure.get_supylabel()
+    plt.close(figure)
+
+
+def drawn_points(figure, gid: str) -> list[list[tuple[float, float]]]:
+    """Per panel, the data points of its line with this gid (none when the panel has no such line)."""
+    return [[tuple(point) for line in axes.lines if line.get_gid() == gid for point in line.get_xydata()]
+            for axes in figure.axes]
+
+
+def hand_made_frontier(makespans: list[float], heuristics: list[tuple[float, float]]) -> Frontier:
+    """A frontier at limits 1, 2, ... with these proven makespans and heuristics (peak memory, makespan)."""
+    points = tuple(FrontierPoint(memory_limit=float(limit), status="optimal", makespan=makespan,
+                                 lower_bound=makespan, solve_time_s=0.0, found_at=float(limit))
+                   for limit, makespan in enumerate(makespans, start=1))
+    return Frontier(problem=Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=1,
+                                    weight_times=1), time_limit=1.0, points=points,
+                    heuristics=tuple(HeuristicPoint(f"h{index}", memory, makespan)
+                                     for index, (memory, makespan) in enumerate(heuristics)), wall_time_s=0.0)
+
+
+def test_the_axis_breaks_when_a_steep_first_step_would_squash_the_heuristics():
+    """The demo's shape (1275 at the floor, heuristics within 425..482): the axis breaks at the
+    widest gap under which most values fill less than 30 % of the range (532 | 700; 700 | 1275 is
+    wider but 425..700 fills a third), and every marker is drawn in exactly one panel."""
+    makespans = [1275.0, 700.0, 532.0, 457.0, 425.0, 425.0, 425.0, 425.0]
+    heuristics = [(4.0, 481.5), (4.0, 457.0), (7.0, 425.0), (8.0, 481.5)]
+    figure = plot_frontier(hand_made_frontier(makespans, heuristics))
+    top, bottom = figure.axes[:2]
+    low, high = bottom.get_ylim()
+    assert low == pytest.approx(425 - 0.08 * 107) and high == pytest.approx(532 + 0.08 * 107)
+    assert top.get_ylim() == pytest.approx((700 - 0.08 * 575, 1275 + 0.08 * 575))
+    assert [len(points) for points in drawn_points(figure, "axis-break")] == [1, 1]
+    assert drawn_points(figure, "frontier-optimal") == [[(1.0, 1275.0), (2.0, 700.0)],
+                                                        [(float(limit), m) for limit, m in
+                                                         enumerate(makespans[2:], start=3)]]
+    assert drawn_points(figure, "heuristics") == [[], heuristics]
+    plt.close(figure)
+
+
+def test_one_slow_heuristic_gets_the_upper_panel_with_its_label():
+    """serial-offload's shape: one heuristic far above the rest has a panel of its own, labelled there."""
+    figure = plot_frontier(hand_made_frontier([118.0, 89.0, 85.0, 81.0], [(1.0, 240.0), (3.0, 93.0), (4.0, 87.0)]))
+    top, bottom = figure.axes[:2]
+    assert drawn_points(figure, "heuristics") == [[(1.0, 240.0)], [(3.0, 93.0), (4.0, 87.0)]]
+    assert [text.get_text() for text in top.texts] == ["h0"]
+    assert sorted(text.get_text() for text in bottom.texts) == ["h1", "h2"]
+    plt.close(figure)
+
+
+def test_the_axis_stays_whole_when_the_heuristics_span_the_range():
+    """Heuristics from the top step to the bottom one fill the axis: breaking it would hide nothing."""
+    figure = plot_frontier(hand_made_frontier([600.0, 500.0, 450.0], [(2.0, 600.0), (3.0, 450.0)]))
+    assert len(figure.axes) == 1 and drawn_points(figure, "axis-break") == [[]]
+    plt.close(figure)
 
 
 def test_cli_prints_json_and_writes_the_figure(tmp_path, capsys):

@@ -28,6 +28,7 @@ LABEL_DISTANCES = (8, 16, 28, 42, 60, 80, 110)  # points from a heuristic's mark
 LABEL_DIRECTIONS = ((1, 0), (1, 1), (1, -1), (0, 1), (0, -1), (-1, 0), (-1, 1), (-1, -1))
 MARKER_CLEARANCE = 7.0  # pixels around a marker that no label may cover
 LABEL_GAP = 5.0  # pixels between two labels, so that two names never read as one label
+BREAK_SHARE = 0.3  # the y axis breaks where most values would fill less of it than this
 
 
 def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None = None):
@@ -56,68 +57,126 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
     # each limit's value holds up to the next limit, the last one up to the right edge
     stairs_x, stairs_y = np.append(limits, right), np.append(makespans, makespans[-1])
 
-    figure, axes = plt.subplots(figsize=(9.0, 5.5), dpi=DPI, layout="constrained")
+    values = [*makespans[~np.isnan(makespans)], *lower, *(y for _, y, _ in groups)]
+    ranges = _panel_ranges(values)
+    figure, panels = plt.subplots(len(ranges), 1, sharex=True, figsize=(9.0, 5.5), dpi=DPI, layout="constrained",
+                                  height_ratios=[1, 3][-len(ranges):], squeeze=False)
+    panels = list(panels[:, 0])
+    for axes, ((low, high), owned) in zip(panels, ranges, strict=True):
+        _draw_frontier(axes, owned, limits, makespans, lower, proven, stairs_x, stairs_y, groups)
+        axes.set_xlim(left, right)
+        axes.set_ylim(low, high)
+        axes.tick_params(labelsize=8)
+        axes.grid(color=LANE_COLOR, linewidth=0.8)
+        axes.set_axisbelow(True)
+        _style_axes(axes)
+    if len(panels) > 1:
+        _mark_break(*panels)
+    axes = panels[-1]  # the bottom panel holds the x axis
     handles = [Line2D([], [], color=FRONTIER_COLOR, marker="o", label="optimal makespan (proven)")]
     if not proven.all():
-        axes.fill_between(stairs_x, np.append(lower, lower[-1]), stairs_y, step="post", color=FRONTIER_COLOR,
-                          alpha=0.18, linewidth=0, gid="frontier-gap")
-        axes.plot(limits[~proven], makespans[~proven], "o", color=FRONTIER_COLOR, markerfacecolor="white",
-                  zorder=3, gid="frontier-unproven")
         handles += [Line2D([], [], color=FRONTIER_COLOR, marker="o", markerfacecolor="white", linestyle="none",
                            label="best found, not proven optimal"),
                     Patch(facecolor=FRONTIER_COLOR, alpha=0.18, label="lower bound to best found")]
-    axes.step(stairs_x, stairs_y, where="post", color=FRONTIER_COLOR, linewidth=1.6, zorder=2, gid="frontier")
-    axes.plot(limits[proven], makespans[proven], "o", color=FRONTIER_COLOR, zorder=3, gid="frontier-optimal")
     if groups:
-        axes.plot([x for x, _, _ in groups], [y for _, y, _ in groups], "D", color=HEURISTIC_COLOR, markersize=5,
-                  linestyle="none", zorder=4, gid="heuristics")
         handles.append(Line2D([], [], color=HEURISTIC_COLOR, marker="D", markersize=5, linestyle="none",
                               label="heuristic, at its own peak memory"))
-
     marked = counted_mechanisms(problem)
     if marked:
         what = {"R": "recomputes", "O": "offloads"}
         handles.append(Line2D([], [], linestyle="none", label=", ".join(f"{letter} k/N" for letter, _ in marked)
                               + ": activations its schedule " + " / ".join(what[letter] for letter, _ in marked)))
-    values = [*makespans[~np.isnan(makespans)], *lower, *(y for _, y, _ in groups)]
-    low, high = min(values), max(values)
-    axes.set_xlim(left, right)
-    axes.set_ylim(low - 0.08 * (high - low), high + 0.08 * (high - low))
     unit = ("1 = one microbatch's activations on one stage" if set(problem.activation_memory) == {1.0}
             else "the problem's memory units")
     axes.set_xlabel(f"memory per device: the limit (frontier) or the peak (heuristics); {unit}", fontsize=9)
-    axes.set_ylabel("makespan (the problem's time units)", fontsize=9)
-    axes.tick_params(labelsize=8)
-    axes.grid(color=LANE_COLOR, linewidth=0.8)
-    axes.set_axisbelow(True)
-    _style_axes(axes)
+    figure.supylabel("makespan (the problem's time units)", fontsize=9)
     figure.legend(handles=handles, loc="outside lower center", ncol=2 if len(handles) > 3 else len(handles),
                   frameon=False, fontsize=8)
     backward = "split" if problem.split_backward else "fused"
-    axes.set_title(title or (f"memory–makespan frontier | p={problem.num_devices}, m={problem.num_microbatches}, "
-                             f"v={problem.chunks_per_device}, {backward} backward | CP-SAT, "
-                             f"{frontier.time_limit:g} s per limit"), fontsize=10)
+    panels[0].set_title(title or (f"memory–makespan frontier | p={problem.num_devices}, "
+                                  f"m={problem.num_microbatches}, v={problem.chunks_per_device}, {backward} backward"
+                                  f" | CP-SAT, {frontier.time_limit:g} s per limit"), fontsize=10)
     _freeze_layout(figure)
-    marks = _mechanism_marks(axes, frontier, marked) if marked else []
-    _label_heuristics(axes, groups, stairs_x, stairs_y, marks)
+    marks = _mechanism_marks(panels, frontier, marked) if marked else []
+    for axes, (_, (low, high)) in zip(panels, ranges, strict=True):
+        owned = [group for group in groups if low <= group[1] <= high]
+        if owned:
+            _label_heuristics(axes, owned, stairs_x, stairs_y, marks)
     return _finish(figure, path)
 
 
-def _mechanism_marks(axes, frontier, marked: list[tuple[str, str]]) -> list[Bbox]:
-    """Over each point of the staircase, how many activations its schedule recomputes and offloads
-    ("R 23/32", "O 5/32", one per line), but not over a point that carries the schedule of the one
-    before it, nor where it would cover another mark; their pixel boxes, for the heuristics'
-    labels to keep clear of."""
+def _draw_frontier(axes, owned, limits, makespans, lower, proven, stairs_x, stairs_y, groups) -> None:
+    """The staircase, the band down to the lower bound where unproven, and the markers of the
+    frontier and the heuristics whose makespans lie in the `owned` range."""
+    low, high = owned
+    shown = (low <= makespans) & (makespans <= high)
+    if not proven.all():
+        axes.fill_between(stairs_x, np.append(lower, lower[-1]), stairs_y, step="post", color=FRONTIER_COLOR,
+                          alpha=0.18, linewidth=0, gid="frontier-gap")
+        axes.plot(limits[~proven & shown], makespans[~proven & shown], "o", color=FRONTIER_COLOR,
+                  markerfacecolor="white", zorder=3, gid="frontier-unproven")
+    axes.step(stairs_x, stairs_y, where="post", color=FRONTIER_COLOR, linewidth=1.6, zorder=2, gid="frontier")
+    axes.plot(limits[proven & shown], makespans[proven & shown], "o", color=FRONTIER_COLOR, zorder=3,
+              gid="frontier-optimal")
+    points = [(x, y) for x, y, _ in groups if low <= y <= high]
+    if points:
+        axes.plot(*zip(*points, strict=True), "D", color=HEURISTIC_COLOR, markersize=5, linestyle="none", zorder=4,
+                  gid="heuristics")
+
+
+def _panel_ranges(values: list[float]) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """Per panel, top first, the y range it shows and the range of values whose markers it draws.
+    Two panels, the axis broken between them, when a gap between the values can go: the widest gap
+    below which at least half of the values, of two or more makespans, span less than BREAK_SHARE
+    of the whole range (the demo's 1275 at the floor squashed the heuristics' 425..482 to a
+    sliver; so does one slow heuristic far above the rest). Each marker is drawn in one panel only:
+    one peeking in at the edge of the other would read as a second point."""
+    ordered = sorted(values)
+    low, high = ordered[0], ordered[-1]
+    best = None
+    for below in range(len(ordered) // 2, len(ordered)):
+        top, above = ordered[below - 1], ordered[below]
+        if top > low and top - low < BREAK_SHARE * (high - low) and (best is None or above - top > best[1] - best[0]):
+            best = (top, above)
+    if best is None:
+        return [(_padded(low, high), (-math.inf, math.inf))]
+    top, above = best
+    upper, lower = _padded(above, high), _padded(low, top)
+    return [(upper, (above, math.inf)), ((lower[0], min(lower[1], above)), (-math.inf, top))]
+
+
+def _padded(low: float, high: float) -> tuple[float, float]:
+    """The range with 8 % margins (a single value's relative to its size)."""
+    pad = 0.08 * (high - low) if high > low else 0.05 * max(abs(high), 1.0)
+    return low - pad, high + pad
+
+
+def _mark_break(top, bottom) -> None:
+    """The axis-break convention: no spine between the panels, two slashes on the y axis."""
+    top.spines["bottom"].set_visible(False)
+    top.tick_params(axis="x", bottom=False)
+    slash = dict(marker=[(-1, -0.5), (1, 0.5)], markersize=10, linestyle="none", color="black", mew=1,
+                 clip_on=False)
+    top.plot([0], [0], transform=top.transAxes, gid="axis-break", **slash)
+    bottom.plot([0], [1], transform=bottom.transAxes, gid="axis-break", **slash)
+
+
+def _mechanism_marks(panels: list, frontier, marked: list[tuple[str, str]]) -> list[Bbox]:
+    """Above each point of the staircase, to its right (clear of the step coming down into it), how
+    many activations its schedule recomputes and offloads ("R 23/32", "O 5/32", one per line), in
+    the point's panel, but not over a point that carries the schedule of the one before it, nor
+    where it would cover another mark; their pixel boxes, for the heuristics' labels to keep clear of."""
     activations = frontier.problem.num_activations
-    renderer = axes.figure.canvas.get_renderer()
+    renderer = panels[0].figure.canvas.get_renderer()
     boxes: list[Bbox] = []
     for point in frontier.points:
         counts = [getattr(point, attribute) for _, attribute in marked]
         if point.makespan is None or None in counts or point.found_at != point.memory_limit:
             continue
+        axes = next(axes for axes in panels if min(axes.get_ylim()) <= point.makespan <= max(axes.get_ylim()))
         text = "\n".join(f"{letter} {count}/{activations}" for (letter, _), count in zip(marked, counts, strict=True))
         mark = axes.annotate(text, (point.memory_limit, point.makespan),
-                             xytext=(0, 6), textcoords="offset points", ha="center", va="bottom", fontsize=7,
+                             xytext=(4, 4), textcoords="offset points", ha="left", va="bottom", fontsize=7,
                              color=FRONTIER_COLOR, zorder=5)
         box = _text_box(mark, renderer).padded(LABEL_GAP)
         if any(box.overlaps(other) for other in boxes):

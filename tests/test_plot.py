@@ -7,7 +7,7 @@ import pytest
 
 from zbopt import Problem, generate, simulate
 from zbopt.errors import ZboptError
-from zbopt.plot import plot_gantt, plot_memory
+from zbopt.plot import chunk_color, plot_gantt, plot_memory
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -76,42 +76,74 @@ def label_boxes_in_pixels(figure, simulation):
     return result
 
 
-@pytest.mark.parametrize(("schedule", "problem", "labelled"), [
-    ("1f1b", {"num_devices": 2, "num_microbatches": 4, "forward_times": 1, "backward_times": 2}, "all"),
+@pytest.mark.parametrize(("schedule", "problem"), [
+    ("1f1b", {"num_devices": 2, "num_microbatches": 4, "forward_times": 1, "backward_times": 2}),
     ("zb-v", {"num_devices": 4, "num_microbatches": 8, "chunks_per_device": 2, "placement": "v",
-              "forward_times": 1, "backward_times": 1, "weight_times": 1}, "all"),
-    ("1f1b", {"num_devices": 32, "num_microbatches": 64, "forward_times": 1, "backward_times": 2}, "some"),
-    # 20 inches for a makespan of 861: no box is wide enough for a number
-    ("1f1b", {"num_devices": 32, "num_microbatches": 256, "forward_times": 1, "backward_times": 2}, "none"),
+              "forward_times": 1, "backward_times": 1, "weight_times": 1}),
 ])
-def test_gantt_labels_lie_inside_their_boxes_and_never_overlap(schedule, problem, labelled):
+def test_gantt_labels_every_op_inside_its_box_where_all_fit(schedule, problem):
     simulation = simulated(schedule, **problem)
     figure = plot_gantt(simulation)
     labels = label_boxes_in_pixels(figure, simulation)
+    assert figure.axes[0].get_xlabel() == "time"
     plt.close(figure)
-    count = {"all": simulation.problem.num_ops, "none": 0}.get(labelled)
-    assert len(labels) == count if count is not None else 0 < len(labels) < simulation.problem.num_ops
+    assert len(labels) == simulation.problem.num_ops
     for text_box, op_box, text, op in labels:
         assert text == str(op.microbatch)
         assert op_box[0] <= text_box[0] and text_box[2] <= op_box[2], (op, text_box, op_box)
         assert op_box[1] <= text_box[1] and text_box[3] <= op_box[3], (op, text_box, op_box)
-    if labels:
-        x0, y0, x1, y1 = np.array([text_box for text_box, *_ in labels]).T
-        overlap = (x0[:, None] < x1[None, :]) & (x0[None, :] < x1[:, None]) \
-            & (y0[:, None] < y1[None, :]) & (y0[None, :] < y1[:, None])
-        np.fill_diagonal(overlap, False)
-        assert not overlap.any()
+    assert not overlapping(labels)
 
 
-def test_dense_gantt_stays_within_a_sane_size_and_labels_what_fits():
-    simulation = simulated("1f1b", num_devices=32, num_microbatches=64, forward_times=1, backward_times=2)
+@pytest.mark.parametrize(("schedule", "problem"), [
+    ("1f1b", {"num_devices": 32, "num_microbatches": 64, "forward_times": 1, "backward_times": 2}),
+    # 20 inches for a makespan of 861: no box is wide enough for a number
+    ("1f1b", {"num_devices": 32, "num_microbatches": 256, "forward_times": 1, "backward_times": 2}),
+    ("interleaved-1f1b", {"num_devices": 8, "num_microbatches": 32, "chunks_per_device": 2, "forward_times": 1,
+                          "backward_times": 1, "weight_times": 1}),
+])
+def test_dense_gantt_numbers_every_kth_microbatch_without_overlap(schedule, problem):
+    """Where most boxes are too narrow for their number, the ops of microbatches 0, k, 2k, ... are
+    numbered (k said under the axis), each label centred on its op, none touching another, and
+    every device's first op (microbatch 0's forward) numbered."""
+    simulation = simulated(schedule, **problem)
     figure = plot_gantt(simulation)
     width, height = figure.get_size_inches()
-    labelled = {text.get_text() for text in figure.axes[0].texts}
+    match = re.fullmatch(r"time \(numbered: microbatches 0, (\d+), (\d+), …\)", figure.axes[0].get_xlabel())
+    labels = label_boxes_in_pixels(figure, simulation)
     plt.close(figure)
     assert width <= 20 and height <= 12
-    # a BW box (2 time units) has room for one digit, not two; an F box has room for none
-    assert labelled == {str(j) for j in range(10)}
+    step = int(match[1])
+    assert step > 1 and int(match[2]) == 2 * step
+    for text_box, op_box, text, op in labels:
+        assert text == str(op.microbatch) and op.microbatch % step == 0
+        assert (text_box[0] + text_box[2]) / 2 == pytest.approx((op_box[0] + op_box[2]) / 2, abs=1)
+    assert not overlapping(labels)
+    assert sum(text == "0" and op.kind == "F" and op.stage < simulation.problem.num_devices
+               for *_, text, op in labels) >= simulation.problem.num_devices
+
+
+def overlapping(labels) -> bool:
+    if not labels:
+        return False
+    x0, y0, x1, y1 = np.array([text_box for text_box, *_ in labels]).T
+    overlap = (x0[:, None] < x1[None, :]) & (x0[None, :] < x1[:, None]) \
+        & (y0[:, None] < y1[None, :]) & (y0[None, :] < y1[:, None])
+    np.fill_diagonal(overlap, False)
+    return bool(overlap.any())
+
+
+def test_gantt_of_two_chunks_keys_each_kind_in_each_chunks_shade():
+    simulation = simulated("zb-v", num_devices=4, num_microbatches=8, chunks_per_device=2, placement="v",
+                           forward_times=1, backward_times=1, weight_times=1)
+    figure = plot_gantt(simulation)
+    legend = figure.legends[0]
+    assert [text.get_text() for text in legend.get_texts()] == [
+        "F forward, chunk 0", "F forward, chunk 1", "B input grad, chunk 0", "B input grad, chunk 1",
+        "W weight grad, chunk 0", "W weight grad, chunk 1", "idle"]
+    shades = [handle.get_facecolor()[:3] for handle in legend.legend_handles[:6]]
+    assert shades == [pytest.approx(chunk_color(kind, chunk, 2)) for kind in "FBW" for chunk in (0, 1)]
+    plt.close(figure)
 
 
 def test_gantt_title_names_the_schedule_and_its_metrics():

@@ -8,17 +8,15 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 from matplotlib.collections import PolyCollection
-from matplotlib.patches import Patch
 
 from zbopt.blocks import Block, repeat, steady_peak
 from zbopt.plot.gantt import BOX_HEIGHT, _box, _text_color
 from zbopt.plot.style import (
     DPI,
-    KIND_COLORS,
-    KIND_NAMES,
     LANE_COLOR,
     MAX_WIDTH_IN,
     _finish,
+    _kind_handles,
     _output_path,
     _style_axes,
     chunk_color,
@@ -89,10 +87,8 @@ def plot_block(block: Block, path: str | Path | None = None, *, title: str | Non
         axes.set_yticks(range(p), [f"device {d}" if p <= 8 else str(d) for d in range(p)], fontsize=7)
         axes.tick_params(axis="y", length=0)
         _style_axes(axes)
-    handles = [Patch(facecolor=KIND_COLORS[kind], label=KIND_NAMES[kind]) for kind in problem.kinds]
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8,
-                  title="lighter shade = earlier chunk on the device" if problem.chunks_per_device > 1 else None,
-                  title_fontsize=7)
+    figure.legend(handles=_kind_handles(problem), loc="outside lower center", ncol=len(problem.kinds), frameon=False,
+                  fontsize=8)
     figure.suptitle(title or f"block '{block.name}': p={p}, v={problem.chunks_per_device}, T = {block.interval:.4g} "
                              "per microbatch", fontsize=10)
     return _finish(figure, path)

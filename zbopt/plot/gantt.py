@@ -7,6 +7,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib import patheffects
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
@@ -23,6 +24,7 @@ from zbopt.plot.style import (
     _caption,
     _finish,
     _freeze_layout,
+    _kind_handles,
     _output_path,
     _style_axes,
     chunk_color,
@@ -60,7 +62,7 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
         hatch = RECOMPUTE_HATCH if kind == RECOMPUTE else None
         axes.add_collection(PolyCollection(rectangles, facecolors=[chunk_color(kind, chunk, v)], edgecolors="white",
                                            linewidths=0.4, zorder=2, gid=f"ops-{kind}-chunk{chunk}", hatch=hatch))
-    handles = [Patch(facecolor=KIND_COLORS[kind], label=KIND_NAMES[kind]) for kind in problem.kinds]
+    handles = _kind_handles(problem)
     if simulation.table.recomputed:
         handles.append(Patch(facecolor=KIND_COLORS[RECOMPUTE], edgecolor="white", hatch=RECOMPUTE_HATCH,
                              label=KIND_NAMES[RECOMPUTE]))
@@ -97,16 +99,17 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     if p > 16:
         axes.set_ylabel("device")
     _style_axes(axes)
-    legend_title = "lighter shade = down pipeline, darker = up" if problem.bidirectional else \
-        "lighter shade = earlier chunk on the device" if v > 1 else None
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8,
-                  title=legend_title, title_fontsize=7)
+    # with v chunks, one column per kind and one row per chunk's shade
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(problem.kinds) + -(-(len(handles) - len(
+        problem.kinds) * v) // v), frameon=False, fontsize=8)
     axes.set_title(title or (
         f"{_caption(simulation)} | makespan {makespan:.4g}, bubble {simulation.bubble_rate:.1%}, "
         f"ZB bubble {simulation.zb_bubble_rate:.1%}"
     ), fontsize=10)
     _freeze_layout(figure)
-    _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v)
+    step = _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v)
+    if step > 1:
+        axes.set_xlabel(f"time (numbered: microbatches 0, {step}, {2 * step}, …)")
     return _finish(figure, path)
 
 
@@ -180,10 +183,13 @@ def _latency_segments(simulation: Simulation) -> list[tuple[tuple[float, float],
     return segments
 
 
-def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chunks: int) -> None:
-    """Write each op's microbatch number in its box where the text, measured by the renderer, fits
-    with a margin on every side (one font size, set by the tallest boxes); skipping the rest is
-    what keeps dense charts legible."""
+def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chunks: int) -> int:
+    """Write microbatch numbers on the ops (one font size, set by the tallest boxes) and return the
+    step k between labelled microbatches. Where most boxes hold their number with a margin on every
+    side, as measured by the renderer, each box that does gets it (k = 1). Where most do not (a
+    dense chart), the ops of every k-th microbatch get theirs, centred on the box and outlined to
+    read across its neighbours, k the least of LABEL_STEPS that leaves a label's width per k boxes,
+    and a label that would touch the one before it on its row is left out."""
     figure = axes.figure
     renderer = figure.canvas.get_renderer()
     frame = axes.get_window_extent(renderer)
@@ -195,19 +201,50 @@ def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chu
     points_per_pixel = 72 / figure.dpi
     fontsize = min(MAX_LABEL_POINTS, 0.5 * box_pixels * points_per_pixel)
     if fontsize < MIN_LABEL_POINTS:
-        return
+        return 0
     font = FontProperties(size=fontsize)
     margin = 0.25 * fontsize / points_per_pixel
-    text_width: dict[str, float] = {}
     text_height = fontsize / points_per_pixel
-    for (kind, chunk), (begin, width, device, microbatch, heights) in boxes.items():
-        color = _text_color(chunk_color(kind, chunk, chunks))
-        for b, w, d, j, h in zip(begin, width, device, microbatch, heights, strict=True):
-            text = str(j)
-            if text not in text_width:
-                text_width[text] = renderer.get_text_width_height_descent(text, font, ismath=False)[0]
-            if text_width[text] + 2 * margin <= w * pixels_per_time and text_height <= h * pixels_per_row:
-                axes.text(b + w / 2, d, text, ha="center", va="center", fontproperties=font, color=color, zorder=3)
+    text_width: dict[int, float] = {}
+    labels = []  # (begin, width, row, microbatch, chunk colour) of every compute box
+    for (kind, chunk), (begin, width, row, microbatch, heights) in boxes.items():
+        color = chunk_color(kind, chunk, chunks)
+        for b, w, r, j, h in zip(begin, width, row, microbatch, heights, strict=True):
+            if j not in text_width:
+                text_width[j] = renderer.get_text_width_height_descent(str(j), font, ismath=False)[0]
+            labels.append((b, w, r, j, h, color))
+    fits = [text_width[j] + 2 * margin <= w * pixels_per_time and text_height <= h * pixels_per_row
+            for b, w, r, j, h, _ in labels]
+    if 2 * sum(fits) >= len(labels):
+        for (b, w, r, j, _, color), fit in zip(labels, fits, strict=True):
+            if fit:
+                axes.text(b + w / 2, r, str(j), ha="center", va="center", fontproperties=font,
+                          color=_text_color(color), zorder=3)
+        return 1
+    box_width = float(np.median([w for _, w, *_ in labels])) * pixels_per_time
+    need = max(text_width.values()) + 2 * margin
+    step = next(k for k in _label_steps() if k * box_width >= need)
+    outline = [patheffects.withStroke(linewidth=2.0, foreground="white")]
+    right_edge: dict[float, float] = {}
+    for b, w, r, j, _, _ in sorted(labels, key=lambda label: label[0]):
+        if j % step:
+            continue
+        center = (b + w / 2) * pixels_per_time
+        if center - text_width[j] / 2 - margin < right_edge.get(r, -np.inf):
+            continue
+        right_edge[r] = center + text_width[j] / 2 + margin
+        axes.text(b + w / 2, r, str(j), ha="center", va="center", fontproperties=font, color="#1a1a1a", zorder=3,
+                  path_effects=outline)
+    return step
+
+
+def _label_steps():
+    """1, 2, 4, 5, 10, 20, 25, 50, 100, ...: steps a reader counts in."""
+    yield from (1, 2, 4, 5)
+    scale = 10
+    while True:
+        yield from (scale, 2 * scale, 5 * scale // 2, 5 * scale)
+        scale *= 10
 
 
 def _text_color(background: tuple[float, float, float]) -> str:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 from matplotlib.colors import to_rgb
+from matplotlib.patches import Patch
 
 from zbopt.errors import ZboptError
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
@@ -36,6 +37,17 @@ def chunk_color(kind: str, chunk: int, chunks: int) -> tuple[float, float, float
         return base
     lighten = 0.55 * (chunks - 1 - chunk) / (chunks - 1)
     return tuple(c + (1.0 - c) * lighten for c in base)
+
+
+def _kind_handles(problem) -> list[Patch]:
+    """A legend key per kind, or with several chunks per device per kind and chunk in its shade
+    ("down" and "up" for the two ways of a bidirectional placement)."""
+    v = problem.chunks_per_device
+    if v == 1:
+        return [Patch(facecolor=KIND_COLORS[kind], label=KIND_NAMES[kind]) for kind in problem.kinds]
+    names = ("down", "up") if problem.bidirectional else [f"chunk {chunk}" for chunk in range(v)]
+    return [Patch(facecolor=chunk_color(kind, chunk, v), label=f"{KIND_NAMES[kind]}, {names[chunk]}")
+            for kind in problem.kinds for chunk in range(v)]
 
 
 def check_figure_path(path: str | Path) -> Path:

@@ -4,12 +4,13 @@ registered schedules that apply, rows run by makespan, and the optimizer's row i
 import json
 import sys
 
+import matplotlib.pyplot as plt
 import pytest
 
 from zbopt import Problem, compare, generate, lower_bounds, registered, simulate
 from zbopt.cli import main
 from zbopt.errors import NotApplicableError, UnknownScheduleError
-from zbopt.plot import LIMIT_COLOR, plot_comparison
+from zbopt.plot import LIMIT_COLOR, plot_comparison, plot_gantt
 
 # split backward with a limit some schedules break (1F1B needs 3 on device 0, GPipe 6)
 LIMITED = dict(num_devices=3, num_microbatches=6, forward_times=1.5, backward_times=1.2, weight_times=0.7,
@@ -101,6 +102,12 @@ def test_optimal_row_is_never_beaten_and_certifies_its_gap():
     assert {row.lower_bound for row in comparison.rows} == {result.lower_bound}
     # the heuristics are there too, each with its gap to the proven optimum
     assert len(comparison.rows) == len(applicable(problem)) + 1
+    # the optimum is the warm start's schedule (greedy's), named by its row in the tables and charts
+    assert result.warm_start == "greedy" and result.decided_by.startswith("lower bound")
+    assert optimal.simulation.schedule.name == "cpsat"
+    figure = plot_gantt(optimal.simulation)
+    assert figure.axes[0].get_title().startswith("cpsat: ")
+    plt.close(figure)
 
 
 def test_comparison_chart_draws_the_table_top_down_and_marks_rows_over_the_limit():

@@ -175,6 +175,10 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     def finish(simulation: Simulation | None, status: str, lower: float, decided_by: str | None,
                resolution: float | None = None) -> SolveResult:
         value = None if simulation is None else objective_value(simulation, objective)
+        if simulation is not None and simulation.schedule.name != solver:
+            # the answer is the solver's, also where it is the warm start's schedule: one name in
+            # every table and chart (`warm_start` says which heuristic it started from)
+            simulation = replace(simulation, schedule=replace(simulation.schedule, name=solver))
         return SolveResult(status=status, simulation=simulation, objective=value, lower_bound=lower, solver=solver,
                            objective_kind=objective, solve_time_s=time.perf_counter() - began,
                            warm_start=None if warm is None else warm[0], resolution=resolution,

@@ -13,7 +13,7 @@ import pytest
 from zbopt import Op, Problem, compare, generate, simulate, solve
 from zbopt.cli import main
 from zbopt.errors import ZboptError
-from zbopt.report import write_report
+from zbopt.report import render_report, write_report
 
 PROBLEM = dict(num_devices=3, num_microbatches=4, forward_times=1, backward_times=2, weight_times=1, p2p_time=0.5,
                memory_limit=3)
@@ -194,3 +194,14 @@ def test_cli_report_with_a_frontier_holds_its_chart_and_prints_its_optima(tmp_pa
         optimum = solve(Problem(**PROBLEM).replace(memory_limit=limit), time_limit=10)
         assert optimum.status == "optimal"
         assert re.search(rf"^ +{limit}  optimal +{optimum.objective:.6g} ", out, re.M), out
+
+
+def test_problem_table_writes_mappings_and_lists_as_people_do():
+    problem = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="v", forward_times=1,
+                      backward_times=1, weight_times=1, overlap_times={"FB": 1.5, "FBW": [2, 2.5]},
+                      memory_limit=[3, 4])
+    page = render_report(compare(problem, ["zb-v"]))
+    cells = dict(re.findall(r"<tr><th>([^<]+)</th><td>([^<]*)</td></tr>", page))
+    assert cells["overlap_times"] == "FB: 1.5; FBW: 2, 2.5"
+    assert cells["memory_limit"] == "3, 4"
+    assert cells["iterations"] == "1"

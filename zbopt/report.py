@@ -110,10 +110,20 @@ def _anchor(name: str) -> str:
     return "schedule-" + re.sub(r"[^A-Za-z0-9_-]", "_", name)
 
 
+def _cell(value) -> str:
+    """A parameter as people write it: "none", "2" for 2.0, "1, 2" for a list, "FB: 1.5; FBW: 2" for a mapping."""
+    if value is None or value == {}:
+        return "none"
+    if isinstance(value, list):
+        return ", ".join(map(_cell, value))
+    if isinstance(value, dict):
+        return "; ".join(f"{key}: {_cell(item)}" for key, item in value.items())
+    return f"{value:.12g}" if isinstance(value, float) else str(value)
+
+
 def _problem_table(comparison: Comparison) -> str:
     """The problem's parameters, then the lower bound and the schedules left out, and why."""
-    entries = [(key, "none" if value is None else ", ".join(map(str, value)) if isinstance(value, list) else value)
-               for key, value in comparison.problem.to_dict().items()]
+    entries = [(key, _cell(value)) for key, value in comparison.problem.to_dict().items()]
     entries.append(("lower bound", f"{comparison.lower_bound:.6g} ({comparison.lower_bound_source})"))
     entries += [(f"not applicable: {name}", reason) for name, reason in comparison.not_applicable]
     body = "".join(f"<tr><th>{_text(key)}</th><td>{_text(value)}</td></tr>" for key, value in entries)

@@ -10,7 +10,7 @@ import pytest
 from zbopt import Problem, compare, generate, lower_bounds, registered, simulate
 from zbopt.cli import main
 from zbopt.errors import NotApplicableError, UnknownScheduleError
-from zbopt.plot import LIMIT_COLOR, plot_comparison, plot_gantt
+from zbopt.plot import SCREEN_PALETTE, plot_comparison, plot_gantt
 
 # split backward with a limit some schedules break (1F1B needs 3 on device 0, GPipe 6)
 LIMITED = dict(num_devices=3, num_microbatches=6, forward_times=1.5, backward_times=1.2, weight_times=0.7,
@@ -42,7 +42,7 @@ def test_rows_are_the_simulators_numbers_and_run_by_makespan():
             "name": row.name, "status": None, "makespan": simulation.makespan, "bubble_rate": simulation.bubble_rate,
             "zb_bubble_rate": simulation.zb_bubble_rate, "peak_memory": max(simulation.peak_memory),
             "within_memory_limit": simulation.valid, "lower_bound": bound,
-            "gap": (simulation.makespan - bound) / simulation.makespan,
+            "gap": pytest.approx((simulation.makespan - bound) / simulation.makespan, abs=1e-9),
         }
     # within the limit by makespan first, then over it by makespan: a faster schedule that breaks
     # the limit does not top the table
@@ -122,7 +122,7 @@ def test_comparison_chart_draws_the_table_top_down_and_marks_rows_over_the_limit
         assert [bar.get_hatch() is not None for bar in bars] == [not row.within_memory_limit for row in comparison.rows]
     names = [tick.get_text() for tick in time_axes.get_yticklabels()]
     assert names == [row.name for row in comparison.rows]
-    red = [tick.get_color() == LIMIT_COLOR for tick in time_axes.get_yticklabels()]
+    red = [tick.get_color() == SCREEN_PALETTE.limit for tick in time_axes.get_yticklabels()]
     assert red == [not row.within_memory_limit for row in comparison.rows]
     (limit,) = [line for line in memory_axes.lines if line.get_gid() == "memory-limit"]
     (bound,) = [line for line in time_axes.lines if line.get_gid() == "lower-bound"]
@@ -196,7 +196,7 @@ def test_cli_quiet_prints_nothing_not_even_the_progress_line(tmp_path, monkeypat
 @pytest.mark.parametrize(("argv", "message"), [
     (("--schedule", "1f1b", "nope"), "zbopt: unknown schedule 'nope'"),
     (("--schedule", "zb-h1"), "zbopt: schedule 'zb-h1' does not apply to this problem: zb-h1 needs a split backward"),
-    (("-o", "report.txt"), "zbopt: report file 'report.txt': unsupported extension, use .html, .htm"),
+    (("-o", "report.txt"), "zbopt: output file 'report.txt': unsupported extension, use .html, .htm (a report)"),
     (("--time-limit", "5"), "zbopt: --time-limit applies to --optimal and --frontier only"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):

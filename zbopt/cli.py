@@ -15,7 +15,14 @@ import shlex
 import sys
 
 from zbopt.errors import MissingSettingsError, ZboptError
-from zbopt.flags import add_input_flags, add_quiet_flag, add_schedule_flags, config_file, flag_values
+from zbopt.flags import (
+    add_input_flags,
+    add_quiet_flag,
+    add_schedule_flags,
+    add_style_flag,
+    config_file,
+    flag_values,
+)
 from zbopt.io.export import EXPORT_FORMATS, check_export, check_output_directory, write_export
 from zbopt.io.inputs import is_schedule_file, run_and_schedule, run_config
 from zbopt.io.trace import write_measured_trace
@@ -72,13 +79,26 @@ def _command_schedules(args: argparse.Namespace) -> int:
 
 
 def _figure_path(args: argparse.Namespace, output_file: str | None) -> str | None:
-    """Where to write the Gantt chart (checked before any work), or None."""
+    """Where to write the chart (checked before any work, with its --style), or None."""
     from zbopt.plot import check_figure_path
 
     figure = None if args.no_visualization else output_file
     if figure is not None:
         check_figure_path(figure)
+    _figure_style(args, figure)
     return figure
+
+
+def _figure_style(args: argparse.Namespace, figure: str | None) -> str:
+    """--style, checked before any work: it needs a figure to write."""
+    from zbopt.plot import check_style
+
+    if args.style is None:
+        return "screen"
+    if figure is None:
+        raise ZboptError(f"--style {args.style}: no figure to draw it in (give -o FILE.png, .svg or .pdf)")
+    check_style(args.style)
+    return args.style
 
 
 def _command_simulate(args: argparse.Namespace) -> int:
@@ -89,7 +109,7 @@ def _command_simulate(args: argparse.Namespace) -> int:
     simulation = simulate(run.problem, schedule)
     print(json.dumps(simulation.to_dict()) if args.json else format_simulation(simulation))
     if figure is not None:
-        plot_gantt(simulation, figure)
+        plot_gantt(simulation, figure, style=_figure_style(args, figure))
         if not args.json:
             print(f"\nGantt chart written to {figure}")
     return _exit_status(simulation)
@@ -135,7 +155,7 @@ def _command_solve(args: argparse.Namespace) -> int:
             print(f"zbopt: no schedule found ({result.status}); {args.export} not written", file=sys.stderr)
         return 0
     if figure is not None:
-        plot_gantt(result.simulation, figure)
+        plot_gantt(result.simulation, figure, style=_figure_style(args, figure))
         if _talks(args):
             print(f"\nGantt chart written to {figure}")
     if args.export is not None:
@@ -148,15 +168,13 @@ def _command_solve(args: argparse.Namespace) -> int:
 def _command_compare(args: argparse.Namespace) -> int:
     from zbopt.compare import compare
     from zbopt.frontier import memory_frontier, parse_memory_limits
-    from zbopt.report import check_report_path, write_report
 
     if args.time_limit is not None and not (args.optimal or args.frontier):
         raise ZboptError("--time-limit applies to --optimal and --frontier only")
     run = run_config(config_file(args), flag_values(args))
     frontier_limits = None if args.frontier is None else parse_memory_limits(args.frontier)
-    report = _output_flag(args)
-    if report is not None:
-        report = check_report_path(report)
+    output = _output_flag(args)
+    kind = None if output is None else _comparison_output(args, output)
     limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
     comparison = compare(run.problem, args.schedule, optimal=args.optimal, progress=_live(args), **limit)
     frontier = None
@@ -168,11 +186,50 @@ def _command_compare(args: argparse.Namespace) -> int:
         print(format_comparison(comparison))
         if frontier is not None:
             print("\n" + format_frontier(frontier))
-    if report is not None:
-        write_report(report, comparison, frontier=frontier)
+    if kind is not None:
+        _write_comparison(args, kind, output, comparison, frontier)
         if _talks(args):
-            print(f"\nreport written to {report}")
+            print(f"\n{kind} written to {output}")
     return 0
+
+
+def _comparison_output(args: argparse.Namespace, output: str) -> str:
+    """What `compare -o` writes, told by the file's name and checked before any work: "report"
+    (.html), "trace" (every row's, in one file: .trace.json) or "comparison chart" (.png, .svg, .pdf)."""
+    from zbopt.plot import FIGURE_FORMATS
+    from zbopt.report import REPORT_FORMATS
+
+    name = output.lower()
+    if name.endswith(REPORT_FORMATS):
+        if args.style is not None:
+            raise ZboptError(f"--style {args.style}: the HTML report has one style; --style draws a chart "
+                             f"({', '.join(FIGURE_FORMATS)})")
+        return "report"
+    if not name.endswith((".trace.json", *FIGURE_FORMATS)):
+        raise ZboptError(f"output file '{output}': unsupported extension, use {', '.join(REPORT_FORMATS)} (a report), "
+                         f".trace.json (a trace) or {', '.join(FIGURE_FORMATS)} (the comparison chart)")
+    if args.frontier is not None:
+        raise ZboptError(f"--frontier: '{output}' would leave the frontier out; write a report (.html), or its "
+                         "figure with zbopt frontier -o")
+    if name.endswith(".trace.json"):
+        _figure_style(args, None)  # a trace has no style: --style is an error here
+        return "trace"
+    _figure_style(args, output)
+    return "comparison chart"
+
+
+def _write_comparison(args: argparse.Namespace, kind: str, output: str, comparison, frontier) -> None:
+    """Write what `_comparison_output` chose."""
+    from zbopt.io.trace import write_comparison_trace
+    from zbopt.plot import plot_comparison
+    from zbopt.report import write_report
+
+    if kind == "report":
+        write_report(output, comparison, frontier=frontier)
+    elif kind == "trace":
+        write_comparison_trace(output, comparison)
+    else:
+        plot_comparison(comparison, output, style=_figure_style(args, output))
 
 
 def _command_block(args: argparse.Namespace) -> int:
@@ -192,7 +249,7 @@ def _command_block(args: argparse.Namespace) -> int:
     elif _talks(args):
         print(format_block(search, simulation, published))
     if figure is not None:
-        plot_block(search.block, figure)
+        plot_block(search.block, figure, style=_figure_style(args, figure))
         if _talks(args):
             print(f"\nblock drawing written to {figure}")
     return 0
@@ -212,7 +269,7 @@ def _dask_client(address: str):
 
 def _command_frontier(args: argparse.Namespace) -> int:
     from zbopt.frontier import memory_frontier, parse_memory_limits, process_pool
-    from zbopt.plot import check_figure_path, plot_frontier
+    from zbopt.plot import plot_frontier
 
     if args.dask is not None and args.workers is not None:
         raise ZboptError("--workers and --dask: give one (a dask cluster has its own workers)")
@@ -222,9 +279,7 @@ def _command_frontier(args: argparse.Namespace) -> int:
         raise ZboptError("--memory-limit: the sweep sets the limit; give --memory-limits START:STOP:STEP")
     limits = parse_memory_limits(args.memory_limits)
     run = run_config(config_file(args), flag_values(args))
-    figure = _output_flag(args)
-    if figure is not None:
-        check_figure_path(figure)
+    figure = _figure_path(args, _output_flag(args))
     with contextlib.ExitStack() as stack:
         if args.dask is not None:
             executor = stack.enter_context(_dask_client(args.dask)).get_executor()
@@ -239,7 +294,7 @@ def _command_frontier(args: argparse.Namespace) -> int:
     elif _talks(args):
         print(format_frontier(frontier))
     if figure is not None:
-        plot_frontier(frontier, figure)
+        plot_frontier(frontier, figure, style=_figure_style(args, figure))
         if _talks(args):
             print(f"\nfrontier figure written to {figure}")
     return 0
@@ -307,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_schedule_flags(simulating)
     simulating.add_argument("--json", action="store_true", help="print one JSON object")
     add_input_flags(simulating)
+    add_style_flag(simulating)
     simulating.set_defaults(run=_command_simulate)
     exporting = commands.add_parser("export", help="write a schedule for torch.distributed.pipelining or Megatron-LM, "
                                                    "or as a trace for Perfetto")
@@ -333,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     solving.add_argument("--export", metavar="FILE", help="write the schedule found: .csv torch CSV, .json zbopt JSON, "
                                                          ".trace.json a trace for Perfetto")
     add_input_flags(solving)
+    add_style_flag(solving)
     solving.set_defaults(run=_command_solve)
     comparing = commands.add_parser("compare", help="simulate several schedules (and the optimum) side by side")
     comparing.add_argument("--schedule", action="extend", nargs="+", metavar="NAME",
@@ -343,7 +400,10 @@ def build_parser() -> argparse.ArgumentParser:
     comparing.add_argument("--time-limit", type=float, help="seconds per solve, --optimal or --frontier (default 60)")
     comparing.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     add_quiet_flag(comparing)
-    add_input_flags(comparing, output_help="write an HTML report (.html) with every schedule's charts")
+    add_input_flags(comparing, output_help="write an HTML report (.html) with every schedule's charts, every row's "
+                                           "trace for Perfetto (.trace.json) or the comparison chart (.png, .svg, "
+                                           ".pdf)")
+    add_style_flag(comparing)
     comparing.set_defaults(run=_command_compare)
     blocking = commands.add_parser("block", help="the optimal building block (least interval T) under the memory "
                                    "limit, beside the published ones")
@@ -353,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     blocking.add_argument("--json", action="store_true", help="print one JSON object")
     add_quiet_flag(blocking)
     add_input_flags(blocking, output_help="draw the block (.png, .svg or .pdf)")
+    add_style_flag(blocking)
     blocking.set_defaults(run=_command_block)
     sweeping = commands.add_parser("frontier", help="the optimal makespan at each memory limit of a sweep")
     sweeping.add_argument("--memory-limits", required=True, metavar="START:STOP:STEP",
@@ -364,6 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweeping.add_argument("--json", action="store_true", help="print the frontier as one JSON object")
     add_quiet_flag(sweeping)
     add_input_flags(sweeping, output_help="write the frontier figure (.png, .svg or .pdf)")
+    add_style_flag(sweeping)
     sweeping.set_defaults(run=_command_frontier)
     running = commands.add_parser("run-torch", help="run a torch CSV schedule in torch.distributed.pipelining, "
                                   "check its gradients and time its ops")

@@ -106,6 +106,11 @@ def add_input_flags(parser: argparse.ArgumentParser,
     add_problem_flags(parser)
 
 
+def add_style_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--style", help="the figure's style: screen (default) or paper (TrueType fonts in PDF, "
+                                        "Computer Modern, colour-blind-safe colours, no title)")
+
+
 def add_quiet_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true",
                         help="print nothing, not even a progress line (use -o or --json)")

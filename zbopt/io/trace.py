@@ -44,8 +44,41 @@ def trace_scale(simulation: Simulation) -> int:
 
 def chrome_trace(simulation: Simulation) -> dict:
     """The trace of `simulation` as a JSON-able dict (see the module docstring)."""
-    problem, table = simulation.problem, simulation.table
+    problem = simulation.problem
     scale = trace_scale(simulation)
+    return {"traceEvents": _schedule_events(simulation, scale), "displayTimeUnit": "ms",
+            "otherData": {"schedule": simulation.schedule.name, "problem": problem.describe(),
+                          "ticks_per_unit": scale, "time": _time_note(scale)}}
+
+
+def comparison_trace(comparison) -> dict:
+    """The traces of a comparison's rows in one file, each from time 0, so Perfetto shows the
+    schedules one above the other: row r's device d is process "schedule · device d" (pid
+    r·p + d + 1), in the table's order (shortest makespan first). One scale for all rows (they
+    share the problem), flow ids apart."""
+    rows = comparison.rows
+    problem = comparison.problem
+    scale = max(trace_scale(row.simulation) for row in rows)
+    events: list[dict] = []
+    flows = 0
+    for place, row in enumerate(rows):
+        events += _schedule_events(row.simulation, scale, first_pid=place * problem.num_devices + 1,
+                                   label=f"{row.name} · ", first_flow=flows)
+        flows += row.simulation.table.size
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"schedules": [row.name for row in rows], "problem": problem.describe(),
+                          "ticks_per_unit": scale, "time": _time_note(scale)}}
+
+
+def _time_note(scale: int) -> str:
+    return f"trace microseconds = problem units x {scale}, from the first op's start"
+
+
+def _schedule_events(simulation: Simulation, scale: int, *, first_pid: int = 1, label: str = "",
+                     first_flow: int = 0) -> list[dict]:
+    """One schedule's events: device d is process first_pid + d, named `label` + "device d"; flow
+    ids start at first_flow."""
+    problem, table = simulation.problem, simulation.table
     origin = simulation.origin
 
     def ticks(time: float) -> int:
@@ -56,11 +89,12 @@ def chrome_trace(simulation: Simulation) -> dict:
     for pair in simulation.pairs:
         for place, member in enumerate(pair.members):
             track_of[member] = PAIR_TRACKS[place]
-    events = _track_names(problem.num_devices, {(table.device[i], track_of[i]) for i in range(table.size)})
+    events = _track_names(problem.num_devices, {(table.device[i], track_of[i]) for i in range(table.size)},
+                          first_pid, label)
     for index in range(table.size):
         op = table.op(index)
         begin, end = ticks(simulation.start[index]), ticks(simulation.end[index])
-        events.append({"ph": "X", "name": str(op), "cat": KIND_WORDS[op.kind], "pid": table.device[index] + 1,
+        events.append({"ph": "X", "name": str(op), "cat": KIND_WORDS[op.kind], "pid": table.device[index] + first_pid,
                        "tid": track_of[index] + 1, "ts": begin, "dur": end - begin,
                        "args": {"kind": op.kind, "stage": op.stage, "chunk": chunk_of[op.stage],
                                 "microbatch": op.microbatch, "start": float(simulation.start[index]),
@@ -69,34 +103,33 @@ def chrome_trace(simulation: Simulation) -> dict:
         head = pair.members[0]
         begin, end = ticks(simulation.start[head]), ticks(simulation.end[head])
         events.append({"ph": "X", "name": pair_text([table.op(i) for i in pair.members]), "cat": "overlapped pair",
-                       "pid": table.device[head] + 1, "tid": COMPUTE_LANE + 1, "ts": begin, "dur": end - begin,
-                       "args": {"cost": pair.cost, "start": float(simulation.start[head]),
-                                "end": float(simulation.end[head])}})
+                       "pid": table.device[head] + first_pid, "tid": COMPUTE_LANE + 1, "ts": begin,
+                       "dur": end - begin, "args": {"cost": pair.cost, "start": float(simulation.start[head]),
+                                                    "end": float(simulation.end[head])}})
     for device, (times, levels) in enumerate(simulation.memory_steps):
-        events.extend({"ph": "C", "name": "memory", "pid": device + 1, "ts": ticks(time), "args": {"held": level}}
-                      for time, level in zip(times.tolist(), levels.tolist(), strict=True))
+        events.extend({"ph": "C", "name": "memory", "pid": device + first_pid, "ts": ticks(time),
+                       "args": {"held": level}} for time, level in zip(times.tolist(), levels.tolist(), strict=True))
     for consumer, producer in enumerate(table.predecessor):
         if producer < 0 or table.device[producer] == table.device[consumer]:
             continue
         for phase, index in (("s", producer), ("f", consumer)):  # in the middle of the op's slice
             middle = (ticks(simulation.start[index]) + ticks(simulation.end[index])) / 2
-            events.append({"ph": phase, "name": "dependency", "cat": "dependency", "id": consumer, "bp": "e",
-                           "pid": table.device[index] + 1, "tid": track_of[index] + 1, "ts": middle})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"schedule": simulation.schedule.name, "problem": problem.describe(),
-                          "ticks_per_unit": scale,
-                          "time": f"trace microseconds = problem units x {scale}, from the first op's start"}}
+            events.append({"ph": phase, "name": "dependency", "cat": "dependency", "id": first_flow + consumer,
+                           "bp": "e", "pid": table.device[index] + first_pid, "tid": track_of[index] + 1,
+                           "ts": middle})
+    return events
 
 
-def _track_names(num_devices: int, tracks: set[tuple[int, int]]) -> list[dict]:
-    """The metadata events naming each device's process ("device d", in device order) and each
-    of its (device, track) tracks."""
+def _track_names(num_devices: int, tracks: set[tuple[int, int]], first_pid: int = 1, label: str = "") -> list[dict]:
+    """The metadata events naming each device's process (`label` + "device d", in device order)
+    and each of its (device, track) tracks."""
     events = []
     for device in range(num_devices):
-        events.append({"ph": "M", "name": "process_name", "pid": device + 1, "args": {"name": f"device {device}"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": device + 1, "args": {"sort_index": device}})
+        pid = device + first_pid
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"{label}device {device}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
     for device, track in sorted(tracks):
-        events.append({"ph": "M", "name": "thread_name", "pid": device + 1, "tid": track + 1,
+        events.append({"ph": "M", "name": "thread_name", "pid": device + first_pid, "tid": track + 1,
                        "args": {"name": TRACK_NAMES[track]}})
     return events
 
@@ -127,6 +160,11 @@ def measured_trace(report) -> dict:
 def write_chrome_trace(path: str | Path, simulation: Simulation) -> None:
     """Write `chrome_trace` to `path` (open it in ui.perfetto.dev or chrome://tracing)."""
     _write(path, chrome_trace(simulation))
+
+
+def write_comparison_trace(path: str | Path, comparison) -> None:
+    """Write `comparison_trace` to `path`."""
+    _write(path, comparison_trace(comparison))
 
 
 def write_measured_trace(path: str | Path, report) -> None:

@@ -1,5 +1,6 @@
 """The one plotter (matplotlib): Gantt charts and memory timelines of simulated schedules, comparison
-bars and the memory–makespan frontier; each returns its Figure and writes PNG, SVG or PDF on request."""
+bars and the memory–makespan frontier; each returns its Figure and writes PNG, SVG or PDF on request,
+in the screen style or, with `style="paper"`, the paper style (`FIGURE_STYLES`)."""
 
 import matplotlib
 
@@ -10,46 +11,44 @@ from zbopt.plot.frontier import LABEL_DIRECTIONS, LABEL_DISTANCES, LABEL_GAP, MA
 from zbopt.plot.gantt import BOX_HEIGHT, MAX_HEIGHT_IN, MAX_LABEL_POINTS, MIN_LABEL_POINTS, plot_gantt
 from zbopt.plot.memory import MEMORY_PANEL_ROWS, plot_memory
 from zbopt.plot.style import (
-    BAR_COLOR,
     DPI,
     FIGURE_FORMATS,
-    FRONTIER_COLOR,
-    HEURISTIC_COLOR,
-    KIND_COLORS,
+    FIGURE_STYLES,
     KIND_NAMES,
-    LANE_COLOR,
-    LATENCY_COLOR,
-    LIMIT_COLOR,
     MAX_WIDTH_IN,
-    MEMORY_COLOR,
+    PAPER_PALETTE,
+    SCREEN_PALETTE,
+    FigureStyle,
+    Palette,
     check_figure_path,
+    check_style,
     chunk_color,
+    palette,
 )
 
 __all__ = [
-    "BAR_COLOR",
     "BOX_HEIGHT",
     "DPI",
     "FIGURE_FORMATS",
-    "FRONTIER_COLOR",
-    "HEURISTIC_COLOR",
-    "KIND_COLORS",
+    "FIGURE_STYLES",
     "KIND_NAMES",
     "LABEL_DIRECTIONS",
     "LABEL_DISTANCES",
     "LABEL_GAP",
-    "LANE_COLOR",
-    "LATENCY_COLOR",
-    "LIMIT_COLOR",
     "MARKER_CLEARANCE",
     "MAX_HEIGHT_IN",
     "MAX_LABEL_POINTS",
     "MAX_WIDTH_IN",
-    "MEMORY_COLOR",
     "MEMORY_PANEL_ROWS",
     "MIN_LABEL_POINTS",
+    "PAPER_PALETTE",
+    "SCREEN_PALETTE",
+    "FigureStyle",
+    "Palette",
     "check_figure_path",
+    "check_style",
     "chunk_color",
+    "palette",
     "plot_comparison",
     "plot_frontier",
     "plot_gantt",

@@ -13,18 +13,21 @@ from zbopt.blocks import Block, repeat, steady_peak
 from zbopt.plot.gantt import BOX_HEIGHT, _box, _text_color
 from zbopt.plot.style import (
     DPI,
-    LANE_COLOR,
     MAX_WIDTH_IN,
     _finish,
     _kind_handles,
     _output_path,
     _style_axes,
+    _title,
     chunk_color,
+    palette,
+    styled,
 )
 
 REPEATS_SHOWN = 6  # microbatches in the third panel, at most
 
 
+@styled
 def plot_block(block: Block, path: str | Path | None = None, *, title: str | None = None):
     """Three panels, one row per device: (1) one microbatch's ops at their offsets, a dotted line
     every T; (2) the same ops folded into [0, T), labelled with the period they fall in (an op
@@ -81,7 +84,7 @@ def plot_block(block: Block, path: str | Path | None = None, *, title: str | Non
                        fontsize=9)
     for axes in panels:
         low, high = axes.get_xlim()
-        axes.add_collection(PolyCollection([_box(low, high - low, d, 0.9) for d in range(p)], facecolors=LANE_COLOR,
+        axes.add_collection(PolyCollection([_box(low, high - low, d, 0.9) for d in range(p)], facecolors=palette().lane,
                                            edgecolors="none", zorder=0))
         axes.set_ylim(p - 0.5, -0.5)
         axes.set_yticks(range(p), [f"device {d}" if p <= 8 else str(d) for d in range(p)], fontsize=7)
@@ -89,6 +92,7 @@ def plot_block(block: Block, path: str | Path | None = None, *, title: str | Non
         _style_axes(axes)
     figure.legend(handles=_kind_handles(problem), loc="outside lower center", ncol=len(problem.kinds), frameon=False,
                   fontsize=8)
-    figure.suptitle(title or f"block '{block.name}': p={p}, v={problem.chunks_per_device}, T = {block.interval:.4g} "
-                             "per microbatch", fontsize=10)
+    if heading := _title(title, f"block '{block.name}': p={p}, v={problem.chunks_per_device}, "
+                                f"T = {block.interval:.4g} per microbatch"):
+        figure.suptitle(heading, fontsize=10)
     return _finish(figure, path)

@@ -9,9 +9,18 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from zbopt.plot.style import BAR_COLOR, DPI, LIMIT_COLOR, _finish, _output_path, _style_axes
+from zbopt.plot.style import (
+    DPI,
+    _finish,
+    _output_path,
+    _style_axes,
+    _title,
+    palette,
+    styled,
+)
 
 
+@styled
 def plot_comparison(comparison, path: str | Path | None = None, *, title: str | None = None):
     """Two horizontal bar panels, one bar per schedule in the table's order (shortest makespan on
     top): the makespan with its gap to the lower bound (dotted line), and the peak memory (highest
@@ -37,7 +46,7 @@ def plot_comparison(comparison, path: str | Path | None = None, *, title: str | 
          [f"{row.peak_memory:g}" + ("  over limit" if o else "") for row, o in zip(rows, over, strict=True)]),
     )
     for axes, label, values, references, texts in panels:
-        bars = axes.barh(positions, values, height=0.7, color=[LIMIT_COLOR if o else BAR_COLOR for o in over],
+        bars = axes.barh(positions, values, height=0.7, color=[palette().limit if o else palette().bar for o in over],
                          gid=f"bars-{label.split()[0]}")
         for bar, o in zip(bars, over, strict=True):
             if o:
@@ -52,19 +61,20 @@ def plot_comparison(comparison, path: str | Path | None = None, *, title: str | 
         _style_axes(axes)
     time_axes.axvline(lower_bound, color="black", linestyle=":", linewidth=1.2, gid="lower-bound")
     for limit in limits:
-        memory_axes.axvline(limit, color=LIMIT_COLOR, linestyle="--", linewidth=1.2, gid="memory-limit")
+        memory_axes.axvline(limit, color=palette().limit, linestyle="--", linewidth=1.2, gid="memory-limit")
     time_axes.set_yticks(positions, [row.name + (f" ({row.status})" if row.status else "") for row in rows])
     time_axes.set_ylim(len(rows) - 0.5, -0.5)
     time_axes.tick_params(axis="y", length=0)
     for tick, o in zip(time_axes.get_yticklabels(), over, strict=True):
         if o:
-            tick.set_color(LIMIT_COLOR)
+            tick.set_color(palette().limit)
     handles = [Line2D([], [], color="black", linestyle=":", label=f"lower bound {lower_bound:.5g}")]
     if limits:
-        handles.append(Patch(facecolor=BAR_COLOR, label="within memory limit"))
+        handles.append(Patch(facecolor=palette().bar, label="within memory limit"))
         if any(over):  # the key only for what the chart shows
-            handles.append(Patch(facecolor=LIMIT_COLOR, edgecolor="white", hatch="///", label="over memory limit"))
-        handles.append(Line2D([], [], color=LIMIT_COLOR, linestyle="--", label="memory limit"))
+            handles.append(Patch(facecolor=palette().limit, edgecolor="white", hatch="///", label="over memory limit"))
+        handles.append(Line2D([], [], color=palette().limit, linestyle="--", label="memory limit"))
     figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
-    figure.suptitle(title or f"Schedules compared on {problem.describe()}", fontsize=10)
+    if heading := _title(title, f"Schedules compared on {problem.describe()}"):
+        figure.suptitle(heading, fontsize=10)
     return _finish(figure, path)

@@ -15,13 +15,13 @@ from matplotlib.transforms import Bbox
 from zbopt.frontier import counted_mechanisms
 from zbopt.plot.style import (
     DPI,
-    FRONTIER_COLOR,
-    HEURISTIC_COLOR,
-    LANE_COLOR,
     _finish,
     _freeze_layout,
     _output_path,
     _style_axes,
+    _title,
+    palette,
+    styled,
 )
 
 LABEL_DISTANCES = (8, 16, 28, 42, 60, 80, 110)  # points from a heuristic's marker to its label, tried in order
@@ -31,6 +31,7 @@ LABEL_GAP = 5.0  # pixels between two labels, so that two names never read as on
 BREAK_SHARE = 0.3  # the y axis breaks where most values would fill less of it than this
 
 
+@styled
 def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None = None):
     """Draw the makespan against the memory limit: the optimizer's makespan at each limit of the
     sweep as a staircase (a limit's schedule also runs under every larger limit, so each step holds
@@ -67,19 +68,19 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
         axes.set_xlim(left, right)
         axes.set_ylim(low, high)
         axes.tick_params(labelsize=8)
-        axes.grid(color=LANE_COLOR, linewidth=0.8)
+        axes.grid(color=palette().lane, linewidth=0.8)
         axes.set_axisbelow(True)
         _style_axes(axes)
     if len(panels) > 1:
         _mark_break(*panels)
     axes = panels[-1]  # the bottom panel holds the x axis
-    handles = [Line2D([], [], color=FRONTIER_COLOR, marker="o", label="optimal makespan (proven)")]
+    handles = [Line2D([], [], color=palette().frontier, marker="o", label="optimal makespan (proven)")]
     if not proven.all():
-        handles += [Line2D([], [], color=FRONTIER_COLOR, marker="o", markerfacecolor="white", linestyle="none",
+        handles += [Line2D([], [], color=palette().frontier, marker="o", markerfacecolor="white", linestyle="none",
                            label="best found, not proven optimal"),
-                    Patch(facecolor=FRONTIER_COLOR, alpha=0.18, label="lower bound to best found")]
+                    Patch(facecolor=palette().frontier, alpha=0.18, label="lower bound to best found")]
     if groups:
-        handles.append(Line2D([], [], color=HEURISTIC_COLOR, marker="D", markersize=5, linestyle="none",
+        handles.append(Line2D([], [], color=palette().heuristic, marker="D", markersize=5, linestyle="none",
                               label="heuristic, at its own peak memory"))
     marked = counted_mechanisms(problem)
     if marked:
@@ -93,9 +94,10 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
     figure.legend(handles=handles, loc="outside lower center", ncol=2 if len(handles) > 3 else len(handles),
                   frameon=False, fontsize=8)
     backward = "split" if problem.split_backward else "fused"
-    panels[0].set_title(title or (f"memory–makespan frontier | p={problem.num_devices}, "
-                                  f"m={problem.num_microbatches}, v={problem.chunks_per_device}, {backward} backward"
-                                  f" | CP-SAT, {frontier.time_limit:g} s per limit"), fontsize=10)
+    if heading := _title(title, f"memory–makespan frontier | p={problem.num_devices}, m={problem.num_microbatches}, "
+                                f"v={problem.chunks_per_device}, {backward} backward | CP-SAT, "
+                                f"{frontier.time_limit:g} s per limit"):
+        panels[0].set_title(heading, fontsize=10)
     _freeze_layout(figure)
     marks = _mechanism_marks(panels, frontier, marked) if marked else []
     for axes, (_, (low, high)) in zip(panels, ranges, strict=True):
@@ -111,16 +113,16 @@ def _draw_frontier(axes, owned, limits, makespans, lower, proven, stairs_x, stai
     low, high = owned
     shown = (low <= makespans) & (makespans <= high)
     if not proven.all():
-        axes.fill_between(stairs_x, np.append(lower, lower[-1]), stairs_y, step="post", color=FRONTIER_COLOR,
+        axes.fill_between(stairs_x, np.append(lower, lower[-1]), stairs_y, step="post", color=palette().frontier,
                           alpha=0.18, linewidth=0, gid="frontier-gap")
-        axes.plot(limits[~proven & shown], makespans[~proven & shown], "o", color=FRONTIER_COLOR,
+        axes.plot(limits[~proven & shown], makespans[~proven & shown], "o", color=palette().frontier,
                   markerfacecolor="white", zorder=3, gid="frontier-unproven")
-    axes.step(stairs_x, stairs_y, where="post", color=FRONTIER_COLOR, linewidth=1.6, zorder=2, gid="frontier")
-    axes.plot(limits[proven & shown], makespans[proven & shown], "o", color=FRONTIER_COLOR, zorder=3,
+    axes.step(stairs_x, stairs_y, where="post", color=palette().frontier, linewidth=1.6, zorder=2, gid="frontier")
+    axes.plot(limits[proven & shown], makespans[proven & shown], "o", color=palette().frontier, zorder=3,
               gid="frontier-optimal")
     points = [(x, y) for x, y, _ in groups if low <= y <= high]
     if points:
-        axes.plot(*zip(*points, strict=True), "D", color=HEURISTIC_COLOR, markersize=5, linestyle="none", zorder=4,
+        axes.plot(*zip(*points, strict=True), "D", color=palette().heuristic, markersize=5, linestyle="none", zorder=4,
                   gid="heuristics")
 
 
@@ -177,7 +179,7 @@ def _mechanism_marks(panels: list, frontier, marked: list[tuple[str, str]]) -> l
         text = "\n".join(f"{letter} {count}/{activations}" for (letter, _), count in zip(marked, counts, strict=True))
         mark = axes.annotate(text, (point.memory_limit, point.makespan),
                              xytext=(4, 4), textcoords="offset points", ha="left", va="bottom", fontsize=7,
-                             color=FRONTIER_COLOR, zorder=5)
+                             color=palette().frontier, zorder=5)
         box = _text_box(mark, renderer).padded(LABEL_GAP)
         if any(box.overlaps(other) for other in boxes):
             mark.remove()
@@ -240,10 +242,10 @@ def _heuristic_label(axes, text: str, point: tuple[float, float], offset: tuple[
     leader line to it."""
     dx, dy = offset
     return axes.annotate(
-        text, point, xytext=offset, textcoords="offset points", fontsize=7.5, color=HEURISTIC_COLOR, zorder=5,
+        text, point, xytext=offset, textcoords="offset points", fontsize=7.5, color=palette().heuristic, zorder=5,
         ha="left" if dx > 0 else "right" if dx < 0 else "center",
         va="bottom" if dy > 0 else "top" if dy < 0 else "center",
-        arrowprops=dict(arrowstyle="-", color=HEURISTIC_COLOR, linewidth=0.5, shrinkA=1, shrinkB=4),
+        arrowprops=dict(arrowstyle="-", color=palette().heuristic, linewidth=0.5, shrinkA=1, shrinkB=4),
     )
 
 

@@ -15,10 +15,7 @@ from matplotlib.patches import Patch
 
 from zbopt.plot.style import (
     DPI,
-    KIND_COLORS,
     KIND_NAMES,
-    LANE_COLOR,
-    LATENCY_COLOR,
     MAX_WIDTH_IN,
     RECOMPUTE_HATCH,
     _caption,
@@ -27,7 +24,10 @@ from zbopt.plot.style import (
     _kind_handles,
     _output_path,
     _style_axes,
+    _title,
     chunk_color,
+    palette,
+    styled,
 )
 from zbopt.problem import COPY_KINDS, OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.simulate import Simulation
@@ -39,6 +39,7 @@ COPY_ROWS = {None: (-0.12, 0.56), OFFLOAD: (0.245, 0.11), RELOAD: (0.365, 0.11)}
 MIN_LABEL_POINTS, MAX_LABEL_POINTS = 5.0, 8.0
 
 
+@styled
 def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title: str | None = None,
                show_latency: bool = False):
     """Draw one row per device, one box per op, microbatch numbers where they fit; idle time is
@@ -55,7 +56,7 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     makespan = simulation.makespan
     figure, axes = plt.subplots(figsize=_gantt_size(simulation), dpi=DPI, layout="constrained")
     lanes = [_box(0.0, makespan, device, 0.9) for device in range(p)]
-    axes.add_collection(PolyCollection(lanes, facecolors=LANE_COLOR, edgecolors="none", zorder=0, gid="idle-lanes"))
+    axes.add_collection(PolyCollection(lanes, facecolors=palette().lane, edgecolors="none", zorder=0, gid="idle-lanes"))
     boxes = _op_boxes(simulation)
     for (kind, chunk), (begin, width, row, _, height) in boxes.items():
         rectangles = [_box(b, w, r, h) for b, w, r, h in zip(begin, width, row, height, strict=True)]
@@ -64,10 +65,10 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
                                            linewidths=0.4, zorder=2, gid=f"ops-{kind}-chunk{chunk}", hatch=hatch))
     handles = _kind_handles(problem)
     if simulation.table.recomputed:
-        handles.append(Patch(facecolor=KIND_COLORS[RECOMPUTE], edgecolor="white", hatch=RECOMPUTE_HATCH,
+        handles.append(Patch(facecolor=palette().kinds[RECOMPUTE], edgecolor="white", hatch=RECOMPUTE_HATCH,
                              label=KIND_NAMES[RECOMPUTE]))
     if simulation.table.offloaded:
-        handles += [Patch(facecolor=KIND_COLORS[kind], label=KIND_NAMES[kind]) for kind in COPY_KINDS]
+        handles += [Patch(facecolor=palette().kinds[kind], label=KIND_NAMES[kind]) for kind in COPY_KINDS]
     if simulation.pairs:  # a black border around each pair, as DualPipe's figures draw them
         offset, height = _row(simulation, problem.kinds[0])
         outlines = [_box(simulation.start[head] - simulation.origin, pair.cost,
@@ -76,12 +77,13 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
         axes.add_collection(PolyCollection(outlines, facecolors="none", edgecolors="black", linewidths=0.8, zorder=3,
                                            gid="overlapped-pairs"))
         handles.append(Patch(facecolor="white", edgecolor="black", label="overlapped pair (F over its partner)"))
-    handles.append(Patch(facecolor=LANE_COLOR, label="idle"))
+    handles.append(Patch(facecolor=palette().lane, label="idle"))
     if show_latency and problem.p2p_time > 0:
         # under the boxes: a send to a far device (interleaved wrap-around) must not cross other devices' ops
-        axes.add_collection(LineCollection(_latency_segments(simulation), colors=LATENCY_COLOR, linewidths=0.6,
+        axes.add_collection(LineCollection(_latency_segments(simulation), colors=palette().latency, linewidths=0.6,
                                            alpha=0.6, zorder=1, gid="p2p-latency"))
-        handles.append(Line2D([], [], color=LATENCY_COLOR, linewidth=0.8, label=f"p2p latency {problem.p2p_time:g}"))
+        handles.append(Line2D([], [], color=palette().latency, linewidth=0.8,
+                              label=f"p2p latency {problem.p2p_time:g}"))
 
     axes.set_ylim(p - 0.5, -0.5)
     axes.set_yticks(range(p), [f"device {d}" for d in range(p)] if p <= 16 else [str(d) for d in range(p)],
@@ -102,10 +104,9 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     # with v chunks, one column per kind and one row per chunk's shade
     figure.legend(handles=handles, loc="outside lower center", ncol=len(problem.kinds) + -(-(len(handles) - len(
         problem.kinds) * v) // v), frameon=False, fontsize=8)
-    axes.set_title(title or (
-        f"{_caption(simulation)} | makespan {makespan:.4g}, bubble {simulation.bubble_rate:.1%}, "
-        f"ZB bubble {simulation.zb_bubble_rate:.1%}"
-    ), fontsize=10)
+    if heading := _title(title, f"{_caption(simulation)} | makespan {makespan:.4g}, bubble "
+                                f"{simulation.bubble_rate:.1%}, ZB bubble {simulation.zb_bubble_rate:.1%}"):
+        axes.set_title(heading, fontsize=10)
     _freeze_layout(figure)
     step = _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v)
     if step > 1:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import matplotlib.style
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
@@ -13,26 +18,102 @@ from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, OFFLOAD, RECOMPUTE,
 from zbopt.simulate import Simulation
 
 FIGURE_FORMATS = (".png", ".svg", ".pdf")
-# a recompute re-runs a forward: F's colour, told apart by RECOMPUTE_HATCH
-KIND_COLORS = {FORWARD: "#3b6fb6", BACKWARD: "#e8862a", WEIGHT: "#3a9a4a", FUSED_BACKWARD: "#8b5bb3",
-               RECOMPUTE: "#3b6fb6", OFFLOAD: "#2a9d8f", RELOAD: "#c9a227"}
 KIND_NAMES = {FORWARD: "F forward", BACKWARD: "B input grad", WEIGHT: "W weight grad", FUSED_BACKWARD: "BW backward",
               RECOMPUTE: "R recompute", OFFLOAD: "O offload", RELOAD: "L reload"}
 RECOMPUTE_HATCH = "////"
-LANE_COLOR = "#ececec"
-LATENCY_COLOR = "#333333"
-MEMORY_COLOR = "#3b6fb6"
-LIMIT_COLOR = "#c0392b"
-BAR_COLOR = "#5b84b1"
-FRONTIER_COLOR = "#3b6fb6"
-HEURISTIC_COLOR = "#b03a2e"
 DPI = 120
 MAX_WIDTH_IN = 20.0  # wider figures do not get more legible; dense charts thin their labels instead
 
 
+@dataclass(frozen=True)
+class Palette:
+    """Every colour the charts use. A recompute re-runs a forward: F's colour, told apart by RECOMPUTE_HATCH."""
+
+    kinds: dict[str, str]
+    lane: str  # idle time, and grid lines
+    latency: str
+    memory: str
+    limit: str  # the memory limit, and whatever breaks it
+    bar: str
+    frontier: str
+    heuristic: str
+
+
+SCREEN_PALETTE = Palette(
+    kinds={FORWARD: "#3b6fb6", BACKWARD: "#e8862a", WEIGHT: "#3a9a4a", FUSED_BACKWARD: "#8b5bb3",
+           RECOMPUTE: "#3b6fb6", OFFLOAD: "#2a9d8f", RELOAD: "#c9a227"},
+    lane="#ececec", latency="#333333", memory="#3b6fb6", limit="#c0392b", bar="#5b84b1", frontier="#3b6fb6",
+    heuristic="#b03a2e")
+# Okabe and Ito's palette ("Color Universal Design", 2008): its colours stay apart under every common
+# colour-vision deficiency, which the screen palette's orange B and green W do not under deuteranopia
+PAPER_PALETTE = Palette(
+    kinds={FORWARD: "#0072b2", BACKWARD: "#e69f00", WEIGHT: "#009e73", FUSED_BACKWARD: "#cc79a7",
+           RECOMPUTE: "#0072b2", OFFLOAD: "#56b4e9", RELOAD: "#d55e00"},
+    lane="#ebebeb", latency="#000000", memory="#0072b2", limit="#d55e00", bar="#0072b2", frontier="#0072b2",
+    heuristic="#d55e00")
+
+
+@dataclass(frozen=True)
+class FigureStyle:
+    """How a chart is drawn and written: its palette, a matplotlib style file, whether it has a title."""
+
+    palette: Palette
+    sheet: Path | None
+    titles: bool
+
+
+# paper: for a venue's PDF (TrueType fonts, Computer Modern, colour-blind safe, no title unless asked)
+FIGURE_STYLES = {"screen": FigureStyle(SCREEN_PALETTE, None, titles=True),
+                 "paper": FigureStyle(PAPER_PALETTE, Path(__file__).with_name("paper.mplstyle"), titles=False)}
+_STYLE: ContextVar[FigureStyle] = ContextVar("zbopt_figure_style", default=FIGURE_STYLES["screen"])
+
+
+def palette() -> Palette:
+    """The colours of the style being drawn in (the screen's outside any `styled` plot)."""
+    return _STYLE.get().palette
+
+
+def check_style(style: str) -> FigureStyle:
+    """The named figure style; else a ZboptError naming it."""
+    if style not in FIGURE_STYLES:
+        raise ZboptError(f"figure style '{style}': unknown, use {', '.join(FIGURE_STYLES)}")
+    return FIGURE_STYLES[style]
+
+
+def styled(plot):
+    """Give a plot function the keyword `style` (a key of FIGURE_STYLES, default "screen"): the
+    chart is drawn and, when given a path, written in that style. matplotlib reads the font
+    settings when saving, so a paper figure keeps its TrueType fonts only when written through the
+    plot function's `path` (or saved inside `matplotlib.style.context` of the style's sheet)."""
+
+    @functools.wraps(plot)
+    def in_style(*args, style: str = "screen", **kwargs):
+        chosen = check_style(style)
+        token = _STYLE.set(chosen)
+        # fontTools, subsetting cmr10 into a PDF, warns of the font's 1970s timestamps on every write
+        font_tools = logging.getLogger("fontTools")
+        level = font_tools.level
+        font_tools.setLevel(logging.ERROR)
+        try:
+            with matplotlib.style.context(chosen.sheet or {}):
+                return plot(*args, **kwargs)
+        finally:
+            font_tools.setLevel(level)
+            _STYLE.reset(token)
+
+    return in_style
+
+
+def _title(title: str | None, default: str) -> str | None:
+    """The title asked for; else the default where the style has titles (screen), none where not (paper)."""
+    if title is not None:
+        return title
+    return default if _STYLE.get().titles else None
+
+
 def chunk_color(kind: str, chunk: int, chunks: int) -> tuple[float, float, float]:
     """The kind's colour, lightened for earlier chunks so a device's chunks stay apart."""
-    base = to_rgb(KIND_COLORS[kind])
+    base = to_rgb(palette().kinds[kind])
     if chunks == 1:
         return base
     lighten = 0.55 * (chunks - 1 - chunk) / (chunks - 1)
@@ -44,7 +125,7 @@ def _kind_handles(problem) -> list[Patch]:
     ("down" and "up" for the two ways of a bidirectional placement)."""
     v = problem.chunks_per_device
     if v == 1:
-        return [Patch(facecolor=KIND_COLORS[kind], label=KIND_NAMES[kind]) for kind in problem.kinds]
+        return [Patch(facecolor=palette().kinds[kind], label=KIND_NAMES[kind]) for kind in problem.kinds]
     names = ("down", "up") if problem.bidirectional else [f"chunk {chunk}" for chunk in range(v)]
     return [Patch(facecolor=chunk_color(kind, chunk, v), label=f"{KIND_NAMES[kind]}, {names[chunk]}")
             for kind in problem.kinds for chunk in range(v)]

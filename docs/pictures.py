@@ -61,7 +61,7 @@ def _report_screenshot(problem, path: Path) -> bool:
     driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(shutil.which("chromedriver")))
     try:
         with tempfile.TemporaryDirectory() as folder:
-            report = write_report(Path(folder) / "report.html", compare(problem, ["zb-v", "v-min", "1f1b"]))
+            report = write_report(Path(folder) / "report.html", compare(problem, ["zb-v", "v-min", "v-half"]))
             driver.get(report.as_uri())
             WebDriverWait(driver, 10).until(lambda d: d.execute_script("return document.body.dataset.shown"))
             canvas = driver.find_element(By.CSS_SELECTOR, 'section[data-schedule="zb-v"] canvas.gantt')

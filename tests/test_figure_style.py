@@ -1,6 +1,7 @@
-"""The paper style: TrueType fonts in PDF (Type 3 is refused at submission), Computer Modern text and
-mathtext without TeX, colours told apart under simulated colour-vision deficiencies, no title unless
-asked; the screen style untouched around it; `--style` on the CLI."""
+"""The paper style: TrueType fonts in PDF (Type 3 is refused at submission), STIX text whose every
+character is its own glyph, Computer Modern mathtext without TeX, colours told apart under simulated
+colour-vision deficiencies, no title unless asked; the screen style untouched around it; `--style`
+on the CLI and `compare -o` by extension."""
 
 import itertools
 import json
@@ -10,13 +11,23 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib import font_manager
 from matplotlib.colors import to_rgb
+from matplotlib.ft2font import FT2Font
 
 from zbopt import Problem, compare, generate, simulate
 from zbopt.blocks import published_block
 from zbopt.cli import main
 from zbopt.frontier import Frontier, FrontierPoint, HeuristicPoint
-from zbopt.plot import PAPER_PALETTE, SCREEN_PALETTE, plot_comparison, plot_frontier, plot_gantt, plot_memory
+from zbopt.plot import (
+    FIGURE_STYLES,
+    PAPER_PALETTE,
+    SCREEN_PALETTE,
+    plot_comparison,
+    plot_frontier,
+    plot_gantt,
+    plot_memory,
+)
 from zbopt.plot.block import plot_block
 
 PROBLEM = Problem(num_devices=3, num_microbatches=4, forward_times=1, backward_times=1, weight_times=1,
@@ -45,7 +56,7 @@ def test_paper_pdfs_embed_computer_modern_as_truetype_and_have_no_title(figure, 
     FIGURES[figure](path=tmp_path / "paper.pdf", style="paper")
     FIGURES[figure](path=tmp_path / "screen.pdf")
     subtypes, fonts = pdf_fonts(tmp_path / "paper.pdf")
-    assert "Type3" not in subtypes and "CIDFontType2" in subtypes and fonts == {"Cmr10"}
+    assert "Type3" not in subtypes and "CIDFontType2" in subtypes and fonts == {"STIXGeneral-Regular"}
     assert "Type3" in pdf_fonts(tmp_path / "screen.pdf")[0]  # matplotlib's default, which the style changes
     figure_object = FIGURES[figure](style="paper")
     titles = [figure_object.get_suptitle(), *(axes.get_title() for axes in figure_object.axes)]
@@ -58,7 +69,7 @@ def test_paper_pdfs_embed_computer_modern_as_truetype_and_have_no_title(figure, 
 def test_the_block_drawing_takes_the_style_too(tmp_path):
     plot_block(published_block("zb-h1", PROBLEM), tmp_path / "block.pdf", style="paper")
     subtypes, fonts = pdf_fonts(tmp_path / "block.pdf")
-    assert "Type3" not in subtypes and fonts == {"Cmr10"}
+    assert "Type3" not in subtypes and fonts == {"STIXGeneral-Regular"}
 
 
 def test_mathtext_is_computer_modern_without_tex(tmp_path):
@@ -66,8 +77,27 @@ def test_mathtext_is_computer_modern_without_tex(tmp_path):
     assert not matplotlib.rcParams["text.usetex"]
     _, fonts = pdf_fonts(tmp_path / "math.pdf")
     assert {"Cmmi10", "Cmr10"} <= fonts  # math italic for T, F and alpha; roman for '='
+    assert "STIXGeneral-Regular" in fonts  # the text around it
     plot_gantt(SIMULATION, tmp_path / "screen.pdf", title=r"$T_F = \alpha$")
     assert not any(font.startswith("Cm") for font in pdf_fonts(tmp_path / "screen.pdf")[1])
+
+
+# Adobe's glyph names of the punctuation a text font must not map elsewhere (matplotlib's cmr10 maps
+# '>' to questiondown and '|' to endash: TeX's old encoding)
+GLYPH_NAMES = {"<": "less", ">": "greater", "|": "bar", "_": "underscore", "{": "braceleft", "}": "braceright"}
+
+
+@pytest.mark.parametrize("figure", FIGURES)
+def test_every_character_a_paper_figure_writes_is_its_own_glyph(figure):
+    drawn = FIGURES[figure](style="paper", title="p < q > r | s_t {u} …")
+    with matplotlib.style.context(FIGURE_STYLES["paper"].sheet):
+        font = FT2Font(font_manager.findfont(font_manager.FontProperties(family="serif")))
+    texts = [text.get_text() for text in drawn.findobj(matplotlib.text.Text)]
+    plt.close(drawn)
+    characters = {character for text in texts for character in text if not character.isspace()}
+    assert set(GLYPH_NAMES) <= characters
+    assert not [c for c in characters if font.get_glyph_name(font.get_char_index(ord(c))) == ".notdef"]
+    assert {c: font.get_glyph_name(font.get_char_index(ord(c))) for c in GLYPH_NAMES} == GLYPH_NAMES
 
 
 def test_the_style_ends_with_the_plot():
@@ -125,6 +155,10 @@ def test_the_screen_palette_would_not():
     (["simulate", "--schedule", "1f1b", "--style", "fancy", "-o", "{tmp}/x.png"], "figure style 'fancy'"),
     (["compare", "--style", "paper", "-o", "{tmp}/report.html"], "--style paper: the HTML report"),
     (["compare", "--style", "paper", "-o", "{tmp}/rows.trace.json"], "--style paper: no figure"),
+    (["compare", "--style", "paper"], "--style paper: no figure"),
+    (["frontier", "--memory-limits", "2:3:1", "--style", "paper"], "--style paper: no figure"),
+    (["block", "--style", "paper", "--no-visualization", "-o", "{tmp}/x.png"], "--style paper: no figure"),
+    (["solve", "--style", "paper"], "--style paper: no figure"),
     (["compare", "-o", "{tmp}/rows.txt"], "output file"),
     (["compare", "--frontier", "2:3:1", "-o", "{tmp}/rows.png"], "--frontier"),
 ])

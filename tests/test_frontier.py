@@ -6,12 +6,14 @@ import json
 
 import matplotlib.pyplot as plt
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from zbopt import Problem, ZboptError, solve
 from zbopt.cli import main
 from zbopt.frontier import Frontier, FrontierPoint, HeuristicPoint, memory_frontier, parse_memory_limits
 from zbopt.plot import plot_frontier
-from zbopt.plot.frontier import _text_box
+from zbopt.plot.frontier import _panel_ranges, _text_box
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 P, M = 3, 4
@@ -157,6 +159,20 @@ def test_one_slow_heuristic_gets_the_upper_panel_with_its_label():
     assert [text.get_text() for text in top.texts] == ["h0"]
     assert sorted(text.get_text() for text in bottom.texts) == ["h1", "h2"]
     plt.close(figure)
+
+
+@given(st.lists(st.floats(0, 1e4), min_size=1, max_size=12))
+def test_every_value_shows_in_one_panel_and_is_drawn_by_it(values):
+    """Each value lies inside exactly one panel's view and that panel draws its marker; a break
+    keeps at least half of the values below it, and the two views do not overlap."""
+    ranges = _panel_ranges(values)
+    for value in values:
+        showing = [owned for (low, high), owned in ranges if low <= value <= high]
+        assert len(showing) == 1 and showing[0][0] <= value <= showing[0][1]
+    if len(ranges) == 2:
+        ((top_low, _), (above, _)), ((_, bottom_high), (_, below)) = ranges
+        assert 2 * sum(value <= below for value in values) >= len(values)
+        assert bottom_high <= top_low and above > below
 
 
 def test_the_axis_stays_whole_when_the_heuristics_span_the_range():

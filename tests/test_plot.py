@@ -133,12 +133,27 @@ def overlapping(labels) -> bool:
     return bool(overlap.any())
 
 
+def test_the_legend_gives_each_kind_a_column_of_its_chunks_shades():
+    """Three chunks: F's, B's and W's keys each fill one column, idle starts the fourth."""
+    simulation = simulated("greedy", num_devices=4, num_microbatches=8, chunks_per_device=3, forward_times=1,
+                           backward_times=1, weight_times=1)
+    figure = plot_gantt(simulation)
+    renderer = figure.canvas.get_renderer()
+    columns: dict[float, list[str]] = {}
+    for text in figure.legends[0].get_texts():
+        if text.get_text().strip():
+            columns.setdefault(round(text.get_window_extent(renderer).x0), []).append(text.get_text())
+    plt.close(figure)
+    assert list(columns.values()) == [[f"{name}, chunk {chunk}" for chunk in range(3)]
+                                      for name in ("F forward", "B input grad", "W weight grad")] + [["idle"]]
+
+
 def test_gantt_of_two_chunks_keys_each_kind_in_each_chunks_shade():
     simulation = simulated("zb-v", num_devices=4, num_microbatches=8, chunks_per_device=2, placement="v",
                            forward_times=1, backward_times=1, weight_times=1)
     figure = plot_gantt(simulation)
     legend = figure.legends[0]
-    assert [text.get_text() for text in legend.get_texts()] == [
+    assert [text.get_text() for text in legend.get_texts() if text.get_text().strip()] == [
         "F forward, chunk 0", "F forward, chunk 1", "B input grad, chunk 0", "B input grad, chunk 1",
         "W weight grad, chunk 0", "W weight grad, chunk 1", "idle"]
     shades = [handle.get_facecolor()[:3] for handle in legend.legend_handles[:6]]

@@ -25,7 +25,7 @@ from zbopt.flags import (
 )
 from zbopt.io.export import EXPORT_FORMATS, check_export, check_output_directory, write_export
 from zbopt.io.inputs import is_schedule_file, run_and_schedule, run_config
-from zbopt.io.trace import write_measured_trace
+from zbopt.io.trace import TRACE_EXTENSION, write_measured_trace
 from zbopt.schedules import get, registered
 from zbopt.simulate import Simulation, simulate
 from zbopt.solvers.api import SOLVERS
@@ -174,6 +174,8 @@ def _command_compare(args: argparse.Namespace) -> int:
     run = run_config(config_file(args), flag_values(args))
     frontier_limits = None if args.frontier is None else parse_memory_limits(args.frontier)
     output = _output_flag(args)
+    if output is None:
+        _figure_style(args, None)  # --style without a chart to draw is an error, not ignored
     kind = None if output is None else _comparison_output(args, output)
     limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
     comparison = compare(run.problem, args.schedule, optimal=args.optimal, progress=_live(args), **limit)
@@ -205,13 +207,13 @@ def _comparison_output(args: argparse.Namespace, output: str) -> str:
             raise ZboptError(f"--style {args.style}: the HTML report has one style; --style draws a chart "
                              f"({', '.join(FIGURE_FORMATS)})")
         return "report"
-    if not name.endswith((".trace.json", *FIGURE_FORMATS)):
+    if not name.endswith((TRACE_EXTENSION, *FIGURE_FORMATS)):
         raise ZboptError(f"output file '{output}': unsupported extension, use {', '.join(REPORT_FORMATS)} (a report), "
-                         f".trace.json (a trace) or {', '.join(FIGURE_FORMATS)} (the comparison chart)")
+                         f"{TRACE_EXTENSION} (a trace) or {', '.join(FIGURE_FORMATS)} (the comparison chart)")
     if args.frontier is not None:
         raise ZboptError(f"--frontier: '{output}' would leave the frontier out; write a report (.html), or its "
                          "figure with zbopt frontier -o")
-    if name.endswith(".trace.json"):
+    if name.endswith(TRACE_EXTENSION):
         _figure_style(args, None)  # a trace has no style: --style is an error here
         return "trace"
     _figure_style(args, output)

@@ -108,7 +108,7 @@ def add_input_flags(parser: argparse.ArgumentParser,
 
 def add_style_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--style", help="the figure's style: screen (default) or paper (TrueType fonts in PDF, "
-                                        "Computer Modern, colour-blind-safe colours, no title)")
+                                        "STIX text, Computer Modern math, colour-blind-safe colours, no title)")
 
 
 def add_quiet_flag(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from zbopt.errors import ZboptError
 from zbopt.io.torch_format import check_exportable, write_megatron_order, write_torch_csv
-from zbopt.io.trace import write_chrome_trace
+from zbopt.io.trace import TRACE_EXTENSION, write_chrome_trace
 from zbopt.problem import Problem
 from zbopt.schedule import save_schedule
 from zbopt.simulate import Simulation
@@ -18,7 +18,7 @@ from zbopt.simulate import Simulation
 EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON",
                   "chrome-trace": "Perfetto / chrome://tracing trace"}
 # the formats told by the file's name, longest ending first (a trace is JSON too: .json alone is zbopt's)
-EXPORT_EXTENSIONS = {".trace.json": "chrome-trace", ".csv": "torch-csv", ".json": "json"}
+EXPORT_EXTENSIONS = {TRACE_EXTENSION: "chrome-trace", ".csv": "torch-csv", ".json": "json"}
 
 
 def export_format(path: str | Path, given: str | None = None) -> str:

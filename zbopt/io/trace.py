@@ -29,6 +29,7 @@ from zbopt.schedule import pair_text
 from zbopt.simulate import Simulation
 from zbopt.ticks import tick_scale
 
+TRACE_EXTENSION = ".trace.json"  # a trace is JSON too: .json alone names zbopt's schedule JSON
 MIN_TICKS_PER_UNIT = 1000  # one problem unit shows as at least a millisecond
 PAIR_TRACKS = (3, 4, 5)  # an overlapped pair's forward, then its backward's one or two ops
 TRACK_NAMES = {COMPUTE_LANE: "compute", OFFLOAD_LANE: "device-to-host", RELOAD_LANE: "host-to-device",
@@ -58,7 +59,7 @@ def comparison_trace(comparison) -> dict:
     share the problem), flow ids apart."""
     rows = comparison.rows
     problem = comparison.problem
-    scale = max(trace_scale(row.simulation) for row in rows)
+    scale = max((trace_scale(row.simulation) for row in rows), default=MIN_TICKS_PER_UNIT)
     events: list[dict] = []
     flows = 0
     for place, row in enumerate(rows):

@@ -99,7 +99,8 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
                                 f"{frontier.time_limit:g} s per limit"):
         panels[0].set_title(heading, fontsize=10)
     _freeze_layout(figure)
-    marks = _mechanism_marks(panels, frontier, marked) if marked else []
+    owners = [(axes, owned) for axes, (_, owned) in zip(panels, ranges, strict=True)]
+    marks = _mechanism_marks(owners, frontier, marked) if marked else []
     for axes, (_, (low, high)) in zip(panels, ranges, strict=True):
         owned = [group for group in groups if low <= group[1] <= high]
         if owned:
@@ -131,20 +132,22 @@ def _panel_ranges(values: list[float]) -> list[tuple[tuple[float, float], tuple[
     Two panels, the axis broken between them, when a gap between the values can go: the widest gap
     below which at least half of the values, of two or more makespans, span less than BREAK_SHARE
     of the whole range (the demo's 1275 at the floor squashed the heuristics' 425..482 to a
-    sliver; so does one slow heuristic far above the rest). Each marker is drawn in one panel only:
-    one peeking in at the edge of the other would read as a second point."""
+    sliver; so does one slow heuristic far above the rest). Neither panel shows past the middle of
+    the gap, and each marker is drawn in one panel only: one peeking in at the edge of the other
+    would read as a second point."""
     ordered = sorted(values)
     low, high = ordered[0], ordered[-1]
     best = None
-    for below in range(len(ordered) // 2, len(ordered)):
+    for below in range((len(ordered) + 1) // 2, len(ordered)):
         top, above = ordered[below - 1], ordered[below]
         if top > low and top - low < BREAK_SHARE * (high - low) and (best is None or above - top > best[1] - best[0]):
             best = (top, above)
     if best is None:
         return [(_padded(low, high), (-math.inf, math.inf))]
     top, above = best
-    upper, lower = _padded(above, high), _padded(low, top)
-    return [(upper, (above, math.inf)), ((lower[0], min(lower[1], above)), (-math.inf, top))]
+    upper, lower, middle = _padded(above, high), _padded(low, top), (top + above) / 2
+    return [((max(upper[0], middle), upper[1]), (above, math.inf)),
+            ((lower[0], min(lower[1], middle)), (-math.inf, top))]
 
 
 def _padded(low: float, high: float) -> tuple[float, float]:
@@ -163,19 +166,20 @@ def _mark_break(top, bottom) -> None:
     bottom.plot([0], [1], transform=bottom.transAxes, gid="axis-break", **slash)
 
 
-def _mechanism_marks(panels: list, frontier, marked: list[tuple[str, str]]) -> list[Bbox]:
+def _mechanism_marks(owners: list, frontier, marked: list[tuple[str, str]]) -> list[Bbox]:
     """Above each point of the staircase, to its right (clear of the step coming down into it), how
     many activations its schedule recomputes and offloads ("R 23/32", "O 5/32", one per line), in
-    the point's panel, but not over a point that carries the schedule of the one before it, nor
-    where it would cover another mark; their pixel boxes, for the heuristics' labels to keep clear of."""
+    the panel that draws the point (`owners`: (axes, the range of values it draws)), but not over a
+    point that carries the schedule of the one before it, nor where it would cover another mark;
+    their pixel boxes, for the heuristics' labels to keep clear of."""
     activations = frontier.problem.num_activations
-    renderer = panels[0].figure.canvas.get_renderer()
+    renderer = owners[0][0].figure.canvas.get_renderer()
     boxes: list[Bbox] = []
     for point in frontier.points:
         counts = [getattr(point, attribute) for _, attribute in marked]
         if point.makespan is None or None in counts or point.found_at != point.memory_limit:
             continue
-        axes = next(axes for axes in panels if min(axes.get_ylim()) <= point.makespan <= max(axes.get_ylim()))
+        axes = next(axes for axes, (low, high) in owners if low <= point.makespan <= high)
         text = "\n".join(f"{letter} {count}/{activations}" for (letter, _), count in zip(marked, counts, strict=True))
         mark = axes.annotate(text, (point.memory_limit, point.makespan),
                              xytext=(4, 4), textcoords="offset points", ha="left", va="bottom", fontsize=7,

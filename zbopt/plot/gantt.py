@@ -101,16 +101,20 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     if p > 16:
         axes.set_ylabel("device")
     _style_axes(axes)
-    # with v chunks, one column per kind and one row per chunk's shade
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(problem.kinds) + -(-(len(handles) - len(
-        problem.kinds) * v) // v), frameon=False, fontsize=8)
+    # with v chunks, one column per kind and one row per chunk's shade: matplotlib fills columns in
+    # turn, so blank keys pad the list to whole columns of v
+    handles += [Patch(visible=False, label=" ")] * (-len(handles) % v)
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles) // v, frameon=False, fontsize=8)
     if heading := _title(title, f"{_caption(simulation)} | makespan {makespan:.4g}, bubble "
                                 f"{simulation.bubble_rate:.1%}, ZB bubble {simulation.zb_bubble_rate:.1%}"):
         axes.set_title(heading, fontsize=10)
     _freeze_layout(figure)
     step = _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v)
     if step > 1:
-        axes.set_xlabel(f"time (numbered: microbatches 0, {step}, {2 * step}, …)")
+        numbered = range(0, problem.total_microbatches, step)
+        axes.set_xlabel(f"time (numbered: microbatches {', '.join(map(str, numbered[:3]))}"
+                        f"{', …' if len(numbered) > 3 else ''})" if len(numbered) > 1 else
+                        "time (numbered: microbatch 0)")
     return _finish(figure, path)
 
 
@@ -186,11 +190,12 @@ def _latency_segments(simulation: Simulation) -> list[tuple[tuple[float, float],
 
 def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chunks: int) -> int:
     """Write microbatch numbers on the ops (one font size, set by the tallest boxes) and return the
-    step k between labelled microbatches. Where most boxes hold their number with a margin on every
-    side, as measured by the renderer, each box that does gets it (k = 1). Where most do not (a
-    dense chart), the ops of every k-th microbatch get theirs, centred on the box and outlined to
-    read across its neighbours, k the least of LABEL_STEPS that leaves a label's width per k boxes,
-    and a label that would touch the one before it on its row is left out."""
+    step k between labelled microbatches (0: the rows are too thin for any). Where most boxes hold
+    their number with a margin on every side, as measured by the renderer, each box that does gets
+    it (k = 1). Where most do not (a dense chart), the ops of every k-th microbatch get theirs,
+    centred on the box and outlined to read across its neighbours, k the least of `_label_steps`
+    that leaves a label's width per k boxes, and a label that would touch the one before it on its
+    device's row is left out."""
     figure = axes.figure
     renderer = figure.canvas.get_renderer()
     frame = axes.get_window_extent(renderer)
@@ -226,14 +231,14 @@ def _label_boxes(axes, boxes: dict[tuple[str, int], tuple[np.ndarray, ...]], chu
     need = max(text_width.values()) + 2 * margin
     step = next(k for k in _label_steps() if k * box_width >= need)
     outline = [patheffects.withStroke(linewidth=2.0, foreground="white")]
-    right_edge: dict[float, float] = {}
+    right_edge: dict[int, float] = {}  # per device: an overlapped pair's strips share their row
     for b, w, r, j, _, _ in sorted(labels, key=lambda label: label[0]):
         if j % step:
             continue
         center = (b + w / 2) * pixels_per_time
-        if center - text_width[j] / 2 - margin < right_edge.get(r, -np.inf):
+        if center - text_width[j] / 2 - margin < right_edge.get(round(r), -np.inf):
             continue
-        right_edge[r] = center + text_width[j] / 2 + margin
+        right_edge[round(r)] = center + text_width[j] / 2 + margin
         axes.text(b + w / 2, r, str(j), ha="center", va="center", fontproperties=font, color="#1a1a1a", zorder=3,
                   path_effects=outline)
     return step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ SCREEN_PALETTE = Palette(
     lane="#ececec", latency="#333333", memory="#3b6fb6", limit="#c0392b", bar="#5b84b1", frontier="#3b6fb6",
     heuristic="#b03a2e")
 # Okabe and Ito's palette ("Color Universal Design", 2008): its colours stay apart under every common
-# colour-vision deficiency, which the screen palette's orange B and green W do not under deuteranopia
+# colour-vision deficiency; the screen palette's B and L merge under deuteranopia, its F and BW nearly
 PAPER_PALETTE = Palette(
     kinds={FORWARD: "#0072b2", BACKWARD: "#e69f00", WEIGHT: "#009e73", FUSED_BACKWARD: "#cc79a7",
            RECOMPUTE: "#0072b2", OFFLOAD: "#56b4e9", RELOAD: "#d55e00"},
@@ -62,7 +63,8 @@ class FigureStyle:
     titles: bool
 
 
-# paper: for a venue's PDF (TrueType fonts, Computer Modern, colour-blind safe, no title unless asked)
+# paper: for a venue's PDF (TrueType fonts, STIX text and Computer Modern math, colour-blind safe, no
+# title unless asked)
 FIGURE_STYLES = {"screen": FigureStyle(SCREEN_PALETTE, None, titles=True),
                  "paper": FigureStyle(PAPER_PALETTE, Path(__file__).with_name("paper.mplstyle"), titles=False)}
 _STYLE: ContextVar[FigureStyle] = ContextVar("zbopt_figure_style", default=FIGURE_STYLES["screen"])
@@ -80,20 +82,26 @@ def check_style(style: str) -> FigureStyle:
     return FIGURE_STYLES[style]
 
 
+STYLE_DOC = """
+    style: "screen" (default) or "paper" (`FIGURE_STYLES`). matplotlib reads the font settings when
+    saving, so a paper figure keeps its TrueType fonts when written through `path`, not when the
+    returned Figure is saved later outside the style. Not thread-safe: matplotlib's settings are
+    global to the process."""
+
+
 def styled(plot):
-    """Give a plot function the keyword `style` (a key of FIGURE_STYLES, default "screen"): the
-    chart is drawn and, when given a path, written in that style. matplotlib reads the font
-    settings when saving, so a paper figure keeps its TrueType fonts only when written through the
-    plot function's `path` (or saved inside `matplotlib.style.context` of the style's sheet)."""
+    """Give a plot function the keyword `style` (a key of FIGURE_STYLES, default "screen"), in its
+    signature and docstring too: the chart is drawn and, when given a path, written in that style."""
 
     @functools.wraps(plot)
     def in_style(*args, style: str = "screen", **kwargs):
         chosen = check_style(style)
         token = _STYLE.set(chosen)
-        # fontTools, subsetting cmr10 into a PDF, warns of the font's 1970s timestamps on every write
+        # fontTools, subsetting matplotlib's Computer Modern into a PDF, warns of the fonts' 1970s
+        # timestamps on every write
         font_tools = logging.getLogger("fontTools")
         level = font_tools.level
-        font_tools.setLevel(logging.ERROR)
+        font_tools.setLevel(max(level, logging.ERROR))
         try:
             with matplotlib.style.context(chosen.sheet or {}):
                 return plot(*args, **kwargs)
@@ -101,6 +109,11 @@ def styled(plot):
             font_tools.setLevel(level)
             _STYLE.reset(token)
 
+    signature = inspect.signature(plot)
+    in_style.__signature__ = signature.replace(parameters=[
+        *signature.parameters.values(),
+        inspect.Parameter("style", inspect.Parameter.KEYWORD_ONLY, default="screen", annotation="str")])
+    in_style.__doc__ = (plot.__doc__ or "").rstrip() + "\n" + STYLE_DOC
     return in_style
 
 

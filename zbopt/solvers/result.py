@@ -82,8 +82,8 @@ class SolveResult:
 
 def relative_gap(value: float | None, lower_bound: float) -> float | None:
     """The one gap formula: (value - lower_bound) / value; None without a positive value; 0 where
-    the value meets the bound within the one tolerance (`meets`), so float noise in a sum never
-    shows as a gap. Negative only for a schedule the bound does not hold for (one over the memory
+    the value is within `optimality_tolerance` of the bound (either side), so float noise in a sum
+    never shows as a gap. Negative only for a schedule the bound does not hold for (one over the memory
     limit).
 
     >>> relative_gap(424.9289999999999, 424.929), relative_gap(5.0, 4.0)

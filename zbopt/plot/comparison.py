@@ -9,15 +9,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from zbopt.plot.style import (
-    DPI,
-    _finish,
-    _output_path,
-    _style_axes,
-    _title,
-    palette,
-    styled,
-)
+from zbopt.plot.style import DPI, _finish, _output_path, _style_axes, _title, palette, styled
 
 
 @styled

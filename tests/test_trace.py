@@ -46,7 +46,7 @@ def test_zb_v_trace_reads_back_as_the_simulation():
     simulation = zb_v()
     trace = json.loads(json.dumps(chrome_trace(simulation)))
     scale = trace["otherData"]["ticks_per_unit"]
-    assert scale == trace_scale(simulation) == 1000
+    assert scale == trace_scale(simulation.problem) == 1000
     table = simulation.table
     ops = {event["name"]: event for event in slices(trace)}
     assert len(ops) == len(slices(trace)) == table.size

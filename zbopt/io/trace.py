@@ -25,6 +25,7 @@ from pathlib import Path
 
 from zbopt.io.torch_format import TORCH_KIND
 from zbopt.ops import COMPUTE_LANE, KIND_WORDS, OFFLOAD_LANE, RELOAD_LANE
+from zbopt.problem import Problem
 from zbopt.schedule import pair_text
 from zbopt.simulate import Simulation
 from zbopt.ticks import tick_scale
@@ -37,16 +38,16 @@ TRACK_NAMES = {COMPUTE_LANE: "compute", OFFLOAD_LANE: "device-to-host", RELOAD_L
 TORCH_KIND_WORDS = {letter: KIND_WORDS[kind] for kind, letter in TORCH_KIND.items()}  # torch's B is a full backward
 
 
-def trace_scale(simulation: Simulation) -> int:
+def trace_scale(problem: Problem) -> int:
     """Trace microseconds per problem unit: the solvers' tick scale (`zbopt.ticks.tick_scale`),
     at least MIN_TICKS_PER_UNIT."""
-    return max(MIN_TICKS_PER_UNIT, tick_scale(simulation.problem).ticks_per_unit)
+    return max(MIN_TICKS_PER_UNIT, tick_scale(problem).ticks_per_unit)
 
 
 def chrome_trace(simulation: Simulation) -> dict:
     """The trace of `simulation` as a JSON-able dict (see the module docstring)."""
     problem = simulation.problem
-    scale = trace_scale(simulation)
+    scale = trace_scale(problem)
     return {"traceEvents": _schedule_events(simulation, scale), "displayTimeUnit": "ms",
             "otherData": {"schedule": simulation.schedule.name, "problem": problem.describe(),
                           "ticks_per_unit": scale, "time": _time_note(scale)}}
@@ -55,11 +56,11 @@ def chrome_trace(simulation: Simulation) -> dict:
 def comparison_trace(comparison) -> dict:
     """The traces of a comparison's rows in one file, each from time 0, so Perfetto shows the
     schedules one above the other: row r's device d is process "schedule · device d" (pid
-    r·p + d + 1), in the table's order (shortest makespan first). One scale for all rows (they
-    share the problem), flow ids apart."""
+    r·p + d + 1), in the table's order (shortest makespan first), on the problem's one scale, flow
+    ids apart."""
     rows = comparison.rows
     problem = comparison.problem
-    scale = max((trace_scale(row.simulation) for row in rows), default=MIN_TICKS_PER_UNIT)
+    scale = trace_scale(problem)
     events: list[dict] = []
     flows = 0
     for place, row in enumerate(rows):

@@ -1,52 +1,44 @@
-"""zbopt: optimal and heuristic pipeline-parallel training schedules, on one shared simulator."""
+"""zbopt: optimal and heuristic pipeline-parallel training schedules, on one shared simulator.
 
-from zbopt.compare import Comparison, ComparisonRow, compare
-from zbopt.errors import (
-    DeadlockError,
-    MemoryLimitError,
-    NotApplicableError,
-    ProblemError,
-    ScheduleError,
-    UnknownScheduleError,
-    ZboptError,
-)
-from zbopt.frontier import Frontier, memory_frontier
-from zbopt.ops import Op, critical_path, device_work, op_graph
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule, load_schedule, save_schedule
-from zbopt.schedules import generate, registered
-from zbopt.simulate import MemoryViolation, Simulation, simulate
-from zbopt.solvers import SolveResult, lower_bounds, solve
+The public names load on first use (PEP 562), so `zbopt --help` and a small simulation do not
+import OR-Tools or matplotlib. This file is where the floors are wired together: it registers the
+results' views (`zbopt.display`) and the schedules built above the generators (`zbopt.blocks`).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from zbopt import display  # noqa: F401  (registers how results print and show in Jupyter)
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Comparison",
-    "ComparisonRow",
-    "DeadlockError",
-    "Frontier",
-    "MemoryLimitError",
-    "MemoryViolation",
-    "NotApplicableError",
-    "Op",
-    "Problem",
-    "ProblemError",
-    "Schedule",
-    "ScheduleError",
-    "Simulation",
-    "SolveResult",
-    "UnknownScheduleError",
-    "ZboptError",
-    "compare",
-    "critical_path",
-    "device_work",
-    "generate",
-    "load_schedule",
-    "lower_bounds",
-    "memory_frontier",
-    "op_graph",
-    "registered",
-    "save_schedule",
-    "simulate",
-    "solve",
-]
+_PUBLIC = {
+    "zbopt.comparison": ("Comparison", "ComparisonRow", "compare"),
+    "zbopt.errors": ("DeadlockError", "MemoryLimitError", "NotApplicableError", "ProblemError", "ScheduleError",
+                     "UnknownScheduleError", "ZboptError"),
+    "zbopt.frontier": ("Frontier", "memory_frontier"),
+    "zbopt.ops": ("Op", "critical_path", "device_work", "op_graph"),
+    "zbopt.problem": ("Problem",),
+    "zbopt.schedule": ("Schedule", "load_schedule", "save_schedule"),
+    "zbopt.schedules": ("generate", "registered"),
+    "zbopt.simulation": ("MemoryViolation", "Simulation", "simulate"),
+    "zbopt.solvers": ("SolveResult", "lower_bounds", "solve"),
+}
+_MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    """Load a public name's module the first time the name is asked for."""
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'zbopt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -27,7 +27,7 @@ from zbopt.io.export import EXPORT_FORMATS, check_export, check_output_directory
 from zbopt.io.inputs import is_schedule_file, run_and_schedule, run_config
 from zbopt.io.trace import TRACE_EXTENSION, write_measured_trace
 from zbopt.schedules import get, registered
-from zbopt.simulate import Simulation, simulate
+from zbopt.simulation import Simulation, simulate
 from zbopt.solvers.api import SOLVERS
 from zbopt.tables import format_block, format_comparison, format_frontier, format_simulation, format_solve
 
@@ -166,7 +166,7 @@ def _command_solve(args: argparse.Namespace) -> int:
 
 
 def _command_compare(args: argparse.Namespace) -> int:
-    from zbopt.compare import compare
+    from zbopt.comparison import compare
     from zbopt.frontier import memory_frontier, parse_memory_limits
 
     if args.time_limit is not None and not (args.optimal or args.frontier):

@@ -1,15 +1,16 @@
 """How zbopt's results show themselves: `print()` gives the CLI's text table, Jupyter the same table
-beside its chart (`_repr_html_`), and `to_dataframe()` the rows for pandas where it is installed.
+beside its chart.
 
-Why one module: `Simulation`, `SolveResult`, `Comparison` and `Frontier` each delegate here, so the
-text is the CLI's (`zbopt.tables`) and the charts are the plots' (`zbopt.plot`), never a copy.
+The results (`Simulation`, `SolveResult`, `Comparison`, `Frontier`) inherit `zbopt.shown.Shown` and
+never name this module: importing it registers `text` and `rich` as their views (`zbopt/__init__`
+does), so the text is the CLI's (`zbopt.tables`) and the charts are the plots' (`zbopt.plot`).
 """
 
 from __future__ import annotations
 
 import html
 
-from zbopt.errors import ZboptError
+from zbopt.shown import register_views
 
 MAX_CHART_OPS = 5000  # above this a notebook shows the table alone: an SVG Gantt of more takes seconds and MBs
 
@@ -17,9 +18,9 @@ MAX_CHART_OPS = 5000  # above this a notebook shows the table alone: an SVG Gant
 def text(result) -> str:
     """The CLI's table for `result` (a Simulation, SolveResult, Comparison or Frontier)."""
     from zbopt import tables
-    from zbopt.compare import Comparison
+    from zbopt.comparison import Comparison
     from zbopt.frontier import Frontier
-    from zbopt.simulate import Simulation
+    from zbopt.simulation import Simulation
 
     if isinstance(result, Simulation):
         return tables.format_simulation(result)
@@ -34,10 +35,10 @@ def rich(result) -> str:
     """The table as preformatted text, then the result's chart as inline SVG: a simulation's Gantt
     chart (a solver's answer's, when it found one), a comparison's bars, a frontier's curve."""
     from zbopt import plot
-    from zbopt.compare import Comparison
+    from zbopt.comparison import Comparison
     from zbopt.frontier import Frontier
     from zbopt.report import figure_html
-    from zbopt.simulate import Simulation
+    from zbopt.simulation import Simulation
 
     simulation = result if isinstance(result, Simulation) else getattr(result, "simulation", None)
     if simulation is not None and simulation.table.size > MAX_CHART_OPS:
@@ -55,10 +56,4 @@ def rich(result) -> str:
     return f"<pre>{html.escape(text(result))}</pre>{chart}"
 
 
-def dataframe(rows: list[dict]):
-    """`rows` as a pandas DataFrame; pandas is optional (a ZboptError says how to get it)."""
-    try:
-        import pandas
-    except ImportError:
-        raise ZboptError("to_dataframe() needs pandas: pip install pandas") from None
-    return pandas.DataFrame(rows)
+register_views(text=text, html=rich)

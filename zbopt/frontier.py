@@ -17,11 +17,12 @@ from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
-from zbopt import display
+from zbopt import shown
 from zbopt.errors import ProblemError, ZboptError
 from zbopt.problem import Problem
 from zbopt.schedules import generate_applicable
-from zbopt.simulate import simulate
+from zbopt.shown import Shown
+from zbopt.simulation import simulate
 from zbopt.solvers import solve
 from zbopt.solvers.result import relative_gap, settle
 
@@ -71,7 +72,7 @@ class HeuristicPoint:
 
 
 @dataclass(frozen=True)
-class Frontier:
+class Frontier(Shown):
     """The sweep's answers in increasing memory limit, the heuristics in increasing peak memory,
     and the sweep's wall-clock time (the solves ran in parallel, so less than their sum)."""
 
@@ -90,15 +91,9 @@ class Frontier:
 
     def to_dataframe(self):
         """One row per memory limit (`FrontierPoint.to_dict`), as a pandas DataFrame (pandas is optional)."""
-        return display.dataframe([point.to_dict() for point in self.points])
+        return shown.dataframe([point.to_dict() for point in self.points])
 
-    def __str__(self) -> str:
-        """The CLI's table (`zbopt.display`)."""
-        return display.text(self)
 
-    def _repr_html_(self) -> str:
-        """Jupyter: the table and its chart (`zbopt.display`)."""
-        return display.rich(self)
 
 
 def parse_memory_limits(text: str) -> tuple[float, ...]:

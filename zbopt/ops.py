@@ -18,7 +18,7 @@ waits for every gradient op (W or BW) of stage s in iteration k; same device, so
 from __future__ import annotations
 
 import re
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 import networkx as nx
@@ -315,3 +315,11 @@ def device_work(problem: Problem) -> list[float]:
         for stage in range(problem.num_stages):
             work[problem.device_of(stage)] += problem.cost(kind, stage) * len(problem.microbatches_of(stage))
     return work
+
+
+@lru_cache(maxsize=16)
+def op_table(problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset(),
+             offloaded: frozenset[tuple[int, int]] = frozenset()) -> OpTable:
+    """The op table of a problem (with the R ops of `recomputed`, the O and L ops of `offloaded`),
+    cached: solvers and benchmarks simulate one problem many times."""
+    return OpTable(problem, recomputed, offloaded)

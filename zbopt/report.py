@@ -26,11 +26,11 @@ import matplotlib.pyplot as plt
 from matplotlib.colors import to_hex
 
 from zbopt import __version__, plot
-from zbopt.compare import COLUMNS, Comparison, ComparisonRow
+from zbopt.comparison import COLUMNS, Comparison, ComparisonRow
 from zbopt.errors import ZboptError
 from zbopt.ops import KIND_WORDS
 from zbopt.plot.style import chunk_color
-from zbopt.simulate import Simulation
+from zbopt.simulation import Simulation
 
 REPORT_FORMATS = (".html", ".htm")
 STYLE = """

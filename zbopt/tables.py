@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from zbopt.blocks import lifespan_bound, steady_peak
 from zbopt.blocks.search import BlockSearch
-from zbopt.compare import COLUMNS, Comparison
+from zbopt.comparison import COLUMNS, Comparison
 from zbopt.frontier import Frontier, counted_mechanisms
-from zbopt.simulate import Simulation
+from zbopt.simulation import Simulation
 from zbopt.solvers import SolveResult
 from zbopt.solvers.result import gap_text
 

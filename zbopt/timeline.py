@@ -13,10 +13,10 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-from zbopt.ops import Op
+from zbopt.ops import Op, op_table
 from zbopt.problem import FORWARD, Problem
 from zbopt.schedule import Schedule
-from zbopt.simulate import memory_ceiling, op_table
+from zbopt.tolerance import memory_ceiling
 
 
 class Timeline:

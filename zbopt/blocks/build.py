@@ -18,8 +18,9 @@ from zbopt.errors import NotApplicableError
 from zbopt.ops import Op
 from zbopt.problem import FORWARD, WEIGHT
 from zbopt.schedule import Schedule
-from zbopt.simulate import memory_ceiling, simulate
+from zbopt.simulation import simulate
 from zbopt.timeline import PendingFrees, Timeline, compact
+from zbopt.tolerance import memory_ceiling
 
 
 def repeat(block: Block, microbatches: int | None = None) -> dict[Op, float]:

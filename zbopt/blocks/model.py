@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from zbopt.errors import ZboptError
-from zbopt.ops import Op
+from zbopt.ops import Op, op_table
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
-from zbopt.simulate import RELATIVE_TOLERANCE, op_table
+from zbopt.tolerance import RELATIVE_TOLERANCE
 
 
 class BlockError(ZboptError):

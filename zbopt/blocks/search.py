@@ -31,10 +31,10 @@ from zbopt.blocks.published import PUBLISHED, published_block
 from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.problem import FORWARD, WEIGHT, Problem
-from zbopt.simulate import memory_ceiling
 from zbopt.solvers.cpsat import timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale, whole_at
 from zbopt.timeline import Timeline
+from zbopt.tolerance import memory_ceiling
 
 FINAL_SHARE = 0.2  # of the time limit, kept for the shortest block at the least T
 PLACEMENT_SHARE = 0.1  # of the time limit, at most, for the modulo placements below the bisection's upper end

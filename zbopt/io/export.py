@@ -13,7 +13,7 @@ from zbopt.io.torch_format import check_exportable, write_megatron_order, write_
 from zbopt.io.trace import TRACE_EXTENSION, write_chrome_trace
 from zbopt.problem import Problem
 from zbopt.schedule import save_schedule
-from zbopt.simulate import Simulation
+from zbopt.simulation import Simulation
 
 EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON",
                   "chrome-trace": "Perfetto / chrome://tracing trace"}

@@ -44,7 +44,7 @@ from zbopt.problem import (
     stage_device,
 )
 from zbopt.schedule import Schedule, pair_text
-from zbopt.simulate import simulate
+from zbopt.simulation import simulate
 
 # torch's action letters (its _ComputationType), not zbopt's op kinds: torch's B is zbopt's BW
 TORCH_FORWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD, TORCH_FULL_BACKWARD = "F", "I", "W", "B"

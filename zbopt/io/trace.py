@@ -27,7 +27,7 @@ from zbopt.io.torch_format import TORCH_KIND
 from zbopt.ops import COMPUTE_LANE, KIND_WORDS, OFFLOAD_LANE, RELOAD_LANE
 from zbopt.problem import Problem
 from zbopt.schedule import pair_text
-from zbopt.simulate import Simulation
+from zbopt.simulation import Simulation
 from zbopt.ticks import tick_scale
 
 TRACE_EXTENSION = ".trace.json"  # a trace is JSON too: .json alone names zbopt's schedule JSON

@@ -18,7 +18,7 @@ def plot_comparison(comparison, path: str | Path | None = None, *, title: str | 
     top): the makespan with its gap to the lower bound (dotted line), and the peak memory (highest
     over the devices) against the memory limit (dashed red line). A schedule over its memory limit
     is red, hatched and named in red: a fast schedule that does not fit is no answer.
-    `comparison` is a `zbopt.compare.Comparison` or its rows. Writes PNG, SVG or PDF by the
+    `comparison` is a `zbopt.comparison.Comparison` or its rows. Writes PNG, SVG or PDF by the
     extension of `path` when given.
 
     Returns the matplotlib Figure.

@@ -30,7 +30,7 @@ from zbopt.plot.style import (
     styled,
 )
 from zbopt.problem import COPY_KINDS, OFFLOAD, RECOMPUTE, RELOAD
-from zbopt.simulate import Simulation
+from zbopt.simulation import Simulation
 
 MAX_HEIGHT_IN = 12.0
 BOX_HEIGHT = 0.8  # of a device row; the lane behind it is 0.9, leaving a white gap between rows

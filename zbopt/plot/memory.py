@@ -20,7 +20,7 @@ from zbopt.plot.style import (
     palette,
     styled,
 )
-from zbopt.simulate import Simulation
+from zbopt.simulation import Simulation
 
 MEMORY_PANEL_ROWS = 8  # more devices than this go into further columns of panels
 

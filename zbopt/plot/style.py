@@ -16,7 +16,7 @@ from matplotlib.patches import Patch
 
 from zbopt.errors import ZboptError
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
-from zbopt.simulate import Simulation
+from zbopt.simulation import Simulation
 
 FIGURE_FORMATS = (".png", ".svg", ".pdf")
 KIND_NAMES = {FORWARD: "F forward", BACKWARD: "B input grad", WEIGHT: "W weight grad", FUSED_BACKWARD: "BW backward",

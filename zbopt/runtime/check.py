@@ -9,7 +9,7 @@ from pathlib import Path
 from zbopt.errors import DeadlockError, ScheduleError, ZboptError
 from zbopt.io.torch_format import TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD, TorchOrder, read_torch_csv
 from zbopt.problem import Problem
-from zbopt.simulate import simulate
+from zbopt.simulation import simulate
 
 
 @dataclass(frozen=True)

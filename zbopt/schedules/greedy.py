@@ -30,8 +30,8 @@ from zbopt.ops import Op
 from zbopt.problem import FORWARD, WEIGHT, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.registry import register, require
-from zbopt.simulate import memory_ceiling
 from zbopt.timeline import Timeline
+from zbopt.tolerance import memory_ceiling
 
 _BACKWARD, _CONTINUE, _TAKE_IN, _WEIGHT = range(4)  # priorities, first wins
 

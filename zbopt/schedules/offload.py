@@ -29,7 +29,8 @@ from zbopt.problem import FORWARD, OFFLOAD, RELOAD, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import backward_ops, schedule_from_starts
 from zbopt.schedules.registry import generate, register, require
-from zbopt.simulate import activation_choices, memory_ceiling, simulate
+from zbopt.simulation import activation_choices, simulate
+from zbopt.tolerance import memory_ceiling
 
 _NEEDS = "allow_offload: true (and offload_times)"
 ROBUSTNESS_COPIES = 3  # offloading.py: an activation is offloaded only if its gap exceeds 3 (offload + reload)

@@ -29,7 +29,8 @@ from zbopt.schedules.classic import one_f_one_b, warmup_then_alternate
 from zbopt.schedules.common import backward_ops, iteration_microbatches
 from zbopt.schedules.interleaved import interleaved_one_f_one_b
 from zbopt.schedules.registry import register, require
-from zbopt.simulate import memory_ceiling, simulate
+from zbopt.simulation import simulate
+from zbopt.tolerance import memory_ceiling
 
 _NEEDS = "allow_recompute: true (and checkpoint_memory)"
 

@@ -20,8 +20,9 @@ from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import repeat_per_iteration
 from zbopt.schedules.registry import register, require
-from zbopt.simulate import memory_ceiling, simulate
+from zbopt.simulation import simulate
 from zbopt.timeline import Timeline
+from zbopt.tolerance import memory_ceiling
 
 
 def _require_split_single_chunk(problem: Problem, name: str) -> None:

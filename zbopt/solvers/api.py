@@ -22,7 +22,7 @@ from zbopt.errors import ZboptError
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedules.common import schedule_from_starts
-from zbopt.simulate import Simulation, simulate
+from zbopt.simulation import Simulation, simulate
 from zbopt.solvers.bounds import lower_bounds
 from zbopt.solvers.result import (
     OBJECTIVES,

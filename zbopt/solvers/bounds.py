@@ -46,8 +46,8 @@ import networkx as nx
 
 from zbopt.ops import Op, critical_path, device_work, earliest_finish, one_per_route, op_graph
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
-from zbopt.simulate import memory_ceiling
 from zbopt.solvers.relaxation import chain_lags, device_relaxation
+from zbopt.tolerance import memory_ceiling
 
 RELAXATION_MAX_S = 20.0  # the single-device bounds' total time (v >= 2), or less if the deadline says so
 SEQUENCING_SHARE = 0.3  # of it, for the device sequencing dynamic program before the CP-SAT relaxation

@@ -47,9 +47,9 @@ from typing import NamedTuple
 from ortools.sat.python import cp_model
 
 from zbopt.errors import ZboptError
-from zbopt.ops import Op, op_graph
+from zbopt.ops import Op, op_graph, op_table
 from zbopt.problem import BACKWARD, FORWARD, OFFLOAD, PAIR_MEMBERS, RECOMPUTE, RELOAD, WEIGHT, Problem
-from zbopt.simulate import op_table, simulate
+from zbopt.simulation import simulate
 from zbopt.solvers.api import Found, SearchTask
 from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunctions
 from zbopt.solvers.result import objective_value, start_times

@@ -21,9 +21,9 @@ import time
 
 from ortools.sat.python import cp_model
 
-from zbopt.ops import Op
+from zbopt.ops import Op, op_table
 from zbopt.problem import FORWARD, Problem
-from zbopt.simulate import op_table, simulate
+from zbopt.simulation import simulate
 from zbopt.solvers.api import Found, SearchTask
 from zbopt.solvers.cpsat import lifetime_intervals, timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale

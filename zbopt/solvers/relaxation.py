@@ -29,9 +29,8 @@ import math
 
 import networkx as nx
 
-from zbopt.ops import Op
+from zbopt.ops import Op, op_table
 from zbopt.problem import Problem
-from zbopt.simulate import op_table
 from zbopt.ticks import memory_scale, tick_scale
 
 RELAXATION_SUBSOLVERS = ("max_lp", "core")

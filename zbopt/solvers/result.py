@@ -7,20 +7,21 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from zbopt import display
 from zbopt.errors import ZboptError
 from zbopt.ops import Op, device_work
 from zbopt.problem import OFFLOAD, RECOMPUTE, RELOAD, Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules import applicable, generate
-from zbopt.simulate import RELATIVE_TOLERANCE, Simulation, simulate
+from zbopt.shown import Shown
+from zbopt.simulation import Simulation, simulate
 from zbopt.solvers.bounds import LowerBounds, pair_relaxed
+from zbopt.tolerance import RELATIVE_TOLERANCE
 
 OBJECTIVES = ("makespan", "span")
 
 
 @dataclass(frozen=True)
-class SolveResult:
+class SolveResult(Shown):
     """A solver's answer, re-verified by the simulator.
 
     status: optimal (the objective meets the lower bound), feasible (a schedule, gap > 0),
@@ -71,13 +72,7 @@ class SolveResult:
             raise ZboptError(f"the solver found no schedule ({self.status}): nothing to tabulate")
         return self.simulation.to_dataframe()
 
-    def __str__(self) -> str:
-        """The CLI's table (`zbopt.display`)."""
-        return display.text(self)
 
-    def _repr_html_(self) -> str:
-        """Jupyter: the table and its chart (`zbopt.display`)."""
-        return display.rich(self)
 
 
 def relative_gap(value: float | None, lower_bound: float) -> float | None:

@@ -10,11 +10,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zbopt import display
+from zbopt import shown
 from zbopt.errors import NotApplicableError
 from zbopt.problem import Problem
 from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
-from zbopt.simulate import Simulation, simulate
+from zbopt.shown import Shown
+from zbopt.simulation import Simulation, simulate
 from zbopt.solvers import SolveResult, lower_bounds, solve
 from zbopt.solvers.result import gap_text, relative_gap
 
@@ -76,7 +77,7 @@ class ComparisonRow:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(Shown):
     """The rows (see `row_order`), the lower bound they are measured against and where it came
     from, the schedules left out because they do not apply (name, reason), and the solver's full
     answer when it ran (its row is missing when it found no schedule in time)."""
@@ -98,15 +99,9 @@ class Comparison:
 
     def to_dataframe(self):
         """`to_dicts` as a pandas DataFrame (pandas is optional)."""
-        return display.dataframe(self.to_dicts())
+        return shown.dataframe(self.to_dicts())
 
-    def __str__(self) -> str:
-        """The CLI's table (`zbopt.display`)."""
-        return display.text(self)
 
-    def _repr_html_(self) -> str:
-        """Jupyter: the table and its chart (`zbopt.display`)."""
-        return display.rich(self)
 
 
 def row_order(row: ComparisonRow) -> tuple[bool, float]:

@@ -1,0 +1,146 @@
+"""The house's shape: imports run one way, down the floors, with no cycle; no room over 400 lines.
+
+The graph is read from the source, not from what happens to be imported: module-level and
+function-level imports and importlib strings alike. Importing `a.b.c` counts as importing the
+package `a.b` (its `__init__` runs first), except for a module inside `a.b`, whose own package is
+always loaded before it; the root `zbopt/__init__`, which wires the floors together, is left out.
+
+The floors, lowest first (a module may import its own floor and those below):
+ground (the problem, ops, schedules as data, the simulator), codecs (`io/`: files in and out),
+generating (`schedules/`), solving (`solvers/`, `blocks/`), planning (compare, frontier),
+presentation (display, tables, report, plot), interfaces (the CLI, torch runs).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "zbopt"
+MAX_MODULE_LINES = 400
+FLOORS = ("ground", "codecs", "generating", "solving", "planning", "presentation", "interfaces")
+FLOOR_OF_PREFIX = {  # the longest matching prefix decides
+    "zbopt.io": "codecs",
+    "zbopt.schedules": "generating",
+    "zbopt.solvers": "solving",
+    "zbopt.blocks": "solving",
+    "zbopt.comparison": "planning",
+    "zbopt.frontier": "planning",
+    "zbopt.display": "presentation",
+    "zbopt.tables": "presentation",
+    "zbopt.report": "presentation",
+    "zbopt.plot": "presentation",
+    "zbopt.cli": "interfaces",
+    "zbopt.runtime": "interfaces",
+    "zbopt.__main__": "interfaces",
+}
+PRESENTATION_USERS = ("zbopt.cli", "zbopt.__main__")  # besides the presentation floor itself
+IMPORTLIB_STRING = re.compile(r"zbopt(\.\w+)+")
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    """Module name -> (file, is a package's __init__)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if package else parts)] = (path, package)
+    return found
+
+
+def _absolute(importer: str, package: bool, level: int, name: str | None) -> str:
+    base = importer.split(".")
+    if not package:
+        base = base[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _named(node: ast.AST, importer: str, package: bool) -> list[str]:
+    """The dotted names one AST node imports (or names for importlib)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = _absolute(importer, package, node.level, node.module) if node.level else node.module
+        return [base] + [f"{base}.{alias.name}" for alias in node.names]
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and IMPORTLIB_STRING.fullmatch(node.value):
+        return [node.value]
+    return []
+
+
+def import_graph() -> nx.DiGraph:
+    """Every module of zbopt but the root, an edge for each module (or package) it imports."""
+    known = modules()
+    graph = nx.DiGraph()
+    for name, (path, package) in known.items():
+        if name == "zbopt":
+            continue
+        graph.add_node(name)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            for target in _named(node, name, package):
+                if not target.startswith("zbopt."):
+                    continue
+                while target not in known and "." in target:  # `from a.b import name` names a.b
+                    target = target.rsplit(".", 1)[0]
+                while target != "zbopt":  # a.b.c imports a.b's __init__ first
+                    if target != name and not name.startswith(target + "."):
+                        graph.add_edge(name, target)
+                    target = target.rsplit(".", 1)[0]
+    return graph
+
+
+def floor(module: str) -> str:
+    prefixes = [prefix for prefix in FLOOR_OF_PREFIX if module == prefix or module.startswith(prefix + ".")]
+    return FLOOR_OF_PREFIX[max(prefixes, key=len)] if prefixes else "ground"
+
+
+def test_the_graph_sees_function_level_imports_and_importlib_strings(tmp_path):
+    """The reader itself: a function-level import, an importlib string and a package counted."""
+    source = "def f():\n    from zbopt.solvers.cpsat import x\n    return importlib.import_module('zbopt.plot')\n"
+    names = [target for node in ast.walk(ast.parse(source)) for target in _named(node, "zbopt.simulation.engine",
+                                                                                  False)]
+    assert {"zbopt.solvers.cpsat", "zbopt.solvers.cpsat.x", "zbopt.plot"} <= set(names)
+    graph = import_graph()
+    assert graph.has_edge("zbopt.cli", "zbopt.solvers")  # the package of any solvers module the CLI imports
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    cycles = [sorted(component) for component in nx.strongly_connected_components(graph) if len(component) > 1]
+    assert not cycles, f"import cycles: {cycles}; one of them: {nx.find_cycle(graph, cycles[0][0])}"
+
+
+def test_imports_run_down_the_floors():
+    upward = [f"{importer} ({floor(importer)}) imports {target} ({floor(target)})"
+              for importer, target in import_graph().edges
+              if FLOORS.index(floor(target)) > FLOORS.index(floor(importer))]
+    assert not upward, "\n".join(upward)
+
+
+def test_nothing_below_the_presentation_floor_imports_it():
+    graph = import_graph()
+    users = {importer for importer, target in graph.edges if floor(target) == "presentation"
+             and floor(importer) != "presentation"}
+    assert all(user.startswith(PRESENTATION_USERS) for user in users), sorted(users)
+    assert users, "the CLI draws and prints: it must import the presentation floor"
+
+
+def test_no_module_over_400_lines():
+    long = {name: count for name, (path, _) in modules().items()
+            if (count := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, long
+
+
+@pytest.mark.parametrize("first", ["zbopt.blocks", "zbopt.solvers", "zbopt.schedules", "zbopt.plot"])
+def test_any_subpackage_imports_first(first):
+    """No cycle hides behind import order: each floor's package loads in a fresh interpreter
+    before anything else of zbopt has."""
+    done = subprocess.run([sys.executable, "-c", f"import {first}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -10,6 +10,9 @@ from __future__ import annotations
 import importlib
 
 from zbopt import display  # noqa: F401  (registers how results print and show in Jupyter)
+from zbopt.deferred import defer
+
+defer("zbopt.schedules.registry", lambda: importlib.import_module("zbopt.blocks.registered"))  # block-NAME
 
 __version__ = "0.1.0"
 

@@ -1,17 +1,21 @@
 """Heuristic schedule generators, one module per family, all registered by name; and torch's
 built-in schedules ("torch:NAME"), resolved beside them by `named_schedule`."""
 
+# The families register in the order `zbopt schedules` lists them; the block-built schedules,
+# registered from the building blocks' floor, list after zero_bubble's, as built on these four.
+# isort: off
 from zbopt.schedules import (
-    block_built,  # noqa: F401  (registers block-NAME after the families it builds)
+    vshape,  # noqa: F401
     classic,  # noqa: F401  (registers gpipe, 1f1b)
+    interleaved,  # noqa: F401
+    zero_bubble,  # noqa: F401
     dualpipe,  # noqa: F401
     greedy,  # noqa: F401  (the fallback for any memory limit)
-    interleaved,  # noqa: F401
     offload,  # noqa: F401  (registers pipeoffload after the bases it adds copies to)
     recompute,  # noqa: F401  (registers the full-recomputation variants after their bases)
-    vshape,  # noqa: F401
-    zero_bubble,  # noqa: F401
 )
+# isort: on
+
 from zbopt.schedules.registry import (
     applicable,
     generate,

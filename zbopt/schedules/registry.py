@@ -1,4 +1,9 @@
-"""Name -> schedule generator. Every heuristic is a function `(problem, **options) -> Schedule`."""
+"""Name -> schedule generator. Every heuristic is a function `(problem, **options) -> Schedule`.
+
+The registry lists its schedules in the order they were registered (`zbopt schedules`, `compare`).
+Schedules a floor above builds (block-NAME, from the building blocks) are registered by that floor:
+the root package leaves their loader in `zbopt.deferred`, run here before the first lookup or listing.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+from zbopt.deferred import load_deferred
 from zbopt.errors import NotApplicableError, UnknownScheduleError, ZboptError
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
@@ -32,36 +38,49 @@ _REGISTRY: dict[str, RegisteredSchedule] = {}
 
 
 def register(
-    name: str, summary: str, peak_memory_bound: MemoryBound | None = None, bidirectional: bool = False
+    name: str, summary: str, peak_memory_bound: MemoryBound | None = None, bidirectional: bool = False,
+    after: str | None = None,
 ) -> Callable[[Generator], Generator]:
     """Decorator: register a generator under `name` with a one-line `summary` and optionally
     `peak_memory_bound(problem) -> per-device bound` on the peak memory its schedules reach.
     Only a generator registered `bidirectional` is asked for problems with that placement: the
-    others send every microbatch through every stage."""
+    others send every microbatch through every stage. It is listed last, or right after the
+    schedule named `after`."""
 
     def decorate(generator: Generator) -> Generator:
         if name in _REGISTRY:
             raise RuntimeError(f"schedule {name!r} is registered twice")
-        _REGISTRY[name] = RegisteredSchedule(name, generator, summary, peak_memory_bound, bidirectional)
+        entry = RegisteredSchedule(name, generator, summary, peak_memory_bound, bidirectional)
+        entries = list(_REGISTRY.values())
+        entries.insert(len(entries) if after is None else list(_REGISTRY).index(after) + 1, entry)
+        _REGISTRY.clear()
+        _REGISTRY.update((each.name, each) for each in entries)
         return generator
 
     return decorate
 
 
+def _loaded() -> dict[str, RegisteredSchedule]:
+    """The registry, with the schedules registered from the floors above loaded."""
+    load_deferred(__name__)
+    return _REGISTRY
+
+
 def registered() -> list[RegisteredSchedule]:
     """All registered schedules, in registration order."""
-    return list(_REGISTRY.values())
+    return list(_loaded().values())
 
 
 def get(name: str) -> RegisteredSchedule:
     """The schedule registered as `name`; UnknownScheduleError lists the known names."""
+    known = _loaded()
     try:
-        return _REGISTRY[name]
+        return known[name]
     except KeyError:
-        close = difflib.get_close_matches(str(name), _REGISTRY, n=1)
+        close = difflib.get_close_matches(str(name), known, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise UnknownScheduleError(
-            f"unknown schedule '{name}'{hint} (known: {', '.join(_REGISTRY)})"
+            f"unknown schedule '{name}'{hint} (known: {', '.join(known)})"
         ) from None
 
 

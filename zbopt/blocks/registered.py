@@ -1,4 +1,6 @@
-"""The published schedules built from their building blocks at the problem's own costs.
+"""The published schedules built from their building blocks at the problem's own costs, registered
+as schedules (the registry is on the floor below and never names this one: `zbopt/__init__` has
+it load this module before its first lookup).
 
 `block-NAME` repeats NAME's steady-state cycle with the tightest offsets and period for the
 problem's per-stage costs and latency (`zbopt.blocks.published`) and squeezes it without raising
@@ -9,16 +11,26 @@ warm-up counts assume equal ones. Peak: at most the block's steady-state peak. O
 
 from __future__ import annotations
 
-from zbopt.blocks import PUBLISHED, block_schedule, published_block, steady_peak
+from zbopt.blocks.build import block_schedule
+from zbopt.blocks.model import steady_peak
+from zbopt.blocks.published import PUBLISHED, published_block
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules import classic, interleaved, vshape, zero_bubble  # noqa: F401  (their names come first)
-from zbopt.schedules.registry import register, require
+from zbopt.schedules.registry import get, register, registered, require
 
 BLOCK_PREFIX = "block-"
 
 
-def _register(name: str) -> None:
+def _last_of_their_families() -> str:
+    """The schedule the block-built ones are listed after: the last one registered by the modules
+    of the published schedules they build."""
+    modules = {get(name).generator.__module__ for name in PUBLISHED}
+    return [entry.name for entry in registered() if entry.generator.__module__ in modules][-1]
+
+
+def _register(name: str, after: str) -> str:
+    """Register block-`name` right after the schedule `after`; its name."""
+
     def steady(problem: Problem) -> list[float]:
         return steady_peak(published_block(name, problem))
 
@@ -28,8 +40,10 @@ def _register(name: str) -> None:
 
     build.__doc__ = f"{name}'s building block at the problem's costs, repeated and squeezed."
     register(f"{BLOCK_PREFIX}{name}", f"{name} built from its building block at the problem's own costs "
-                                      "(Qi et al., NeurIPS 2024)", steady)(build)
+                                      "(Qi et al., NeurIPS 2024)", steady, after=after)(build)
+    return f"{BLOCK_PREFIX}{name}"
 
 
+_after = _last_of_their_families()
 for _name in PUBLISHED:
-    _register(_name)
+    _after = _register(_name, _after)

@@ -16,7 +16,7 @@ from zbopt.ops import Op
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.schedules.common import backward_ops, input_gradient
 from zbopt.schedules.registry import require
-from zbopt.schedules.vshape import PERIOD, v_half_block, v_min_block, weight_slots
+from zbopt.schedules.vshape import PERIOD, require_v_shape, v_half_block, v_min_block, weight_slots
 
 Cycles = list[list[Step]]
 
@@ -63,19 +63,14 @@ def interleaved_cycles(problem: Problem) -> Cycles:
     return cycles
 
 
-def _v_stage(p: int, device: int, chunk: int) -> int:
-    return device if chunk == 0 else 2 * p - 1 - device
-
-
 def v_zb_cycles(problem: Problem) -> Cycles:
     """ZB-V / V-ZB (Qi et al., ICLR 2024, section 6): device d repeats F0 B0 W0 F1 B1 W1, each the
     oldest of its kind; after the warm-up that is chunk-0 F of c + 2p-d-1, chunk-0 B, W of c,
     chunk-1 F of c + p, chunk-1 B, W of c + p - d."""
-    _require_v(problem, "v-zb")
+    require_v_shape(problem, "block-v-zb")
     p = problem.num_devices
     cycles = []
-    for d in range(p):
-        first, second = _v_stage(p, d, 0), _v_stage(p, d, 1)
+    for d, (first, second) in enumerate(problem.stages_of_device):
         cycles.append([(Op(FORWARD, first, 0), -(2 * p - d - 1)), *_backward(problem, first, 0, 0),
                        (Op(FORWARD, second, 0), -p), *_backward(problem, second, 0, -(p - d))])
     return cycles
@@ -85,14 +80,13 @@ def _slot_cycles(problem: Problem, name: str, slot_block) -> Cycles:
     """A controllable-memory block given in slots of one op each, T = 6 (Qi et al., NeurIPS 2024,
     section 4): the op at slot o of microbatch j runs in cycle (o + 6j) // 6, so its lag is
     o // 6, and a cycle runs its ops in slot order."""
-    _require_v(problem, name)
-    p = problem.num_devices
+    require_v_shape(problem, f"block-{name}")
     cycles = []
-    for d, slots in enumerate(weight_slots(slot_block(p))):
+    for d, slots in enumerate(weight_slots(slot_block(problem.num_devices))):
         steps = sorted(slots.items(), key=lambda item: item[1] % PERIOD)
         cycle: list[Step] = []
         for (kind, chunk), slot in steps:
-            stage = _v_stage(p, d, chunk)
+            stage = problem.stages_of_device[d][chunk]
             if kind == WEIGHT and not problem.split_backward:
                 continue
             op = input_gradient(problem, stage, 0) if kind == BACKWARD else Op(kind, stage, 0)
@@ -109,11 +103,6 @@ def v_min_cycles(problem: Problem) -> Cycles:
 def v_half_cycles(problem: Problem) -> Cycles:
     """V-Half (Qi et al., NeurIPS 2024): its slot block (`vshape`), W's in the free slots."""
     return _slot_cycles(problem, "v-half", v_half_block)
-
-
-def _require_v(problem: Problem, name: str) -> None:
-    require(problem.placement == "v" and problem.chunks_per_device == 2, f"block-{name}",
-            "placement v and chunks_per_device = 2")
 
 
 PUBLISHED: dict[str, tuple[Callable[[Problem], Cycles], int | None]] = {

@@ -1,7 +1,8 @@
 """V-shape schedules: two chunks per device in V placement, a split backward filling the bubbles.
 
 Device d holds virtual stage d (its *chunk 0*) and stage 2p-1-d (its *chunk 1*), so a microbatch's
-forward goes down the devices on chunk 0 and back up on chunk 1, and its backward the other way.
+forward goes down the devices on chunk 0 and back up on chunk 1, and its backward the other way: a
+device's chunk c is `problem.stages_of_device[d][c]`, read off the one placement map.
 
 - `zb-v`: ZB-V, "Zero Bubble Pipeline Parallelism" (Qi et al., ICLR 2024), section 6 and Figure 8.
 - `v-min`, `v-half`, `v-zb`: "Pipeline Parallelism with Controllable Memory" (Qi et al., NeurIPS
@@ -31,11 +32,14 @@ virtual stage) and a device runs six per microbatch (F, B, W on each of its two 
 Pass = tuple[str, int, int]
 """(kind F/B/W, device-local chunk 0/1, microbatch): one op in the slot model."""
 
-Block = list[dict[tuple[str, int], int]]
-"""Per device, the slot of each of one microbatch's F and B passes (W's fill free slots)."""
+PassSlots = list[dict[tuple[str, int], int]]
+"""Per device, the slot of each of one microbatch's (kind, chunk) passes: a building block in the
+slot model (F's and B's; `weight_slots` adds the W's)."""
 
 
-def _require_v_shape(problem: Problem, name: str) -> None:
+def require_v_shape(problem: Problem, name: str) -> None:
+    """NotApplicableError unless the problem is what every V-shape schedule and block is written
+    for: V placement, two chunks per device."""
     require(problem.placement == "v" and problem.chunks_per_device == 2, name,
             "placement v and chunks_per_device = 2")
 
@@ -43,12 +47,11 @@ def _require_v_shape(problem: Problem, name: str) -> None:
 def _to_schedule(problem: Problem, orders: list[list[Pass]]) -> Schedule:
     """Per-device passes of one iteration -> Ops of every iteration (microbatch ids k·m + j). With a
     fused backward, each B becomes BW and the W's are dropped: memory only falls earlier."""
-    p = problem.num_devices
     iteration_orders = []
     for device, passes in enumerate(orders):
         order = []
         for kind, chunk, microbatch in passes:
-            stage = _stage(p, device, chunk)
+            stage = problem.stages_of_device[device][chunk]
             if kind == FORWARD:
                 order.append(Op(FORWARD, stage, microbatch))
             elif kind == BACKWARD:
@@ -61,8 +64,8 @@ def _to_schedule(problem: Problem, orders: list[list[Pass]]) -> Schedule:
 
 def _chunk_activations(problem: Problem, device: int) -> tuple[float, float]:
     """activation_memory of the device's chunk 0 and chunk 1."""
-    p = problem.num_devices
-    return problem.activation_memory[device], problem.activation_memory[_stage(p, device, 1)]
+    first, second = problem.stages_of_device[device]
+    return problem.activation_memory[first], problem.activation_memory[second]
 
 
 # --------------------------------------------------------------------------------------- ZB-V
@@ -129,7 +132,7 @@ def zero_bubble_v(problem: Problem) -> Schedule:
     (zero bubble, for m >= 2p-1) while holding at most 2p chunk activations, 1F1B's memory.
     A fused backward runs the same order with BW in B's place. Needs placement v and v = 2.
     """
-    _require_v_shape(problem, "zb-v")
+    require_v_shape(problem, "zb-v")
     p, m = problem.num_devices, problem.num_microbatches
     return _to_schedule(problem, [_zero_bubble_v_passes(p, device, m) for device in range(p)])
 
@@ -137,7 +140,7 @@ def zero_bubble_v(problem: Problem) -> Schedule:
 # ----------------------------------------------------------------- controllable-memory blocks
 
 
-def v_min_block(p: int) -> Block:
+def v_min_block(p: int) -> PassSlots:
     """V-Min: every pass one slot after the same pass on the previous device (offset 1 in both
     directions); a gap of 2 before the backward when 3 divides p keeps the repeats from colliding."""
     gap = 2 if p % 3 == 0 else 0
@@ -145,7 +148,7 @@ def v_min_block(p: int) -> Block:
              (BACKWARD, 1): 2 * p + gap + d, (BACKWARD, 0): 4 * p + gap - 1 - d} for d in range(p)]
 
 
-def v_half_block(p: int) -> Block:
+def v_half_block(p: int) -> PassSlots:
     """V-Half: chunk-0 forward and chunk-1 backward advance 2 slots per device, the other two 1;
     a gap of 3 before the backward when p is even avoids collisions."""
     gap = 3 if p % 2 == 0 else 0
@@ -172,11 +175,6 @@ def _slot_problem(p: int, m: int) -> Problem:
                    backward_times=1, weight_times=1, activation_memory=1, weight_memory=1)
 
 
-def _stage(p: int, device: int, chunk: int) -> int:
-    """The virtual stage of a device's chunk under V placement: d for chunk 0, 2p-1-d for chunk 1."""
-    return device if chunk == 0 else 2 * p - 1 - device
-
-
 class _SlotPlan:
     """A slot-model schedule: per device, slot -> pass; the passes' slots are start times on a
     `Timeline` of the slot problem, which says when each pass may start."""
@@ -191,7 +189,7 @@ class _SlotPlan:
 
     def op(self, device: int, step: Pass) -> Op:
         kind, chunk, microbatch = step
-        return Op(kind, _stage(self.problem.num_devices, device, chunk), microbatch)
+        return Op(kind, self.problem.stages_of_device[device][chunk], microbatch)
 
     def slot_of(self, device: int, step: Pass) -> int:
         return round(self.timeline.start_of(self.op(device, step)))
@@ -213,7 +211,7 @@ class _SlotPlan:
 
     def change(self, device: int, step: Pass) -> float:
         """The memory a pass adds (F), frees (W) or leaves (B), in chunk activations."""
-        return self.problem.memory_delta(step[0], _stage(self.problem.num_devices, device, step[1]))
+        return self.problem.memory_delta(step[0], self.problem.stages_of_device[device][step[1]])
 
     def held(self, device: int, passes: dict[int, Pass], length: int) -> list[float]:
         """Chunk activations the device holds after each slot 0..length-1 if it ran `passes`."""
@@ -243,7 +241,7 @@ def _fill_weights(passes: dict[int, Pass], start: int = 0) -> dict[int, Pass]:
     return filled
 
 
-def weight_slots(block: Block) -> list[dict[tuple[str, int], int]]:
+def weight_slots(block: PassSlots) -> list[dict[tuple[str, int], int]]:
     """The block with its W's: each device's F and B slots and the slots its W's take once the
     repeated block is in its steady state (a microbatch in the middle of a long run)."""
     span = max(slot for device_block in block for slot in device_block.values()) // PERIOD + 2
@@ -256,7 +254,7 @@ def weight_slots(block: Block) -> list[dict[tuple[str, int], int]]:
     return slots
 
 
-def _repeat(block: Block, m: int) -> list[dict[int, Pass]]:
+def _repeat(block: PassSlots, m: int) -> list[dict[int, Pass]]:
     """The block repeated every PERIOD slots for m microbatches, W's filling the free slots."""
     return [_fill_weights({slot + PERIOD * j: (kind, chunk, j)
                            for (kind, chunk), slot in device_block.items() for j in range(m)})
@@ -318,7 +316,7 @@ def _reorder_cool_down(plan: _SlotPlan, cap: int, start: int) -> _SlotPlan:
     return _SlotPlan(plan.problem, [_fill_weights(by_slot, start) for by_slot in lean.slots])
 
 
-def _controllable_memory_passes(block: Block, m: int, cap: int) -> list[list[Pass]]:
+def _controllable_memory_passes(block: PassSlots, m: int, cap: int) -> list[list[Pass]]:
     """Repeat, squeeze, reorder (the paper's framework); per device, its passes in slot order.
 
     The stable phase runs from device 0's first chunk-0 backward to its last chunk-0 forward; it
@@ -342,8 +340,8 @@ def _block_memory(peak: Callable[[int], int]) -> Callable[[Problem], list[float]
     return bound
 
 
-def _controllable_memory_schedule(problem: Problem, name: str, block: Block, peak: int) -> Schedule:
-    _require_v_shape(problem, name)
+def _controllable_memory_schedule(problem: Problem, name: str, block: PassSlots, peak: int) -> Schedule:
+    require_v_shape(problem, name)
     return _to_schedule(problem, _controllable_memory_passes(block, problem.num_microbatches, peak))
 
 
@@ -394,5 +392,5 @@ def v_zb(problem: Problem) -> Schedule:
     activations. Repeated with ZB-V's warm-up and cool-down it is ZB-V, which is also how the
     authors' repository runs this memory setting ('zb'), so v-zb returns ZB-V's orders.
     """
-    _require_v_shape(problem, "v-zb")
+    require_v_shape(problem, "v-zb")
     return zero_bubble_v(problem)

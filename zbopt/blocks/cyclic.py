@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from zbopt.blocks.model import Block, BlockError, block_ops, group_table
+from zbopt.blocks.model import Block, BlockError, block_ops, group_table, input_of
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.ticks import tick_scale
@@ -59,11 +59,10 @@ def _precedences(problem: Problem, cycles, group: int, lags: dict[Op, int]):
     """(later, earlier, (constant, per-period)) for o[later] - o[earlier] >= constant + per-period·P."""
     table = group_table(problem, group)
     for op in lags:
-        index = table.index(op)
-        source = table.predecessor[index]
-        if source >= 0:
-            before = table.op(source)
-            yield op, before, (problem.cost(before.kind, before.stage) + table.latency[index], 0)
+        waited = input_of(table, op)
+        if waited is not None:
+            before, latency = waited
+            yield op, before, (problem.cost(before.kind, before.stage) + latency, 0)
     for cycle in cycles:
         for position, (op, lag) in enumerate(cycle):
             before, before_lag = cycle[position - 1]

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from zbopt.errors import ZboptError
-from zbopt.ops import Op, op_table
+from zbopt.ops import Op, OpTable, op_table
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
 from zbopt.tolerance import RELATIVE_TOLERANCE
 
@@ -86,10 +86,18 @@ def block_ops(problem: Problem, group: int) -> list[Op]:
     return [Op(kind, stage, i) for kind in problem.kinds for stage in range(problem.num_stages) for i in range(group)]
 
 
-def group_table(problem: Problem, group: int):
+def group_table(problem: Problem, group: int) -> OpTable:
     """The op table of one group of `group` microbatches, one iteration, no memory limit: the ops,
     predecessors and latencies a block's offsets refer to."""
     return op_table(problem.replace(num_microbatches=group, iterations=1, memory_limit=None))
+
+
+def input_of(table: OpTable, op: Op) -> tuple[Op, float] | None:
+    """The op whose output `op` waits for in `table` and the latency after that op's end; None for
+    an op that waits for none (a first forward)."""
+    index = table.index(op)
+    source = table.predecessor[index]
+    return None if source < 0 else (table.op(source), table.latency[index])
 
 
 def check_block(block: Block) -> None:
@@ -107,11 +115,10 @@ def check_block(block: Block) -> None:
     tolerance = RELATIVE_TOLERANCE * max(1.0, block.period, *map(abs, offsets.values()))
     table = group_table(problem, block.group)
     for op in expected:
-        index = table.index(op)
-        source = table.predecessor[index]
-        if source >= 0:
-            before = table.op(source)
-            ready = block.end(before) + table.latency[index]
+        waited = input_of(table, op)
+        if waited is not None:
+            before, latency = waited
+            ready = block.end(before) + latency
             if offsets[op] < ready - tolerance:
                 raise BlockError(f"block op {op} starts at {offsets[op]:g}, before its input from {before} "
                                  f"arrives at {ready:g}")

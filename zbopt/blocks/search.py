@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from zbopt.blocks.model import Block, block_ops, group_table, lifespan_bound, steady_peak
+from zbopt.blocks.model import Block, block_ops, group_table, input_of, lifespan_bound, steady_peak
 from zbopt.blocks.published import PUBLISHED, published_block
 from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
@@ -228,12 +228,11 @@ class _Shape:
         busy: list[list[tuple[int, int]]] = [[] for _ in range(self.integral.num_devices)]
         offsets: dict[Op, int] = {}
         for op in self.placing_order:
-            duration, index = self.duration[op], self.table.index(op)
-            source = self.table.predecessor[index]
+            duration, waited = self.duration[op], input_of(self.table, op)
             moment = 0
-            if source >= 0:
-                before = self.table.op(source)
-                moment = offsets[before] + self.duration[before] + int(self.table.latency[index])
+            if waited is not None:
+                before, latency = waited
+                moment = offsets[before] + self.duration[before] + int(latency)
             device = self.integral.device_of(op.stage)
             moment = _free_moment(busy[device], moment, duration, period)
             if moment is None:
@@ -282,11 +281,10 @@ class _Shape:
         model.Add(offset[Op(FORWARD, 0, 0)] == 0)
         # 1. dependencies
         for op in ops:
-            index = self.table.index(op)
-            source = self.table.predecessor[index]
-            if source >= 0:
-                before = self.table.op(source)
-                model.Add(offset[op] >= offset[before] + duration[before] + int(self.table.latency[index]))
+            waited = input_of(self.table, op)
+            if waited is not None:
+                before, latency = waited
+                model.Add(offset[op] >= offset[before] + duration[before] + int(latency))
         # 2. no overlap modulo T
         for stages in self.integral.stages_of_device:
             mine = [op for op in ops if op.stage in stages]

@@ -32,7 +32,7 @@ from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.problem import FORWARD, WEIGHT, Problem
 from zbopt.solvers.cpsat import timed_solver
-from zbopt.ticks import memory_scale, tick_problem, tick_scale, whole_at
+from zbopt.ticks import TickScale, memory_scale, tick_problem, tick_scale, whole_at
 from zbopt.timeline import Timeline
 from zbopt.tolerance import memory_ceiling
 
@@ -106,6 +106,35 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     (`_Shape.serial`, which always exists). When that published block's (m - 1)·T + length is
     smaller than the block found (costs not whole ticks, a search cut short, or a small m), it is
     the answer instead, with status "feasible"."""
+    _check_searchable(problem, time_limit)
+    deadline = time.perf_counter() + time_limit
+    scale = tick_scale(problem)
+    integral = tick_problem(problem, scale)
+    start = best_published_block(problem)
+    seed_block = None if start is None else _first_microbatch(start)
+    shape = _Shape(integral, problem, memory_scale(problem))
+    found = _blocks_to_start_from(shape, seed_block, scale, PLACEMENT_SHARE * time_limit)
+    final_share = FINAL_SHARE * time_limit  # kept for the shortest block at the least T
+    high, refuted = _bisect(shape, found, deadline - final_share, workers, seed)
+    code, offsets = shape.solve(high, max(0.01, deadline - time.perf_counter()), workers, seed,
+                                hint=found.get(high), shortest=True)
+    if offsets is None:
+        offsets, code = found[high], cp_model.FEASIBLE
+    proven = high - refuted <= 1 and code == cp_model.OPTIMAL
+    stretch = _rounding_stretch(problem, integral, scale)
+    to_units = stretch / scale.ticks_per_unit
+    block = Block(problem, {op: offsets[op] * to_units for op in shape.ops}, high * to_units, 1, "optimal")
+    exact = scale.exact and stretch == 1.0
+    least = (refuted + 1) / scale.ticks_per_unit if exact else max(device_work(problem)) / problem.num_microbatches
+    if seed_block is not None and block_objective(seed_block) < block_objective(block):  # e.g. costs not whole ticks
+        return BlockSearch(seed_block, "feasible", least, start.name)
+    return BlockSearch(block, "optimal" if proven and exact else "feasible", least,
+                       start.name if start is not None else "none")
+
+
+def _check_searchable(problem: Problem, time_limit: float) -> None:
+    """A ZboptError for what the block search does not model (or a time limit that is no number of
+    seconds); NotApplicableError for more than one iteration."""
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
         raise ZboptError(f"time_limit = {time_limit!r}: must be a positive number of seconds")
     for key, what in (("allow_recompute", "recomputation"), ("allow_offload", "offload")):
@@ -119,29 +148,33 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
         raise ZboptError("the block search does not model overlapped pairs (overlap_times); use zbopt solve")
     if problem.iterations != 1:
         raise NotApplicableError(f"a block schedule needs iterations = 1 (got {problem.iterations})")
-    deadline = time.perf_counter() + time_limit
-    scale = tick_scale(problem)
-    integral = tick_problem(problem, scale)
-    start = best_published_block(problem)
-    seed_block = None if start is None else _first_microbatch(start)
-    shape = _Shape(integral, problem, memory_scale(problem))
-    found: dict[int, dict[Op, int]] = {}
-    low = refuted = shape.least_period - 1  # no block at `low`; proven none at `refuted`
-    high, serial = shape.serial()  # a block at `high`
-    found[high] = serial
-    placed = shape.first_placed(high, time.perf_counter() + PLACEMENT_SHARE * time_limit)
+
+
+def _blocks_to_start_from(shape: _Shape, seed_block: Block | None, scale: TickScale, placing_time: float
+                          ) -> dict[int, dict[Op, int]]:
+    """Period -> offsets of the blocks known before the bisection: the serial one (always there),
+    the first modulo placement that fits (searched for `placing_time` seconds at most) and the published
+    seed when it lies on the tick grid (rounding one off it could break the block)."""
+    period, serial = shape.serial()
+    found = {period: serial}
+    placed = shape.first_placed(period, time.perf_counter() + placing_time)
     if placed is not None:
-        high, found[placed[0]] = placed
-    # a seed off the tick grid is not entered: rounding it could break the block
+        found[placed[0]] = placed[1]
     if seed_block is not None and scale.exact and whole_at([seed_block.period, *seed_block.offsets.values()],
                                                            scale.ticks_per_unit):
-        period = scale.ticks(seed_block.period)
-        found[period] = {op: scale.ticks(offset) for op, offset in seed_block.offsets.items()}
-        high = min(high, period)
-    final_share = FINAL_SHARE * time_limit  # kept for the shortest block at the least T
-    while high - low > 1 and time.perf_counter() < deadline - final_share:
+        found[scale.ticks(seed_block.period)] = {op: scale.ticks(offset) for op, offset in seed_block.offsets.items()}
+    return found
+
+
+def _bisect(shape: _Shape, found: dict[int, dict[Op, int]], stop: float, workers: int, seed: int) -> tuple[int, int]:
+    """(high, refuted): the least period with a block found by bisection from the least of `found`
+    down to the devices' work, until `stop`, and the largest period proven to have none (each
+    block found goes into `found`, the hint for the next period)."""
+    high = min(found)
+    low = refuted = shape.least_period - 1  # no block at `low`; proven none at `refuted`
+    while high - low > 1 and time.perf_counter() < stop:
         middle = (low + high) // 2
-        remaining = (deadline - final_share - time.perf_counter()) / max(1, math.ceil(math.log2(high - low)))
+        remaining = (stop - time.perf_counter()) / max(1, math.ceil(math.log2(high - low)))
         code, offsets = shape.solve(middle, remaining, workers, seed, hint=found.get(high), shortest=False)
         if offsets is not None:
             found[middle], high = offsets, middle
@@ -149,23 +182,15 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
             low = middle
             if code == cp_model.INFEASIBLE:
                 refuted = middle
-    proven = high - refuted <= 1
-    code, offsets = shape.solve(high, max(0.01, deadline - time.perf_counter()), workers, seed,
-                                hint=found.get(high), shortest=True)
-    if offsets is None:
-        offsets, code = found[high], cp_model.FEASIBLE
-    proven &= code == cp_model.OPTIMAL
-    stretch = max([problem.cost(kind, stage) * scale.ticks_per_unit / integral.cost(kind, stage)
-                   for kind in problem.kinds for stage in range(problem.num_stages)]
-                  + [problem.p2p_time * scale.ticks_per_unit / max(1, integral.p2p_time), 1.0])
-    to_units = stretch / scale.ticks_per_unit
-    block = Block(problem, {op: offsets[op] * to_units for op in shape.ops}, high * to_units, 1, "optimal")
-    exact = scale.exact and stretch == 1.0
-    least = (refuted + 1) / scale.ticks_per_unit if exact else max(device_work(problem)) / problem.num_microbatches
-    if seed_block is not None and block_objective(seed_block) < block_objective(block):  # e.g. costs not whole ticks
-        return BlockSearch(seed_block, "feasible", least, start.name)
-    return BlockSearch(block, "optimal" if proven and exact else "feasible", least,
-                       start.name if start is not None else "none")
+    return high, refuted
+
+
+def _rounding_stretch(problem: Problem, integral: Problem, scale: TickScale) -> float:
+    """The largest ratio of a cost (or the latency) to its rounded tick count, at least 1: the tick
+    block stretched by it stays valid at the problem's own costs."""
+    return max([problem.cost(kind, stage) * scale.ticks_per_unit / integral.cost(kind, stage)
+                for kind in problem.kinds for stage in range(problem.num_stages)]
+               + [problem.p2p_time * scale.ticks_per_unit / max(1, integral.p2p_time), 1.0])
 
 
 def _free_moment(taken: list[tuple[int, int]], moment: int, duration: int, period: int) -> int | None:

@@ -16,7 +16,8 @@ from zbopt.ops import Op
 from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
 from zbopt.schedules.common import backward_ops, input_gradient
 from zbopt.schedules.registry import require
-from zbopt.schedules.vshape import PERIOD, require_v_shape, v_half_block, v_min_block, weight_slots
+from zbopt.schedules.slot_model import PERIOD, v_half_block, v_min_block, weight_slots
+from zbopt.schedules.vshape import require_v_shape
 
 Cycles = list[list[Step]]
 

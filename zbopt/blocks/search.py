@@ -32,7 +32,7 @@ from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.problem import FORWARD, WEIGHT, Problem
 from zbopt.solvers.cpsat import timed_solver
-from zbopt.ticks import TickScale, memory_scale, tick_problem, tick_scale, whole_at
+from zbopt.ticks import memory_scale, tick_problem, tick_scale, whole_at
 from zbopt.timeline import Timeline
 from zbopt.tolerance import memory_ceiling
 
@@ -150,7 +150,7 @@ def _check_searchable(problem: Problem, time_limit: float) -> None:
         raise NotApplicableError(f"a block schedule needs iterations = 1 (got {problem.iterations})")
 
 
-def _blocks_to_start_from(shape: _Shape, seed_block: Block | None, scale: TickScale, placing_time: float
+def _blocks_to_start_from(shape: _Shape, seed_block: Block | None, scale, placing_time: float
                           ) -> dict[int, dict[Op, int]]:
     """Period -> offsets of the blocks known before the bisection: the serial one (always there),
     the first modulo placement that fits (searched for `placing_time` seconds at most) and the published
@@ -185,7 +185,7 @@ def _bisect(shape: _Shape, found: dict[int, dict[Op, int]], stop: float, workers
     return high, refuted
 
 
-def _rounding_stretch(problem: Problem, integral: Problem, scale: TickScale) -> float:
+def _rounding_stretch(problem: Problem, integral: Problem, scale) -> float:
     """The largest ratio of a cost (or the latency) to its rounded tick count, at least 1: the tick
     block stretched by it stays valid at the problem's own costs."""
     return max([problem.cost(kind, stage) * scale.ticks_per_unit / integral.cost(kind, stage)

@@ -1,5 +1,6 @@
 """Building blocks (Qi et al., "Pipeline Parallelism with Controllable Memory", NeurIPS 2024): a
-block, its lifespans and memory, the schedule it builds, the published schedules' blocks."""
+block, its lifespans and memory, the schedule it builds, the published schedules' blocks. The
+schedules they build (block-NAME, `registered`) join the registry when it is first asked, not here."""
 
 from zbopt.blocks.build import block_schedule, repeat
 from zbopt.blocks.cyclic import tightest_block

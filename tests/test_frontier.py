@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.conftest import require_extra
 from zbopt import Problem, ZboptError, solve
 from zbopt.cli import main
 from zbopt.frontier import Frontier, FrontierPoint, HeuristicPoint, memory_frontier, parse_memory_limits
@@ -94,7 +95,7 @@ def test_points_equal_a_lone_solve(frontier, limit):
 
 
 def test_a_dask_cluster_gives_the_same_frontier(frontier):
-    distributed = pytest.importorskip("distributed", reason="dask.distributed is the optional extra zbopt[dask]")
+    distributed = require_extra("dask", "dask.distributed is the optional extra zbopt[dask]")
     with (distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
           as cluster, distributed.Client(cluster) as client):
         on_dask = memory_frontier(PROBLEM, LIMITS, time_limit=TIME_LIMIT, executor=client.get_executor())

@@ -6,6 +6,7 @@ weights, memory from a brute-force scan of every op.
 
 from __future__ import annotations
 
+import functools
 import random
 from itertools import pairwise
 
@@ -165,8 +166,10 @@ def _valid_simulations(problem: Problem):
                 yield result
 
 
+@functools.cache
 def brute_force_optimum(problem: Problem) -> float:
-    """The least makespan over every valid combination of per-device orders."""
+    """The least makespan over every valid combination of per-device orders (kept per problem: several
+    test modules ask for the same tiny problems)."""
     return min((result.makespan for result in _valid_simulations(problem)), default=float("inf"))
 
 

@@ -73,7 +73,8 @@ EXHAUSTED = [*((problem, brute_force_optimum) for problem in TINY),
              (LOOSE.replace(num_microbatches=2), timed_search_optimum)]
 
 
-@pytest.mark.parametrize(("problem", "search"), EXHAUSTED, ids=lambda case: case.describe() if isinstance(case, Problem) else case.__name__)
+@pytest.mark.parametrize(("problem", "search"), EXHAUSTED,
+                         ids=lambda case: case.describe() if isinstance(case, Problem) else case.__name__)
 def test_status_is_optimal_exactly_when_the_gap_is_zero(problem, search):
     """Where an exhaustive search gives the optimum, CP-SAT meets it: "optimal" with gap 0 and the
     optimum as its lower bound (a value above it would have to be "feasible" with a gap)."""

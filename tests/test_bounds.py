@@ -5,10 +5,11 @@ import math
 import random
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from tests.reference import brute_force_optimum, problems, random_topological_schedule
+from tests.test_schedules import FAMILIES, RANDOMLY_CHECKED
 from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate, solve
 from zbopt.schedules import applicable, registered
 from zbopt.solvers import api
@@ -144,17 +145,28 @@ def test_jackson_rule_matches_brute_force_on_a_small_case():
     assert jackson_preemptive([(0, 2, 4), (1, 2, 9), (2, 1, 1)]) == 12.0
 
 
-@given(problems(max_devices=4, max_microbatches=6, chunks=(1, 2)))
-def test_no_bound_exceeds_any_schedule(problem):
-    bounds = lower_bounds(problem)
-    assert bounds.device_load >= max(device_work(problem)) - 1e-9
-    assert bounds.one_machine >= bounds.device_load - 1e-9
-    for entry in registered():
-        try:
-            result = simulate(problem, generate(entry.name, problem))
-        except NotApplicableError:
-            continue
-        assert bounds.best <= result.makespan + 1e-9, entry.name
+def test_no_bound_exceeds_any_schedule():
+    """Every bound is at most every registered schedule's makespan, on random problems and on one
+    problem per family (so that each of the 28 schedules random problems can reach runs)."""
+    applied = set()
+
+    @given(problems(max_devices=4, max_microbatches=6, chunks=(1, 2)))
+    def check(problem):
+        bounds = lower_bounds(problem)
+        assert bounds.device_load >= max(device_work(problem)) - 1e-9
+        assert bounds.one_machine >= bounds.device_load - 1e-9
+        for entry in registered():
+            try:
+                result = simulate(problem, generate(entry.name, problem))
+            except NotApplicableError:
+                continue
+            applied.add(entry.name)
+            assert bounds.best <= result.makespan + 1e-9, entry.name
+
+    for family in FAMILIES:
+        check = example(family)(check)
+    check()
+    assert set(RANDOMLY_CHECKED) <= applied, sorted(set(RANDOMLY_CHECKED) - applied)
 
 
 def heuristics_within_their_own_peak(problem):

@@ -6,6 +6,7 @@ weights, memory from a brute-force scan of every op.
 
 from __future__ import annotations
 
+import functools
 import random
 from itertools import pairwise
 
@@ -52,6 +53,97 @@ def brute_force_peak_memory(problem: Problem, schedule: Schedule, start: dict[Op
             peak = max(peak, level)
         peaks.append(peak)
     return peaks
+
+
+def order_peak_memory(problem: Problem, schedule: Schedule) -> list[float]:
+    """Per device, the most memory its order ever holds, counted op by op along the order from the
+    documented memory model (no times needed: one compute lane runs the order, so every earlier op
+    has ended when the next starts): F takes M_B (only the checkpoint when the schedule recomputes
+    that activation), R the rest, B frees M_B - M_W and W frees M_W (split), BW frees M_B. Not for
+    schedules with copies (O, L), which run beside compute."""
+    recomputed = {(op.stage, op.microbatch) for order in schedule.orders for op in order if op.kind == "R"}
+    peaks = []
+    for order in schedule.orders:
+        held = peak = 0.0
+        for op in order:
+            activation = problem.activation_memory[op.stage]
+            kept = problem.weight_memory[op.stage] if problem.split_backward else 0.0
+            checkpoint = problem.checkpoint_memory[op.stage] if recomputed else 0.0
+            if op.kind in "OL":
+                raise ValueError(f"{op}: copies run beside compute; count them in time")
+            held += {"F": checkpoint if (op.stage, op.microbatch) in recomputed else activation,
+                     "R": activation - checkpoint, "B": -(activation - kept), "W": -kept, "BW": -activation}[op.kind]
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
+
+
+def _per_device(problem: Problem, activations) -> list[float]:
+    """Per device d, `activations(d)` activations of its largest stage."""
+    return [activations(d) * max(problem.activation_memory[s] for s in problem.stages_of_device[d])
+            for d in range(problem.num_devices)]
+
+
+def _everything(problem: Problem) -> list[float]:
+    return [problem.num_microbatches * sum(problem.activation_memory[s] for s in stages)
+            for stages in problem.stages_of_device]
+
+
+def _in_flight(count, across_iterations: bool = False):
+    """v = 1: device d holds `count(p, d)` activations of its stage, at most every microbatch of an
+    iteration (of all iterations, for a schedule that streams them without flushes)."""
+    def peaks(problem: Problem) -> list[float]:
+        most = problem.total_microbatches if across_iterations else problem.num_microbatches
+        return [min(count(problem.num_devices, d), most) * problem.activation_memory[d]
+                for d in range(problem.num_devices)]
+    return peaks
+
+
+# Peak memory per device from the papers: (exact, per-device value), exact False for an upper bound.
+# GPipe (Huang et al., 2019, sec. 2.2) and breadth-first looped (Lamy-Poirier, 2023) run every forward
+# of an iteration before its backwards: m activations of every stage. 1F1B (PipeDream-Flush, Narayanan
+# et al., SC 2021, sec. 2.2) has p - d warm-up-plus-one forwards in flight on device d; eager 1F1B
+# 2(p - d) - 1 (its 2(p - d - 1) warm-up forwards plus one); PipeDream-2BW (Narayanan et al., ICML
+# 2021) the same across iterations. Zero Bubble (Qi et al., ICLR 2024, sec. 3 and Table 5's memory
+# column): ZB-H1 p·M_B, ZB-H2 (2p - 1)·M_B, ZB-1p p·M_B and ZB-2p 2p·M_B with M_B the largest stage's.
+# V shapes (Qi et al., ICLR 2024, sec. 6; Controllable Memory, NeurIPS 2024, Table 1): ZB-V / V-ZB 2p
+# chunk activations (1F1B's p·M_B), V-Min 2·floor((p + 4)/3), V-Half 2·floor((p + 2)/2). Megatron's
+# interleaved 1F1B (Narayanan et al., SC 2021, sec. 2.2): 2(p - d - 1) + (v - 1)p warm-up chunk
+# forwards plus one, at most all m·v.
+PAPER_PEAKS = {
+    "gpipe": (True, _everything),
+    "looped-bfs": (True, _everything),
+    "1f1b": (True, _in_flight(lambda p, d: p - d)),
+    "block-1f1b": (True, _in_flight(lambda p, d: p - d)),
+    "eager-1f1b": (True, _in_flight(lambda p, d: 2 * (p - d) - 1)),
+    "1f1b-2bw": (True, _in_flight(lambda p, d: p - d, across_iterations=True)),
+    "eager-1f1b-2bw": (True, _in_flight(lambda p, d: 2 * (p - d) - 1, across_iterations=True)),
+    "zb-h1": (False, lambda problem: _per_device(problem, lambda d: problem.num_devices)),
+    "block-zb-h1": (False, lambda problem: _per_device(problem, lambda d: problem.num_devices)),
+    "zb-h2": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices - 1)),
+    "zb-1p": (False, lambda problem: [problem.num_devices * max(problem.activation_memory)] * problem.num_devices),
+    "zb-2p": (False, lambda problem: [2 * problem.num_devices * max(problem.activation_memory)] * problem.num_devices),
+    "zb-v": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
+    "v-zb": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
+    "block-v-zb": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
+    "v-min": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 4) // 3))),
+    "block-v-min": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 4) // 3))),
+    "v-half": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 2) // 2))),
+    "block-v-half": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 2) // 2))),
+    "interleaved-1f1b": (False, lambda problem: _per_device(problem, lambda d: min(
+        2 * (problem.num_devices - d - 1) + (problem.chunks_per_device - 1) * problem.num_devices + 1,
+        problem.num_microbatches * problem.chunks_per_device))),
+}
+
+
+def assert_paper_peak(name: str, problem: Problem, peaks) -> None:
+    """`peaks` (a simulation's per-device peak memory) equal, or stay within, PAPER_PEAKS[name]."""
+    exact, expected = PAPER_PEAKS[name]
+    want = expected(problem)
+    if exact:
+        assert all(abs(peak - value) <= 1e-9 for peak, value in zip(peaks, want, strict=True)), (name, peaks, want)
+    else:
+        assert all(peak <= value + 1e-9 for peak, value in zip(peaks, want, strict=True)), (name, peaks, want)
 
 
 def random_topological_schedule(problem: Problem, seed: int, microbatch_order: bool = False) -> Schedule:
@@ -165,8 +257,10 @@ def _valid_simulations(problem: Problem):
                 yield result
 
 
+@functools.cache
 def brute_force_optimum(problem: Problem) -> float:
-    """The least makespan over every valid combination of per-device orders."""
+    """The least makespan over every valid combination of per-device orders (kept per problem: several
+    test modules ask for the same tiny problems)."""
     return min((result.makespan for result in _valid_simulations(problem)), default=float("inf"))
 
 

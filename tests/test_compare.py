@@ -7,6 +7,7 @@ import sys
 import matplotlib.pyplot as plt
 import pytest
 
+from tests.conftest import require_extra
 from zbopt import Problem, compare, generate, lower_bounds, registered, simulate
 from zbopt.cli import main
 from zbopt.errors import NotApplicableError, UnknownScheduleError
@@ -217,7 +218,7 @@ def test_comparison_chart_of_one_row_without_a_limit():
 
 def test_compare_takes_torchs_built_ins_by_name():
     """torch's ZBVZeroBubble builds zbopt's zb-v order op for op, so both rows have one makespan."""
-    pytest.importorskip("torch", reason="torch's built-in schedules need the optional extra zbopt[torch]")
+    require_extra("torch", "torch's built-in schedules need the optional extra zbopt[torch]")
     problem = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, placement="v", weight_times=1)
     rows = {row.name: row for row in compare(problem, ["zb-v", "torch:ZBVZeroBubble"]).rows}
     zb_v = simulate(problem, generate("zb-v", problem)).makespan

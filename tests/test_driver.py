@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from tests.reference import brute_force_least_peak, brute_force_optimum
+from tests.reference import brute_force_least_peak, brute_force_optimum, timed_search_optimum
 from tests.test_cpsat import TINY
-from zbopt import Problem, ZboptError, generate, simulate, solve
+from zbopt import MemoryLimitError, Problem, ZboptError, generate, simulate, solve
 from zbopt.solvers import api
 from zbopt.solvers.api import Found
 from zbopt.solvers.bounds import lower_bounds
@@ -39,7 +39,9 @@ LOOSE = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_tim
 def test_a_backend_answer_worse_than_the_warm_start_is_replaced_by_it(stand_in):
     gpipe = simulate(LOOSE.replace(memory_limit=None), generate("gpipe", LOOSE))  # no limit: any order runs
     stand_in["found"] = lambda problem, task: Found("feasible", start_times(gpipe), 0.0, None, 1.0)
-    with pytest.raises(Exception, match="memory"):  # gpipe breaks the limit: the driver re-simulates strictly
+    # gpipe breaks the limit, and the driver re-simulates strictly: device 0 runs its forwards back to
+    # back (F = 1), so its third, 0F2 at t = 2, brings it to 3 activations of M_B = 1, over the limit 2
+    with pytest.raises(MemoryLimitError, match=r"^device 0 holds 3 at t=2, over its memory limit 2$"):
         solve(LOOSE, "stand-in", lower_peak=False)
     warm_name, warm = best_heuristic(LOOSE)
     slower = {op: start + 100.0 for op, start in start_times(warm).items()}  # the warm start, shifted: valid, worse
@@ -65,11 +67,21 @@ def test_status_and_gap_agree_when_only_rounded_costs_are_proven(stand_in):
     assert (exact.status, exact.gap, exact.lower_bound, exact.decided_by) == ("optimal", 0.0, value, "solver")
 
 
-@pytest.mark.parametrize("problem", [*TINY, LOOSE.replace(num_microbatches=4)], ids=lambda p: p.describe())
-def test_status_is_optimal_exactly_when_the_gap_is_zero(problem):
+# each with an exhaustive search for its optimum: over device orders for TINY, in time for the
+# integer-cost LOOSE (at m = 2: the search grows too fast beyond)
+EXHAUSTED = [*((problem, brute_force_optimum) for problem in TINY),
+             (LOOSE.replace(num_microbatches=2), timed_search_optimum)]
+
+
+@pytest.mark.parametrize(("problem", "search"), EXHAUSTED,
+                         ids=lambda case: case.describe() if isinstance(case, Problem) else case.__name__)
+def test_status_is_optimal_exactly_when_the_gap_is_zero(problem, search):
+    """Where an exhaustive search gives the optimum, CP-SAT meets it: "optimal" with gap 0 and the
+    optimum as its lower bound (a value above it would have to be "feasible" with a gap)."""
+    optimum = search(problem)
     result = solve(problem, "cpsat", time_limit=30)
-    assert (result.status == "optimal") == (result.gap == 0)
-    assert result.lower_bound <= result.objective
+    assert result.objective == pytest.approx(optimum) and result.lower_bound == pytest.approx(optimum)
+    assert (result.status, result.gap) == ("optimal", 0)
 
 
 def test_equal_makespan_prefers_less_peak_memory():

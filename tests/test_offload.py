@@ -269,6 +269,15 @@ def test_costs_that_are_not_whole_ticks_still_give_a_valid_answer():
     result = solve(problem, time_limit=10)
     assert result.simulation.valid and result.simulation.table.offloaded
     assert result.lower_bound <= result.objective + 1e-9
+    # The optimum by hand: device 1 starts when 0F0 ends (F0), then runs its 3(F1 + B1) = 111 back
+    # to back, and 0B2 (2.5) follows its last B: 1.23414321 + 111 + 2.5, which no schedule beats.
+    assert result.objective == pytest.approx(1.23414321 + 3 * (18.5 + 18.5) + 2.5, rel=1e-12)
+    # The model: at most 10^5 ticks for the longest op (18.5) makes one tick 1e-3; rounded up, F0 is
+    # 1.235 and every other cost is whole. Its exact optimum is at least the real answer (nothing
+    # runs shorter in it) and at most the three F0's rounding, 3·(1.235 - 1.23414321), above it.
+    model = solve(problem.replace(forward_times=[1.235, 18.5]), time_limit=10)
+    assert model.status == "optimal" and tick_scale(model.simulation.problem).exact
+    assert 0 <= model.objective - result.objective <= 3 * (1.235 - 1.23414321) + 1e-9
 
 
 def test_the_gantt_draws_copies_on_thin_lanes_under_their_device():

@@ -1,7 +1,9 @@
-import pytest
-from hypothesis import given
+from collections import Counter
 
-from tests.reference import problems
+import pytest
+from hypothesis import example, given
+
+from tests.reference import PAPER_PEAKS, assert_paper_peak, order_peak_memory, problems
 from zbopt import NotApplicableError, Problem, UnknownScheduleError, critical_path, device_work, generate, simulate
 from zbopt.schedules import registered
 
@@ -39,19 +41,58 @@ def test_looped_bfs_runs_any_number_of_chunks_and_placement(problem):
     assert list(result.peak_memory) == pytest.approx(per_device)
 
 
-@given(problems(max_devices=6, max_microbatches=10, chunks=(1, 2, 3), iterations=(1, 2), recompute=True))
-def test_every_schedule_is_valid_and_keeps_its_memory_promise(problem):
+# The registered schedules the random problems below cannot reach, and where they are tested instead.
+ELSEWHERE = {"dualpipe": "bidirectional placement (test_dualpipe.py)", "pipeoffload": "offload (test_offload.py)",
+             "serial-offload": "offload (test_offload.py)", "full-offload": "offload (test_offload.py)"}
+RANDOMLY_CHECKED = (  # the other 28
+    "gpipe", "looped-bfs", "1f1b", "eager-1f1b", "1f1b-2bw", "eager-1f1b-2bw", "interleaved-1f1b",
+    "zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p", "zb-v", "v-min", "v-half", "v-zb", "dualpipe-v", "greedy",
+    "block-1f1b", "block-zb-h1", "block-interleaved-1f1b", "block-v-min", "block-v-half", "block-v-zb",
+    "1f1b-recompute", "interleaved-1f1b-recompute", "mario-1f1b", "serial-recompute",
+)
+# One problem per family, so that every other schedule runs whatever hypothesis draws.
+FAMILIES = [
+    Problem(num_devices=3, num_microbatches=6, forward_times=[1, 1.5, 1], backward_times=2, weight_times=1,
+            weight_memory=0.3, activation_memory=[1, 2, 0.5], p2p_time=0.05),
+    Problem(num_devices=3, num_microbatches=5, forward_times=1, backward_times=2, allow_recompute=True,
+            checkpoint_memory=0.1, recompute_times=1),
+    Problem(num_devices=3, num_microbatches=6, chunks_per_device=2, placement="v", weight_times=1,
+            activation_memory=[1, 2, 0.5, 1, 1, 2]),
+    Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, allow_recompute=True, checkpoint_memory=0.5,
+            recompute_times=1, iterations=2),
+    Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, weight_times=0.5, activation_memory=[1, 2, 1, 2]),
+]
+
+
+def test_every_schedule_is_valid_and_keeps_its_memory_promise():
     """Every registered schedule, on random problems meeting its preconditions: the simulator
-    accepts it, its makespan respects both lower bounds, its peak memory its stated bound."""
-    bound = max(critical_path(problem), max(device_work(problem)))
-    for entry in registered():
-        try:
-            schedule = generate(entry.name, problem)
-        except NotApplicableError:
-            continue
-        result = simulate(problem, schedule)
-        assert result.makespan >= bound - 1e-9, entry.name
-        if entry.peak_memory_bound is not None:
-            promised = entry.peak_memory_bound(problem)
-            assert all(peak <= limit + 1e-9 for peak, limit in zip(result.peak_memory, promised, strict=True)), \
-                (entry.name, result.peak_memory, promised)
+    accepts it, its makespan respects both lower bounds, its peak memory is what its order holds
+    (counted op by op, `order_peak_memory`), equals or stays within its paper's closed form
+    (`PAPER_PEAKS`) and its stated bound. Every schedule but those of ELSEWHERE ran."""
+    applied = Counter()
+
+    @given(problems(max_devices=6, max_microbatches=10, chunks=(1, 2, 3), iterations=(1, 2), recompute=True))
+    def check(problem):
+        bound = max(critical_path(problem), max(device_work(problem)))
+        for entry in registered():
+            try:
+                schedule = generate(entry.name, problem)
+            except NotApplicableError:
+                continue
+            applied[entry.name] += 1
+            result = simulate(problem, schedule)
+            assert result.makespan >= bound - 1e-9, entry.name
+            assert list(result.peak_memory) == pytest.approx(order_peak_memory(problem, schedule)), entry.name
+            if entry.name in PAPER_PEAKS:
+                assert_paper_peak(entry.name, problem, result.peak_memory)
+            if entry.peak_memory_bound is not None:
+                promised = entry.peak_memory_bound(problem)
+                assert all(peak <= limit + 1e-9 for peak, limit in zip(result.peak_memory, promised, strict=True)), \
+                    (entry.name, result.peak_memory, promised)
+
+    for family in FAMILIES:
+        check = example(family)(check)
+    check()
+    assert {entry.name for entry in registered()} - set(ELSEWHERE) == set(RANDOMLY_CHECKED)
+    assert set(RANDOMLY_CHECKED) <= set(applied), sorted(set(RANDOMLY_CHECKED) - set(applied))
+    assert set(PAPER_PEAKS) <= set(RANDOMLY_CHECKED)

@@ -156,13 +156,34 @@ def test_memory_violation_reports_device_time_and_amount():
 
 # ------------------------------------------------------------------ given start times
 def test_given_start_times_are_verified_and_reproduce_the_metrics():
+    """Given times are the ones run: the earliest times reproduce the orders' longest-path makespan;
+    shifting every op by a constant moves every start, end and memory step by it and changes no
+    metric (makespan and spans run from the first start); shifting device 1 earlier by 0.1 breaks
+    1F0's input (0F0 ends at F = 1, plus latency 0.2: 1F0 may start at 1.2, not 1.1) and is refused."""
     problem = Problem(num_devices=3, num_microbatches=4, weight_times=0.5, p2p_time=0.2)
     timed = simulate(problem, generate("1f1b", problem)).timed_orders()
     again = simulate(problem, timed)
+    earliest = longest_path_starts(problem, timed)
+    assert again.makespan == pytest.approx(max(start + problem.cost(op.kind, op.stage)
+                                               for op, start in earliest.items()))
     assert again.makespan == pytest.approx(simulate(problem, timed.without_times()).makespan)
-    # any later start is still valid, just slower
-    shifted = Schedule(timed.orders, [[t + 1.0 for t in times] for times in timed.start_times])
-    assert simulate(problem, shifted).makespan == pytest.approx(again.makespan)
+    shift = 1.0
+    shifted = simulate(problem, Schedule(timed.orders, [[t + shift for t in times] for times in timed.start_times]))
+    for order in timed.orders:
+        for op in order:
+            assert shifted.times_of(op) == pytest.approx(tuple(t + shift for t in again.times_of(op))), op
+    assert shifted.origin == pytest.approx(again.origin + shift) == pytest.approx(shift)
+    assert (shifted.makespan, shifted.bubble_rate) == pytest.approx((again.makespan, again.bubble_rate))
+    assert shifted.span == pytest.approx(again.span)
+    assert (shifted.busy, shifted.peak_memory) == (again.busy, again.peak_memory)
+    for (times, levels), (was_times, was_levels) in zip(shifted.memory_steps, again.memory_steps, strict=True):
+        assert times.tolist() == pytest.approx([t + shift for t in was_times.tolist()])
+        assert levels.tolist() == was_levels.tolist()
+    assert again.times_of(Op("F", 1, 0))[0] == pytest.approx(1.2)
+    early = [[t - 0.1 for t in times] if device == 1 else list(times) for device, times in enumerate(timed.start_times)]
+    with pytest.raises(ScheduleError, match=r"1F0 starts at 1\.1, before its dependency 0F0 \(device 0\) "
+                                            r"ends at 1 plus latency 0\.2"):
+        simulate(problem, Schedule(timed.orders, early))
 
 
 def test_start_before_a_dependency_plus_latency_is_named():

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.conftest import require_extra
 from tests.reference import mechanism_schedules
 from zbopt import (
     NotApplicableError,
@@ -63,7 +64,7 @@ def case_id(case) -> str:
 
 @pytest.fixture(scope="module")
 def pipelining():
-    pytest.importorskip("torch", reason="checking against torch.distributed.pipelining needs torch")
+    require_extra("torch", "checking against torch.distributed.pipelining needs torch")
     from torch.distributed.pipelining import schedules
 
     return schedules

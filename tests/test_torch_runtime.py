@@ -12,7 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs the optional extra zbopt[torch]")
+from tests.conftest import require_extra
+
+torch = require_extra("torch", "needs the optional extra zbopt[torch]")
 
 from torch.distributed.pipelining.schedules import (  # noqa: E402
     ScheduleInterleavedZeroBubble,

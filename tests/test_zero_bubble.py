@@ -5,7 +5,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from tests.reference import costs
+from tests.reference import assert_paper_peak, costs, order_peak_memory
 from zbopt import NotApplicableError, Problem, ZboptError, critical_path, device_work, generate, simulate
 from zbopt.paper_tables import ZERO_BUBBLE_MODELS, ZERO_BUBBLE_TABLE_5
 from zbopt.schedules import get
@@ -156,14 +156,25 @@ def test_table_5_bubble_rates(model, name):
 @given(split_problems())
 def test_every_zero_bubble_schedule_is_valid_within_its_memory_bound(problem):
     """On random problems (per-stage costs and memory, latency, 1-2 iterations): the simulator accepts
-    the schedule, its makespan respects both lower bounds, its peak memory its stated bound, and the
-    automatic ones never break the problem's memory limit."""
+    each of the five schedules, its makespan respects both lower bounds, its peak memory is what its
+    order holds (counted op by op) and within the paper's (ZB-H1 p·M_B, ZB-H2 (2p-1)·M_B, ZB-1p
+    p·M_B, ZB-2p 2p·M_B: sec. 3, Table 5; zb-auto, unlimited here, m·M_B) and its stated bound."""
     bound = max(critical_path(problem), max(device_work(problem)))
+    checked = []
     for name in ZERO_BUBBLE:
-        result = simulate(problem, generate(name, problem))
+        schedule = generate(name, problem)
+        result = simulate(problem, schedule)
         assert result.makespan >= bound - 1e-9, name
+        assert list(result.peak_memory) == pytest.approx(order_peak_memory(problem, schedule)), name
+        if name == "zb-auto":
+            everything = [problem.num_microbatches * activation for activation in problem.activation_memory]
+            assert all(peak <= most + 1e-9 for peak, most in zip(result.peak_memory, everything, strict=True))
+        else:
+            assert_paper_peak(name, problem, result.peak_memory)
         promised = get(name).peak_memory_bound(problem)
         assert all(peak <= limit + 1e-9 for peak, limit in zip(result.peak_memory, promised, strict=True)), name
+        checked.append(name)
+    assert tuple(checked) == ZERO_BUBBLE == ("zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p")
 
 
 @given(split_problems(), st.data())

@@ -9,7 +9,7 @@ the CP-SAT model:
     fixed where the implied graph (DAG, symmetry breaking, memory precedences) orders the pair;
   - memory: a device's level when forward k starts depends only on which of its ops run before
     k, so  M_B(k) + sum_i x_ik · delta_i <= limit  is linear in the binaries; and the memory
-    disjunctions (`bounds.memory_disjunctions`) as cuts x_(B,F) + x_(W,F) >= 1.
+    disjunctions (`implied.memory_disjunctions`) as cuts x_(B,F) + x_(W,F) >= 1.
 Times are the problem's own floats (no ticks); the MILP's tolerances state its resolution.
 """
 
@@ -29,9 +29,9 @@ import networkx as nx
 
 from zbopt.ops import Op
 from zbopt.problem import FORWARD, Problem
-from zbopt.solvers.api import Found, SearchTask
-from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunctions
-from zbopt.solvers.result import objective_value, start_times
+from zbopt.solvers.answer import objective_value, start_times
+from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
+from zbopt.solvers.task import Found, SearchTask, keeps_every_activation
 
 ENGINES = ("cbc", "highs")
 DEADLINE_GRACE_S = 2.0  # past the deadline the child is killed: its solver had its own limit, this covers start-up
@@ -48,13 +48,7 @@ def _ordered_before(graph: nx.DiGraph) -> set[tuple[Op, Op]]:
 
 def refusal(problem: Problem) -> str | None:
     """Why the MILP cannot take `problem`: it keeps every activation."""
-    if problem.allow_recompute:
-        return "the MILP does not model recomputation (allow_recompute); use cpsat"
-    if problem.allow_offload:
-        return "the MILP does not model offload (allow_offload); use cpsat"
-    if problem.overlap_times:
-        return "the MILP does not model overlapped pairs (overlap_times); use cpsat"
-    return None
+    return keeps_every_activation(problem, "the MILP")
 
 
 def search(problem: Problem, task: SearchTask, *, engine: str = "highs") -> Found:

@@ -118,6 +118,8 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     solver = cp_model.CpSolver()
     task.on_stop(solver.StopSearch)  # marks this backend stoppable; `stop_at_deadline_or_ctrl_c` does the stopping
     frame = _frame(problem, task, symmetry_breaking)
+    if task.remaining() <= 0:  # the graph took all the time (a model too large): no model, the hint stands
+        return _hinted_only(task, frame.scale)
     integral, horizon = frame.integral, frame.horizon
     model = cp_model.CpModel()
     ops = _intervals(model, frame, task.objective == "makespan")  # 1.

@@ -6,13 +6,13 @@ OR-Tools' job-shop example, with one `OpVars` record (start, end, interval) per 
   2. no overlap on a device; with overlapped pairs (`Problem.overlap_times`), an optional interval
      per candidate pair (`overlap_pairs`), each member alone or in exactly one chosen pair;
   3. precedences with latency, and the weight-update barrier between iterations;
-  4. memory: per device a cumulative over activation lifetimes (from F's start to the end of each
-     op that frees part of it, by `Problem.memory_delta`), or a reservoir of the same allocations
-     and releases; with recomputation or offload allowed, a choice per stage and microbatch: kept
-     (those lifetimes), recomputed (an optional R interval after F and before B, the checkpoint
-     held from F's start to R's, the activation from R's start) or offloaded (optional O and L
-     intervals on the device's copy lanes, F -> O -> L -> B, the activation held from F's start to
-     O's end and from L's start);
+  4. memory (`model_memory`): per device a cumulative over activation lifetimes (from F's start
+     to the end of each op that frees part of it, by `Problem.memory_delta`), or a reservoir of
+     the same allocations and releases; with recomputation or offload allowed, a choice per stage
+     and microbatch: kept (those lifetimes), recomputed (an optional R interval after F and before
+     B, the checkpoint held from F's start to R's, the activation from R's start) or offloaded
+     (optional O and L intervals on the device's copy lanes, F -> O -> L -> B, the activation held
+     from F's start to O's end and from L's start);
   5. symmetry breaking: ops of one kind on one stage run in microbatch order (safe: see Notes),
      and with it the memory precedences and disjunctions it implies (`implied.memory_precedences`,
      `implied.memory_disjunctions`): redundant given the memory constraint, but they let the solver
@@ -110,7 +110,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     pair_window : with overlapped pairs (`Problem.overlap_times`), the candidate pairs: a forward
         and a backward on one device whose microbatches are at most this far apart in their
         stages' microbatch order. Default: every pair while they number at most
-        MAX_PAIR_CANDIDATES, else the stages a microbatch visits (then the candidates grow as m
+        `overlap_pairs.MAX_PAIR_CANDIDATES`, else the stages a microbatch visits (then the candidates grow as m
         times the window rather than m squared). A window that leaves pairs out makes the model
         a restriction: its answers stand, but it proves nothing (no bound, never "optimal").
     """

@@ -26,7 +26,7 @@ from record import write_results
 from zbopt import Problem, op_graph
 from zbopt.problem import FORWARD
 from zbopt.solvers import solve
-from zbopt.solvers.result import best_heuristic
+from zbopt.solvers.warm import best_heuristic
 
 CASES = [(4, 8, 4, 27), (4, 8, 2, 41), (8, 16, 8, 55), (8, 16, 4, 79)]  # p, m, memory, known optimum
 

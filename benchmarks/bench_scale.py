@@ -25,7 +25,7 @@ from record import write_results
 from zbopt import Problem, generate, simulate, solve
 from zbopt.blocks.search import optimal_block
 from zbopt.ops import device_work
-from zbopt.solvers.result import best_heuristic
+from zbopt.solvers.warm import best_heuristic
 
 COSTS = dict(forward_times=18.522, backward_times=18.086, weight_times=9.337, p2p_time=0.601)
 HALVED = dict(forward_times=9.261, backward_times=9.043, weight_times=4.6685, p2p_time=0.601, activation_memory=0.5,

@@ -18,7 +18,7 @@ from record import write_results
 
 from zbopt import Problem, solve
 from zbopt.paper_tables import ZERO_BUBBLE_MODELS
-from zbopt.solvers.result import best_heuristic
+from zbopt.solvers.warm import best_heuristic
 
 ONE_POINT_FIVE_B = ZERO_BUBBLE_MODELS["1.5B"]
 

@@ -13,18 +13,10 @@ from tests.test_schedules import FAMILIES, RANDOMLY_CHECKED
 from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate, solve
 from zbopt.schedules import applicable, registered
 from zbopt.solvers import api
-from zbopt.solvers.bounds import (
-    LowerBounds,
-    activation_lifetimes,
-    device_sequencing,
-    heads_and_tails,
-    implied_graph,
-    jackson_preemptive,
-    lower_bounds,
-    memory_disjunctions,
-    memory_precedences,
-    whole_activations_bound,
-)
+from zbopt.solvers.bounds import LowerBounds, lower_bounds
+from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions, memory_precedences
+from zbopt.solvers.memory_bounds import activation_lifetimes, whole_activations_bound
+from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive
 
 
 def test_uniform_1f1b_meets_the_device_load_bound():

@@ -12,9 +12,10 @@ from tests.reference import brute_force_least_peak, brute_force_optimum, timed_s
 from tests.test_cpsat import TINY
 from zbopt import MemoryLimitError, Problem, ZboptError, generate, simulate, solve
 from zbopt.solvers import api
-from zbopt.solvers.api import Found
+from zbopt.solvers.answer import start_times
 from zbopt.solvers.bounds import lower_bounds
-from zbopt.solvers.result import best_heuristic, start_times
+from zbopt.solvers.task import Found
+from zbopt.solvers.warm import best_heuristic
 
 ANSWER: dict = {}  # what the stand-in backend returns: set by each test
 
@@ -27,7 +28,7 @@ def search(problem, task, **options):
 
 @pytest.fixture
 def stand_in(monkeypatch):
-    monkeypatch.setitem(api.BACKENDS, "stand-in", (__name__, {}))
+    monkeypatch.setitem(api.BACKENDS, "stand-in", api.Backend(search))
     return ANSWER
 
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from zbopt import Problem, generate, simulate, solve
 from zbopt.errors import NotApplicableError
 from zbopt.solvers.bounds import lower_bounds
-from zbopt.solvers.result import best_heuristic
+from zbopt.solvers.warm import best_heuristic
 
 from .reference import problems
 

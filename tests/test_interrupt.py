@@ -15,7 +15,7 @@ import time
 
 from zbopt import Problem
 from zbopt.solvers.bounds import lower_bounds
-from zbopt.solvers.result import best_heuristic
+from zbopt.solvers.warm import best_heuristic
 
 # too large to prove in seconds: the solve is still running when Ctrl-C comes
 HARD = dict(num_devices=8, num_microbatches=32, forward_times=18.522, backward_times=18.086, weight_times=9.337,

@@ -11,10 +11,12 @@ import pytest
 from tests.reference import brute_force_optimum, longest_path_starts
 from zbopt import Problem, generate, simulate, solve
 from zbopt.schedules.common import schedule_from_starts
-from zbopt.solvers import api, cpsat, hybrid, lns
-from zbopt.solvers.api import Found, SearchTask
+from zbopt.solvers import api, lns
+from zbopt.solvers import cpsat as hybrid
+from zbopt.solvers import full_model as cpsat
+from zbopt.solvers.answer import start_times
 from zbopt.solvers.bounds import LowerBounds
-from zbopt.solvers.result import start_times
+from zbopt.solvers.task import Found, SearchTask
 
 SMALL = dict(num_devices=2, num_microbatches=2, forward_times=1, backward_times=2, weight_times=1, weight_memory=0.5)
 

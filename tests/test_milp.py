@@ -6,8 +6,9 @@ from hypothesis import assume, given, settings
 from tests.reference import brute_force_optimum, problems
 from tests.test_cpsat import TINY, unit_problem
 from zbopt import Problem, generate, simulate, solve
-from zbopt.solvers.api import Found, _verdict
+from zbopt.solvers.api import _verdict
 from zbopt.solvers.bounds import lower_bounds
+from zbopt.solvers.task import Found
 
 
 @pytest.mark.parametrize("backend", ["cbc", "highs"])

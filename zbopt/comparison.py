@@ -17,7 +17,7 @@ from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedu
 from zbopt.shown import Shown
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers import SolveResult, lower_bounds, solve
-from zbopt.solvers.result import gap_text, relative_gap
+from zbopt.solvers.gap import gap_text, relative_gap
 
 OPTIMAL_ROW = "cpsat"
 BOUNDS_S = 5.0  # the independent bounds' time in a comparison without the optimizer

@@ -24,7 +24,7 @@ from zbopt.schedules import generate_applicable
 from zbopt.shown import Shown
 from zbopt.simulation import simulate
 from zbopt.solvers import solve
-from zbopt.solvers.result import relative_gap, settle
+from zbopt.solvers.gap import relative_gap, settle
 
 MAX_LIMITS = 10_000  # a sweep longer than this is a typo in START:STOP:STEP, not a plan
 

@@ -9,7 +9,7 @@ from zbopt.comparison import COLUMNS, Comparison
 from zbopt.frontier import Frontier, counted_mechanisms
 from zbopt.simulation import Simulation
 from zbopt.solvers import SolveResult
-from zbopt.solvers.result import gap_text
+from zbopt.solvers.gap import gap_text
 
 
 def format_simulation(simulation: Simulation) -> str:

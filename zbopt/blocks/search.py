@@ -31,7 +31,7 @@ from zbopt.blocks.published import PUBLISHED, published_block
 from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.problem import FORWARD, WEIGHT, Problem
-from zbopt.solvers.cpsat import timed_solver
+from zbopt.solvers.cp_parts import timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale, whole_at
 from zbopt.timeline import Timeline
 from zbopt.tolerance import memory_ceiling

@@ -4,110 +4,93 @@ The driver owns what every solve method shares: the argument checks, the indepen
 bounds, the warm start, the early exit when the warm start already meets the bound, the time
 budget, the live progress line, Ctrl-C, the re-simulation of the answer, the rule for "optimal"
 and the gap, and the second phase that lowers the peak memory at the makespan found. A backend
-(`cpsat.search`, `milp.search`, `lns.search`; `hybrid.search` runs the first and the last in turn)
-only builds its model, solves it and returns what it found.
+(a function in BACKENDS) only builds its model, solves it and returns what it found.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import NamedTuple
 
 from zbopt.errors import ZboptError
-from zbopt.ops import Op
+from zbopt.ops import device_work
 from zbopt.problem import Problem
-from zbopt.schedules.common import schedule_from_starts
-from zbopt.simulation import Simulation, simulate
-from zbopt.solvers.bounds import lower_bounds
-from zbopt.solvers.result import (
-    OBJECTIVES,
-    SolveResult,
-    check_close,
-    gap_text,
-    meets,
-    objective_bound,
-    objective_value,
-    optimality_tolerance,
-    relative_gap,
-    settle,
-    warm_start_simulation,
-    without_needless_mechanisms,
-)
+from zbopt.simulation import Simulation
+from zbopt.solvers import cpsat, full_model, lns, milp
+from zbopt.solvers.answer import OBJECTIVES, objective_value, simulated_answer, without_needless_mechanisms
+from zbopt.solvers.bounds import LowerBounds, lower_bounds
+from zbopt.solvers.gap import gap_text, meets, optimality_tolerance, relative_gap, settle
+from zbopt.solvers.pair_relaxation import pair_relaxed
+from zbopt.solvers.result import SolveResult
+from zbopt.solvers.task import Found, SearchTask, ignore
+from zbopt.solvers.warm import warm_start_simulation
 
-# solver name -> (module, backend option); each module has one function `search(problem, task, **options)`,
-# and may have `refusal(problem) -> str | None`: why it cannot solve that problem (checked before any work)
-BACKENDS = {"cpsat": ("zbopt.solvers.hybrid", {}), "cbc": ("zbopt.solvers.milp", {"engine": "cbc"}),
-            "highs": ("zbopt.solvers.milp", {"engine": "highs"}), "lns": ("zbopt.solvers.lns", {})}
+
+class Backend(NamedTuple):
+    """A solve method: `search(problem, task, **options) -> Found`; `refusal(problem)`: why it
+    cannot solve that problem, or None (checked before any work); `stop_s`: how long it may take
+    to return once its deadline has passed (the driver gives it its deadline that much earlier)."""
+
+    search: Callable[..., Found]
+    refusal: Callable[[Problem], str | None] = lambda _problem: None
+    stop_s: float = 0.0
+
+
+# CP-SAT and LNS: the deadline watcher polls every 0.05 s, then the answer is read (measured on 2 cores:
+# within 0.15 s at 576-3072 ops; but on some models CP-SAT's full-problem LP worker answers a stop only
+# seconds later, and is left behind); the MILP: its child reads and hands back the solver's answer
+# after the solver's own limit (measured: 0.8-1.3 s, HiGHS and CBC, p = 8, m = 24)
+CP_SAT_STOP_S = 0.25
+MILP_STOP_S = 1.0
+BACKENDS = {"cpsat": Backend(cpsat.search, full_model.refusal, CP_SAT_STOP_S),
+            "cbc": Backend(partial(milp.search, engine="cbc"), milp.refusal, MILP_STOP_S),
+            "highs": Backend(partial(milp.search, engine="highs"), milp.refusal, MILP_STOP_S),
+            "lns": Backend(lns.search, lns.refusal, CP_SAT_STOP_S)}
 SOLVERS = tuple(BACKENDS)
 LIVE_LINE_PERIOD_S = 0.5
 HEURISTICS_SHARE = 0.3  # of the time limit: no further heuristic starts after it (once one is valid)
 BOUNDS_SHARE = 0.3  # of what the heuristics left: the lower bounds stop after it
-ABANDON_GRACE_S = 1.0  # a backend still running this long past the deadline is left behind
-
-
-def _ignore(*_args) -> None:
-    """A hook nobody listens to: `report` without a live line, `on_stop` outside `_run_stoppable`."""
-
-
-@dataclass
-class SearchTask:
-    """What the driver hands a backend.
-
-    objective : "makespan" or "span". With `peak_cap` set (the second phase; `warm` is then the
-        first phase's schedule and `peak_cap` its objective), the backend instead minimises the
-        highest peak memory over the devices, keeping the objective at most the warm start's; a
-        backend that cannot says so with `Found(status="unknown")`.
-    warm : the warm start (valid under the memory limit) to hint and to cap the horizon with, or None.
-    independent_bound : the driver's lower bound on the objective (problem units).
-    deadline : `time.perf_counter()` by which the backend must have returned.
-    report : call with (incumbent, bound) in problem units whenever either improves.
-    on_stop : register a callable that stops the search (Ctrl-C); the backend then returns its best.
-    """
-
-    objective: str
-    warm: Simulation | None
-    independent_bound: float
-    deadline: float
-    workers: int
-    seed: int
-    report: Callable[[float | None, float | None], None] = _ignore
-    on_stop: Callable[[Callable[[], None]], None] = _ignore
-    peak_cap: float | None = None
-    stopped: threading.Event = field(default_factory=threading.Event)
-
-    def remaining(self) -> float:
-        return self.deadline - time.perf_counter()
+# re-simulating the answer, at most twice (`simulated_answer`; measured: 0.23-0.28 s of CPU for one, 49k ops)
+ANSWER_SECONDS_PER_OP = 1e-5
 
 
 @dataclass(frozen=True)
-class Found:
-    """A backend's answer.
+class _Call:
+    """What the stages before the search settle, and every answer of the call reports."""
 
-    status : its own verdict on its own model: optimal, feasible, infeasible, unknown.
-    starts : the start time of every op (problem units), or None without a schedule.
-    bound : its own lower bound on the objective (problem units, rounding already taken off).
-    modelled : its objective value as its model computed it (checked against the simulator).
-    resolution : one time unit of its model (problem units; None without a model); `error_bound` the most its objective
-        can differ from the simulated one through that rounding; `exact` when a proof of
-        optimality holds for the problem's own costs, not only for the rounded ones.
-    tolerance : the absolute slack its solver allows (problem units).
-    pairs : the overlapped pairs its schedule runs (`Schedule.pairs`).
-    """
+    problem: Problem
+    solver: str
+    objective: str
+    began: float
+    deadline: float  # of the whole call (`time.perf_counter()`)
+    warm: tuple[str, Simulation] | None
+    bounds: LowerBounds
+    independent_bound: float
+    binding: str
 
-    status: str
-    starts: dict[Op, float] | None
-    bound: float
-    modelled: float | None
-    resolution: float | None
-    error_bound: float = 0.0
-    exact: bool = True
-    tolerance: float = 0.0
-    pairs: tuple[tuple[Op, ...], ...] = ()
+    @property
+    def warm_simulation(self) -> Simulation | None:
+        return None if self.warm is None else self.warm[1]
+
+    def result(self, simulation: Simulation | None, status: str, lower: float, decided_by: str | None,
+               resolution: float | None = None) -> SolveResult:
+        """The answer, its schedule named for the solver (also where it is the warm start's: one name
+        in every table and chart; `warm_start` says which heuristic it started from)."""
+        value = None if simulation is None else objective_value(simulation, self.objective)
+        if simulation is not None and simulation.schedule.name != self.solver:
+            simulation = replace(simulation, schedule=replace(simulation.schedule, name=self.solver))
+        return SolveResult(status=status, simulation=simulation, objective=value, lower_bound=lower,
+                           solver=self.solver, objective_kind=self.objective,
+                           solve_time_s=time.perf_counter() - self.began,
+                           warm_start=None if self.warm is None else self.warm[0], resolution=resolution,
+                           decided_by=decided_by, bounds=self.bounds.as_dict(), binding_bound=self.binding,
+                           bounds_complete=self.bounds.complete)
 
 
 def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, objective: str = "makespan",
@@ -118,15 +101,18 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
 
     Parameters
     ----------
-    solver : "cpsat" (OR-Tools CP-SAT: the full model, `zbopt.solvers.cpsat`; on large problems,
-        unless it proved its answer by half time, then LNS from its best, `zbopt.solvers.hybrid`),
-        "cbc" / "highs" (the disjunctive MILP through PuLP, `zbopt.solvers.milp`) or "lns"
-        (large-neighbourhood search from the warm start, `zbopt.solvers.lns`).
+    solver : "cpsat" (OR-Tools CP-SAT: the full model, `zbopt.solvers.full_model`; on large
+        problems, unless it proved its answer by half time, then LNS from its best,
+        `zbopt.solvers.cpsat`), "cbc" / "highs" (the disjunctive MILP through PuLP,
+        `zbopt.solvers.milp`) or "lns" (large-neighbourhood search from the warm start,
+        `zbopt.solvers.lns`).
     time_limit : seconds for the whole call, shared by stages: the heuristics (no further one
         starts after HEURISTICS_SHARE of it, once one is valid), the lower bounds (cut after
         BOUNDS_SHARE of what is left; `bounds_complete` says so), then the search and the second
-        phase; a backend still busy ABANDON_GRACE_S past the deadline is left behind (its
-        thread ends on its own) and the best schedule so far is the answer.
+        phase, whose deadline comes early enough for the backend to stop (`Backend.stop_s`) and
+        for the answer's re-simulation (ANSWER_SECONDS_PER_OP); a backend still busy at the
+        limit (say, building a model too large) is stopped and left behind (its thread ends on
+        its own), and the best schedule so far is the answer.
     objective : "makespan" or "span" (the Zero Bubble paper's longest per-device span).
     warm_start : a registered heuristic to start from; None: the best valid one (at equal
         objective, the one with less peak memory).
@@ -147,6 +133,27 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     >>> result.status, result.objective
     ('optimal', 9.0)
     """
+    began = time.perf_counter()
+    backend = _backend(problem, solver, objective, time_limit, workers, options)
+    deadline = began + time_limit
+    # the stages share the limit: heuristics, then bounds, each up to a share; the search gets the rest
+    warm = None
+    if use_warm_start:
+        warm = warm_start_simulation(problem, warm_start, objective, began + HEURISTICS_SHARE * time_limit)
+    bounds = lower_bounds(problem, time.perf_counter() + BOUNDS_SHARE * max(0.0, deadline - time.perf_counter()))
+    call = _Call(problem, solver, objective, began, deadline, warm, bounds,
+                 *objective_bound(problem, bounds, objective))
+    if warm is not None and meets(objective_value(warm[1], objective), call.independent_bound):
+        # no model is built: the warm start is proven optimal by the bound alone
+        simulation = without_needless_mechanisms(problem, warm[1], objective, deadline)
+        return call.result(simulation, "optimal", objective_value(simulation, objective),
+                           f"lower bound ({call.binding})")
+    return _search(call, backend, options, workers, seed, progress, lower_peak)
+
+
+def _backend(problem: Problem, solver: str, objective: str, time_limit: float, workers: int,
+             options: dict) -> Backend:
+    """The backend, once the arguments, its refusal and its options are checked."""
     if solver not in BACKENDS:
         raise ZboptError(f"unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
     if objective not in OBJECTIVES:
@@ -155,76 +162,66 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         raise ZboptError(f"time limit {time_limit:g}: must be positive")
     if workers < 1:
         raise ZboptError(f"workers {workers}: must be at least 1")
-    began = time.perf_counter()
-    module, backend_options = BACKENDS[solver]
-    backend = importlib.import_module(module)
-    refusal = getattr(backend, "refusal", lambda _problem: None)(problem)
+    backend = BACKENDS[solver]
+    refusal = backend.refusal(problem)
     if refusal:
         raise ZboptError(f"solver '{solver}': {refusal}")
-    search = backend.search
-    options = {**backend_options, **options}
-    _check_options(search, solver, options)
-    deadline = began + time_limit
-    # the stages share the limit: heuristics, then bounds, each up to a share; the search gets the rest
-    warm = None
-    if use_warm_start:
-        warm = warm_start_simulation(problem, warm_start, objective, began + HEURISTICS_SHARE * time_limit)
-    bounds = lower_bounds(problem, time.perf_counter() + BOUNDS_SHARE * max(0.0, deadline - time.perf_counter()))
-    independent_bound, binding = objective_bound(problem, bounds, objective)
+    try:  # an option the backend does not take, refused before any work (not only when a model is built)
+        inspect.signature(backend.search).bind(None, None, **options)
+    except TypeError as error:
+        raise ZboptError(f"solver '{solver}': {error}") from None
+    return backend
 
-    def finish(simulation: Simulation | None, status: str, lower: float, decided_by: str | None,
-               resolution: float | None = None) -> SolveResult:
-        value = None if simulation is None else objective_value(simulation, objective)
-        if simulation is not None and simulation.schedule.name != solver:
-            # the answer is the solver's, also where it is the warm start's schedule: one name in
-            # every table and chart (`warm_start` says which heuristic it started from)
-            simulation = replace(simulation, schedule=replace(simulation.schedule, name=solver))
-        return SolveResult(status=status, simulation=simulation, objective=value, lower_bound=lower, solver=solver,
-                           objective_kind=objective, solve_time_s=time.perf_counter() - began,
-                           warm_start=None if warm is None else warm[0], resolution=resolution,
-                           decided_by=decided_by, bounds=bounds.as_dict(), binding_bound=binding,
-                           bounds_complete=bounds.complete)
 
-    tolerance = optimality_tolerance(independent_bound)
-    if warm is not None and meets(objective_value(warm[1], objective), independent_bound, tolerance):
-        # no model is built: the warm start is proven optimal by the bound alone
-        simulation = without_needless_mechanisms(problem, warm[1], objective, deadline)
-        return finish(simulation, "optimal", objective_value(simulation, objective), f"lower bound ({binding})")
+def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> tuple[float, str]:
+    """The independent lower bound on the objective and its name: the best makespan bound, or for
+    the span objective the busiest device's own work, "device_work" (the others speak of the
+    makespan only)."""
+    return (bounds.best, bounds.binding) if kind == "makespan" else \
+        (max(device_work(pair_relaxed(problem))), "device_work")
 
-    live = _LiveLine(began, independent_bound, None if warm is None else objective_value(warm[1], objective)) \
+
+def search_deadline(call: _Call, backend: Backend) -> float:
+    """The backend's deadline: the call's, less the time it may take to stop and the driver to
+    re-simulate its answer, so that the whole call ends within its limit."""
+    return call.deadline - backend.stop_s - ANSWER_SECONDS_PER_OP * call.problem.num_ops
+
+
+def _search(call: _Call, backend: Backend, options: dict, workers: int, seed: int, progress: bool,
+            lower_peak: bool) -> SolveResult:
+    """The search stage and what follows it: the backend's answer re-simulated, judged against the
+    warm start and the bounds, then (`lower_peak`) the second phase."""
+    problem, objective, search = call.problem, call.objective, backend.search
+    warm = call.warm_simulation
+    live = _LiveLine(call.began, call.independent_bound, None if warm is None else objective_value(warm, objective)) \
         if progress else None
-    task = SearchTask(objective, None if warm is None else warm[1], independent_bound, deadline, workers,
-                      seed, report=live.update if live else _ignore)
-    found = _run_stoppable(search, problem, task, options, live)
-    simulation = simulated_answer(problem, found, objective, solver)
+    task = SearchTask(objective, warm, call.independent_bound, search_deadline(call, backend),
+                      workers, seed, report=live.update if live else ignore)
+    found = _run_stoppable(search, problem, task, options, live, call.deadline)
+    simulation = simulated_answer(problem, found, objective, call.solver)
     if simulation is None and task.stopped.is_set():
         raise KeyboardInterrupt  # stopped before the backend found a schedule of its own
     if simulation is None and warm is None:
         proved = "solver" if found.status == "infeasible" else None
-        return finish(None, found.status, max(independent_bound, found.bound), proved, found.resolution)
+        return call.result(None, found.status, max(call.independent_bound, found.bound), proved, found.resolution)
     if simulation is not None:
-        simulation = without_needless_mechanisms(problem, simulation, objective, deadline)
-    status, simulation, lower, decided_by = _verdict(found, simulation, warm, objective, independent_bound, binding)
+        simulation = without_needless_mechanisms(problem, simulation, objective, call.deadline)
+    status, simulation, lower, decided_by = _verdict(found, simulation, call.warm, objective, call.independent_bound,
+                                                     call.binding)
     if lower_peak and not task.stopped.is_set():
         try:
-            simulation = _lower_peak(search, problem, task, options, simulation, began, solver)
+            simulation = _lower_peak(search, task, options, simulation, call)
         except KeyboardInterrupt:  # Ctrl-C between the phases: the first phase's answer stands
             task.stopped.set()
-    return finish(simulation, status, lower, decided_by, found.resolution)
+    return call.result(simulation, status, lower, decided_by, found.resolution)
 
 
-def _check_options(search, solver: str, options: dict) -> None:
-    """Refuse an option the backend does not take, before any work (not only when a model is built)."""
-    try:
-        inspect.signature(search).bind(None, None, **options)
-    except TypeError as error:
-        raise ZboptError(f"solver '{solver}': {error}") from None
-
-
-def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, live: _LiveLine | None) -> Found:
+def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, live: _LiveLine | None,
+                   abandon_at: float) -> Found:
     """Run the backend in a worker thread while this thread redraws the live line; Ctrl-C here calls
     the stop hooks the backend registered (it then returns its best so far), or, when it
-    registered none, propagates at once."""
+    registered none, propagates at once. A backend still busy at `abandon_at` is stopped and left
+    behind: no schedule."""
     stops: list[Callable[[], None]] = []
     task.on_stop = stops.append
     outcome: dict[str, object] = {}
@@ -242,10 +239,10 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
     try:
         while not done.is_set():
             try:
-                done.wait(LIVE_LINE_PERIOD_S)
+                done.wait(max(0.0, min(LIVE_LINE_PERIOD_S, abandon_at - time.perf_counter())))
                 if live is not None:
                     live.draw()
-                if not done.is_set() and time.perf_counter() > task.deadline + ABANDON_GRACE_S:
+                if not done.is_set() and time.perf_counter() >= abandon_at:
                     for stop in stops:
                         stop()
                     return Found("unknown", None, 0.0, None, None)  # e.g. still building a model too large
@@ -263,28 +260,8 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
     return outcome["found"]
 
 
-def simulated_answer(problem: Problem, found: Found, objective: str, solver: str) -> Simulation | None:
-    """The backend's schedule through the one simulator (strict: a memory violation is a bug),
-    its objective checked against the model's own where the backend gives one."""
-    if found.starts is None:
-        return None
-    # as soon as possible, which is robust to rounded ticks; but a wait for memory (a forward until
-    # an offload has freed room, a recompute or reload not too early) and which copy goes first on a
-    # shared host link are in the model's times only
-    simulation = None
-    if not problem.shared_host_link:
-        simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, pairs=found.pairs),
-                              strict=not problem.mechanisms_matter)
-    if simulation is None or not simulation.valid:
-        simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, timed=True,
-                                                            pairs=found.pairs), strict=True)
-    if found.modelled is not None:
-        check_close(solver, objective_value(simulation, objective), found.modelled, found.error_bound)
-    return simulation
-
-
-def _verdict(found: Found, simulation: Simulation | None, warm, objective: str, independent_bound: float,
-             binding: str) -> tuple[str, Simulation, float, str | None]:
+def _verdict(found: Found, simulation: Simulation | None, warm: tuple[str, Simulation] | None, objective: str,
+             independent_bound: float, binding: str) -> tuple[str, Simulation, float, str | None]:
     """(status, simulation, lower bound, what decided) of a search: the warm start when it is
     better; the objective as its own bound when the backend proved it for the problem's own costs;
     "optimal" exactly when the objective meets the lower bound (the one rule), else "feasible"."""
@@ -308,19 +285,19 @@ def _verdict(found: Found, simulation: Simulation | None, warm, objective: str, 
     return status, simulation, lower, decided_by
 
 
-def _lower_peak(search, problem: Problem, task: SearchTask, options: dict, simulation: Simulation,
-                began: float, solver: str) -> Simulation:
+def _lower_peak(search, task: SearchTask, options: dict, simulation: Simulation, call: _Call) -> Simulation:
     """The second phase: the same objective, less peak memory, if the backend finds it within at
     most as long again as the call took so far (at least 1 s). Skipped when less time is left than
     that: its model costs about as much to build as the first one."""
     value = objective_value(simulation, task.objective)
-    elapsed = time.perf_counter() - began
+    elapsed = time.perf_counter() - call.began
     budget = min(task.remaining(), max(1.0, elapsed))
     if task.remaining() < elapsed or budget <= 0.05:
         return simulation
     phase = replace(task, warm=simulation, peak_cap=value, deadline=time.perf_counter() + budget,
-                    report=_ignore, stopped=task.stopped)
-    leaner = simulated_answer(problem, _run_stoppable(search, problem, phase, options, None), task.objective, solver)
+                    report=ignore, stopped=task.stopped)
+    found = _run_stoppable(search, call.problem, phase, options, None, call.deadline)
+    leaner = simulated_answer(call.problem, found, task.objective, call.solver)
     if leaner is None or objective_value(leaner, task.objective) > value:  # not even a rounding worse
         return simulation
     return leaner if max(leaner.peak_memory) < max(simulation.peak_memory) else simulation

@@ -24,8 +24,8 @@ from ortools.sat.python import cp_model
 from zbopt.ops import Op, op_table
 from zbopt.problem import FORWARD, Problem
 from zbopt.simulation import simulate
-from zbopt.solvers.api import Found, SearchTask
-from zbopt.solvers.cpsat import lifetime_intervals, timed_solver
+from zbopt.solvers.cp_parts import lifetime_intervals, timed_solver
+from zbopt.solvers.task import Found, SearchTask, keeps_every_activation
 from zbopt.ticks import memory_scale, tick_problem, tick_scale
 from zbopt.timeline import compact
 
@@ -83,13 +83,7 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
 
 def refusal(problem: Problem) -> str | None:
     """Why the search cannot take `problem`: its windows keep every activation."""
-    if problem.allow_recompute:
-        return "it does not choose recomputation (allow_recompute); use cpsat"
-    if problem.allow_offload:
-        return "it does not choose offload (allow_offload); use cpsat"
-    if problem.overlap_times:
-        return "it does not choose overlapped pairs (overlap_times); use cpsat"
-    return None
+    return keeps_every_activation(problem, "LNS")
 
 
 def applies(problem: Problem, task: SearchTask) -> bool:

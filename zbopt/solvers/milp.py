@@ -9,7 +9,7 @@ the CP-SAT model:
     fixed where the implied graph (DAG, symmetry breaking, memory precedences) orders the pair;
   - memory: a device's level when forward k starts depends only on which of its ops run before
     k, so  M_B(k) + sum_i x_ik · delta_i <= limit  is linear in the binaries; and the memory
-    disjunctions (`bounds.memory_disjunctions`) as cuts x_(B,F) + x_(W,F) >= 1.
+    disjunctions (`implied.memory_disjunctions`) as cuts x_(B,F) + x_(W,F) >= 1.
 Times are the problem's own floats (no ticks); the MILP's tolerances state its resolution.
 """
 
@@ -29,9 +29,9 @@ import networkx as nx
 
 from zbopt.ops import Op
 from zbopt.problem import FORWARD, Problem
-from zbopt.solvers.api import Found, SearchTask
-from zbopt.solvers.bounds import heads_and_tails, implied_graph, memory_disjunctions
-from zbopt.solvers.result import objective_value, start_times
+from zbopt.solvers.answer import objective_value, start_times
+from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
+from zbopt.solvers.task import Found, SearchTask, keeps_every_activation
 
 ENGINES = ("cbc", "highs")
 DEADLINE_GRACE_S = 2.0  # past the deadline the child is killed: its solver had its own limit, this covers start-up
@@ -48,13 +48,7 @@ def _ordered_before(graph: nx.DiGraph) -> set[tuple[Op, Op]]:
 
 def refusal(problem: Problem) -> str | None:
     """Why the MILP cannot take `problem`: it keeps every activation."""
-    if problem.allow_recompute:
-        return "the MILP does not model recomputation (allow_recompute); use cpsat"
-    if problem.allow_offload:
-        return "the MILP does not model offload (allow_offload); use cpsat"
-    if problem.overlap_times:
-        return "the MILP does not model overlapped pairs (overlap_times); use cpsat"
-    return None
+    return keeps_every_activation(problem, "the MILP")
 
 
 def search(problem: Problem, task: SearchTask, *, engine: str = "highs") -> Found:
@@ -162,19 +156,31 @@ def build_model(problem: Problem, graph: nx.DiGraph, heads: dict, tails: dict, h
 
     model = pulp.LpProblem("zbopt", pulp.LpMinimize)
     ops = list(graph)
-    name = {op: str(op) for op in ops}
     duration = {op: graph.nodes[op]["duration"] for op in ops}
     slack = RESOLUTION * max(1.0, horizon)  # float heads and warm-start times may differ by a rounding
-    start = {op: pulp.LpVariable(f"S_{name[op]}", max(0.0, heads[op] - slack), horizon - duration[op] + slack)
+    start = {op: pulp.LpVariable(f"S_{op}", max(0.0, heads[op] - slack), horizon - duration[op] + slack)
              for op in ops}
     goal = pulp.LpVariable(objective, independent_bound - slack, horizon + slack)
     model += goal
     for source, target, data in graph.edges(data=True):
         model += start[target] >= start[source] + duration[source] + data["latency"]
+    before = _runs_before(model, problem, graph, start, duration, horizon)
+    if problem.memory_limit is not None:
+        _memory_rows(model, problem, ops, before)
+    _objective_rows(model, problem, ops, start, duration, tails, goal, objective, horizon)
+    return model, start, before, goal
+
+
+def _runs_before(model, problem: Problem, graph: nx.DiGraph, start: dict, duration: dict,
+                 horizon: float) -> dict[tuple[Op, Op], object]:
+    """(i, k) -> 1, 0 or a binary: i runs before k, for each pair of ops on a device; fixed where
+    the implied graph orders the pair, else a big-M disjunction."""
+    import pulp
+
     fixed = _ordered_before(graph)
-    before: dict[tuple[Op, Op], object] = {}  # (i, k) -> 1, 0 or a binary: i runs before k
+    before: dict[tuple[Op, Op], object] = {}
     for stages in problem.stages_of_device:
-        mine = sorted(op for op in ops if op.stage in stages)
+        mine = sorted(op for op in graph if op.stage in stages)
         for index, first in enumerate(mine):
             for second in mine[index + 1:]:
                 if (first, second) in fixed:
@@ -184,31 +190,45 @@ def build_model(problem: Problem, graph: nx.DiGraph, heads: dict, tails: dict, h
                     before[first, second], before[second, first] = 0, 1
                     model += start[first] >= start[second] + duration[second]
                 else:
-                    x = pulp.LpVariable(f"x_{name[first]}_{name[second]}", cat="Binary")
+                    x = pulp.LpVariable(f"x_{first}_{second}", cat="Binary")
                     before[first, second], before[second, first] = x, 1 - x
                     model += start[second] >= start[first] + duration[first] - horizon * (1 - x)
                     model += start[first] >= start[second] + duration[second] - horizon * x
-    if problem.memory_limit is not None:
-        for device, stages in enumerate(problem.stages_of_device):
-            mine = [op for op in ops if op.stage in stages]
-            for forward in (op for op in mine if op.kind == FORWARD):
-                level = problem.activation_memory[forward.stage] + pulp.lpSum(
-                    before[other, forward] * problem.memory_delta(other.kind, other.stage)
-                    for other in mine if other != forward)
-                model += level <= problem.memory_limit[device]
-        for backward, weight, forward in memory_disjunctions(problem, ops):
-            ended = before[backward, forward] + before[weight, forward]
-            if not isinstance(ended, int):  # both fixed: the implied graph settled it
-                model += ended >= 1
+    return before
+
+
+def _memory_rows(model, problem: Problem, ops: list[Op], before: dict) -> None:
+    """The memory level when each forward starts within its device's limit, and the memory
+    disjunctions as cuts."""
+    import pulp
+
+    for device, stages in enumerate(problem.stages_of_device):
+        mine = [op for op in ops if op.stage in stages]
+        for forward in (op for op in mine if op.kind == FORWARD):
+            level = problem.activation_memory[forward.stage] + pulp.lpSum(
+                before[other, forward] * problem.memory_delta(other.kind, other.stage)
+                for other in mine if other != forward)
+            model += level <= problem.memory_limit[device]
+    for backward, weight, forward in memory_disjunctions(problem, ops):
+        ended = before[backward, forward] + before[weight, forward]
+        if not isinstance(ended, int):  # both fixed: the implied graph settled it
+            model += ended >= 1
+
+
+def _objective_rows(model, problem: Problem, ops: list[Op], start: dict, duration: dict, tails: dict, goal,
+                    objective: str, horizon: float) -> None:
+    """The objective variable at least the makespan (every op without a tail ends before it) or
+    every device's span."""
+    import pulp
+
     if objective == "makespan":
         for op in ops:
             if tails[op] == 0:
                 model += goal >= start[op] + duration[op]
-    else:
-        for device, stages in enumerate(problem.stages_of_device):
-            first = pulp.LpVariable(f"first_{device}", 0, horizon)
-            for op in ops:
-                if op.stage in stages:
-                    model += first <= start[op]
-                    model += goal >= start[op] + duration[op] - first
-    return model, start, before, goal
+        return
+    for device, stages in enumerate(problem.stages_of_device):
+        first = pulp.LpVariable(f"first_{device}", 0, horizon)
+        for op in ops:
+            if op.stage in stages:
+                model += first <= start[op]
+                model += goal >= start[op] + duration[op] - first

@@ -1,11 +1,11 @@
 """The single-device relaxation: one device's ops alone, solved exactly (CP-SAT), as a lower bound.
 
 Where a device holds several stages (v >= 2) this complements the device sequencing bound (a
-dynamic program over the same device, `bounds.device_sequencing`, which merges orders and so can
+dynamic program over the same device, `sequencing.device_sequencing`, which merges orders and so can
 be weaker, but needs no solver and is often far faster). It keeps everything that involves only
 the device and relaxes the rest:
 
-- each op starts after its head and is followed by its tail (the implied graph's, see `bounds`);
+- each op starts after its head and is followed by its tail (the implied graph's, see `implied`);
 - between two of the device's ops in one microbatch's chain (F on chunk 0 ... F on chunk 1, B on
   chunk 1 ... B on chunk 0, B before its W) at least the work and latency of the ops between them
   on other devices (the "round trip");
@@ -16,7 +16,7 @@ the device and relaxes the rest:
 
 Notes
 -----
-Some optimal schedule runs the ops of each kind and stage in microbatch order (see `cpsat`), and
+Some optimal schedule runs the ops of each kind and stage in microbatch order (see `full_model`), and
 every such valid schedule, restricted to the device, satisfies all of the above; so the
 relaxation's optimum, and any lower bound CP-SAT proves on it, bounds the makespan. Durations,
 heads, tails and lags are rounded down to integer ticks and memory amounts down (the limit up),
@@ -28,45 +28,22 @@ from __future__ import annotations
 import math
 
 import networkx as nx
+from ortools.sat.python import cp_model
 
-from zbopt.ops import Op, op_table
+from zbopt.ops import Op
 from zbopt.problem import Problem
+from zbopt.solvers.cp_parts import lifetime_intervals, timed_solver
+from zbopt.solvers.sequencing import chain_lags
 from zbopt.ticks import memory_scale, tick_scale
 
 RELAXATION_SUBSOLVERS = ("max_lp", "core")
-
-
-def chain_lags(problem: Problem, device: int) -> list[tuple[Op, Op, float]]:
-    """(earlier op, later op, least time between the end of one and the start of the other) for
-    consecutive ops of `device` in each microbatch's dependency chain: the durations and latencies
-    of the ops between them, which run on other devices."""
-    table = op_table(problem)
-    lags = []
-    for index in range(table.size):
-        if table.device[index] != device:
-            continue
-        gap, current = 0.0, index
-        while True:
-            gap += table.latency[current]
-            source = table.predecessor[current]
-            if source < 0:
-                break
-            if table.device[source] == device:
-                lags.append((table.op(source), table.op(index), gap))
-                break
-            gap += table.duration[source]
-            current = source
-    return lags
+RELAXATION_SEED = 1  # CP-SAT's own default, with which the times in `device_relaxation` were measured
 
 
 def device_relaxation(problem: Problem, device: int, graph: nx.DiGraph, heads: dict[Op, float],
                       tails: dict[Op, float], seconds: float) -> float:
     """A lower bound on the makespan from `device` alone (see the module docstring), proven by
     CP-SAT within `seconds` (its best bound when it does not finish)."""
-    from ortools.sat.python import cp_model
-
-    from zbopt.solvers.cpsat import lifetime_intervals
-
     scale = tick_scale(problem)
 
     def ticks(value: float) -> int:
@@ -92,11 +69,9 @@ def device_relaxation(problem: Problem, device: int, graph: nx.DiGraph, heads: d
     for op in mine:
         model.Add(goal >= end[op] + ticks(tails[op]))
     model.Minimize(goal)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, seconds)
     # two workers that prove these small models fast together (measured: p = 4, v = 2, V-Min's memory:
     # optima proven in 2-7 s, where the default search's bound stalls ~10% lower after 20 s)
-    solver.parameters.num_workers = len(RELAXATION_SUBSOLVERS)
+    solver = timed_solver(seconds, len(RELAXATION_SUBSOLVERS), RELAXATION_SEED)
     solver.parameters.subsolvers.extend(RELAXATION_SUBSOLVERS)
     solver.parameters.catch_sigint_signal = False
     code = solver.Solve(model)

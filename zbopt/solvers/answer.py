@@ -1,0 +1,83 @@
+"""A backend's answer on its way to the user: read through the one simulator, checked against the
+model's own value, and rid of the recomputes and offloads it does not need."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+from zbopt.ops import Op
+from zbopt.problem import OFFLOAD, RECOMPUTE, RELOAD, Problem
+from zbopt.schedule import Schedule
+from zbopt.schedules.common import schedule_from_starts
+from zbopt.simulation import Simulation, simulate
+from zbopt.solvers.task import Found
+
+OBJECTIVES = ("makespan", "span")
+
+
+def objective_value(simulation: Simulation, kind: str) -> float:
+    """The makespan, or the longest per-device span (the Zero Bubble paper's objective)."""
+    return simulation.makespan if kind == "makespan" else max(simulation.span)
+
+
+def start_times(simulation: Simulation) -> dict[Op, float]:
+    """The start of every op of a simulated schedule, by op (a warm start handed to a model)."""
+    return dict(zip(simulation.table.ops(), simulation.start.tolist(), strict=True))
+
+
+def simulated_answer(problem: Problem, found: Found, objective: str, solver: str) -> Simulation | None:
+    """The backend's schedule through the one simulator (strict: a memory violation is a bug),
+    its objective checked against the model's own where the backend gives one."""
+    if found.starts is None:
+        return None
+    # as soon as possible, which is robust to rounded ticks; but a wait for memory (a forward until
+    # an offload has freed room, a recompute or reload not too early) and which copy goes first on a
+    # shared host link are in the model's times only
+    simulation = None
+    if not problem.shared_host_link:
+        simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, pairs=found.pairs),
+                              strict=not problem.mechanisms_matter)
+    if simulation is None or not simulation.valid:
+        simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, timed=True,
+                                                            pairs=found.pairs), strict=True)
+    if found.modelled is not None:
+        check_close(solver, objective_value(simulation, objective), found.modelled, found.error_bound)
+    return simulation
+
+
+def check_close(name: str, simulated: float, modelled: float, error_bound: float) -> None:
+    """The simulator's objective must not exceed the model's beyond the rounding bound."""
+    if simulated > modelled + error_bound + 1e-9 * max(1.0, modelled):
+        raise RuntimeError(f"{name}: simulated objective {simulated} exceeds the model's {modelled}")
+
+
+def without_needless_mechanisms(problem: Problem, simulation: Simulation, objective: str,
+                                deadline: float = math.inf) -> Simulation:
+    """The schedule with every recompute (R) and offload (O and L) dropped (the activation kept
+    instead) that is not needed: one at a time, in (stage, microbatch) order, while the schedule
+    stays within the memory limit and its objective does not grow, until `deadline`
+    (`time.perf_counter()`; one simulation per activation; a timed schedule keeps its times). A
+    solver may leave an R in idle time, or a pair of copies anywhere, where it costs nothing; a
+    user reading the schedule should not have to wonder why it recomputes or offloads with memory
+    to spare."""
+    table = simulation.table
+    for kinds, pairs in (((RECOMPUTE,), table.recomputed), ((OFFLOAD, RELOAD), table.offloaded)):
+        for stage, microbatch in pairs:
+            if time.perf_counter() > deadline:
+                return simulation
+            candidate = simulate(problem, _dropped(simulation, {Op(kind, stage, microbatch) for kind in kinds}))
+            if candidate.valid and objective_value(candidate, objective) <= objective_value(simulation, objective):
+                simulation = candidate
+    return simulation
+
+
+def _dropped(simulation: Simulation, dropped: set[Op]) -> Schedule:
+    """The simulated schedule without the ops `dropped`, its start times (where it has them) kept."""
+    schedule = simulation.schedule
+    kept = [[index for index, op in enumerate(order) if op not in dropped] for order in schedule.orders]
+    orders = [[order[i] for i in indices] for order, indices in zip(schedule.orders, kept, strict=True)]
+    times = None if schedule.start_times is None else \
+        [[device_times[i] for i in indices] for device_times, indices in zip(schedule.start_times, kept, strict=True)]
+    return dataclasses.replace(schedule, orders=orders, start_times=times)

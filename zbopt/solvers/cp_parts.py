@@ -1,0 +1,110 @@
+"""The pieces of CP-SAT models that several methods share: an op's variables (the full model and its
+pairs), activation lifetimes as intervals (the full model, LNS windows, the single-device
+relaxation), a solver with a time limit (LNS windows, the block search, the relaxation), and the
+watcher that stops a solve at its deadline or Ctrl-C."""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+from ortools.sat.python import cp_model
+
+from zbopt.ops import Op
+from zbopt.problem import FORWARD, OFFLOAD, RECOMPUTE, RELOAD, Problem
+from zbopt.solvers.task import SearchTask
+from zbopt.ticks import memory_scale
+
+STOP_POLL_S = 0.05  # how often a running solve checks for the deadline and Ctrl-C
+
+
+class OpVars(NamedTuple):
+    """One op in a model, as OR-Tools' job-shop sample keeps a task: its start (a variable), its end
+    (an expression, or a variable where a pair may end it) and its interval (optional where the op
+    may not run, or not alone)."""
+
+    start: object
+    end: object
+    interval: object
+
+
+class Lifetime(NamedTuple):
+    """A part of an activation held on a device: from `allocated` to `released` (model variables),
+    `amount` memory ticks, as `interval`; held only when `presence` (a literal) holds, or always
+    when it is None."""
+
+    allocated: object
+    released: object
+    amount: int
+    interval: object
+    presence: object = None
+
+
+class Choice(NamedTuple):
+    """How the model holds one activation: one literal per way (None where not allowed; exactly
+    one holds)."""
+
+    kept: object
+    recomputed: object = None
+    offloaded: object = None
+
+
+def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, amount=round,
+                       choices: dict | None = None) -> list[list[Lifetime]]:
+    """Per device, the `Lifetime` of every part of an activation among `ops`: F allocates its
+    stage's activation, each op with a negative `Problem.memory_delta` frees its part (B and W
+    when split, BW when fused). Always held, unless `choices` (a `Choice` per stage and
+    microbatch) gives a choice: then the kept lifetimes hold when kept; when recomputed, the
+    checkpoint from F's start to R's and each part from R's start; when offloaded, the activation
+    from F's start to O's end and each part from L's start. `amount` turns a memory amount in
+    `memory_scale` units into a whole number (the relaxation rounds down)."""
+    unit = memory_scale(problem)
+    per_device: list[list[Lifetime]] = [[] for _ in range(problem.num_devices)]
+
+    def hold(device, allocated, released, memory, name, presence=None):
+        size = model.NewIntVar(0, horizon, f"held_{name}")
+        if presence is None:
+            life = model.NewIntervalVar(allocated, size, released, f"life_{name}")
+        else:
+            life = model.NewOptionalIntervalVar(allocated, size, released, presence, f"life_{name}")
+        per_device[device].append(Lifetime(allocated, released, amount(memory * unit), life, presence))
+
+    for forward in (op for op in ops if op.kind == FORWARD):
+        stage, microbatch = forward.stage, forward.microbatch
+        device = problem.device_of(stage)
+        choice = None if choices is None else choices[stage, microbatch]
+        for kind, freed in problem.releases(stage):
+            release = Op(kind, stage, microbatch)
+            hold(device, start[forward], end[release], freed, release, None if choice is None else choice.kept)
+            if choice is not None and choice.recomputed is not None:
+                hold(device, start[Op(RECOMPUTE, stage, microbatch)], end[release], freed, f"{release}_recomputed",
+                     choice.recomputed)
+            if choice is not None and choice.offloaded is not None:
+                hold(device, start[Op(RELOAD, stage, microbatch)], end[release], freed, f"{release}_reloaded",
+                     choice.offloaded)
+        if choice is not None and choice.recomputed is not None:
+            hold(device, start[forward], start[Op(RECOMPUTE, stage, microbatch)], problem.checkpoint_memory[stage],
+                 f"checkpoint_{forward}", choice.recomputed)
+        if choice is not None and choice.offloaded is not None:
+            hold(device, start[forward], end[Op(OFFLOAD, stage, microbatch)], problem.activation_memory[stage],
+                 f"offloading_{forward}", choice.offloaded)
+    return per_device
+
+
+def timed_solver(seconds: float, workers: int, seed: int) -> cp_model.CpSolver:
+    """A CP-SAT solver limited to `seconds` (at least 0.01) with `workers` threads and `seed`, for
+    the small models solved many times over (block search, LNS windows, the relaxation)."""
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, seconds)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    return solver
+
+
+def stop_at_deadline_or_ctrl_c(solver: cp_model.CpSolver, task: SearchTask, solved: threading.Event) -> None:
+    """Until the solve ends, stop it once the deadline passes (CP-SAT's workers can run past
+    max_time_in_seconds on a busy machine) or Ctrl-C came; StopSearch is repeated because it has no
+    effect before Solve has started."""
+    while not solved.wait(STOP_POLL_S):
+        if task.stopped.is_set() or task.remaining() <= 0:
+            solver.StopSearch()

@@ -1,0 +1,52 @@
+"""The warm start: the heuristic schedule a solve starts from (and is never worse than)."""
+
+from __future__ import annotations
+
+import math
+import time
+
+from zbopt.errors import ZboptError
+from zbopt.problem import Problem
+from zbopt.schedules import applicable, generate
+from zbopt.simulation import Simulation, simulate
+from zbopt.solvers.answer import objective_value
+from zbopt.solvers.gap import meets
+
+
+def best_heuristic(problem: Problem, kind: str = "makespan",
+                   deadline: float = math.inf) -> tuple[str, Simulation] | None:
+    """The registered heuristic with the best objective among those valid under the memory limit;
+    at equal objective, the one with the lower highest peak memory (1f1b before gpipe). Without a
+    limit, none that recomputes or offloads: that only adds work or traffic, and lowers a peak the
+    model (which then has no such choice) cannot match. Past `deadline` (`time.perf_counter()`) no
+    further heuristic is tried once one is valid."""
+    best: tuple[str, Simulation] | None = None
+    for name, schedule in applicable(problem):
+        result = simulate(problem, schedule)
+        needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
+        if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
+            best = (name, result)
+        if best is not None and time.perf_counter() > deadline:
+            break
+    return best
+
+
+def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:
+    """Whether `simulation` beats `other`: a better objective, or one as good (within the
+    optimality tolerance) with a lower highest peak memory."""
+    value, other_value = objective_value(simulation, kind), objective_value(other, kind)
+    if not meets(other_value, value):
+        return True
+    return meets(value, other_value) and max(simulation.peak_memory) < max(other.peak_memory)
+
+
+def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str,
+                          deadline: float = math.inf) -> tuple[str, Simulation] | None:
+    """The named heuristic's simulation (an error if it breaks the memory limit), or the best one
+    (see `best_heuristic` for the deadline)."""
+    if warm_start is None:
+        return best_heuristic(problem, kind, deadline)
+    result = simulate(problem, generate(warm_start, problem))
+    if not result.valid:
+        raise ZboptError(f"warm start '{warm_start}' breaks the memory limit: {result.violations[0]}")
+    return warm_start, result

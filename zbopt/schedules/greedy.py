@@ -26,8 +26,9 @@ import itertools
 import math
 from operator import attrgetter
 
+from zbopt.kinds import FORWARD, WEIGHT
 from zbopt.ops import Op
-from zbopt.problem import FORWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.registry import register, require
 from zbopt.timeline import Timeline

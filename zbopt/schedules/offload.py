@@ -24,8 +24,9 @@ import bisect
 import numpy as np
 
 from zbopt.errors import NotApplicableError
+from zbopt.kinds import FORWARD, OFFLOAD, RELOAD
 from zbopt.ops import Op, OpTable
-from zbopt.problem import FORWARD, OFFLOAD, RELOAD, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import backward_ops, schedule_from_starts
 from zbopt.schedules.registry import generate, register, require

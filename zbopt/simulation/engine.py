@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from zbopt.errors import MemoryLimitError, ScheduleError
+from zbopt.kinds import COPY_KINDS, PAIR_MEMBERS, RECOMPUTE
 from zbopt.ops import OpTable, op_table
-from zbopt.problem import COPY_KINDS, PAIR_MEMBERS, RECOMPUTE, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule, pair_text
 from zbopt.simulation.memory import memory_steps, memory_violations
 from zbopt.simulation.result import Pair, Simulation

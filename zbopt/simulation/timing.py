@@ -6,12 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from zbopt.errors import DeadlockError
+from zbopt.kinds import FORWARD, KINDS
 from zbopt.ops import Op, OpTable
-from zbopt.problem import FORWARD, RECOMPUTE, RELOAD
 from zbopt.schedule import pair_text
 from zbopt.simulation.result import Pair
-
-RESTORE_NAMES = {RECOMPUTE: "recompute", RELOAD: "reload"}  # the ops that make an activation whole again
 
 
 def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
@@ -155,7 +153,7 @@ def _describe_deadlock(table, orders, position, stuck, end, waits, pairs=()) -> 
         for member in members:
             source, restore, barrier = table.predecessor[member], table.restore_of[member], waits[member]
             if restore >= 0 and end[restore] is None:
-                awaited = f"its {RESTORE_NAMES[table.kind[restore]]} {table.op(restore)} (device {device})"
+                awaited = f"its {KINDS[table.kind[restore]].word} {table.op(restore)} (device {device})"
             elif source >= 0 and source not in members and end[source] is None:
                 awaited = f"{table.op(source)} (device {table.device[source]})"
             elif barrier >= 0:

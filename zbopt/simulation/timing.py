@@ -32,26 +32,134 @@ def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
 
 def time_orders(table: OpTable, orders: list[list[int]],
                  pairs: tuple[Pair, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """Earliest start of every op given the device orders: a longest-path sweep in which a device
-    advances until its next op waits on an unfinished op, and is woken when that op finishes. An
-    overlapped pair starts once all its members could, and ends them all after its cost."""
-    duration, predecessor, latency, restore_of = table.duration, table.predecessor, table.latency, table.restore_of
-    lane = table.lane
-    waits, feeds, group_count = barrier_groups(table)
-    group_left = [table.problem.num_microbatches] * group_count
-    group_end = [0.0] * group_count
-    group_done: list[float | None] = [None] * group_count
-    start = [0.0] * table.size
-    end: list[float | None] = [None] * table.size
-    position = [0] * len(orders)
-    free = [0.0] * len(orders)
-    copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
-    waiting: dict[int, list[int]] = {}  # op index (or ~group for a barrier) -> devices waiting on it
-    ready = list(range(len(orders) - 1, -1, -1))
-    pair_of = {pair.members[0]: pair for pair in pairs}
+    """Earliest start and end of every op given the device orders: a longest-path sweep in which a
+    device advances until its next op waits on an unfinished op, and is woken when that op
+    finishes. An overlapped pair starts once all its members could, and ends them all after its
+    cost. Raises DeadlockError naming the stuck devices when some order can never finish."""
+    sweep = _Sweep(table, orders, pairs)
+    sweep.run()
+    stuck = [device for device, order in enumerate(orders) if sweep.position[device] < len(order)]
+    if stuck:
+        raise DeadlockError(sweep.describe_deadlock(stuck))
+    return np.asarray(sweep.start), np.asarray(sweep.end, dtype=float)
 
-    def pair_start(pair: Pair, t: float) -> tuple[float, int | None]:
-        """The pair's start given the device is free at `t`, or (t, what it waits for)."""
+
+class _Barriers:
+    """The iteration barriers as the sweep meets them (`barrier_groups`): per group, its gradient
+    ops still to finish, the latest end so far, and when the last one finished (None until then)."""
+
+    def __init__(self, table: OpTable):
+        self.waits, self.feeds, count = barrier_groups(table)
+        self.left = [table.problem.num_microbatches] * count
+        self.latest = [0.0] * count
+        self.done: list[float | None] = [None] * count
+
+    def feed(self, group: int, finish: float) -> bool:
+        """Count one gradient op of `group` that ends at `finish`; True when it was the last."""
+        self.left[group] -= 1
+        self.latest[group] = max(self.latest[group], finish)
+        if self.left[group]:
+            return False
+        self.done[group] = self.latest[group]
+        return True
+
+
+class _Sweep:
+    """The sweep's state: per op its start and end (None until timed), per device its place in its
+    order and when its compute and copy lanes are free, and who waits on what.
+
+    `run` is one loop on purpose: its body runs once per op, where a function call per op would
+    cost several percent of the simulator's time (benchmarks/bench_simulator.py); what runs once,
+    once per pair or once per barrier is apart."""
+
+    def __init__(self, table: OpTable, orders: list[list[int]], pairs: tuple[Pair, ...]):
+        self.table, self.orders, self.pairs = table, orders, pairs
+        self.barriers = _Barriers(table)
+        self.start = [0.0] * table.size
+        self.end: list[float | None] = [None] * table.size
+        self.position = [0] * len(orders)  # per device, the place of its next op in its order
+        self.free = [0.0] * len(orders)  # per device, when its compute lane is free
+        self.copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
+        self.waiting: dict[int, list[int]] = {}  # op index (or ~group for a barrier) -> devices waiting on it
+        self.ready = list(range(len(orders) - 1, -1, -1))  # devices to advance, device 0 first
+        self.pair_of = {pair.members[0]: pair for pair in pairs}
+
+    def run(self) -> None:
+        """Advance each ready device through its order until its next op waits on an unfinished op
+        (or barrier); a copy (O, L) waits for its lane, not holding up compute."""
+        table, barriers = self.table, self.barriers
+        duration, predecessor, latency, restore_of, lane = (table.duration, table.predecessor, table.latency,
+                                                            table.restore_of, table.lane)
+        waits, feeds, group_done, feed = barriers.waits, barriers.feeds, barriers.done, barriers.feed
+        orders, start, end, position, free = self.orders, self.start, self.end, self.position, self.free
+        copy_free, waiting, ready, pair_of = self.copy_free, self.waiting, self.ready, self.pair_of
+        while ready:
+            device = ready.pop()
+            order = orders[device]
+            i, t = position[device], free[device]
+            while i < len(order):
+                op = order[i]
+                pair = pair_of.get(op) if pair_of else None
+                if pair is not None:
+                    begin, awaited = self.pair_start(pair, t)
+                    if awaited is not None:
+                        waiting.setdefault(awaited, []).append(device)
+                        break
+                    members, finish = pair.members, begin + pair.cost
+                    t = finish
+                else:
+                    copy_lane = lane[op]
+                    begin = t  # a copy is issued when the compute op before it has ended
+                    if copy_lane and copy_free[device][copy_lane] > begin:
+                        begin = copy_free[device][copy_lane]
+                    source = predecessor[op]
+                    if source >= 0:
+                        finish = end[source]
+                        if finish is None:
+                            waiting.setdefault(source, []).append(device)
+                            break
+                        finish += latency[op]
+                        if finish > begin:
+                            begin = finish
+                    source = restore_of[op]
+                    if source >= 0:
+                        finish = end[source]
+                        if finish is None:
+                            waiting.setdefault(source, []).append(device)
+                            break
+                        if finish > begin:
+                            begin = finish
+                    group = waits[op]
+                    if group >= 0:
+                        finish = group_done[group]
+                        if finish is None:
+                            waiting.setdefault(~group, []).append(device)
+                            break
+                        if finish > begin:
+                            begin = finish
+                    members, finish = (op,), begin + duration[op]
+                    if copy_lane:
+                        copy_free[device][copy_lane] = finish
+                    else:
+                        t = finish
+                for member in members:
+                    start[member] = begin
+                    end[member] = finish
+                    woken = waiting.pop(member, None)
+                    if woken:
+                        ready.extend(woken)
+                    group = feeds[member]
+                    if group >= 0 and feed(group, finish):
+                        ready.extend(waiting.pop(~group, ()))
+                i += len(members)
+            position[device], free[device] = i, t
+
+    def pair_start(self, pair: Pair, t: float) -> tuple[float, int | None]:
+        """The pair's start given its device is free at `t`, or (t, what it waits for: an op, or
+        ~group for a barrier)."""
+        table, end = self.table, self.end
+        predecessor, latency, restore_of = table.predecessor, table.latency, table.restore_of
+        waits, group_done = self.barriers.waits, self.barriers.done
         for member in pair.members:
             source = predecessor[member]
             if source >= 0 and source not in pair.members:
@@ -70,103 +178,32 @@ def time_orders(table: OpTable, orders: list[list[int]],
                 t = max(t, group_done[group])
         return t, None
 
-    while ready:
-        device = ready.pop()
-        order = orders[device]
-        i, t = position[device], free[device]
-        while i < len(order):
-            op = order[i]
-            pair = pair_of.get(op) if pair_of else None
-            if pair is not None:
-                begin, awaited = pair_start(pair, t)
-                if awaited is not None:
-                    waiting.setdefault(awaited, []).append(device)
-                    break
-                members, t = pair.members, begin + pair.cost
-                finish = t
-            else:
-                copy_lane = lane[op]
-                issued = t  # a compute op's start so far; a copy's issue point (the compute op before it ended)
-                if copy_lane:
-                    t = max(t, copy_free[device][copy_lane])
-                source = predecessor[op]
-                if source >= 0:
-                    finish = end[source]
-                    if finish is None:
-                        waiting.setdefault(source, []).append(device)
-                        t = issued
-                        break
-                    finish += latency[op]
-                    if finish > t:
-                        t = finish
-                source = restore_of[op]
-                if source >= 0:
-                    finish = end[source]
-                    if finish is None:
-                        waiting.setdefault(source, []).append(device)
-                        break
-                    if finish > t:
-                        t = finish
-                group = waits[op]
-                if group >= 0:
-                    finish = group_done[group]
-                    if finish is None:
-                        waiting.setdefault(~group, []).append(device)
-                        break
-                    if finish > t:
-                        t = finish
-                members, begin, finish = (op,), t, t + duration[op]
-                if copy_lane:
-                    copy_free[device][copy_lane] = finish
-                    t = issued
-                else:
-                    t = finish
+    def describe_deadlock(self, stuck: list[int]) -> str:
+        """Which devices wait on which ops, e.g. 'device 0 is stuck at 0B0, waiting for 1B0 (device 1)'
+        (at a pair, the member's input that is missing)."""
+        table, end, waits = self.table, self.end, self.barriers.waits
+        pair_of = {pair.members[0]: pair.members for pair in self.pairs}
+        parts = []
+        for device in stuck[:6]:
+            index = self.orders[device][self.position[device]]
+            members = pair_of.get(index, (index,))
             for member in members:
-                start[member] = begin
-                end[member] = finish
-                woken = waiting.pop(member, None)
-                if woken:
-                    ready.extend(woken)
-                group = feeds[member]
-                if group >= 0:
-                    group_left[group] -= 1
-                    group_end[group] = max(group_end[group], finish)
-                    if group_left[group] == 0:
-                        group_done[group] = group_end[group]
-                        ready.extend(waiting.pop(~group, ()))
-            i += len(members)
-        position[device], free[device] = i, t
-    stuck = [device for device, order in enumerate(orders) if position[device] < len(order)]
-    if stuck:
-        raise DeadlockError(_describe_deadlock(table, orders, position, stuck, end, waits, pairs))
-    return np.asarray(start), np.asarray(end, dtype=float)
-
-
-def _describe_deadlock(table, orders, position, stuck, end, waits, pairs=()) -> str:
-    """Which devices wait on which ops, e.g. 'device 0 is stuck at 0B0, waiting for 1B0 (device 1)'
-    (at a pair, the member's input that is missing)."""
-    pair_of = {pair.members[0]: pair.members for pair in pairs}
-    parts = []
-    for device in stuck[:6]:
-        index = orders[device][position[device]]
-        members = pair_of.get(index, (index,))
-        for member in members:
-            source, restore, barrier = table.predecessor[member], table.restore_of[member], waits[member]
-            if restore >= 0 and end[restore] is None:
-                awaited = f"its {KINDS[table.kind[restore]].word} {table.op(restore)} (device {device})"
-            elif source >= 0 and source not in members and end[source] is None:
-                awaited = f"{table.op(source)} (device {table.device[source]})"
-            elif barrier >= 0:
-                stage, iteration = divmod(barrier, table.barrier_count)
-                pending = next((table.op(i) for i in table.iteration_barrier(stage, iteration) if end[i] is None),
-                               None)
-                if pending is None:
+                source, restore, barrier = table.predecessor[member], table.restore_of[member], waits[member]
+                if restore >= 0 and end[restore] is None:
+                    awaited = f"its {KINDS[table.kind[restore]].word} {table.op(restore)} (device {device})"
+                elif source >= 0 and source not in members and end[source] is None:
+                    awaited = f"{table.op(source)} (device {table.device[source]})"
+                elif barrier >= 0:
+                    stage, iteration = divmod(barrier, table.barrier_count)
+                    pending = next((table.op(i) for i in table.iteration_barrier(stage, iteration)
+                                    if end[i] is None), None)
+                    if pending is None:
+                        continue
+                    awaited = f"the weight update of stage {stage} after iteration {iteration} (still needs {pending})"
+                else:
                     continue
-                awaited = f"the weight update of stage {stage} after iteration {iteration} (still needs {pending})"
-            else:
-                continue
-            stuck_at = table.op(index) if len(members) == 1 else pair_text([table.op(i) for i in members])
-            parts.append(f"device {device} is stuck at {stuck_at}, waiting for {awaited}")
-            break
-    more = f"; and {len(stuck) - 6} more devices" if len(stuck) > 6 else ""
-    return "deadlock: " + "; ".join(parts) + more
+                stuck_at = table.op(index) if len(members) == 1 else pair_text([table.op(i) for i in members])
+                parts.append(f"device {device} is stuck at {stuck_at}, waiting for {awaited}")
+                break
+        more = f"; and {len(stuck) - 6} more devices" if len(stuck) > 6 else ""
+        return "deadlock: " + "; ".join(parts) + more

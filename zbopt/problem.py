@@ -36,7 +36,7 @@ from zbopt.placement import check_placement, device_stage, stage_device
 # The op kinds stay importable from here for the modules above the ground floor that import them
 # with Problem (some twenty); zbopt.kinds is where they are defined.
 __all__ = ["BACKWARD", "COPY_KINDS", "FORWARD", "FUSED_BACKWARD", "FUSED_KINDS", "MAX_OPS", "OFFLOAD", "PAIR_KINDS",
-           "PAIR_MEMBERS", "RECOMPUTE", "RELOAD", "SPLIT_KINDS", "WEIGHT", "PerStage", "Problem"]
+           "PAIR_MEMBERS", "RECOMPUTE", "RELOAD", "SPLIT_KINDS", "WEIGHT", "Problem"]
 
 # The most ops a problem may have. A simulated op costs about 400 bytes (generator's Op, the
 # simulator's arrays: measured on zb-h1, p = 32, m = 4096), so 20M ops fill some 8 GB; larger ones
@@ -72,7 +72,7 @@ class Problem:
     num_devices : p, the pipeline devices.
     num_microbatches : m, microbatches per iteration.
     chunks_per_device : v, model chunks each device holds; S = p·v virtual stages.
-    placement : "loop", "v" or "bidirectional", see `stage_device`. Bidirectional (DeepSeek's
+    placement : "loop", "v" or "bidirectional", see `zbopt.placement.stage_device`. Bidirectional (DeepSeek's
         DualPipe) needs chunks_per_device = 2 and one iteration: microbatches 0..ceil(m/2)-1 go down
         the pipeline, through virtual stages 0..p-1 on devices 0..p-1; the others go up, through
         virtual stages p..2p-1 on devices p-1..0, so stage p+s is the up copy of the model's stage
@@ -149,6 +149,7 @@ class Problem:
     overlap_times: object = None  # a mapping as given; stored as ((pair kind, per-device costs), ...)
 
     def __post_init__(self) -> None:
+        """Check every value, in the order of the fields, and store the normalised forms."""
         p = positive_int("num_devices", self.num_devices)
         positive_int("num_microbatches", self.num_microbatches)
         v = positive_int("chunks_per_device", self.chunks_per_device)

@@ -90,7 +90,7 @@ class _Sweep:
         table, barriers = self.table, self.barriers
         duration, predecessor, latency, restore_of, lane = (table.duration, table.predecessor, table.latency,
                                                             table.restore_of, table.lane)
-        waits, feeds, group_done, feed = barriers.waits, barriers.feeds, barriers.done, barriers.feed
+        waits, feeds, feed = barriers.waits, barriers.feeds, barriers.feed
         orders, start, end, position, free = self.orders, self.start, self.end, self.position, self.free
         copy_free, waiting, ready, pair_of = self.copy_free, self.waiting, self.ready, self.pair_of
         while ready:
@@ -121,22 +121,11 @@ class _Sweep:
                         finish += latency[op]
                         if finish > begin:
                             begin = finish
-                    source = restore_of[op]
-                    if source >= 0:
-                        finish = end[source]
-                        if finish is None:
-                            waiting.setdefault(source, []).append(device)
+                    if restore_of[op] >= 0 or waits[op] >= 0:  # few ops: a call is cheap here
+                        begin, awaited = self.restore_and_barrier(op, begin)
+                        if awaited is not None:
+                            waiting.setdefault(awaited, []).append(device)
                             break
-                        if finish > begin:
-                            begin = finish
-                    group = waits[op]
-                    if group >= 0:
-                        finish = group_done[group]
-                        if finish is None:
-                            waiting.setdefault(~group, []).append(device)
-                            break
-                        if finish > begin:
-                            begin = finish
                     members, finish = (op,), begin + duration[op]
                     if copy_lane:
                         copy_free[device][copy_lane] = finish
@@ -157,25 +146,30 @@ class _Sweep:
     def pair_start(self, pair: Pair, t: float) -> tuple[float, int | None]:
         """The pair's start given its device is free at `t`, or (t, what it waits for: an op, or
         ~group for a barrier)."""
-        table, end = self.table, self.end
-        predecessor, latency, restore_of = table.predecessor, table.latency, table.restore_of
-        waits, group_done = self.barriers.waits, self.barriers.done
+        predecessor, latency, end = self.table.predecessor, self.table.latency, self.end
         for member in pair.members:
             source = predecessor[member]
             if source >= 0 and source not in pair.members:
                 if end[source] is None:
                     return t, source
                 t = max(t, end[source] + latency[member])
-            source = restore_of[member]
-            if source >= 0:
-                if end[source] is None:
-                    return t, source
-                t = max(t, end[source])
-            group = waits[member]
-            if group >= 0:
-                if group_done[group] is None:
-                    return t, ~group
-                t = max(t, group_done[group])
+            t, awaited = self.restore_and_barrier(member, t)
+            if awaited is not None:
+                return t, awaited
+        return t, None
+
+    def restore_and_barrier(self, op: int, t: float) -> tuple[float, int | None]:
+        """`t` raised to when the op's restore (R or L) and iteration barrier have finished, or (t,
+        what it waits for: the restore, or ~group for the barrier)."""
+        source, group = self.table.restore_of[op], self.barriers.waits[op]
+        if source >= 0:
+            if self.end[source] is None:
+                return t, source
+            t = max(t, self.end[source])
+        if group >= 0:
+            if self.barriers.done[group] is None:
+                return t, ~group
+            t = max(t, self.barriers.done[group])
         return t, None
 
     def describe_deadlock(self, stuck: list[int]) -> str:

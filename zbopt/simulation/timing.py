@@ -41,56 +41,46 @@ def time_orders(table: OpTable, orders: list[list[int]],
     stuck = [device for device, order in enumerate(orders) if sweep.position[device] < len(order)]
     if stuck:
         raise DeadlockError(sweep.describe_deadlock(stuck))
-    return np.asarray(sweep.start), np.asarray(sweep.end, dtype=float)
-
-
-class _Barriers:
-    """The iteration barriers as the sweep meets them (`barrier_groups`): per group, its gradient
-    ops still to finish, the latest end so far, and when the last one finished (None until then)."""
-
-    def __init__(self, table: OpTable):
-        self.waits, self.feeds, count = barrier_groups(table)
-        self.left = [table.problem.num_microbatches] * count
-        self.latest = [0.0] * count
-        self.done: list[float | None] = [None] * count
-
-    def feed(self, group: int, finish: float) -> bool:
-        """Count one gradient op of `group` that ends at `finish`; True when it was the last."""
-        self.left[group] -= 1
-        self.latest[group] = max(self.latest[group], finish)
-        if self.left[group]:
-            return False
-        self.done[group] = self.latest[group]
-        return True
+    return np.asarray(sweep.start), np.asarray(sweep.end[:table.size], dtype=float)  # without the barriers
 
 
 class _Sweep:
     """The sweep's state: per op its start and end (None until timed), per device its place in its
     order and when its compute and copy lanes are free, and who waits on what.
 
+    Besides its predecessor an op waits on at most one input (`other_input`): the restore (R or L)
+    of its activation, for an input gradient, or its iteration's barrier, for a forward. A barrier
+    is timed as one more entry of `end` (number size + group): it ends when its group's last
+    gradient op does.
+
     `run` is one loop on purpose: its body runs once per op, where a function call per op would
     cost several percent of the simulator's time (benchmarks/bench_simulator.py); what runs once,
-    once per pair or once per barrier is apart."""
+    or once per pair, is apart."""
 
     def __init__(self, table: OpTable, orders: list[list[int]], pairs: tuple[Pair, ...]):
         self.table, self.orders, self.pairs = table, orders, pairs
-        self.barriers = _Barriers(table)
+        self.waits, self.feeds, groups = barrier_groups(table)
+        self.other_input = table.restore_of  # a forward has no restore: its barrier, if any, takes its place
+        if groups:
+            barrier = np.asarray(self.waits)
+            self.other_input = np.where(barrier >= 0, table.size + barrier, table.restore_of).tolist()
+        self.gradients_left = [table.problem.num_microbatches] * groups  # per barrier, its ops still to end
+        self.latest = [0.0] * groups  # per barrier, the latest end of its gradient ops so far
         self.start = [0.0] * table.size
-        self.end: list[float | None] = [None] * table.size
+        self.end: list[float | None] = [None] * (table.size + groups)
         self.position = [0] * len(orders)  # per device, the place of its next op in its order
         self.free = [0.0] * len(orders)  # per device, when its compute lane is free
         self.copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
-        self.waiting: dict[int, list[int]] = {}  # op index (or ~group for a barrier) -> devices waiting on it
+        self.waiting: dict[int, list[int]] = {}  # number in `end` -> devices waiting on it
         self.ready = list(range(len(orders) - 1, -1, -1))  # devices to advance, device 0 first
         self.pair_of = {pair.members[0]: pair for pair in pairs}
 
     def run(self) -> None:
         """Advance each ready device through its order until its next op waits on an unfinished op
         (or barrier); a copy (O, L) waits for its lane, not holding up compute."""
-        table, barriers = self.table, self.barriers
-        duration, predecessor, latency, restore_of, lane = (table.duration, table.predecessor, table.latency,
-                                                            table.restore_of, table.lane)
-        waits, feeds, feed = barriers.waits, barriers.feeds, barriers.feed
+        table, size = self.table, self.table.size
+        duration, predecessor, latency, lane = table.duration, table.predecessor, table.latency, table.lane
+        other_input, feeds, gradients_left, latest = self.other_input, self.feeds, self.gradients_left, self.latest
         orders, start, end, position, free = self.orders, self.start, self.end, self.position, self.free
         copy_free, waiting, ready, pair_of = self.copy_free, self.waiting, self.ready, self.pair_of
         while ready:
@@ -121,11 +111,13 @@ class _Sweep:
                         finish += latency[op]
                         if finish > begin:
                             begin = finish
-                    if restore_of[op] >= 0 or waits[op] >= 0:  # few ops: a call is cheap here
-                        begin, awaited = self.restore_and_barrier(op, begin)
-                        if awaited is not None:
-                            waiting.setdefault(awaited, []).append(device)
+                    other = other_input[op]
+                    if other >= 0:
+                        if end[other] is None:
+                            waiting.setdefault(other, []).append(device)
                             break
+                        if end[other] > begin:
+                            begin = end[other]
                     members, finish = (op,), begin + duration[op]
                     if copy_lane:
                         copy_free[device][copy_lane] = finish
@@ -138,44 +130,38 @@ class _Sweep:
                     if woken:
                         ready.extend(woken)
                     group = feeds[member]
-                    if group >= 0 and feed(group, finish):
-                        ready.extend(waiting.pop(~group, ()))
+                    if group >= 0:
+                        gradients_left[group] -= 1
+                        if finish > latest[group]:
+                            latest[group] = finish
+                        if not gradients_left[group]:
+                            end[size + group] = latest[group]
+                            ready.extend(waiting.pop(size + group, ()))
                 i += len(members)
             position[device], free[device] = i, t
 
     def pair_start(self, pair: Pair, t: float) -> tuple[float, int | None]:
-        """The pair's start given its device is free at `t`, or (t, what it waits for: an op, or
-        ~group for a barrier)."""
-        predecessor, latency, end = self.table.predecessor, self.table.latency, self.end
+        """The pair's start given its device is free at `t`, or (t, the number in `end` of what it
+        waits for)."""
+        predecessor, latency, other_input, end = (self.table.predecessor, self.table.latency, self.other_input,
+                                                  self.end)
         for member in pair.members:
             source = predecessor[member]
             if source >= 0 and source not in pair.members:
                 if end[source] is None:
                     return t, source
                 t = max(t, end[source] + latency[member])
-            t, awaited = self.restore_and_barrier(member, t)
-            if awaited is not None:
-                return t, awaited
-        return t, None
-
-    def restore_and_barrier(self, op: int, t: float) -> tuple[float, int | None]:
-        """`t` raised to when the op's restore (R or L) and iteration barrier have finished, or (t,
-        what it waits for: the restore, or ~group for the barrier)."""
-        source, group = self.table.restore_of[op], self.barriers.waits[op]
-        if source >= 0:
-            if self.end[source] is None:
-                return t, source
-            t = max(t, self.end[source])
-        if group >= 0:
-            if self.barriers.done[group] is None:
-                return t, ~group
-            t = max(t, self.barriers.done[group])
+            other = other_input[member]
+            if other >= 0:
+                if end[other] is None:
+                    return t, other
+                t = max(t, end[other])
         return t, None
 
     def describe_deadlock(self, stuck: list[int]) -> str:
         """Which devices wait on which ops, e.g. 'device 0 is stuck at 0B0, waiting for 1B0 (device 1)'
         (at a pair, the member's input that is missing)."""
-        table, end, waits = self.table, self.end, self.barriers.waits
+        table, end, waits = self.table, self.end, self.waits
         pair_of = {pair.members[0]: pair.members for pair in self.pairs}
         parts = []
         for device in stuck[:6]:

@@ -30,7 +30,7 @@ from zbopt.errors import DeadlockError, ScheduleError, ZboptError  # noqa: E402
 from zbopt.io.config import load_config  # noqa: E402
 from zbopt.io.torch_format import read_torch_csv, write_torch_csv  # noqa: E402
 from zbopt.io.trace import measured_trace  # noqa: E402
-from zbopt.problem import stage_device  # noqa: E402
+from zbopt.placement import stage_device  # noqa: E402
 from zbopt.runtime import (  # noqa: E402
     ATOL,
     ToyModel,

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import re
 from functools import cached_property, lru_cache
-from typing import NamedTuple
-
-import networkx as nx
+from typing import TYPE_CHECKING, NamedTuple
 
 from zbopt.errors import ScheduleError
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT, Problem
+from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
+from zbopt.problem import Problem
 
-_OP_PATTERN = re.compile(r"^\s*(\d+)(F|BW|B|W|R|O|L)(\d+)\s*$")
+if TYPE_CHECKING:
+    import networkx as nx  # imported where a graph is built: it takes some 0.4 s to load
+
+# the longest letters first, so that "BW" is not read as "B"
+_OP_PATTERN = re.compile(rf"^\s*(\d+)({'|'.join(sorted(KINDS, key=len, reverse=True))})(\d+)\s*$")
 # What each kind of op is, in words (traces and the report's hover text).
-KIND_WORDS = {FORWARD: "forward", BACKWARD: "input gradient", WEIGHT: "weight gradient", FUSED_BACKWARD: "backward",
-              RECOMPUTE: "recompute", OFFLOAD: "offload", RELOAD: "reload"}
+KIND_WORDS = {letter: kind.word for letter, kind in KINDS.items()}
 # Where an op runs on its device: compute, or one of the two copy lanes beside it.
 COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE = 0, 1, 2
 LANE_OF_KIND = {OFFLOAD: OFFLOAD_LANE, RELOAD: RELOAD_LANE}
@@ -57,7 +59,7 @@ class Op(NamedTuple):
         match = _OP_PATTERN.match(text) if isinstance(text, str) else None
         if match is None:
             raise ScheduleError(
-                f"{text!r} is not an op: expected stage, kind (F, B, W, BW, R, O, L), microbatch, e.g. '3F1'")
+                f"{text!r} is not an op: expected stage, kind ({', '.join(KINDS)}), microbatch, e.g. '3F1'")
         return cls(match.group(2), int(match.group(1)), int(match.group(3)))
 
 
@@ -270,6 +272,8 @@ def op_graph(problem: Problem) -> nx.DiGraph:
     With iterations > 1 the weight-update barrier is spelled out edge by edge (m² edges per stage
     and iteration boundary), which is fine for the problem sizes a solver takes.
     """
+    import networkx as nx
+
     table = OpTable(problem)
     graph = nx.DiGraph()
     for index in range(table.size):
@@ -289,6 +293,8 @@ def op_graph(problem: Problem) -> nx.DiGraph:
 def earliest_finish(graph: nx.DiGraph) -> dict[Op, float]:
     """Finish time of every op when each starts as soon as its predecessors (plus latency) allow,
     ignoring device contention: the longest path ending at that op (a "head" plus its duration)."""
+    import networkx as nx
+
     finish: dict[Op, float] = {}
     for node in nx.topological_sort(graph):
         ready = max((finish[pred] + data["latency"] for pred, _, data in graph.in_edges(node, data=True)), default=0.0)

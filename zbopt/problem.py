@@ -9,25 +9,35 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from numbers import Real
 
+from zbopt import memory_floor
+from zbopt.checks import boolean, is_number, per_device, per_stage, positive_int
 from zbopt.errors import ProblemError
+from zbopt.kinds import (
+    BACKWARD,
+    COPY_KINDS,
+    FORWARD,
+    FUSED_BACKWARD,
+    FUSED_KINDS,
+    OFFLOAD,
+    PAIR_KINDS,
+    PAIR_MEMBERS,
+    RECOMPUTE,
+    RELOAD,
+    SPLIT_KINDS,
+    WEIGHT,
+)
+from zbopt.mechanisms import offload, overlap, recomputation, split_backward
+from zbopt.placement import check_placement, device_stage, stage_device
 
-PLACEMENTS = ("loop", "v", "bidirectional")
-FORWARD, BACKWARD, WEIGHT, FUSED_BACKWARD, RECOMPUTE, OFFLOAD, RELOAD = "F", "B", "W", "BW", "R", "O", "L"
-COPY_KINDS = (OFFLOAD, RELOAD)  # ops on a device's copy lanes (device to host, host to device), beside compute
-# An overlapped pair (DualPipe's "F&B"): a forward with another microbatch's backward, run as one op
-# on one device: F with the input gradient B ("FB", split backward only), or with the full backward
-# ("FBW": B and W when split, BW when fused). The members' kinds by pair kind and backward:
-PAIR_MEMBERS = {("FB", True): (FORWARD, BACKWARD), ("FBW", True): (FORWARD, BACKWARD, WEIGHT),
-                ("FBW", False): (FORWARD, FUSED_BACKWARD)}
-PAIR_KINDS = ("FB", "FBW")
-SPLIT_KINDS = (FORWARD, BACKWARD, WEIGHT)
-FUSED_KINDS = (FORWARD, FUSED_BACKWARD)
-DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
+# The op kinds stay importable from here for the modules above the ground floor that import them
+# with Problem (some twenty); zbopt.kinds is where they are defined.
+__all__ = ["BACKWARD", "COPY_KINDS", "FORWARD", "FUSED_BACKWARD", "FUSED_KINDS", "MAX_OPS", "OFFLOAD", "PAIR_KINDS",
+           "PAIR_MEMBERS", "RECOMPUTE", "RELOAD", "SPLIT_KINDS", "WEIGHT", "Problem"]
+
 # The most ops a problem may have. A simulated op costs about 400 bytes (generator's Op, the
 # simulator's arrays: measured on zb-h1, p = 32, m = 4096), so 20M ops fill some 8 GB; larger ones
 # would end in a MemoryError (or an OverflowError) instead of a message. The largest documented
@@ -35,59 +45,11 @@ DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
 MAX_OPS = 20_000_000
 
 PerStage = float | Sequence[float]
-
-
-def stage_device(stage: int, num_devices: int, placement: str) -> int:
-    """Device that holds virtual stage `stage`.
-
-    `loop` (Megatron interleaving): stage s on device s mod p.
-    `v` (zig-zag, torch.distributed.pipelining's "v" style): stages 0..p-1 on devices 0..p-1,
-    stages p..2p-1 back on devices p-1..0, and so on back and forth.
-    `bidirectional` (DualPipe's): placed as `v` with two chunks, but stages 0..p-1 are the down
-    pipeline's copies of the model's stages and p..2p-1 the up pipeline's (see `Problem`).
-
-    >>> [stage_device(s, 3, "v") for s in range(6)]
-    [0, 1, 2, 2, 1, 0]
-    """
-    if placement == "loop":
-        return stage % num_devices
-    offset = stage % (2 * num_devices)
-    return offset if offset < num_devices else 2 * num_devices - 1 - offset
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _positive_int(key: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ProblemError(key, value, "expected a positive integer")
-    return value
-
-
-def _boolean(key: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ProblemError(key, value, "expected true or false")
-
-
-def _per_item(key: str, value: object, count: int, what: str, minimum: float, strict: bool) -> tuple:
-    """Expand a scalar to `count` copies, or check a list has `count` numbers; check their bound."""
-    if _is_number(value):
-        values = (float(value),) * count
-    elif isinstance(value, Sequence) and not isinstance(value, str):
-        if len(value) != count:
-            raise ProblemError(key, value, f"expected one value per {what} ({count}), got {len(value)}")
-        if not all(_is_number(item) for item in value):
-            raise ProblemError(key, value, "expected numbers")
-        values = tuple(float(item) for item in value)
-    else:
-        raise ProblemError(key, value, f"expected a number or a list of {count} numbers")
-    for index, item in enumerate(values):
-        if item < minimum or (strict and item == minimum):
-            bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-            where = f" ({what} {index})" if count > 1 else ""
-            raise ProblemError(key, value, f"every value must be {bound}{where}")
-    return values
+_COST_KEYS = {FORWARD: "forward_times", BACKWARD: "backward_times", WEIGHT: "weight_times",
+              FUSED_BACKWARD: "backward_times", RECOMPUTE: "recompute_times", OFFLOAD: "offload_times",
+              RELOAD: "reload_times"}  # where each kind's duration per virtual stage is
+_MECHANISM_KEYS = {"allow_recompute": ("recompute_times", "checkpoint_memory"),
+                   "allow_offload": ("offload_times", "reload_times", "shared_host_link")}
 
 
 def _check_op_count(problem: Problem) -> None:
@@ -110,7 +72,7 @@ class Problem:
     num_devices : p, the pipeline devices.
     num_microbatches : m, microbatches per iteration.
     chunks_per_device : v, model chunks each device holds; S = p·v virtual stages.
-    placement : "loop", "v" or "bidirectional", see `stage_device`. Bidirectional (DeepSeek's
+    placement : "loop", "v" or "bidirectional", see `zbopt.placement.stage_device`. Bidirectional (DeepSeek's
         DualPipe) needs chunks_per_device = 2 and one iteration: microbatches 0..ceil(m/2)-1 go down
         the pipeline, through virtual stages 0..p-1 on devices 0..p-1; the others go up, through
         virtual stages p..2p-1 on devices p-1..0, so stage p+s is the up copy of the model's stage
@@ -187,132 +149,34 @@ class Problem:
     overlap_times: object = None  # a mapping as given; stored as ((pair kind, per-device costs), ...)
 
     def __post_init__(self) -> None:
-        p = _positive_int("num_devices", self.num_devices)
-        _positive_int("num_microbatches", self.num_microbatches)
-        v = _positive_int("chunks_per_device", self.chunks_per_device)
-        _positive_int("iterations", self.iterations)
-        _boolean("flush", self.flush)
+        """Check every value, in the order of the fields, and store the normalised forms."""
+        p = positive_int("num_devices", self.num_devices)
+        positive_int("num_microbatches", self.num_microbatches)
+        v = positive_int("chunks_per_device", self.chunks_per_device)
+        positive_int("iterations", self.iterations)
+        boolean("flush", self.flush)
         _check_op_count(self)
-        if self.placement not in PLACEMENTS:
-            raise ProblemError("placement", self.placement, f"expected one of {', '.join(PLACEMENTS)}")
-        if self.bidirectional:
-            self._check_bidirectional()
+        check_placement(self.placement, v, self.iterations, self.num_microbatches)
         stages = p * v
         normalized = {
-            "forward_times": _per_item("forward_times", self.forward_times, stages, "virtual stage", 0, True),
-            "backward_times": _per_item("backward_times", self.backward_times, stages, "virtual stage", 0, True),
-            "activation_memory": _per_item(
-                "activation_memory", self.activation_memory, stages, "virtual stage", 0, False
-            ),
+            "forward_times": per_stage("forward_times", self.forward_times, stages),
+            "backward_times": per_stage("backward_times", self.backward_times, stages),
+            "activation_memory": per_stage("activation_memory", self.activation_memory, stages, positive=False),
         }
-        if not _is_number(self.p2p_time) or self.p2p_time < 0:
+        if not is_number(self.p2p_time) or self.p2p_time < 0:
             raise ProblemError("p2p_time", self.p2p_time, "expected a number >= 0")
         normalized["p2p_time"] = float(self.p2p_time)
-        if self.weight_times is None:
-            if self.weight_memory is not None:
-                raise ProblemError(
-                    "weight_memory", self.weight_memory, "needs weight_times (it only applies to a split backward)"
-                )
-        else:
-            normalized["weight_times"] = _per_item(
-                "weight_times", self.weight_times, stages, "virtual stage", 0, True
-            )
-            if self.weight_memory is None:
-                weight_memory = tuple(DEFAULT_WEIGHT_MEMORY_FRACTION * a for a in normalized["activation_memory"])
-            else:
-                weight_memory = _per_item("weight_memory", self.weight_memory, stages, "virtual stage", 0, False)
-            for stage, (kept, held) in enumerate(zip(weight_memory, normalized["activation_memory"], strict=True)):
-                if kept > held:
-                    raise ProblemError(
-                        "weight_memory", self.weight_memory,
-                        f"exceeds activation_memory on virtual stage {stage} ({kept:g} > {held:g})",
-                    )
-            normalized["weight_memory"] = weight_memory
-        normalized.update(self._recomputation(normalized))
-        normalized.update(self._offload())
-        normalized["overlap_times"] = self._overlap()
+        normalized.update(split_backward(self.weight_times, self.weight_memory, normalized["activation_memory"]))
+        normalized.update(recomputation(self.allow_recompute, self.recompute_times, self.checkpoint_memory,
+                                        normalized["forward_times"], normalized["activation_memory"]))
+        normalized.update(offload(self.allow_offload, self.offload_times, self.reload_times, self.shared_host_link,
+                                  stages))
+        normalized["overlap_times"] = overlap(self.overlap_times, self.weight_times is not None, p)
         for key, value in normalized.items():
             object.__setattr__(self, key, value)
         if self.memory_limit is not None:
-            limits = _per_item("memory_limit", self.memory_limit, p, "device", 0, False)
-            object.__setattr__(self, "memory_limit", limits)
-            for device, limit in enumerate(limits):
-                needed = self.min_memory_limit[device]
-                if limit < needed - 1e-12:
-                    raise ProblemError(
-                        "memory_limit", self.memory_limit if isinstance(self.memory_limit, Real) else limit,
-                        f"device {device} must hold {self._floor_reason} ({needed:g}); "
-                        "no schedule fits below that",
-                    )
-
-    def _check_bidirectional(self) -> None:
-        """What the bidirectional placement needs (see the class docstring)."""
-        if self.chunks_per_device != 2:
-            raise ProblemError("chunks_per_device", self.chunks_per_device,
-                               "placement 'bidirectional' holds two stage copies per device: expected 2")
-        if self.iterations != 1:
-            raise ProblemError("iterations", self.iterations, "placement 'bidirectional' models one step (the "
-                                                              "two copies' gradient exchange between steps is "
-                                                              "outside the model): expected 1")
-        if self.num_microbatches < 2:
-            raise ProblemError("num_microbatches", self.num_microbatches,
-                               "placement 'bidirectional' sends microbatches both ways: expected at least 2")
-
-    def _recomputation(self, normalized: dict) -> dict:
-        """The recomputation keys checked and expanded per virtual stage (see the class docstring)."""
-        _boolean("allow_recompute", self.allow_recompute)
-        stages = self.num_stages
-        if not self.allow_recompute:
-            self._unused_without("allow_recompute", ("recompute_times", "checkpoint_memory"))
-            return {}
-        if self.checkpoint_memory is None:
-            raise ProblemError("allow_recompute", True, "needs checkpoint_memory (what a recomputed microbatch "
-                                                        "keeps between F and R, e.g. its stage input)")
-        checkpoint = _per_item("checkpoint_memory", self.checkpoint_memory, stages, "virtual stage", 0, False)
-        for stage, (kept, held) in enumerate(zip(checkpoint, normalized["activation_memory"], strict=True)):
-            if kept > held:
-                raise ProblemError("checkpoint_memory", self.checkpoint_memory,
-                                   f"exceeds activation_memory on virtual stage {stage} ({kept:g} > {held:g})")
-        recompute = normalized["forward_times"] if self.recompute_times is None else \
-            _per_item("recompute_times", self.recompute_times, stages, "virtual stage", 0, True)
-        return {"checkpoint_memory": checkpoint, "recompute_times": recompute}
-
-    def _offload(self) -> dict:
-        """The offload keys checked and expanded per virtual stage (see the class docstring)."""
-        _boolean("allow_offload", self.allow_offload)
-        _boolean("shared_host_link", self.shared_host_link)
-        if not self.allow_offload:
-            self._unused_without("allow_offload", ("offload_times", "reload_times", "shared_host_link"))
-            return {}
-        if self.offload_times is None:
-            raise ProblemError("allow_offload", True, "needs offload_times (how long one activation takes to "
-                                                      "copy to the host, e.g. its bytes over the link bandwidth)")
-        stages = self.num_stages
-        offload = _per_item("offload_times", self.offload_times, stages, "virtual stage", 0, True)
-        reload = offload if self.reload_times is None else \
-            _per_item("reload_times", self.reload_times, stages, "virtual stage", 0, True)
-        return {"offload_times": offload, "reload_times": reload}
-
-    def _overlap(self) -> tuple[tuple[str, tuple[float, ...]], ...] | None:
-        """The overlap costs checked and expanded per device (see the class docstring), in
-        PAIR_KINDS order; a hashable form, so that a Problem stays a cache key."""
-        given = self.overlap_times
-        if given is None:
-            return None
-        if isinstance(given, tuple) and all(isinstance(item, tuple) and len(item) == 2 for item in given):
-            given = dict(given)  # the stored form, from `replace`
-        if not isinstance(given, Mapping) or not given:
-            raise ProblemError("overlap_times", given, "expected a mapping from pair kind (FB, FBW) to its cost, "
-                                                       "e.g. {FBW: 2.5}")
-        for kind in given:
-            if kind not in PAIR_KINDS:
-                raise ProblemError("overlap_times", given, f"unknown pair kind {kind!r} (known: FB, a forward with "
-                                                           "an input-gradient B; FBW, a forward with a full backward)")
-        if "FB" in given and self.weight_times is None:
-            raise ProblemError("overlap_times", given, "FB pairs a forward with an input-gradient B, which needs a "
-                                                       "split backward (weight_times); with a fused one give FBW")
-        return tuple((kind, _per_item(f"overlap_times.{kind}", given[kind], self.num_devices, "device", 0, True))
-                     for kind in PAIR_KINDS if kind in given)
+            object.__setattr__(self, "memory_limit", per_device("memory_limit", self.memory_limit, p, positive=False))
+            memory_floor.check_memory_limit(self)
 
     def overlap_cost(self, pair_kind: str, device: int) -> float | None:
         """What a pair of `pair_kind` costs on `device`, or None when no such pair may run."""
@@ -320,13 +184,6 @@ class Problem:
             if kind == pair_kind:
                 return costs[device]
         return None
-
-    def _unused_without(self, switch: str, keys: tuple[str, ...]) -> None:
-        """A ProblemError for the first of `keys` given (not None, not false) while `switch` is off."""
-        for key in keys:
-            value = getattr(self, key)
-            if value is not None and value is not False:
-                raise ProblemError(key, value, f"needs {switch}: true")
 
     # ----------------------------------------------------------------- derived structure
     @property
@@ -431,33 +288,17 @@ class Problem:
     @cached_property
     def stages_of_device(self) -> tuple[tuple[int, ...], ...]:
         """Per device, its virtual stages in increasing order."""
-        stages: list[list[int]] = [[] for _ in range(self.num_devices)]
-        for stage in range(self.num_stages):
-            stages[self.device_of(stage)].append(stage)
-        return tuple(tuple(s) for s in stages)
+        p, v = self.num_devices, self.chunks_per_device
+        return tuple(tuple(device_stage(device, chunk, p, self.placement) for chunk in range(v)) for device in range(p))
 
     @cached_property
     def chunk_of(self) -> tuple[int, ...]:
         """Per virtual stage, its chunk: its place among its device's stages in increasing order."""
-        chunks = [0] * self.num_stages
-        for stages in self.stages_of_device:
-            for chunk, stage in enumerate(stages):
-                chunks[stage] = chunk
-        return tuple(chunks)
+        return tuple(stage // self.num_devices for stage in range(self.num_stages))
 
     def cost(self, kind: str, stage: int) -> float:
         """Duration of one op of `kind` on virtual stage `stage`."""
-        if kind == FORWARD:
-            return self.forward_times[stage]
-        if kind in (BACKWARD, FUSED_BACKWARD):
-            return self.backward_times[stage]
-        if kind == RECOMPUTE:
-            return self.recompute_times[stage]
-        if kind == OFFLOAD:
-            return self.offload_times[stage]
-        if kind == RELOAD:
-            return self.reload_times[stage]
-        return self.weight_times[stage]
+        return getattr(self, _COST_KEYS[kind])[stage]
 
     def memory_delta(self, kind: str, stage: int, recomputed: bool = False) -> float:
         """Memory change an op causes: + at the start of F (only the checkpoint when the microbatch
@@ -485,46 +326,18 @@ class Problem:
 
     @cached_property
     def one_microbatch_memory(self) -> tuple[float, ...]:
-        """Per device, one microbatch's activations on all its stages (with the bidirectional
-        placement, on those of its route: the larger of the two ways, not their sum): the least
-        memory a schedule that keeps every activation needs. A microbatch's forward on a device's
-        last stage runs while its earlier stages there still hold their activations (their
-        backwards come later); running one microbatch at a time needs no more."""
-        return tuple(max(sum(self.activation_memory[s] for s in stages if s in route) for route, _ in self.routes)
-                     for stages in self.stages_of_device)
-
-    @cached_property
-    def min_memory_limit(self) -> tuple[float, ...]:
-        """Per device, the least memory any schedule needs, with the mechanisms allowed.
-
-        Keeping every activation: `one_microbatch_memory`. With recomputation: `recomputation_floor`.
-        With offload: the device's largest activation (an R, L or F of stage s holds all of s's
-        activation; one microbatch at a time, every other activation offloaded before the next
-        forward, needs no more). With one stage per device all are the activation.
-        """
-        if self.allow_offload:
-            return tuple(max(self.activation_memory[s] for s in stages) for stages in self.stages_of_device)
-        return self.recomputation_floor if self.allow_recompute else self.one_microbatch_memory
+        """Per device, the least memory a schedule that keeps every activation needs (`memory_floor`)."""
+        return memory_floor.one_microbatch_memory(self)
 
     @cached_property
     def recomputation_floor(self) -> tuple[float, ...]:
-        """Per device, the least memory a schedule that keeps or recomputes needs: the most, over
-        the device's stages s, of stage s's whole activation plus the checkpoints of its earlier
-        stages there on the same route. When a microbatch's R (or kept F) on s starts, those
-        earlier stages have run their forwards and not yet their backwards, so each holds at least
-        its checkpoint. One microbatch at a time, every activation recomputed and each W right
-        after its B, needs no more. Only with allow_recompute (it needs checkpoint_memory)."""
-        return tuple(max(self.activation_memory[s] + sum(self.checkpoint_memory[e] for e in stages
-                                                         if e < s and self.route_of_stage(e) == self.route_of_stage(s))
-                         for s in stages) for stages in self.stages_of_device)
+        """Per device, the least memory a schedule that keeps or recomputes needs (`memory_floor`)."""
+        return memory_floor.recomputation_floor(self)
 
-    @property
-    def _floor_reason(self) -> str:
-        if self.allow_offload:
-            return "its largest stage's activation, with offload"
-        if self.allow_recompute:
-            return "one stage's activation and the checkpoints of its earlier stages, with recomputation"
-        return "one microbatch's activations on its stages" + (" (of one route)" if self.bidirectional else "")
+    @cached_property
+    def min_memory_limit(self) -> tuple[float, ...]:
+        """Per device, the least memory any schedule needs, with the mechanisms allowed (`memory_floor`)."""
+        return memory_floor.min_memory_limit(self)
 
     @cached_property
     def memory_caps(self) -> tuple[float, ...]:
@@ -550,12 +363,10 @@ class Problem:
         else:
             data["overlap_times"] = {kind: compact(costs) for kind, costs in self.overlap_times}
         # the keys of mechanisms not allowed stay out, as in the configs that predate them
-        if not self.allow_recompute:
-            for key in ("allow_recompute", "recompute_times", "checkpoint_memory"):
-                del data[key]
-        if not self.allow_offload:
-            for key in ("allow_offload", "offload_times", "reload_times", "shared_host_link"):
-                del data[key]
+        for switch, keys in _MECHANISM_KEYS.items():
+            if not data[switch]:
+                for key in (switch, *keys):
+                    del data[key]
         return data
 
     @classmethod

@@ -13,8 +13,9 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
+from zbopt.kinds import FORWARD
 from zbopt.ops import Op, op_table
-from zbopt.problem import FORWARD, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.tolerance import memory_ceiling
 

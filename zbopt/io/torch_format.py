@@ -30,18 +30,18 @@ from pathlib import Path
 from typing import NamedTuple
 
 from zbopt.errors import ScheduleError, ZboptError
+from zbopt.kinds import KINDS
 from zbopt.ops import Op
+from zbopt.placement import PLACEMENTS, stage_device
 from zbopt.problem import (
     BACKWARD,
     FORWARD,
     FUSED_BACKWARD,
     OFFLOAD,
     PAIR_MEMBERS,
-    PLACEMENTS,
     RECOMPUTE,
     WEIGHT,
     Problem,
-    stage_device,
 )
 from zbopt.schedule import Schedule, pair_text
 from zbopt.simulation import simulate
@@ -57,8 +57,7 @@ LAYOUT_KEYS = ("num_devices", "chunks_per_device", "placement", "num_microbatche
 _COMPUTE = re.compile(r"(\d+)([FIWB])(\d*)")
 _OVERLAP = re.compile(r"\((.*)\)OVERLAP_F_B")
 _NOT_COMPUTE = re.compile(r"\d*(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)\d*")
-_KIND_NAMES = {FORWARD: "forward (F)", BACKWARD: "input-gradient backward (I)",
-               WEIGHT: "weight-gradient backward (W)", FUSED_BACKWARD: "full backward (B)"}
+_KIND_NAMES = {kind: f"{KINDS[kind].name} ({letter})" for kind, letter in TORCH_KIND.items()}  # e.g. "forward (F)"
 
 
 class TorchAction(NamedTuple):

@@ -15,12 +15,12 @@ from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
 from zbopt.errors import ZboptError
+from zbopt.kinds import KINDS
 from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
 from zbopt.simulation import Simulation
 
 FIGURE_FORMATS = (".png", ".svg", ".pdf")
-KIND_NAMES = {FORWARD: "F forward", BACKWARD: "B input grad", WEIGHT: "W weight grad", FUSED_BACKWARD: "BW backward",
-              RECOMPUTE: "R recompute", OFFLOAD: "O offload", RELOAD: "L reload"}
+KIND_NAMES = {letter: kind.legend for letter, kind in KINDS.items()}
 RECOMPUTE_HATCH = "////"
 DPI = 120
 MAX_WIDTH_IN = 20.0  # wider figures do not get more legible; dense charts thin their labels instead

@@ -26,8 +26,9 @@ import itertools
 import math
 from operator import attrgetter
 
+from zbopt.kinds import FORWARD, WEIGHT
 from zbopt.ops import Op
-from zbopt.problem import FORWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.registry import register, require
 from zbopt.timeline import Timeline
@@ -46,82 +47,116 @@ def greedy(problem: Problem) -> Schedule:
                                                                     strict=True)),
             "greedy", "a memory limit of at least one microbatch's activations on each device's stages "
                       "(it keeps every activation)")
-    timeline = Timeline(problem)
-    table = timeline.table
-    stages = [sorted(device_stages) for device_stages in problem.stages_of_device]
-    microbatches = {stage: problem.microbatches_of(stage) for stage in range(problem.num_stages)}
-    # per device, its route's first stage there -> the activations a microbatch of that route holds on it
+    return _ListSchedule(problem).run()
+
+
+class _ListSchedule:
+    """The list schedule under way: the ops placed (a `Timeline`), per (kind, stage) how many ran,
+    per device the memory reserved for the microbatches it took in, and the devices' wake-ups."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.timeline = Timeline(problem)
+        self.table = table = self.timeline.table
+        self.stages = [sorted(device_stages) for device_stages in problem.stages_of_device]
+        self.microbatches = {stage: problem.microbatches_of(stage) for stage in range(problem.num_stages)}
+        self.footprint = _footprints(problem, self.stages)
+        self.spare = problem.one_microbatch_memory
+        self.ceiling = [memory_ceiling(limit) for limit in problem.memory_caps]
+        self.reserved = [0.0] * problem.num_devices
+        self.done = {(kind, stage): 0 for kind in problem.kinds for stage in range(problem.num_stages)}
+        self.first_index = {(kind, stage): table.index(Op(kind, stage, self.microbatches[stage][0]))
+                            for kind, stage in self.done}
+        self.followers: list[list[int]] = [[] for _ in range(table.size)]
+        for index, source in enumerate(table.predecessor):
+            if source >= 0:
+                self.followers[source].append(index)
+        self.turns = itertools.count()
+        self.wake = [(0.0, next(self.turns), device) for device in range(problem.num_devices)]
+
+    def run(self) -> Schedule:
+        """Wake devices in time order; each free one runs the op the module docstring's rule picks."""
+        left = self.table.size
+        while left:
+            if not self.wake:
+                raise RuntimeError("greedy: no op can start on any device")  # cannot happen (module docstring)
+            now, _, device = heapq.heappop(self.wake)
+            if now < self.timeline.free[device]:
+                continue  # busy: it woke itself for when it is free
+            op = self.choose(device, now)
+            if op is not None:
+                self.place(device, op, now)
+                left -= 1
+        timeline = self.timeline
+        return Schedule(timeline.orders, [[timeline.start_of(op) for op in order] for order in timeline.orders])
+
+    def choose(self, device: int, now: float) -> Op | None:
+        """The op the device runs at `now`, or None: then it wakes when its soonest op is ready
+        (if none, another device's op, or its own, wakes it)."""
+        options = list(self.candidates(device))
+        startable = [option[1:] for option in options if option[0] <= now]
+        if not startable:
+            soonest = min((option[0] for option in options), default=math.inf)
+            if soonest < math.inf:
+                self.wake_at(soonest, device)
+            return None
+        _, microbatch, negative_stage, kind = min(startable)
+        return Op(kind, -negative_stage, microbatch)
+
+    def candidates(self, device: int):
+        """(ready time, priority, microbatch, -stage, kind) of each op the device could run next (it
+        is free: every op it ran has ended and freed what it frees); a new microbatch only if it fits."""
+        for stage in self.stages[device]:
+            microbatches = self.microbatches[stage]
+            for kind in self.problem.kinds:
+                count = self.done[kind, stage]
+                if count >= len(microbatches):
+                    continue
+                ready = self.timeline.ready_at(self.first_index[kind, stage] + count)
+                microbatch = microbatches[count]
+                if kind == WEIGHT:
+                    yield ready, _WEIGHT, microbatch, -stage, kind
+                elif kind != FORWARD:
+                    yield ready, _BACKWARD, microbatch, -stage, kind
+                elif stage not in self.footprint[device]:
+                    yield ready, _CONTINUE, microbatch, -stage, kind
+                elif self.fits(device, stage):
+                    yield ready, _TAKE_IN, microbatch, -stage, kind
+
+    def fits(self, device: int, stage: int) -> bool:
+        """Whether the device may take in the next microbatch of its route's first stage `stage`
+        there (see the module docstring)."""
+        footprint, done, microbatches = self.footprint[device], self.done, self.microbatches
+        room = self.ceiling[device] - self.timeline.held[device] - self.reserved[device] - footprint[stage]
+        pending = [microbatches[entry][done[FORWARD, entry]] for entry in footprint
+                   if done[FORWARD, entry] < len(microbatches[entry])]
+        lowest = microbatches[stage][done[FORWARD, stage]] == min(pending)
+        return room >= 0 and (lowest or room >= self.spare[device])
+
+    def place(self, device: int, op: Op, now: float) -> None:
+        """Run `op` at `now`: a forward moves its activation from the device's reservation to what
+        it holds; the device wakes when free, each op waiting on this one when it is ready."""
+        index = self.first_index[op.kind, op.stage] + self.done[op.kind, op.stage]
+        if op.kind == FORWARD:
+            self.reserved[device] += self.footprint[device].get(op.stage, 0.0)
+            self.reserved[device] -= self.table.memory_delta[index]
+        self.timeline.append(op, now)
+        self.done[op.kind, op.stage] += 1
+        self.wake_at(self.timeline.free[device], device)
+        for successor in self.followers[index]:
+            self.wake_at(self.timeline.ready_at(successor), self.table.device[successor])
+
+    def wake_at(self, time: float, device: int) -> None:
+        heapq.heappush(self.wake, (time, next(self.turns), device))
+
+
+def _footprints(problem: Problem, stages: list[list[int]]) -> list[dict[int, float]]:
+    """Per device, its route's first stage there -> the activations a microbatch of that route
+    holds on the device."""
     footprint: list[dict[int, float]] = [{} for _ in range(problem.num_devices)]
     for device, device_stages in enumerate(stages):
         for route, _ in problem.routes:
             mine = [stage for stage in device_stages if stage in route]
             if mine:
                 footprint[device][mine[0]] = sum(problem.activation_memory[stage] for stage in mine)
-    spare = problem.one_microbatch_memory
-    ceiling = [memory_ceiling(limit) for limit in problem.memory_caps]
-    reserved = [0.0] * problem.num_devices
-    done = {(kind, stage): 0 for kind in problem.kinds for stage in range(problem.num_stages)}
-    left = table.size
-    followers: list[list[int]] = [[] for _ in range(table.size)]
-    for index, source in enumerate(table.predecessor):
-        if source >= 0:
-            followers[source].append(index)
-    turns = itertools.count()
-    wake = [(0.0, next(turns), device) for device in range(problem.num_devices)]
-
-    first_index = {(kind, stage): table.index(Op(kind, stage, microbatches[stage][0])) for kind, stage in done}
-
-    def fits(device: int, stage: int) -> bool:
-        """Whether the device may take in the next microbatch of its route's first stage `stage`
-        there (see the module docstring)."""
-        room = ceiling[device] - timeline.held[device] - reserved[device] - footprint[device][stage]
-        pending = [microbatches[entry][done[FORWARD, entry]] for entry in footprint[device]
-                   if done[FORWARD, entry] < len(microbatches[entry])]
-        lowest = microbatches[stage][done[FORWARD, stage]] == min(pending)
-        return room >= 0 and (lowest or room >= spare[device])
-
-    def candidates(device: int):
-        """(ready time, priority, microbatch, -stage, kind) of each op the device could run next (it
-        is free: every op it ran has ended and freed what it frees); a new microbatch only if it fits."""
-        for stage in stages[device]:
-            for kind in problem.kinds:
-                count = done[kind, stage]
-                if count >= len(microbatches[stage]):
-                    continue
-                ready = timeline.ready_at(first_index[kind, stage] + count)
-                microbatch = microbatches[stage][count]
-                if kind == WEIGHT:
-                    yield ready, _WEIGHT, microbatch, -stage, kind
-                elif kind != FORWARD:
-                    yield ready, _BACKWARD, microbatch, -stage, kind
-                elif stage not in footprint[device]:
-                    yield ready, _CONTINUE, microbatch, -stage, kind
-                elif fits(device, stage):
-                    yield ready, _TAKE_IN, microbatch, -stage, kind
-
-    while left:
-        if not wake:
-            raise RuntimeError("greedy: no op can start on any device")  # cannot happen (module docstring)
-        now, _, device = heapq.heappop(wake)
-        if now < timeline.free[device]:
-            continue  # busy: it woke itself for when it is free
-        options = list(candidates(device))
-        startable = [option[1:] for option in options if option[0] <= now]
-        if not startable:
-            soonest = min((option[0] for option in options), default=math.inf)
-            if soonest < math.inf:
-                heapq.heappush(wake, (soonest, next(turns), device))
-            continue  # otherwise another device's op, or this device's own, wakes it
-        _, microbatch, negative_stage, kind = min(startable)
-        op = Op(kind, -negative_stage, microbatch)
-        index = first_index[kind, op.stage] + done[kind, op.stage]
-        if kind == FORWARD:
-            reserved[device] += footprint[device].get(op.stage, 0.0)
-            reserved[device] -= table.memory_delta[index]
-        timeline.append(op, now)
-        done[kind, op.stage] += 1
-        left -= 1
-        heapq.heappush(wake, (timeline.free[device], next(turns), device))
-        for successor in followers[index]:
-            heapq.heappush(wake, (timeline.ready_at(successor), next(turns), table.device[successor]))
-    return Schedule(timeline.orders, [[timeline.start_of(op) for op in order] for order in timeline.orders])
+    return footprint

@@ -24,8 +24,9 @@ import bisect
 import numpy as np
 
 from zbopt.errors import NotApplicableError
+from zbopt.kinds import FORWARD, OFFLOAD, RELOAD
 from zbopt.ops import Op, OpTable
-from zbopt.problem import FORWARD, OFFLOAD, RELOAD, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import backward_ops, schedule_from_starts
 from zbopt.schedules.registry import generate, register, require
@@ -203,95 +204,126 @@ def _fitted_times(problem: Problem, orders: list[list[Op]], name: str) -> list[l
     so far free. A reload without room yet waits while the compute ops after it run (their frees
     may make room; its backward waits for it); a forward cannot. One iteration only (no
     weight-update barrier)."""
-    table = OpTable(problem, *activation_choices(Schedule(orders)))
-    indices = [[table.index(op) for op in order] for order in orders]
-    caps = [memory_ceiling(limit) for limit in problem.memory_caps]
-    start = [0.0] * table.size
-    end: list[float | None] = [None] * table.size
-    # per device, its memory events so far as (time, allocates, change), in order (a free first at a moment)
-    events: list[list[tuple[float, bool, float]]] = [[] for _ in orders]
-    position, compute_free = [0] * len(orders), [0.0] * len(orders)
-    busy: dict[tuple[int, int], list[tuple[float, float]]] = {}  # per (host link, lane), (start, end) sorted
-    own_end: dict[tuple[int, int], float] = {}  # per (device, lane), the end of its copy placed last
-    issued = [0.0] * table.size  # a copy's issue point
-    deferred: list[list[int]] = [[] for _ in orders]  # per device, reloads waiting for room, in order
-    waiting: dict[int, list[int]] = {}
+    fitting = _Fitting(problem, orders, name)
+    while fitting.ready:
+        device = fitting.ready.pop()
+        fitting.advance(device)
+        fitting.try_deferred(device)
+    return fitting.start_times()
 
-    def place(device: int, index: int, t: float) -> None:
-        start[index], end[index] = t, t + table.duration[index]
-        allocates = table.allocates_at_start[index]
-        bisect.insort(events[device], (t if allocates else end[index], allocates, table.memory_delta[index]))
+
+class _Fitting:
+    """`_fitted_times` under way: per op its start and end (None until placed); per device its
+    memory events, its place in its order, when its compute is free, its reloads waiting for
+    room; per host link and lane the copies placed; and the devices to advance."""
+
+    def __init__(self, problem: Problem, orders: list[list[Op]], name: str):
+        self.problem, self.name = problem, name
+        self.table = table = OpTable(problem, *activation_choices(Schedule(orders)))
+        self.indices = [[table.index(op) for op in order] for order in orders]
+        self.caps = [memory_ceiling(limit) for limit in problem.memory_caps]
+        self.start = [0.0] * table.size
+        self.end: list[float | None] = [None] * table.size
+        # per device, its memory events so far as (time, allocates, change), in order (a free first at a moment)
+        self.events: list[list[tuple[float, bool, float]]] = [[] for _ in orders]
+        self.position, self.compute_free = [0] * len(orders), [0.0] * len(orders)
+        self.busy: dict[tuple[int, int], list[tuple[float, float]]] = {}  # per (host link, lane), (start, end) sorted
+        self.own_end: dict[tuple[int, int], float] = {}  # per (device, lane), the end of its copy placed last
+        self.issued = [0.0] * table.size  # a copy's issue point
+        self.deferred: list[list[int]] = [[] for _ in orders]  # per device, reloads waiting for room, in order
+        self.waiting: dict[int, list[int]] = {}  # op index -> devices waiting for it to be placed
+        self.ready = list(range(len(orders) - 1, -1, -1))
+
+    def advance(self, device: int) -> None:
+        """Place the device's ops in order until one waits on an op not placed yet."""
+        table, end, order = self.table, self.end, self.indices[device]
+        while self.position[device] < len(order):
+            self.try_deferred(device)
+            index = order[self.position[device]]
+            sources = [(table.predecessor[index], table.latency[index]), (table.restore_of[index], 0.0)]
+            pending = next((source for source, _ in sources if source >= 0 and end[source] is None), None)
+            if pending is not None:
+                if pending in self.deferred[device]:
+                    raise self.no_room(device, pending)
+                self.waiting.setdefault(pending, []).append(device)
+                return
+            t = max([self.compute_free[device], *(end[source] + latency for source, latency in sources if source >= 0)])
+            self.position[device] += 1
+            t = self.earliest_start(device, index, t)
+            if t is not None:
+                self.place(device, index, t)
+
+    def earliest_start(self, device: int, index: int, ready: float) -> float | None:
+        """When the op whose inputs are in at `ready` starts: a copy in a gap of its lane (None: a
+        reload without room, or behind one, deferred), an op that allocates once it has room."""
+        table = self.table
         if table.lane[index]:
-            bisect.insort(busy.setdefault((problem.host_link(device), table.lane[index]), []), (t, end[index]))
-            own_end[device, table.lane[index]] = end[index]
-        else:
-            compute_free[device] = end[index]
-        ready.extend(waiting.pop(index, ()))
+            self.issued[index] = self.compute_free[device]
+            t = self.copy_start(device, index, ready) if not self.deferred[device] else None
+            if t is None:
+                self.deferred[device].append(index)
+            return t
+        if table.allocates_at_start[index] and table.memory_delta[index] > 0:
+            t = _room_from(self.events[device], ready, table.memory_delta[index], self.caps[device])
+            if t is None:
+                raise self.no_room(device, index)
+            return t
+        return ready
 
-    def copy_start(device: int, index: int, earliest: float) -> float | None:
+    def place(self, device: int, index: int, t: float) -> None:
+        table = self.table
+        self.start[index], self.end[index] = t, t + table.duration[index]
+        allocates = table.allocates_at_start[index]
+        bisect.insort(self.events[device], (t if allocates else self.end[index], allocates, table.memory_delta[index]))
+        if table.lane[index]:
+            link = (self.problem.host_link(device), table.lane[index])
+            bisect.insort(self.busy.setdefault(link, []), (t, self.end[index]))
+            self.own_end[device, table.lane[index]] = self.end[index]
+        else:
+            self.compute_free[device] = self.end[index]
+        self.ready.extend(self.waiting.pop(index, ()))
+
+    def copy_start(self, device: int, index: int, earliest: float) -> float | None:
         """The copy's first start from `earliest` on, after the device's copy before it on the lane,
         in a gap of the lane, with room for a reload's allocation (None: no room yet)."""
+        table = self.table
         lane, duration = table.lane[index], table.duration[index]
-        t = max(earliest, own_end.get((device, lane), 0.0))
+        t = max(earliest, self.own_end.get((device, lane), 0.0))
         while True:
             if table.memory_delta[index] > 0:
-                t = _room_from(events[device], t, table.memory_delta[index], caps[device])
+                t = _room_from(self.events[device], t, table.memory_delta[index], self.caps[device])
                 if t is None:
                     return None
             moved = t
-            for begin, finish in busy.get((problem.host_link(device), lane), ()):  # disjoint, in order
+            for begin, finish in self.busy.get((self.problem.host_link(device), lane), ()):  # disjoint, in order
                 if begin < moved + duration and finish > moved:
                     moved = finish
             if moved == t:
                 return t
             t = moved
 
-    def try_deferred(device: int) -> None:
-        for index in list(deferred[device]):
-            t = copy_start(device, index, max(issued[index], end[table.predecessor[index]]))
+    def try_deferred(self, device: int) -> None:
+        """Place the device's deferred reloads that have room now, in order."""
+        for index in list(self.deferred[device]):
+            t = self.copy_start(device, index, max(self.issued[index], self.end[self.table.predecessor[index]]))
             if t is None:
                 return  # its lane takes the device's reloads in order
-            deferred[device].remove(index)
-            place(device, index, t)
+            self.deferred[device].remove(index)
+            self.place(device, index, t)
 
-    def no_room(device: int, index: int) -> NotApplicableError:
-        return NotApplicableError(f"{name}: {table.op(index)} finds no room within device {device}'s memory limit "
-                                  f"{problem.memory_caps[device]:g} in this order")
+    def no_room(self, device: int, index: int) -> NotApplicableError:
+        return NotApplicableError(f"{self.name}: {self.table.op(index)} finds no room within device {device}'s "
+                                  f"memory limit {self.problem.memory_caps[device]:g} in this order")
 
-    ready = list(range(len(orders) - 1, -1, -1))
-    while ready:
-        device = ready.pop()
-        order = indices[device]
-        while position[device] < len(order):
-            try_deferred(device)
-            index = order[position[device]]
-            sources = [(table.predecessor[index], table.latency[index]), (table.restore_of[index], 0.0)]
-            pending = next((source for source, _ in sources if source >= 0 and end[source] is None), None)
-            if pending is not None:
-                if pending in deferred[device]:
-                    raise no_room(device, pending)
-                waiting.setdefault(pending, []).append(device)
-                break
-            t = max([compute_free[device], *(end[source] + latency for source, latency in sources if source >= 0)])
-            position[device] += 1
-            if table.lane[index]:
-                issued[index] = compute_free[device]
-                t = copy_start(device, index, t) if not deferred[device] else None
-                if t is None:  # a reload without room, or behind one
-                    deferred[device].append(index)
-                    continue
-            elif table.allocates_at_start[index] and table.memory_delta[index] > 0:
-                t = _room_from(events[device], t, table.memory_delta[index], caps[device])
-                if t is None:
-                    raise no_room(device, index)
-            place(device, index, t)
-        try_deferred(device)
-    for device, order in enumerate(indices):
-        if position[device] < len(order):
-            raise NotApplicableError(f"{name}: device {device} waits forever at {table.op(order[position[device]])}")
-        if deferred[device]:
-            raise no_room(device, deferred[device][0])
-    return [[start[index] for index in order] for order in indices]
+    def start_times(self) -> list[list[float]]:
+        """Per device, its ops' start times; NotApplicableError when some op was never placed."""
+        for device, order in enumerate(self.indices):
+            if self.position[device] < len(order):
+                raise NotApplicableError(f"{self.name}: device {device} waits forever at "
+                                         f"{self.table.op(order[self.position[device]])}")
+            if self.deferred[device]:
+                raise self.no_room(device, self.deferred[device][0])
+        return [[self.start[index] for index in order] for order in self.indices]
 
 
 def _room_from(events: list[tuple[float, bool, float]], earliest: float, amount: float, cap: float) -> float | None:

@@ -1,21 +1,21 @@
-"""The one simulator: the only place where times, makespan, bubble rates and memory are computed.
+"""`simulate`: the simulator's steps in order. Read the schedule into op numbers (`orders`), time
+its orders as soon as possible (`timing`) or verify its given start times (`verify`), follow each
+device's memory (`memory`) and return the `Simulation`.
 
-`simulate(problem, schedule)` either times the per-device orders (each op starts as soon as its
-device is free and its predecessor, plus latency, has finished, keeping the given order) or, when
-the schedule carries start times, verifies them. It names what is broken: a missing, duplicated or
-misplaced op, a deadlock, a start time that breaks a dependency or overlaps, a memory violation.
-"""
+It names what is broken: a missing, duplicated or misplaced op, a deadlock, a start time that
+breaks a dependency or overlaps, a memory violation."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from zbopt.errors import MemoryLimitError, ScheduleError
-from zbopt.ops import OpTable, op_table
-from zbopt.problem import COPY_KINDS, PAIR_MEMBERS, RECOMPUTE, Problem
-from zbopt.schedule import Schedule, pair_text
+from zbopt.errors import MemoryLimitError
+from zbopt.ops import op_table
+from zbopt.problem import Problem
+from zbopt.schedule import Schedule
 from zbopt.simulation.memory import memory_steps, memory_violations
-from zbopt.simulation.result import Pair, Simulation
+from zbopt.simulation.orders import activation_choices, index_orders, overlapped_pairs
+from zbopt.simulation.result import Simulation
 from zbopt.simulation.timing import time_orders
 from zbopt.simulation.verify import check_shared_links, verify_times
 
@@ -56,8 +56,8 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     33.0
     """
     table = op_table(problem, *activation_choices(schedule))
-    orders = _index_orders(problem, table, schedule)
-    pairs = _pairs(problem, table, schedule, orders)
+    orders = index_orders(problem, table, schedule)
+    pairs = overlapped_pairs(problem, table, schedule, orders)
     device_ops = tuple(np.asarray(indices, dtype=np.int64) for indices in orders)
     if schedule.start_times is None:
         start, end = time_orders(table, orders, pairs)
@@ -70,90 +70,3 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     if strict and violations:
         raise MemoryLimitError(str(violations[0]))
     return Simulation(problem, schedule, table, device_ops, start, end, steps, violations, pairs, memory_after)
-
-
-def activation_choices(schedule: Schedule) -> tuple[frozenset, frozenset]:
-    """The (stage, microbatch) pairs a schedule recomputes (those of its R ops) and offloads (of
-    its O or L ops: a missing partner is then reported missing)."""
-    recomputed, offloaded = set(), set()
-    for order in schedule.orders:
-        for op in order:
-            if op.kind == RECOMPUTE:
-                recomputed.add((op.stage, op.microbatch))
-            elif op.kind in COPY_KINDS:
-                offloaded.add((op.stage, op.microbatch))
-    return frozenset(recomputed), frozenset(offloaded)
-
-
-def _pairs(problem: Problem, table: OpTable, schedule: Schedule, orders: list[list[int]]) -> tuple[Pair, ...]:
-    """The schedule's overlapped pairs, checked: consecutive in one device's order, a forward then
-    one microbatch's whole input-gradient backward (with its W for FBW), a pair kind the problem
-    gives a cost for, each op in at most one pair."""
-    if not schedule.pairs:
-        return ()
-    position = {}
-    for device, indices in enumerate(orders):
-        for place, index in enumerate(indices):
-            position[index] = (device, place)
-    kinds = {members: kind for (kind, split), members in PAIR_MEMBERS.items() if split == problem.split_backward}
-    paired: set[int] = set()
-    pairs = []
-    for members in schedule.pairs:
-        text = pair_text(members)
-        indices = tuple(table.index(op) for op in members)
-        kind = kinds.get(tuple(op.kind for op in members))
-        backward = members[1:]
-        if kind is None or any((op.stage, op.microbatch) != (backward[0].stage, backward[0].microbatch)
-                               for op in backward):
-            shapes = ", ".join(f"({';'.join(kinds_)})" for kinds_ in kinds)
-            raise ScheduleError(f"pair {text}: expected a forward and one microbatch's backward, as {shapes}")
-        if members[0].microbatch == backward[0].microbatch:
-            raise ScheduleError(f"pair {text}: a forward and its own microbatch's backward cannot overlap (the "
-                                "backward waits for the forward)")
-        device, place = position[indices[0]]
-        if [position[index] for index in indices] != [(device, place + k) for k in range(len(indices))]:
-            raise ScheduleError(f"pair {text}: its ops must be consecutive in one device's order")
-        cost = problem.overlap_cost(kind, device)
-        if cost is None:
-            given = ", ".join(k for k, _ in problem.overlap_times or ()) or "none"
-            raise ScheduleError(f"pair {text}: the problem's overlap_times gives no {kind} cost (it gives {given})")
-        if paired & set(indices):
-            raise ScheduleError(f"pair {text}: {table.op(min(paired & set(indices)))} is in another pair too")
-        paired.update(indices)
-        pairs.append(Pair(indices, cost))
-    return tuple(pairs)
-
-
-def _index_orders(problem: Problem, table: OpTable, schedule: Schedule) -> list[list[int]]:
-    """Per device, the op indices of its order; checks every op appears once, on its device."""
-    if schedule.num_devices != problem.num_devices:
-        raise ScheduleError(
-            f"the schedule has orders for {schedule.num_devices} devices, the problem has {problem.num_devices}"
-        )
-    device_of = table.device
-    placed: list[tuple[int, int] | None] = [None] * table.size
-    orders = []
-    for device, order in enumerate(schedule.orders):
-        indices = []
-        for position, op in enumerate(order):
-            index = table.index(op)
-            if device_of[index] != device:
-                raise ScheduleError(
-                    f"op {op} is on device {device}, but stage {op.stage} runs on device {device_of[index]}"
-                )
-            if placed[index] is not None:
-                raise ScheduleError(
-                    f"op {op} appears twice on device {device} (positions {placed[index][1]} and {position})"
-                )
-            placed[index] = (device, position)
-            indices.append(index)
-        orders.append(indices)
-    scheduled = sum(len(indices) for indices in orders)
-    if scheduled != table.size:
-        missing = [table.op(i) for i, where in enumerate(placed) if where is None]
-        first = missing[0]
-        raise ScheduleError(
-            f"op {first} (device {device_of[table.index(first)]}) is missing from the schedule"
-            + (f", and {len(missing) - 1} more ops" if len(missing) > 1 else "")
-        )
-    return orders

@@ -39,6 +39,7 @@ def memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.nd
 
 
 def memory_violations(problem: Problem, memory_steps) -> tuple[MemoryViolation, ...]:
+    """Per device over its limit (beyond the tolerance), the first moment it is."""
     if problem.memory_limit is None:
         return ()
     violations = []

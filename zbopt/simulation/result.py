@@ -9,11 +9,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zbopt import shown
 from zbopt.ops import COMPUTE_LANE, Op, OpTable
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule, pair_text
-from zbopt.shown import Shown
+from zbopt.shown import Shown, dataframe
+
+
+class Pair(NamedTuple):
+    """An overlapped pair as the simulator runs it: its members' op numbers (the forward first),
+    in its device's order, and its cost."""
+
+    members: tuple[int, ...]
+    cost: float
 
 
 @dataclass(frozen=True)
@@ -117,10 +124,9 @@ class Simulation(Shown):
 
     def to_dataframe(self):
         """One row per device: busy, idle, span, peak memory, as a pandas DataFrame (pandas is optional)."""
-        return shown.dataframe([{"device": device, "busy": self.busy[device], "idle": self.idle[device],
+        return dataframe([{"device": device, "busy": self.busy[device], "idle": self.idle[device],
                                    "span": self.span[device], "peak_memory": self.peak_memory[device]}
                                   for device in range(self.problem.num_devices)])
-
 
     def timed_orders(self) -> Schedule:
         """The schedule with the simulated start times filled in."""
@@ -156,11 +162,3 @@ class Simulation(Shown):
             "start_times": [self.start[indices].tolist() for indices in self.device_ops],
             "pairs": [pair_text(members) for members in self.schedule.pairs],
         }
-
-
-class Pair(NamedTuple):
-    """An overlapped pair as the simulator runs it: its members' op numbers (the forward first),
-    in its device's order, and its cost."""
-
-    members: tuple[int, ...]
-    cost: float

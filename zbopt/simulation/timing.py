@@ -6,12 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from zbopt.errors import DeadlockError
+from zbopt.kinds import FORWARD, KINDS
 from zbopt.ops import Op, OpTable
-from zbopt.problem import FORWARD, RECOMPUTE, RELOAD
 from zbopt.schedule import pair_text
 from zbopt.simulation.result import Pair
-
-RESTORE_NAMES = {RECOMPUTE: "recompute", RELOAD: "reload"}  # the ops that make an activation whole again
 
 
 def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
@@ -34,141 +32,158 @@ def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
 
 def time_orders(table: OpTable, orders: list[list[int]],
                  pairs: tuple[Pair, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
-    """Earliest start of every op given the device orders: a longest-path sweep in which a device
-    advances until its next op waits on an unfinished op, and is woken when that op finishes. An
-    overlapped pair starts once all its members could, and ends them all after its cost."""
-    duration, predecessor, latency, restore_of = table.duration, table.predecessor, table.latency, table.restore_of
-    lane = table.lane
-    waits, feeds, group_count = barrier_groups(table)
-    group_left = [table.problem.num_microbatches] * group_count
-    group_end = [0.0] * group_count
-    group_done: list[float | None] = [None] * group_count
-    start = [0.0] * table.size
-    end: list[float | None] = [None] * table.size
-    position = [0] * len(orders)
-    free = [0.0] * len(orders)
-    copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
-    waiting: dict[int, list[int]] = {}  # op index (or ~group for a barrier) -> devices waiting on it
-    ready = list(range(len(orders) - 1, -1, -1))
-    pair_of = {pair.members[0]: pair for pair in pairs}
+    """Earliest start and end of every op given the device orders: a longest-path sweep in which a
+    device advances until its next op waits on an unfinished op, and is woken when that op
+    finishes. An overlapped pair starts once all its members could, and ends them all after its
+    cost. Raises DeadlockError naming the stuck devices when some order can never finish."""
+    sweep = _Sweep(table, orders, pairs)
+    sweep.run()
+    stuck = [device for device, order in enumerate(orders) if sweep.position[device] < len(order)]
+    if stuck:
+        raise DeadlockError(sweep.describe_deadlock(stuck))
+    return np.asarray(sweep.start), np.asarray(sweep.end[:table.size], dtype=float)  # without the barriers
 
-    def pair_start(pair: Pair, t: float) -> tuple[float, int | None]:
-        """The pair's start given the device is free at `t`, or (t, what it waits for)."""
+
+class _Sweep:
+    """The sweep's state: per op its start and end (None until timed), per device its place in its
+    order and when its compute and copy lanes are free, and who waits on what.
+
+    Besides its predecessor an op waits on at most one input (`other_input`): the restore (R or L)
+    of its activation, for an input gradient, or its iteration's barrier, for a forward. A barrier
+    is timed as one more entry of `end` (number size + group): it ends when its group's last
+    gradient op does.
+
+    `run` is one loop on purpose: its body runs once per op, where a function call per op would
+    cost several percent of the simulator's time (benchmarks/bench_simulator.py); what runs once,
+    or once per pair, is apart."""
+
+    def __init__(self, table: OpTable, orders: list[list[int]], pairs: tuple[Pair, ...]):
+        self.table, self.orders, self.pairs = table, orders, pairs
+        self.waits, self.feeds, groups = barrier_groups(table)
+        self.other_input = table.restore_of  # a forward has no restore: its barrier, if any, takes its place
+        if groups:
+            barrier = np.asarray(self.waits)
+            self.other_input = np.where(barrier >= 0, table.size + barrier, table.restore_of).tolist()
+        self.gradients_left = [table.problem.num_microbatches] * groups  # per barrier, its ops still to end
+        self.latest = [0.0] * groups  # per barrier, the latest end of its gradient ops so far
+        self.start = [0.0] * table.size
+        self.end: list[float | None] = [None] * (table.size + groups)
+        self.position = [0] * len(orders)  # per device, the place of its next op in its order
+        self.free = [0.0] * len(orders)  # per device, when its compute lane is free
+        self.copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
+        self.waiting: dict[int, list[int]] = {}  # number in `end` -> devices waiting on it
+        self.ready = list(range(len(orders) - 1, -1, -1))  # devices to advance, device 0 first
+        self.pair_of = {pair.members[0]: pair for pair in pairs}
+
+    def run(self) -> None:
+        """Advance each ready device through its order until its next op waits on an unfinished op
+        (or barrier); a copy (O, L) waits for its lane, not holding up compute."""
+        table, size = self.table, self.table.size
+        duration, predecessor, latency, lane = table.duration, table.predecessor, table.latency, table.lane
+        other_input, feeds, gradients_left, latest = self.other_input, self.feeds, self.gradients_left, self.latest
+        orders, start, end, position, free = self.orders, self.start, self.end, self.position, self.free
+        copy_free, waiting, ready, pair_of = self.copy_free, self.waiting, self.ready, self.pair_of
+        while ready:
+            device = ready.pop()
+            order = orders[device]
+            i, t = position[device], free[device]
+            while i < len(order):
+                op = order[i]
+                pair = pair_of.get(op) if pair_of else None
+                if pair is not None:
+                    begin, awaited = self.pair_start(pair, t)
+                    if awaited is not None:
+                        waiting.setdefault(awaited, []).append(device)
+                        break
+                    members, finish = pair.members, begin + pair.cost
+                    t = finish
+                else:
+                    copy_lane = lane[op]
+                    begin = t  # a copy is issued when the compute op before it has ended
+                    if copy_lane and copy_free[device][copy_lane] > begin:
+                        begin = copy_free[device][copy_lane]
+                    source = predecessor[op]
+                    if source >= 0:
+                        finish = end[source]
+                        if finish is None:
+                            waiting.setdefault(source, []).append(device)
+                            break
+                        finish += latency[op]
+                        if finish > begin:
+                            begin = finish
+                    other = other_input[op]
+                    if other >= 0:
+                        if end[other] is None:
+                            waiting.setdefault(other, []).append(device)
+                            break
+                        if end[other] > begin:
+                            begin = end[other]
+                    members, finish = (op,), begin + duration[op]
+                    if copy_lane:
+                        copy_free[device][copy_lane] = finish
+                    else:
+                        t = finish
+                for member in members:
+                    start[member] = begin
+                    end[member] = finish
+                    woken = waiting.pop(member, None)
+                    if woken:
+                        ready.extend(woken)
+                    group = feeds[member]
+                    if group >= 0:
+                        gradients_left[group] -= 1
+                        if finish > latest[group]:
+                            latest[group] = finish
+                        if not gradients_left[group]:
+                            end[size + group] = latest[group]
+                            ready.extend(waiting.pop(size + group, ()))
+                i += len(members)
+            position[device], free[device] = i, t
+
+    def pair_start(self, pair: Pair, t: float) -> tuple[float, int | None]:
+        """The pair's start given its device is free at `t`, or (t, the number in `end` of what it
+        waits for)."""
+        predecessor, latency, other_input, end = (self.table.predecessor, self.table.latency, self.other_input,
+                                                  self.end)
         for member in pair.members:
             source = predecessor[member]
             if source >= 0 and source not in pair.members:
                 if end[source] is None:
                     return t, source
                 t = max(t, end[source] + latency[member])
-            source = restore_of[member]
-            if source >= 0:
-                if end[source] is None:
-                    return t, source
-                t = max(t, end[source])
-            group = waits[member]
-            if group >= 0:
-                if group_done[group] is None:
-                    return t, ~group
-                t = max(t, group_done[group])
+            other = other_input[member]
+            if other >= 0:
+                if end[other] is None:
+                    return t, other
+                t = max(t, end[other])
         return t, None
 
-    while ready:
-        device = ready.pop()
-        order = orders[device]
-        i, t = position[device], free[device]
-        while i < len(order):
-            op = order[i]
-            pair = pair_of.get(op) if pair_of else None
-            if pair is not None:
-                begin, awaited = pair_start(pair, t)
-                if awaited is not None:
-                    waiting.setdefault(awaited, []).append(device)
-                    break
-                members, t = pair.members, begin + pair.cost
-                finish = t
-            else:
-                copy_lane = lane[op]
-                issued = t  # a compute op's start so far; a copy's issue point (the compute op before it ended)
-                if copy_lane:
-                    t = max(t, copy_free[device][copy_lane])
-                source = predecessor[op]
-                if source >= 0:
-                    finish = end[source]
-                    if finish is None:
-                        waiting.setdefault(source, []).append(device)
-                        t = issued
-                        break
-                    finish += latency[op]
-                    if finish > t:
-                        t = finish
-                source = restore_of[op]
-                if source >= 0:
-                    finish = end[source]
-                    if finish is None:
-                        waiting.setdefault(source, []).append(device)
-                        break
-                    if finish > t:
-                        t = finish
-                group = waits[op]
-                if group >= 0:
-                    finish = group_done[group]
-                    if finish is None:
-                        waiting.setdefault(~group, []).append(device)
-                        break
-                    if finish > t:
-                        t = finish
-                members, begin, finish = (op,), t, t + duration[op]
-                if copy_lane:
-                    copy_free[device][copy_lane] = finish
-                    t = issued
-                else:
-                    t = finish
+    def describe_deadlock(self, stuck: list[int]) -> str:
+        """Which devices wait on which ops, e.g. 'device 0 is stuck at 0B0, waiting for 1B0 (device 1)'
+        (at a pair, the member's input that is missing)."""
+        table, end, waits = self.table, self.end, self.waits
+        pair_of = {pair.members[0]: pair.members for pair in self.pairs}
+        parts = []
+        for device in stuck[:6]:
+            index = self.orders[device][self.position[device]]
+            members = pair_of.get(index, (index,))
             for member in members:
-                start[member] = begin
-                end[member] = finish
-                woken = waiting.pop(member, None)
-                if woken:
-                    ready.extend(woken)
-                group = feeds[member]
-                if group >= 0:
-                    group_left[group] -= 1
-                    group_end[group] = max(group_end[group], finish)
-                    if group_left[group] == 0:
-                        group_done[group] = group_end[group]
-                        ready.extend(waiting.pop(~group, ()))
-            i += len(members)
-        position[device], free[device] = i, t
-    stuck = [device for device, order in enumerate(orders) if position[device] < len(order)]
-    if stuck:
-        raise DeadlockError(_describe_deadlock(table, orders, position, stuck, end, waits, pairs))
-    return np.asarray(start), np.asarray(end, dtype=float)
-
-
-def _describe_deadlock(table, orders, position, stuck, end, waits, pairs=()) -> str:
-    """Which devices wait on which ops, e.g. 'device 0 is stuck at 0B0, waiting for 1B0 (device 1)'
-    (at a pair, the member's input that is missing)."""
-    pair_of = {pair.members[0]: pair.members for pair in pairs}
-    parts = []
-    for device in stuck[:6]:
-        index = orders[device][position[device]]
-        members = pair_of.get(index, (index,))
-        for member in members:
-            source, restore, barrier = table.predecessor[member], table.restore_of[member], waits[member]
-            if restore >= 0 and end[restore] is None:
-                awaited = f"its {RESTORE_NAMES[table.kind[restore]]} {table.op(restore)} (device {device})"
-            elif source >= 0 and source not in members and end[source] is None:
-                awaited = f"{table.op(source)} (device {table.device[source]})"
-            elif barrier >= 0:
-                stage, iteration = divmod(barrier, table.barrier_count)
-                pending = next((table.op(i) for i in table.iteration_barrier(stage, iteration) if end[i] is None),
-                               None)
-                if pending is None:
+                source, restore, barrier = table.predecessor[member], table.restore_of[member], waits[member]
+                if restore >= 0 and end[restore] is None:
+                    awaited = f"its {KINDS[table.kind[restore]].word} {table.op(restore)} (device {device})"
+                elif source >= 0 and source not in members and end[source] is None:
+                    awaited = f"{table.op(source)} (device {table.device[source]})"
+                elif barrier >= 0:
+                    stage, iteration = divmod(barrier, table.barrier_count)
+                    pending = next((table.op(i) for i in table.iteration_barrier(stage, iteration)
+                                    if end[i] is None), None)
+                    if pending is None:
+                        continue
+                    awaited = f"the weight update of stage {stage} after iteration {iteration} (still needs {pending})"
+                else:
                     continue
-                awaited = f"the weight update of stage {stage} after iteration {iteration} (still needs {pending})"
-            else:
-                continue
-            stuck_at = table.op(index) if len(members) == 1 else pair_text([table.op(i) for i in members])
-            parts.append(f"device {device} is stuck at {stuck_at}, waiting for {awaited}")
-            break
-    more = f"; and {len(stuck) - 6} more devices" if len(stuck) > 6 else ""
-    return "deadlock: " + "; ".join(parts) + more
+                stuck_at = table.op(index) if len(members) == 1 else pair_text([table.op(i) for i in members])
+                parts.append(f"device {device} is stuck at {stuck_at}, waiting for {awaited}")
+                break
+        more = f"; and {len(stuck) - 6} more devices" if len(stuck) > 6 else ""
+        return "deadlock: " + "; ".join(parts) + more

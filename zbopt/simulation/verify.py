@@ -8,10 +8,11 @@ from itertools import pairwise
 import numpy as np
 
 from zbopt.errors import ScheduleError
+from zbopt.kinds import KINDS
 from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, OpTable
 from zbopt.schedule import pair_text
 from zbopt.simulation.result import Pair
-from zbopt.simulation.timing import RESTORE_NAMES, barrier_groups
+from zbopt.simulation.timing import barrier_groups
 from zbopt.tolerance import RELATIVE_TOLERANCE
 
 
@@ -61,7 +62,7 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
         op = table.op(index)
         restore = table.restore_of[index]
         if restore >= 0 and start[index] < end[restore] - tolerance:
-            raise ScheduleError(f"{op} starts at {start[index]:g}, before its {RESTORE_NAMES[table.kind[restore]]} "
+            raise ScheduleError(f"{op} starts at {start[index]:g}, before its {KINDS[table.kind[restore]].word} "
                                 f"{table.op(restore)} ends at {end[restore]:g}")
         if source >= 0 and start[index] < end[source] + table.latency[index] - tolerance:
             latency = f" plus latency {table.latency[index]:g}" if table.latency[index] else ""

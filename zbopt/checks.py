@@ -1,0 +1,65 @@
+"""Checks of the values a user gives a `Problem`: numbers, positive integers, switches, and lists
+with one value per stage or device. Each failure is a ProblemError naming the key."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from numbers import Real
+
+from zbopt.errors import ProblemError
+
+
+def is_number(value: object) -> bool:
+    """A finite real number, not a bool (True is an int to Python, not a count to a user)."""
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def positive_int(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ProblemError(key, value, "expected a positive integer")
+    return value
+
+
+def boolean(key: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ProblemError(key, value, "expected true or false")
+
+
+def _per_item(key: str, value: object, count: int, what: str, minimum: float, strict: bool) -> tuple:
+    """Expand a scalar to `count` copies, or check a list has `count` numbers; check their bound."""
+    if is_number(value):
+        values = (float(value),) * count
+    elif isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != count:
+            raise ProblemError(key, value, f"expected one value per {what} ({count}), got {len(value)}")
+        if not all(is_number(item) for item in value):
+            raise ProblemError(key, value, "expected numbers")
+        values = tuple(float(item) for item in value)
+    else:
+        raise ProblemError(key, value, f"expected a number or a list of {count} numbers")
+    for index, item in enumerate(values):
+        if item < minimum or (strict and item == minimum):
+            bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+            where = f" ({what} {index})" if count > 1 else ""
+            raise ProblemError(key, value, f"every value must be {bound}{where}")
+    return values
+
+
+def per_stage(key: str, value: object, stages: int, positive: bool = True) -> tuple[float, ...]:
+    """One value per virtual stage (a scalar applies to all): a time, > 0, or with
+    positive=False a memory amount, >= 0."""
+    return _per_item(key, value, stages, "virtual stage", 0, positive)
+
+
+def per_device(key: str, value: object, devices: int, positive: bool = True) -> tuple[float, ...]:
+    """One value per device (a scalar applies to all): > 0, or >= 0 with positive=False."""
+    return _per_item(key, value, devices, "device", 0, positive)
+
+
+def unused_without(switch: str, given: dict[str, object]) -> None:
+    """A ProblemError for the first key of `given` whose value is set (not None, not false) while
+    `switch` is off."""
+    for key, value in given.items():
+        if value is not None and value is not False:
+            raise ProblemError(key, value, f"needs {switch}: true")

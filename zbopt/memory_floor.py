@@ -1,0 +1,63 @@
+"""The least memory a schedule of a problem needs per device, by what the problem allows (every
+activation kept, recomputation, offload): the floor below which a memory limit fits no schedule.
+
+Each function takes a `Problem` (whose cached attributes of the same names call them).
+"""
+
+from __future__ import annotations
+
+from zbopt.errors import ProblemError
+
+
+def one_microbatch_memory(problem) -> tuple[float, ...]:
+    """Per device, one microbatch's activations on all its stages (with the bidirectional
+    placement, on those of its route: the larger of the two ways, not their sum): the least
+    memory a schedule that keeps every activation needs. A microbatch's forward on a device's
+    last stage runs while its earlier stages there still hold their activations (their
+    backwards come later); running one microbatch at a time needs no more."""
+    return tuple(max(sum(problem.activation_memory[s] for s in stages if s in route) for route, _ in problem.routes)
+                 for stages in problem.stages_of_device)
+
+
+def recomputation_floor(problem) -> tuple[float, ...]:
+    """Per device, the least memory a schedule that keeps or recomputes needs: the most, over
+    the device's stages s, of stage s's whole activation plus the checkpoints of its earlier
+    stages there on the same route. When a microbatch's R (or kept F) on s starts, those
+    earlier stages have run their forwards and not yet their backwards, so each holds at least
+    its checkpoint. One microbatch at a time, every activation recomputed and each W right
+    after its B, needs no more. Only with allow_recompute (it needs checkpoint_memory)."""
+    route = problem.route_of_stage
+    return tuple(max(problem.activation_memory[s] + sum(problem.checkpoint_memory[e] for e in stages
+                                                        if e < s and route(e) == route(s))
+                     for s in stages) for stages in problem.stages_of_device)
+
+
+def min_memory_limit(problem) -> tuple[float, ...]:
+    """Per device, the least memory any schedule needs, with the mechanisms allowed.
+
+    Keeping every activation: `one_microbatch_memory`. With recomputation: `recomputation_floor`.
+    With offload: the device's largest activation (an R, L or F of stage s holds all of s's
+    activation; one microbatch at a time, every other activation offloaded before the next
+    forward, needs no more). With one stage per device all are the activation.
+    """
+    if problem.allow_offload:
+        return tuple(max(problem.activation_memory[s] for s in stages) for stages in problem.stages_of_device)
+    return problem.recomputation_floor if problem.allow_recompute else problem.one_microbatch_memory
+
+
+def check_memory_limit(problem) -> None:
+    """A ProblemError naming the first device whose limit (already one per device) is below its
+    `min_memory_limit`, and what it must hold."""
+    for device, limit in enumerate(problem.memory_limit):
+        needed = problem.min_memory_limit[device]
+        if limit < needed - 1e-12:
+            raise ProblemError("memory_limit", limit, f"device {device} must hold {_floor_reason(problem)} "
+                                                      f"({needed:g}); no schedule fits below that")
+
+
+def _floor_reason(problem) -> str:
+    if problem.allow_offload:
+        return "its largest stage's activation, with offload"
+    if problem.allow_recompute:
+        return "one stage's activation and the checkpoints of its earlier stages, with recomputation"
+    return "one microbatch's activations on its stages" + (" (of one route)" if problem.bidirectional else "")

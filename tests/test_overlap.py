@@ -425,7 +425,7 @@ def test_compare_ranks_dualpipe_v_with_pairs_against_the_v_shapes_and_the_optimu
     with it), the lower bound below every row; the HTML report's data hold the pairs (each member
     on the pair lane, split in three)."""
     from zbopt import compare
-    from zbopt.io.config import load_config
+    from zbopt.cli.config import load_config
     from zbopt.report import schedule_data, write_report
     problem = load_config(Path(__file__).parent.parent / "examples" / "moe_overlap.yaml").problem
     comparison = compare(problem, ["dualpipe-v", "zb-v", "v-half"], optimal=True, time_limit=5)

@@ -11,13 +11,17 @@ from zbopt.cli.inputs import run_config
 from zbopt.cli.output import figure_path, figure_style, live, talks
 from zbopt.io.export import EXPORT_FORMATS, check_export, write_export
 from zbopt.schedules import get
-from zbopt.solvers import SOLVERS, solve
 from zbopt.tables import format_solve
 
 
 def add_commands(commands) -> None:
-    """Add `solve` to the subcommands `commands`."""
-    solving = commands.add_parser("solve", help="find the optimal schedule under the memory limit")
+    """Add `solve` to the subcommands `commands`; its flags when it is parsed (they name the solvers)."""
+    commands.add_parser("solve", help="find the optimal schedule under the memory limit", flags=_add_solve_flags)
+
+
+def _add_solve_flags(solving: argparse.ArgumentParser) -> None:
+    from zbopt.solvers import SOLVERS
+
     solving.add_argument("--solver", default="cpsat", choices=SOLVERS,
                          help="cpsat (OR-Tools CP-SAT; on 600 ops or more, LNS takes the second half of the "
                               "search unless CP-SAT proved its answer), the MILP with cbc or highs, or lns (CP-SAT "
@@ -38,6 +42,8 @@ def add_commands(commands) -> None:
 
 
 def _command_solve(args: argparse.Namespace) -> int:
+    from zbopt.solvers import solve
+
     run = run_config(config_file(args), flag_values(args))
     figure = figure_path(args, run.output_file)
     if args.export is not None:

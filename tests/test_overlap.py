@@ -27,7 +27,8 @@ from zbopt import (
     simulate,
     solve,
 )
-from zbopt.io.torch_format import megatron_order, parse_torch_csv, torch_csv
+from zbopt.io.torch_format import megatron_order, torch_csv
+from zbopt.io.torch_order import parse_torch_csv
 from zbopt.plot import plot_gantt
 from zbopt.problem import PAIR_MEMBERS
 from zbopt.schedule import load_schedule, save_schedule

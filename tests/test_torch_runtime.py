@@ -26,7 +26,8 @@ from zbopt import Problem, generate, solve  # noqa: E402
 from zbopt.cli import main  # noqa: E402
 from zbopt.cli.config import load_config  # noqa: E402
 from zbopt.errors import DeadlockError, ScheduleError, ZboptError  # noqa: E402
-from zbopt.io.torch_format import read_torch_csv, write_torch_csv  # noqa: E402
+from zbopt.io.torch_format import write_torch_csv  # noqa: E402
+from zbopt.io.torch_order import read_torch_csv  # noqa: E402
 from zbopt.io.trace import measured_trace  # noqa: E402
 from zbopt.problem import stage_device  # noqa: E402
 from zbopt.runtime import (  # noqa: E402

@@ -2,7 +2,7 @@
 
 A schedule arrives as torch's "compute_only" CSV: row r lists rank r's actions in order, each
 "{stage}{kind}{microbatch}" with kind F (forward), I (input-gradient backward), W (weight-gradient
-backward) or B (full backward); an empty cell is an idle slot. zbopt.io.torch_format reads and
+backward) or B (full backward); an empty cell is an idle slot. zbopt.io.torch_order reads and
 checks it and zbopt's simulator looks for a deadlock, before any rank starts (`check`). `run_torch`
 (`launch`) starts one CPU process per rank (gloo over loopback), cuts a small MLP (`model`) into
 the schedule's stages, runs the CSV with torch's own `_PipelineScheduleRuntime`, times every op

@@ -73,24 +73,9 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
         _style_axes(axes)
     if len(panels) > 1:
         _mark_break(*panels)
-    axes = panels[-1]  # the bottom panel holds the x axis
-    handles = [Line2D([], [], color=palette().frontier, marker="o", label="optimal makespan (proven)")]
-    if not proven.all():
-        handles += [Line2D([], [], color=palette().frontier, marker="o", markerfacecolor="white", linestyle="none",
-                           label="best found, not proven optimal"),
-                    Patch(facecolor=palette().frontier, alpha=0.18, label="lower bound to best found")]
-    if groups:
-        handles.append(Line2D([], [], color=palette().heuristic, marker="D", markersize=5, linestyle="none",
-                              label="heuristic, at its own peak memory"))
     marked = counted_mechanisms(problem)
-    if marked:
-        what = {"R": "recomputes", "O": "offloads"}
-        handles.append(Line2D([], [], linestyle="none", label=", ".join(f"{letter} k/N" for letter, _ in marked)
-                              + ": activations its schedule " + " / ".join(what[letter] for letter, _ in marked)))
-    unit = ("1 = one microbatch's activations on one stage" if set(problem.activation_memory) == {1.0}
-            else "the problem's memory units")
-    axes.set_xlabel(f"memory per device: the limit (frontier) or the peak (heuristics); {unit}", fontsize=9)
-    figure.supylabel("makespan (the problem's time units)", fontsize=9)
+    handles = _legend_handles(proven, bool(groups), marked)
+    _axis_titles(figure, panels[-1], problem)  # the bottom panel holds the x axis
     figure.legend(handles=handles, loc="outside lower center", ncol=2 if len(handles) > 3 else len(handles),
                   frameon=False, fontsize=8)
     backward = "split" if problem.split_backward else "fused"
@@ -106,6 +91,32 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
         if owned:
             _label_heuristics(axes, owned, stairs_x, stairs_y, marks)
     return _finish(figure, path)
+
+
+def _legend_handles(proven: np.ndarray, heuristics: bool, marked: list) -> list:
+    """The legend's keys: the proven staircase, then what is drawn besides it (unproven points and
+    their band, heuristics, the mechanisms' counts)."""
+    handles = [Line2D([], [], color=palette().frontier, marker="o", label="optimal makespan (proven)")]
+    if not proven.all():
+        handles += [Line2D([], [], color=palette().frontier, marker="o", markerfacecolor="white", linestyle="none",
+                           label="best found, not proven optimal"),
+                    Patch(facecolor=palette().frontier, alpha=0.18, label="lower bound to best found")]
+    if heuristics:
+        handles.append(Line2D([], [], color=palette().heuristic, marker="D", markersize=5, linestyle="none",
+                              label="heuristic, at its own peak memory"))
+    if marked:
+        what = {"R": "recomputes", "O": "offloads"}
+        handles.append(Line2D([], [], linestyle="none", label=", ".join(f"{letter} k/N" for letter, _ in marked)
+                              + ": activations its schedule " + " / ".join(what[letter] for letter, _ in marked)))
+    return handles
+
+
+def _axis_titles(figure, axes, problem) -> None:
+    """Memory across (in the problem's units, or activations where those are 1), makespan up."""
+    unit = ("1 = one microbatch's activations on one stage" if set(problem.activation_memory) == {1.0}
+            else "the problem's memory units")
+    axes.set_xlabel(f"memory per device: the limit (frontier) or the peak (heuristics); {unit}", fontsize=9)
+    figure.supylabel("makespan (the problem's time units)", fontsize=9)
 
 
 def _draw_frontier(axes, owned, limits, makespans, lower, proven, stairs_x, stairs_y, groups) -> None:

@@ -12,7 +12,6 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from zbopt.frontier import counted_mechanisms
 from zbopt.plot.style import (
     DPI,
     _finish,
@@ -45,12 +44,11 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
 
     Returns the matplotlib Figure.
     """
+    from zbopt.frontier import counted_mechanisms  # here: a Gantt chart must not load the planners and solvers
+
     path = _output_path(path)
     problem, points = frontier.problem, frontier.points
-    limits = np.array([point.memory_limit for point in points])
-    makespans = np.array([math.nan if point.makespan is None else point.makespan for point in points])
-    lower = np.array([point.lower_bound for point in points])
-    proven = np.array([point.status == "optimal" for point in points])
+    limits, makespans, lower, proven = _series(points)
     groups = _heuristic_groups(frontier.heuristics)
     step = float(np.min(np.diff(limits))) if len(limits) > 1 else 1.0
     left = min([limits[0], *(x for x, _, _ in groups)]) - step / 2
@@ -91,6 +89,16 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
         if owned:
             _label_heuristics(axes, owned, stairs_x, stairs_y, marks)
     return _finish(figure, path)
+
+
+def _series(points) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per point of the sweep: its memory limit, makespan (NaN where none was found), lower bound,
+    and whether it is proven optimal."""
+    limits = np.array([point.memory_limit for point in points])
+    makespans = np.array([math.nan if point.makespan is None else point.makespan for point in points])
+    lower = np.array([point.lower_bound for point in points])
+    proven = np.array([point.status == "optimal" for point in points])
+    return limits, makespans, lower, proven
 
 
 def _legend_handles(proven: np.ndarray, heuristics: bool, marked: list) -> list:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from zbopt import compare, generate, simulate
 from zbopt.blocks import published_block
+from zbopt.cli.inputs import run_config
 from zbopt.frontier import memory_frontier, parse_memory_limits
-from zbopt.io.inputs import run_config
 from zbopt.plot import plot_comparison, plot_frontier, plot_gantt, plot_memory
 from zbopt.plot.block import plot_block
 from zbopt.report import write_report

@@ -26,7 +26,7 @@ from zbopt import (
     simulate,
     solve,
 )
-from zbopt.io.config import load_config
+from zbopt.cli.config import load_config
 from zbopt.schedules import generate_applicable, get
 
 

@@ -27,9 +27,10 @@ from zbopt import (
     simulate,
     solve,
 )
-from zbopt.io.torch_format import megatron_order, parse_torch_csv, torch_csv
+from zbopt.io.torch_format import megatron_order, torch_csv
+from zbopt.io.torch_order import parse_torch_csv
+from zbopt.kinds import PAIR_MEMBERS
 from zbopt.plot import plot_gantt
-from zbopt.problem import PAIR_MEMBERS
 from zbopt.schedule import load_schedule, save_schedule
 from zbopt.solvers.bounds import lower_bounds
 
@@ -425,7 +426,7 @@ def test_compare_ranks_dualpipe_v_with_pairs_against_the_v_shapes_and_the_optimu
     with it), the lower bound below every row; the HTML report's data hold the pairs (each member
     on the pair lane, split in three)."""
     from zbopt import compare
-    from zbopt.io.config import load_config
+    from zbopt.cli.config import load_config
     from zbopt.report import schedule_data, write_report
     problem = load_config(Path(__file__).parent.parent / "examples" / "moe_overlap.yaml").problem
     comparison = compare(problem, ["dualpipe-v", "zb-v", "v-half"], optimal=True, time_limit=5)

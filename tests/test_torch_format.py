@@ -27,16 +27,8 @@ from zbopt import (
     solve,
 )
 from zbopt.cli import main
-from zbopt.io.torch_format import (
-    TorchOrder,
-    check_exportable,
-    megatron_json,
-    megatron_order,
-    parse_torch_csv,
-    read_torch_csv,
-    torch_csv,
-    write_torch_csv,
-)
+from zbopt.io.torch_format import check_exportable, megatron_json, megatron_order, torch_csv, write_torch_csv
+from zbopt.io.torch_order import TorchOrder, parse_torch_csv, read_torch_csv
 from zbopt.schedules import TORCH_REFUSED, TORCH_SCHEDULES, generate_applicable, registered, torch_schedule
 from zbopt.schedules.torch_builtin import TORCH_NEEDS
 

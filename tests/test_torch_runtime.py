@@ -26,9 +26,10 @@ from torch.distributed.pipelining.schedules import (  # noqa: E402
 from tests.reference import mechanism_schedules  # noqa: E402
 from zbopt import Problem, generate, solve  # noqa: E402
 from zbopt.cli import main  # noqa: E402
+from zbopt.cli.config import load_config  # noqa: E402
 from zbopt.errors import DeadlockError, ScheduleError, ZboptError  # noqa: E402
-from zbopt.io.config import load_config  # noqa: E402
-from zbopt.io.torch_format import read_torch_csv, write_torch_csv  # noqa: E402
+from zbopt.io.torch_format import write_torch_csv  # noqa: E402
+from zbopt.io.torch_order import read_torch_csv  # noqa: E402
 from zbopt.io.trace import measured_trace  # noqa: E402
 from zbopt.placement import stage_device  # noqa: E402
 from zbopt.runtime import (  # noqa: E402

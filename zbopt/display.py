@@ -15,44 +15,47 @@ from zbopt.shown import register_views
 MAX_CHART_OPS = 5000  # above this a notebook shows the table alone: an SVG Gantt of more takes seconds and MBs
 
 
-def text(result) -> str:
-    """The CLI's table for `result` (a Simulation, SolveResult, Comparison or Frontier)."""
-    from zbopt import tables
-    from zbopt.comparison import Comparison
-    from zbopt.frontier import Frontier
+def _kind(result) -> str:
+    """Which result `result` is: "simulation", "comparison", "frontier" or "solve". A simulation
+    is told first, so that showing one loads neither the solvers nor the planners."""
     from zbopt.simulation import Simulation
 
     if isinstance(result, Simulation):
-        return tables.format_simulation(result)
+        return "simulation"
+    from zbopt.comparison import Comparison
+    from zbopt.frontier import Frontier
+
     if isinstance(result, Comparison):
-        return tables.format_comparison(result)
-    if isinstance(result, Frontier):
-        return tables.format_frontier(result)
-    return tables.format_solve(result)
+        return "comparison"
+    return "frontier" if isinstance(result, Frontier) else "solve"
+
+
+def text(result) -> str:
+    """The CLI's table for `result` (a Simulation, SolveResult, Comparison or Frontier)."""
+    from zbopt import tables
+
+    format_table = {"simulation": tables.format_simulation, "comparison": tables.format_comparison,
+                    "frontier": tables.format_frontier, "solve": tables.format_solve}[_kind(result)]
+    return format_table(result)
 
 
 def rich(result) -> str:
     """The table as preformatted text, then the result's chart as inline SVG: a simulation's Gantt
     chart (a solver's answer's, when it found one), a comparison's bars, a frontier's curve."""
     from zbopt import plot
-    from zbopt.comparison import Comparison
-    from zbopt.frontier import Frontier
-    from zbopt.report import figure_html
-    from zbopt.simulation import Simulation
 
-    simulation = result if isinstance(result, Simulation) else getattr(result, "simulation", None)
+    kind = _kind(result)
+    simulation = result if kind == "simulation" else getattr(result, "simulation", None)
     if simulation is not None and simulation.table.size > MAX_CHART_OPS:
         return (f"<pre>{html.escape(text(result))}</pre><p>(Gantt chart left out: {simulation.table.size:,} ops; "
                 "zbopt.plot.plot_gantt draws it, the HTML report draws it zoomable)</p>")
-    if isinstance(result, Simulation):
-        figure = plot.plot_gantt(result)
-    elif isinstance(result, Comparison):
+    if kind == "comparison":
         figure = plot.plot_comparison(result)
-    elif isinstance(result, Frontier):
+    elif kind == "frontier":
         figure = plot.plot_frontier(result)
     else:
-        figure = None if result.simulation is None else plot.plot_gantt(result.simulation)
-    chart = "" if figure is None else figure_html("chart", figure)
+        figure = None if simulation is None else plot.plot_gantt(simulation)
+    chart = "" if figure is None else plot.figure_html("chart", figure)
     return f"<pre>{html.escape(text(result))}</pre>{chart}"
 
 

@@ -18,13 +18,10 @@ from zbopt.checks import boolean, is_number, per_device, per_stage, positive_int
 from zbopt.errors import ProblemError
 from zbopt.kinds import (
     BACKWARD,
-    COPY_KINDS,
     FORWARD,
     FUSED_BACKWARD,
     FUSED_KINDS,
     OFFLOAD,
-    PAIR_KINDS,
-    PAIR_MEMBERS,
     RECOMPUTE,
     RELOAD,
     SPLIT_KINDS,
@@ -32,11 +29,6 @@ from zbopt.kinds import (
 )
 from zbopt.mechanisms import offload, overlap, recomputation, split_backward
 from zbopt.placement import check_placement, device_stage, stage_device
-
-# The op kinds stay importable from here for the modules above the ground floor that import them
-# with Problem (some twenty); zbopt.kinds is where they are defined.
-__all__ = ["BACKWARD", "COPY_KINDS", "FORWARD", "FUSED_BACKWARD", "FUSED_KINDS", "MAX_OPS", "OFFLOAD", "PAIR_KINDS",
-           "PAIR_MEMBERS", "RECOMPUTE", "RELOAD", "SPLIT_KINDS", "WEIGHT", "Problem"]
 
 # The most ops a problem may have. A simulated op costs about 400 bytes (generator's Op, the
 # simulator's arrays: measured on zb-h1, p = 32, m = 4096), so 20M ops fill some 8 GB; larger ones

@@ -15,14 +15,11 @@ from __future__ import annotations
 import base64
 import gzip
 import html
-import io
 import json
 import re
 from importlib.resources import files
 from pathlib import Path
 
-import matplotlib
-import matplotlib.pyplot as plt
 from matplotlib.colors import to_hex
 
 from zbopt import __version__, plot
@@ -49,9 +46,6 @@ table.comparison tr.shown td { background: #eef3fb; }
 .tip { position: absolute; background: #fffbe6; border: 1px solid #c9b458; padding: 0.2em 0.5em; font-size: 0.8em;
        pointer-events: none; white-space: nowrap; }
 """
-# text as text (a fraction of the size of glyph paths); where DejaVu Sans (what the labels were
-# measured with) is missing, the browser falls back to narrower fonts, so fitted labels still fit
-SVG_TEXT = {"svg.fonttype": "none", "font.sans-serif": ["DejaVu Sans", "Arial", "Helvetica"]}
 NUMBER_COLUMNS = ("makespan", "bubble_rate", "zb_bubble_rate", "peak_memory", "gap")
 VIEWER = files("zbopt").joinpath("viewer.js").read_text(encoding="utf-8")
 PAIR_LANE = 3  # the viewer's lane of an overlapped pair's members, split across the compute row
@@ -87,10 +81,10 @@ def render_report(comparison: Comparison, *, frontier=None) -> str:
         _problem_table(comparison),
         '<h2 id="comparison">Comparison</h2>',
         _comparison_table(comparison.rows),
-        figure_html("comparison", plot.plot_comparison(comparison)),
+        plot.figure_html("comparison", plot.plot_comparison(comparison)),
     ]
     if frontier is not None:
-        parts += ['<h2 id="frontier">Frontier</h2>', figure_html("frontier", plot.plot_frontier(frontier))]
+        parts += ['<h2 id="frontier">Frontier</h2>', plot.figure_html("frontier", plot.plot_frontier(frontier))]
     parts.append('<h2 id="schedules">Schedules</h2><p>Click a row of the table to show its schedule; hover for '
                  "details, Ctrl + wheel to zoom, drag to pan, double click to see it whole.</p>"
                  "<noscript><p>The charts are drawn by the page's script: allow it to see them.</p></noscript>")
@@ -199,16 +193,3 @@ def schedule_data(simulation: Simulation) -> dict:
         "memory": [[times(step_times), [float(level) for level in levels]]
                    for step_times, levels in simulation.memory_steps],
     }
-
-
-def figure_html(kind: str, figure, schedule: str | None = None) -> str:
-    """The figure as an inline SVG in a <figure class=kind>, and closed (a report draws many)."""
-    buffer = io.StringIO()
-    with matplotlib.rc_context(SVG_TEXT):
-        figure.savefig(buffer, format="svg")
-    plt.close(figure)
-    svg = buffer.getvalue()
-    svg = svg[svg.index("<svg"):]  # drop the XML prolog and the DTD, which names a URL
-    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.DOTALL)  # and the RDF metadata, which do too
-    owner = "" if schedule is None else f' data-schedule="{_text(schedule)}"'
-    return f'<figure class="{kind}"{owner}>\n{svg}</figure>'

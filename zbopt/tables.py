@@ -1,15 +1,20 @@
 """Plain-text tables of a simulation, a solve, a comparison and a frontier: what `zbopt` prints,
-for any terminal or log."""
+for any terminal or log.
+
+Each table imports what it needs inside it, so that printing a simulation loads neither the
+solvers (OR-Tools) nor the block search.
+"""
 
 from __future__ import annotations
 
-from zbopt.blocks import lifespan_bound, steady_peak
-from zbopt.blocks.search import BlockSearch
-from zbopt.comparison import COLUMNS, Comparison
-from zbopt.frontier import Frontier, counted_mechanisms
-from zbopt.simulation import Simulation
-from zbopt.solvers import SolveResult
-from zbopt.solvers.gap import gap_text
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zbopt.blocks.search import BlockSearch
+    from zbopt.comparison import Comparison
+    from zbopt.frontier import Frontier
+    from zbopt.simulation import Simulation
+    from zbopt.solvers import SolveResult
 
 
 def format_simulation(simulation: Simulation) -> str:
@@ -41,6 +46,8 @@ def format_simulation(simulation: Simulation) -> str:
 
 def format_solve(result: SolveResult) -> str:
     """The solver's status and certificate, then the schedule's metrics when it found one."""
+    from zbopt.solvers.gap import gap_text
+
     gap = gap_text(result.gap)
     value = "none" if result.objective is None else f"{result.objective:.6g}"
     resolution = "no model built" if result.resolution is None else f"resolution {result.resolution:g}"
@@ -57,6 +64,8 @@ def format_solve(result: SolveResult) -> str:
 def format_block(search: BlockSearch, simulation: Simulation, published: list[dict]) -> str:
     """The optimal block (T, how sure, per-device memory by the lifespan rule and exactly), the
     schedule it builds, and the published blocks at the same costs."""
+    from zbopt.blocks import lifespan_bound, steady_peak
+
     block, problem = search.block, search.block.problem
     limit = problem.memory_limit
     sure = ("no block of one microbatch repeats faster, none at this T is shorter" if search.status == "optimal"
@@ -90,6 +99,8 @@ def format_block(search: BlockSearch, simulation: Simulation, published: list[di
 def format_comparison(comparison: Comparison) -> str:
     """The problem, the lower bound, one aligned line per row (in the comparison's order), the
     schedules left out with their reasons, and the best row within the memory limit."""
+    from zbopt.comparison import COLUMNS
+
     problem, result = comparison.problem, comparison.solve_result
     limit = problem.memory_limit
     cells = [row.cells() for row in comparison.rows]
@@ -121,6 +132,9 @@ def format_comparison(comparison: Comparison) -> str:
 
 def format_frontier(frontier: Frontier) -> str:
     """The problem, one line per memory limit, then the heuristics at their own peak memory."""
+    from zbopt.frontier import counted_mechanisms
+    from zbopt.solvers.gap import gap_text
+
     points = frontier.points
     problem = frontier.problem
     mechanisms = [name for _, name in counted_mechanisms(problem)]  # FrontierPoint counts, as columns

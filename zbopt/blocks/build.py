@@ -15,8 +15,8 @@ import math
 
 from zbopt.blocks.model import Block
 from zbopt.errors import NotApplicableError
+from zbopt.kinds import FORWARD, WEIGHT
 from zbopt.ops import Op
-from zbopt.problem import FORWARD, WEIGHT
 from zbopt.schedule import Schedule
 from zbopt.simulation import simulate
 from zbopt.timeline import PendingFrees, Timeline, compact

@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from zbopt.errors import ZboptError
+from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT
 from zbopt.ops import Op, OpTable, op_table
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.tolerance import RELATIVE_TOLERANCE
 
 

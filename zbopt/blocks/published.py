@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 from zbopt.blocks.cyclic import Step, tightest_block
 from zbopt.blocks.model import Block
+from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.ops import Op
-from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.schedules.common import backward_ops, input_gradient
 from zbopt.schedules.registry import require
 from zbopt.schedules.slot_model import PERIOD, v_half_block, v_min_block, weight_slots

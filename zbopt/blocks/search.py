@@ -29,8 +29,9 @@ from ortools.sat.python import cp_model
 from zbopt.blocks.model import Block, block_ops, group_table, input_of, lifespan_bound, steady_peak
 from zbopt.blocks.published import PUBLISHED, published_block
 from zbopt.errors import NotApplicableError, ZboptError
+from zbopt.kinds import FORWARD, WEIGHT
 from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
-from zbopt.problem import FORWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.solvers.cp_parts import timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale, whole_at
 from zbopt.timeline import Timeline

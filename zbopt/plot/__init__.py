@@ -25,6 +25,7 @@ from zbopt.plot.style import (
     chunk_color,
     palette,
 )
+from zbopt.plot.svg import figure_html
 
 __all__ = [
     "BOX_HEIGHT",
@@ -48,6 +49,7 @@ __all__ = [
     "check_figure_path",
     "check_style",
     "chunk_color",
+    "figure_html",
     "palette",
     "plot_comparison",
     "plot_frontier",

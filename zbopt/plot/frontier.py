@@ -12,7 +12,6 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
-from zbopt.frontier import counted_mechanisms
 from zbopt.plot.style import (
     DPI,
     _finish,
@@ -45,12 +44,11 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
 
     Returns the matplotlib Figure.
     """
+    from zbopt.frontier import counted_mechanisms  # here: a Gantt chart must not load the planners and solvers
+
     path = _output_path(path)
     problem, points = frontier.problem, frontier.points
-    limits = np.array([point.memory_limit for point in points])
-    makespans = np.array([math.nan if point.makespan is None else point.makespan for point in points])
-    lower = np.array([point.lower_bound for point in points])
-    proven = np.array([point.status == "optimal" for point in points])
+    limits, makespans, lower, proven = _series(points)
     groups = _heuristic_groups(frontier.heuristics)
     step = float(np.min(np.diff(limits))) if len(limits) > 1 else 1.0
     left = min([limits[0], *(x for x, _, _ in groups)]) - step / 2
@@ -73,24 +71,9 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
         _style_axes(axes)
     if len(panels) > 1:
         _mark_break(*panels)
-    axes = panels[-1]  # the bottom panel holds the x axis
-    handles = [Line2D([], [], color=palette().frontier, marker="o", label="optimal makespan (proven)")]
-    if not proven.all():
-        handles += [Line2D([], [], color=palette().frontier, marker="o", markerfacecolor="white", linestyle="none",
-                           label="best found, not proven optimal"),
-                    Patch(facecolor=palette().frontier, alpha=0.18, label="lower bound to best found")]
-    if groups:
-        handles.append(Line2D([], [], color=palette().heuristic, marker="D", markersize=5, linestyle="none",
-                              label="heuristic, at its own peak memory"))
     marked = counted_mechanisms(problem)
-    if marked:
-        what = {"R": "recomputes", "O": "offloads"}
-        handles.append(Line2D([], [], linestyle="none", label=", ".join(f"{letter} k/N" for letter, _ in marked)
-                              + ": activations its schedule " + " / ".join(what[letter] for letter, _ in marked)))
-    unit = ("1 = one microbatch's activations on one stage" if set(problem.activation_memory) == {1.0}
-            else "the problem's memory units")
-    axes.set_xlabel(f"memory per device: the limit (frontier) or the peak (heuristics); {unit}", fontsize=9)
-    figure.supylabel("makespan (the problem's time units)", fontsize=9)
+    handles = _legend_handles(proven, bool(groups), marked)
+    _axis_titles(figure, panels[-1], problem)  # the bottom panel holds the x axis
     figure.legend(handles=handles, loc="outside lower center", ncol=2 if len(handles) > 3 else len(handles),
                   frameon=False, fontsize=8)
     backward = "split" if problem.split_backward else "fused"
@@ -106,6 +89,42 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
         if owned:
             _label_heuristics(axes, owned, stairs_x, stairs_y, marks)
     return _finish(figure, path)
+
+
+def _series(points) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per point of the sweep: its memory limit, makespan (NaN where none was found), lower bound,
+    and whether it is proven optimal."""
+    limits = np.array([point.memory_limit for point in points])
+    makespans = np.array([math.nan if point.makespan is None else point.makespan for point in points])
+    lower = np.array([point.lower_bound for point in points])
+    proven = np.array([point.status == "optimal" for point in points])
+    return limits, makespans, lower, proven
+
+
+def _legend_handles(proven: np.ndarray, heuristics: bool, marked: list) -> list:
+    """The legend's keys: the proven staircase, then what is drawn besides it (unproven points and
+    their band, heuristics, the mechanisms' counts)."""
+    handles = [Line2D([], [], color=palette().frontier, marker="o", label="optimal makespan (proven)")]
+    if not proven.all():
+        handles += [Line2D([], [], color=palette().frontier, marker="o", markerfacecolor="white", linestyle="none",
+                           label="best found, not proven optimal"),
+                    Patch(facecolor=palette().frontier, alpha=0.18, label="lower bound to best found")]
+    if heuristics:
+        handles.append(Line2D([], [], color=palette().heuristic, marker="D", markersize=5, linestyle="none",
+                              label="heuristic, at its own peak memory"))
+    if marked:
+        what = {"R": "recomputes", "O": "offloads"}
+        handles.append(Line2D([], [], linestyle="none", label=", ".join(f"{letter} k/N" for letter, _ in marked)
+                              + ": activations its schedule " + " / ".join(what[letter] for letter, _ in marked)))
+    return handles
+
+
+def _axis_titles(figure, axes, problem) -> None:
+    """Memory across (in the problem's units, or activations where those are 1), makespan up."""
+    unit = ("1 = one microbatch's activations on one stage" if set(problem.activation_memory) == {1.0}
+            else "the problem's memory units")
+    axes.set_xlabel(f"memory per device: the limit (frontier) or the peak (heuristics); {unit}", fontsize=9)
+    figure.supylabel("makespan (the problem's time units)", fontsize=9)
 
 
 def _draw_frontier(axes, owned, limits, makespans, lower, proven, stairs_x, stairs_y, groups) -> None:

@@ -13,6 +13,7 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from zbopt.kinds import COPY_KINDS, OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.plot.style import (
     DPI,
     KIND_NAMES,
@@ -29,7 +30,6 @@ from zbopt.plot.style import (
     palette,
     styled,
 )
-from zbopt.problem import COPY_KINDS, OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.simulation import Simulation
 
 MAX_HEIGHT_IN = 12.0
@@ -52,10 +52,33 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     """
     path = _output_path(path)
     problem = simulation.problem
-    p, v = problem.num_devices, problem.chunks_per_device
-    makespan = simulation.makespan
     figure, axes = plt.subplots(figsize=_gantt_size(simulation), dpi=DPI, layout="constrained")
-    lanes = [_box(0.0, makespan, device, 0.9) for device in range(p)]
+    boxes = _draw_ops(axes, simulation)
+    handles = _draw_extras(axes, simulation, show_latency)
+    _device_axes(axes, simulation)
+    # with v chunks, one column per kind and one row per chunk's shade: matplotlib fills columns in
+    # turn, so blank keys pad the list to whole columns of v
+    v = problem.chunks_per_device
+    handles += [Patch(visible=False, label=" ")] * (-len(handles) % v)
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles) // v, frameon=False, fontsize=8)
+    if heading := _title(title, f"{_caption(simulation)} | makespan {simulation.makespan:.4g}, bubble "
+                                f"{simulation.bubble_rate:.1%}, ZB bubble {simulation.zb_bubble_rate:.1%}"):
+        axes.set_title(heading, fontsize=10)
+    _freeze_layout(figure)
+    step = _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v)
+    if step > 1:
+        numbered = range(0, problem.total_microbatches, step)
+        axes.set_xlabel(f"time (numbered: microbatches {', '.join(map(str, numbered[:3]))}"
+                        f"{', …' if len(numbered) > 3 else ''})" if len(numbered) > 1 else
+                        "time (numbered: microbatch 0)")
+    return _finish(figure, path)
+
+
+def _draw_ops(axes, simulation: Simulation) -> dict:
+    """Each device's grey lane (idle time shows through), then one box per op, a collection per
+    kind and chunk; returns the boxes (`_op_boxes`) for their labels."""
+    v = simulation.problem.chunks_per_device
+    lanes = [_box(0.0, simulation.makespan, device, 0.9) for device in range(simulation.problem.num_devices)]
     axes.add_collection(PolyCollection(lanes, facecolors=palette().lane, edgecolors="none", zorder=0, gid="idle-lanes"))
     boxes = _op_boxes(simulation)
     for (kind, chunk), (begin, width, row, _, height) in boxes.items():
@@ -63,6 +86,13 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
         hatch = RECOMPUTE_HATCH if kind == RECOMPUTE else None
         axes.add_collection(PolyCollection(rectangles, facecolors=[chunk_color(kind, chunk, v)], edgecolors="white",
                                            linewidths=0.4, zorder=2, gid=f"ops-{kind}-chunk{chunk}", hatch=hatch))
+    return boxes
+
+
+def _draw_extras(axes, simulation: Simulation, show_latency: bool) -> list:
+    """The overlapped pairs' borders and, with `show_latency`, the p2p latency lines; returns the
+    legend's keys: the op kinds, then recomputes, copies, pairs, idle and latency where drawn."""
+    problem = simulation.problem
     handles = _kind_handles(problem)
     if simulation.table.recomputed:
         handles.append(Patch(facecolor=palette().kinds[RECOMPUTE], edgecolor="white", hatch=RECOMPUTE_HATCH,
@@ -84,7 +114,12 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
                                            alpha=0.6, zorder=1, gid="p2p-latency"))
         handles.append(Line2D([], [], color=palette().latency, linewidth=0.8,
                               label=f"p2p latency {problem.p2p_time:g}"))
+    return handles
 
+
+def _device_axes(axes, simulation: Simulation) -> None:
+    """One row per device (named, and with its peak memory at the row's end up to 16 devices), time across."""
+    p = simulation.problem.num_devices
     axes.set_ylim(p - 0.5, -0.5)
     axes.set_yticks(range(p), [f"device {d}" for d in range(p)] if p <= 16 else [str(d) for d in range(p)],
                     fontsize=8 if p <= 16 else 7)
@@ -96,26 +131,11 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
         peaks.tick_params(axis="y", length=0)
         for spine in peaks.spines.values():
             spine.set_visible(False)
-    axes.set_xlim(0, makespan)
+    axes.set_xlim(0, simulation.makespan)
     axes.set_xlabel("time")
     if p > 16:
         axes.set_ylabel("device")
     _style_axes(axes)
-    # with v chunks, one column per kind and one row per chunk's shade: matplotlib fills columns in
-    # turn, so blank keys pad the list to whole columns of v
-    handles += [Patch(visible=False, label=" ")] * (-len(handles) % v)
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles) // v, frameon=False, fontsize=8)
-    if heading := _title(title, f"{_caption(simulation)} | makespan {makespan:.4g}, bubble "
-                                f"{simulation.bubble_rate:.1%}, ZB bubble {simulation.zb_bubble_rate:.1%}"):
-        axes.set_title(heading, fontsize=10)
-    _freeze_layout(figure)
-    step = _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v)
-    if step > 1:
-        numbered = range(0, problem.total_microbatches, step)
-        axes.set_xlabel(f"time (numbered: microbatches {', '.join(map(str, numbered[:3]))}"
-                        f"{', …' if len(numbered) > 3 else ''})" if len(numbered) > 1 else
-                        "time (numbered: microbatch 0)")
-    return _finish(figure, path)
 
 
 def _gantt_size(simulation: Simulation) -> tuple[float, float]:

@@ -15,8 +15,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
 from zbopt.errors import ZboptError
-from zbopt.kinds import KINDS
-from zbopt.problem import BACKWARD, FORWARD, FUSED_BACKWARD, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
+from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
 from zbopt.simulation import Simulation
 
 FIGURE_FORMATS = (".png", ".svg", ".pdf")

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zbopt.errors import DeadlockError, ScheduleError, ZboptError
-from zbopt.io.torch_format import TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD, TorchOrder, read_torch_csv
+from zbopt.io.torch_format import TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD
+from zbopt.io.torch_order import TorchOrder, read_torch_csv
 from zbopt.problem import Problem
 from zbopt.simulation import simulate
 
@@ -15,7 +16,7 @@ from zbopt.simulation import simulate
 @dataclass(frozen=True)
 class CheckedCsv:
     """A schedule CSV that passed every check: the file as given, its actions per rank as
-    zbopt.io.torch_format reads them, and the Problem of its layout (unit costs: only the order
+    zbopt.io.torch_order reads them, and the Problem of its layout (unit costs: only the order
     was checked, and it is the CSV itself, not the Problem, that the ranks run)."""
 
     path: str

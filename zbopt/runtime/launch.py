@@ -13,10 +13,11 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from zbopt.errors import ZboptError
+from zbopt.problem import Problem
 from zbopt.runtime.check import CheckedCsv, check_csv
 from zbopt.runtime.model import ToyModel
 from zbopt.runtime.rank import RankJob, rank_main
-from zbopt.runtime.report import ATOL, OP_KINDS, RTOL, OpTime, StageReport, TorchRunReport, compare_gradients
+from zbopt.runtime.run_report import ATOL, OP_KINDS, RTOL, OpTime, StageReport, TorchRunReport, compare_gradients
 
 
 def _context():
@@ -139,26 +140,33 @@ def run_torch(
     a cell, a rank or stage, the actions a deadlock waits on, a rank's own error, or the ranks
     still running at the timeout.
     """
-    if steps < 2:
-        raise ZboptError(f"steps = {steps}: need at least 2 (step 0 is an untimed warm-up)")
-    sizes = {"microbatch_size": microbatch_size, "hidden": hidden, "layers_per_stage": layers_per_stage}
-    for name, value in sizes.items():
-        if value < 1:
-            raise ZboptError(f"{name} = {value}: expected a positive integer")
-    if not timeout_s > 0:
-        raise ZboptError(f"timeout_s = {timeout_s}: expected a positive number of seconds")
-    for name, value in {"rtol": rtol, "atol": atol}.items():
-        if not value >= 0:  # torch.allclose would fail inside the check, after the whole run
-            raise ZboptError(f"{name} = {value}: expected a tolerance >= 0")
+    _check_options(steps, {"microbatch_size": microbatch_size, "hidden": hidden, "layers_per_stage": layers_per_stage},
+                   timeout_s, {"rtol": rtol, "atol": atol})
     schedule = check_csv(path)
     problem = schedule.problem
     model = ToyModel(problem.num_stages, problem.num_microbatches, microbatch_size, hidden, layers_per_stage, seed)
     with tempfile.TemporaryDirectory(prefix="zbopt-torch-") as result_dir:
         results = _launch(schedule, model, steps, timeout_s, result_dir)
-    gradients = [
-        {name: gradient for result in results for name, gradient in result["gradients"][step].items()}
-        for step in range(steps)
-    ]
+    return _report(str(path), problem, model, steps, results, rtol, atol)
+
+
+def _check_options(steps: int, sizes: dict[str, int], timeout_s: float, tolerances: dict[str, float]) -> None:
+    """Each option in its range, before any rank starts (a wrong tolerance would fail only after the run)."""
+    if steps < 2:
+        raise ZboptError(f"steps = {steps}: need at least 2 (step 0 is an untimed warm-up)")
+    for name, value in sizes.items():
+        if value < 1:
+            raise ZboptError(f"{name} = {value}: expected a positive integer")
+    if not timeout_s > 0:
+        raise ZboptError(f"timeout_s = {timeout_s}: expected a positive number of seconds")
+    for name, value in tolerances.items():
+        if not value >= 0:  # torch.allclose would fail inside the check, after the whole run
+            raise ZboptError(f"{name} = {value}: expected a tolerance >= 0")
+
+
+def _stage_reports(problem: Problem, results: list[dict]) -> tuple[StageReport, ...]:
+    """Per stage, from its rank's samples: each kind of op's count, mean and median time, and the
+    bytes one microbatch's forward saved."""
     stages = []
     for stage in range(problem.num_stages):
         rank = problem.device_of(stage)
@@ -169,8 +177,18 @@ def run_torch(
             if (values := samples.get((stage, kind)))
         }
         stages.append(StageReport(stage, rank, times, results[rank]["activation_bytes"][stage]))
+    return tuple(stages)
+
+
+def _report(path: str, problem: Problem, model: ToyModel, steps: int, results: list[dict], rtol: float,
+            atol: float) -> TorchRunReport:
+    """The ranks' results (in rank order) as one report, the gradients checked against the reference."""
+    gradients = [
+        {name: gradient for result in results for name, gradient in result["gradients"][step].items()}
+        for step in range(steps)
+    ]
     return TorchRunReport(
-        path=str(path),
+        path=path,
         num_ranks=problem.num_devices,
         num_stages=problem.num_stages,
         num_microbatches=problem.num_microbatches,
@@ -179,7 +197,7 @@ def run_torch(
         model=model,
         rtol=rtol,
         atol=atol,
-        stages=tuple(stages),
+        stages=_stage_reports(problem, results),
         parameters=compare_gradients(gradients, model.reference_gradients(steps), rtol, atol),
         step_time_s=tuple(result["step_time_s"] for result in results),
         p2p_time_s=results[0]["p2p_time_s"],

@@ -8,7 +8,7 @@ from pathlib import Path
 from zbopt.errors import ZboptError
 from zbopt.io.torch_format import TORCH_FORWARD, TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD
 from zbopt.runtime.launch import run_torch
-from zbopt.runtime.report import TorchRunReport
+from zbopt.runtime.run_report import TorchRunReport
 
 MIB = 2**20
 
@@ -19,7 +19,7 @@ def _milliseconds(seconds: float) -> float:
 
 
 def profile_config(report: TorchRunReport) -> dict:
-    """A zbopt config (the keys of zbopt.io.config) with the run's measured costs.
+    """A zbopt config (the keys of zbopt.cli.config) with the run's measured costs.
 
     Times are medians in milliseconds (medians: ranks share few cores, so a preempted op must not
     skew the mean); per virtual stage in stage order. backward_times is I and weight_times W when

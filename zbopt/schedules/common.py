@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import bisect
 
+from zbopt.kinds import BACKWARD, COPY_KINDS, FUSED_BACKWARD, WEIGHT
 from zbopt.ops import Op
-from zbopt.problem import BACKWARD, COPY_KINDS, FUSED_BACKWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 
+from zbopt.kinds import FORWARD, WEIGHT
 from zbopt.ops import Op
-from zbopt.problem import FORWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import backward_ops, input_gradient, iteration_microbatches
 from zbopt.schedules.registry import register, require

@@ -22,8 +22,9 @@ import math
 from operator import attrgetter
 
 from zbopt.errors import NotApplicableError
+from zbopt.kinds import FORWARD, RECOMPUTE
 from zbopt.ops import Op
-from zbopt.problem import FORWARD, RECOMPUTE, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.classic import one_f_one_b, warmup_then_alternate
 from zbopt.schedules.common import backward_ops, iteration_microbatches

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.ops import Op
-from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.timeline import Timeline
 
 PERIOD = 6

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from zbopt.errors import MissingSettingsError, NotApplicableError, ScheduleError, UnknownScheduleError, ZboptError
-from zbopt.io.torch_format import TorchOrder
+from zbopt.io.torch_order import TorchOrder
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.registry import generate

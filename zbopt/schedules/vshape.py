@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.ops import Op
-from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import input_gradient, repeat_per_iteration
 from zbopt.schedules.registry import register, require

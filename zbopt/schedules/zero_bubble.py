@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from zbopt.errors import ProblemError, ZboptError
+from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.ops import Op
-from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import repeat_per_iteration
 from zbopt.schedules.registry import register, require

@@ -7,8 +7,9 @@ import dataclasses
 import math
 import time
 
+from zbopt.kinds import OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.ops import Op
-from zbopt.problem import OFFLOAD, RECOMPUTE, RELOAD, Problem
+from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.common import schedule_from_starts
 from zbopt.simulation import Simulation, simulate

@@ -10,8 +10,9 @@ from typing import NamedTuple
 
 from ortools.sat.python import cp_model
 
+from zbopt.kinds import FORWARD, OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.ops import Op
-from zbopt.problem import FORWARD, OFFLOAD, RECOMPUTE, RELOAD, Problem
+from zbopt.problem import Problem
 from zbopt.solvers.task import SearchTask
 from zbopt.ticks import memory_scale
 

@@ -48,8 +48,9 @@ import networkx as nx
 from ortools.sat.python import cp_model
 
 from zbopt.errors import ZboptError
+from zbopt.kinds import OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
 from zbopt.ops import Op, op_graph, op_table
-from zbopt.problem import OFFLOAD, RECOMPUTE, RELOAD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.simulation import simulate
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.cp_parts import OpVars, stop_at_deadline_or_ctrl_c

@@ -13,8 +13,9 @@ import math
 
 import networkx as nx
 
+from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.ops import Op, earliest_finish, op_graph
-from zbopt.problem import BACKWARD, FORWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 
 
 def _same_order_group(problem: Problem, microbatch: int, other: int) -> bool:

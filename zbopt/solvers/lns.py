@@ -21,8 +21,9 @@ import time
 
 from ortools.sat.python import cp_model
 
+from zbopt.kinds import FORWARD
 from zbopt.ops import Op, op_table
-from zbopt.problem import FORWARD, Problem
+from zbopt.problem import Problem
 from zbopt.simulation import simulate
 from zbopt.solvers.cp_parts import lifetime_intervals, timed_solver
 from zbopt.solvers.task import Found, SearchTask, keeps_every_activation

@@ -8,8 +8,9 @@ from typing import NamedTuple
 
 import networkx as nx
 
+from zbopt.kinds import FORWARD
 from zbopt.ops import Op, earliest_finish, one_per_route, op_graph
-from zbopt.problem import FORWARD, Problem
+from zbopt.problem import Problem
 from zbopt.tolerance import memory_ceiling
 
 

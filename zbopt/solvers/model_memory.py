@@ -4,8 +4,9 @@ reservoir, the `memory_model` option), and the highest peak the driver's second 
 
 from __future__ import annotations
 
+from zbopt.kinds import FORWARD, OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.ops import Op
-from zbopt.problem import FORWARD, OFFLOAD, RECOMPUTE, RELOAD, Problem
+from zbopt.problem import Problem
 from zbopt.solvers.cp_parts import Choice, Lifetime, OpVars, lifetime_intervals
 from zbopt.ticks import memory_scale
 

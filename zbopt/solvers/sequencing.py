@@ -10,8 +10,9 @@ import operator
 import time
 from typing import NamedTuple
 
+from zbopt.kinds import FORWARD, WEIGHT
 from zbopt.ops import Op, op_table
-from zbopt.problem import FORWARD, WEIGHT, Problem
+from zbopt.problem import Problem
 from zbopt.tolerance import memory_ceiling
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from zbopt.cli.config import FLAG, PROBLEM_KEYS, RunConfig, build_run_config
 from zbopt.errors import ZboptError
-from zbopt.io.config import FLAG, PROBLEM_KEYS, RunConfig, build_run_config, read_config_file
-from zbopt.io.torch_format import read_torch_csv
+from zbopt.io.config import read_config_file
+from zbopt.io.torch_order import read_torch_csv
 from zbopt.schedule import Schedule, load_schedule
 from zbopt.schedules import named_schedule
 

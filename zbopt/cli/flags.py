@@ -7,8 +7,8 @@ import argparse
 
 import yaml
 
+from zbopt.cli.config import OPTION_KEYS, PROBLEM_KEYS
 from zbopt.errors import ZboptError
-from zbopt.io.config import OPTION_KEYS, PROBLEM_KEYS
 from zbopt.schedules import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES
 
 RUNNABLE_TORCH_SCHEDULES = [name for name in TORCH_SCHEDULES if name not in TORCH_REFUSED]  # named in --help

@@ -1,0 +1,206 @@
+"""`zbopt compare`, `zbopt block` and `zbopt frontier`: many schedules side by side, the optimal
+building block, and the optimal makespan along a sweep of memory limits."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+
+from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, config_file, flag_values
+from zbopt.cli.inputs import run_config
+from zbopt.cli.output import figure_path, figure_style, live, output_flag, talks
+from zbopt.errors import ZboptError
+from zbopt.io.trace import TRACE_EXTENSION
+from zbopt.simulation import simulate
+from zbopt.tables import format_block, format_comparison, format_frontier
+
+DASK_CONNECT_TIMEOUT_S = 10
+
+
+def add_commands(commands) -> None:
+    """Add `compare`, `block` and `frontier` to the subcommands `commands`."""
+    comparing = commands.add_parser("compare", help="simulate several schedules (and the optimum) side by side")
+    comparing.add_argument("--schedule", action="extend", nargs="+", metavar="NAME",
+                           help="registered schedule names (default: every one that applies)")
+    comparing.add_argument("--optimal", action="store_true", help="add the CP-SAT solver's schedule (row 'cpsat')")
+    comparing.add_argument("--frontier", metavar="START:STOP:STEP",
+                           help="also solve at these memory limits; the report shows the frontier")
+    comparing.add_argument("--time-limit", type=float, help="seconds per solve, --optimal or --frontier (default 60)")
+    comparing.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    add_quiet_flag(comparing)
+    add_input_flags(comparing, output_help="write an HTML report (.html) with every schedule's charts, every row's "
+                                           "trace for Perfetto (.trace.json) or the comparison chart (.png, .svg, "
+                                           ".pdf)")
+    add_style_flag(comparing)
+    comparing.set_defaults(run=_command_compare)
+    blocking = commands.add_parser("block", help="the optimal building block (least interval T) under the memory "
+                                   "limit, beside the published ones")
+    blocking.add_argument("--time-limit", type=float, default=10.0, help="seconds for the whole search (default 10)")
+    blocking.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
+    blocking.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    blocking.add_argument("--json", action="store_true", help="print one JSON object")
+    add_quiet_flag(blocking)
+    add_input_flags(blocking, output_help="draw the block (.png, .svg or .pdf)")
+    add_style_flag(blocking)
+    blocking.set_defaults(run=_command_block)
+    _add_frontier(commands)
+
+
+def _add_frontier(commands) -> None:
+    sweeping = commands.add_parser("frontier", help="the optimal makespan at each memory limit of a sweep")
+    sweeping.add_argument("--memory-limits", required=True, metavar="START:STOP:STEP",
+                          help="per-device memory limits to solve at, STOP included (e.g. 1:8:1)")
+    sweeping.add_argument("--time-limit", type=float, default=60.0, help="seconds per solve (default 60)")
+    sweeping.add_argument("--workers", type=int, help="solves at once, one process each (default: one per core)")
+    sweeping.add_argument("--dask", metavar="ADDRESS",
+                          help="run the solves on a dask.distributed cluster, e.g. tcp://host:8786")
+    sweeping.add_argument("--json", action="store_true", help="print the frontier as one JSON object")
+    add_quiet_flag(sweeping)
+    add_input_flags(sweeping, output_help="write the frontier figure (.png, .svg or .pdf)")
+    add_style_flag(sweeping)
+    sweeping.set_defaults(run=_command_frontier)
+
+
+def _command_compare(args: argparse.Namespace) -> int:
+    from zbopt.comparison import compare
+    from zbopt.frontier import memory_frontier, parse_memory_limits
+
+    if args.time_limit is not None and not (args.optimal or args.frontier):
+        raise ZboptError("--time-limit applies to --optimal and --frontier only")
+    run = run_config(config_file(args), flag_values(args))
+    frontier_limits = None if args.frontier is None else parse_memory_limits(args.frontier)
+    output = output_flag(args)
+    if output is None:
+        figure_style(args, None)  # --style without a chart to draw is an error, not ignored
+    kind = None if output is None else _comparison_output(args, output)
+    limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
+    comparison = compare(run.problem, args.schedule, optimal=args.optimal, progress=live(args), **limit)
+    frontier = None
+    if frontier_limits is not None:
+        frontier = memory_frontier(run.problem, frontier_limits, progress=live(args), **limit)
+    if args.json:
+        print(json.dumps(comparison.to_dicts()))
+    elif talks(args):
+        print(format_comparison(comparison))
+        if frontier is not None:
+            print("\n" + format_frontier(frontier))
+    if kind is not None:
+        _write_comparison(args, kind, output, comparison, frontier)
+        if talks(args):
+            print(f"\n{kind} written to {output}")
+    return 0
+
+
+def _comparison_output(args: argparse.Namespace, output: str) -> str:
+    """What `compare -o` writes, told by the file's name and checked before any work: "report"
+    (.html), "trace" (every row's, in one file: .trace.json) or "comparison chart" (.png, .svg, .pdf)."""
+    from zbopt.plot import FIGURE_FORMATS
+    from zbopt.report import REPORT_FORMATS
+
+    name = output.lower()
+    if name.endswith(REPORT_FORMATS):
+        if args.style is not None:
+            raise ZboptError(f"--style {args.style}: the HTML report has one style; --style draws a chart "
+                             f"({', '.join(FIGURE_FORMATS)})")
+        return "report"
+    if not name.endswith((TRACE_EXTENSION, *FIGURE_FORMATS)):
+        raise ZboptError(f"output file '{output}': unsupported extension, use {', '.join(REPORT_FORMATS)} (a report), "
+                         f"{TRACE_EXTENSION} (a trace) or {', '.join(FIGURE_FORMATS)} (the comparison chart)")
+    if args.frontier is not None:
+        raise ZboptError(f"--frontier: '{output}' would leave the frontier out; write a report (.html), or its "
+                         "figure with zbopt frontier -o")
+    if name.endswith(TRACE_EXTENSION):
+        figure_style(args, None)  # a trace has no style: --style is an error here
+        return "trace"
+    figure_style(args, output)
+    return "comparison chart"
+
+
+def _write_comparison(args: argparse.Namespace, kind: str, output: str, comparison, frontier) -> None:
+    """Write what `_comparison_output` chose."""
+    from zbopt.io.trace import write_comparison_trace
+    from zbopt.plot import plot_comparison
+    from zbopt.report import write_report
+
+    if kind == "report":
+        write_report(output, comparison, frontier=frontier)
+    elif kind == "trace":
+        write_comparison_trace(output, comparison)
+    else:
+        plot_comparison(comparison, output, style=figure_style(args, output))
+
+
+def _command_block(args: argparse.Namespace) -> int:
+    from zbopt.blocks import block_schedule
+    from zbopt.blocks.search import optimal_block, published_rows
+
+    run = run_config(config_file(args), flag_values(args))
+    figure = figure_path(args, getattr(args, "output_file", None))
+    search = optimal_block(run.problem, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
+    simulation = simulate(run.problem, block_schedule(search.block))
+    published = published_rows(run.problem)
+    if args.json:
+        print(json.dumps({**search.to_dict(), "schedule": {"makespan": simulation.makespan,
+                                                          "peak_memory": list(simulation.peak_memory)},
+                          "published": published}))
+    elif talks(args):
+        print(format_block(search, simulation, published))
+    if figure is not None:
+        from zbopt.plot.block import plot_block
+
+        plot_block(search.block, figure, style=figure_style(args, figure))
+        if talks(args):
+            print(f"\nblock drawing written to {figure}")
+    return 0
+
+
+def _dask_client(address: str):
+    """A dask.distributed Client connected to the scheduler at `address` (an optional dependency)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ZboptError("--dask needs dask.distributed: pip install 'zbopt[dask]'") from None
+    try:
+        return Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as error:
+        raise ZboptError(f"--dask {address}: cannot connect to the scheduler ({error})") from None
+
+
+def _check_frontier_flags(args: argparse.Namespace) -> None:
+    """--workers and --dask exclude each other; the sweep, not --memory-limit, sets the limit."""
+    if args.dask is not None and args.workers is not None:
+        raise ZboptError("--workers and --dask: give one (a dask cluster has its own workers)")
+    if args.workers is not None and args.workers < 1:
+        raise ZboptError(f"--workers {args.workers}: must be at least 1")
+    if hasattr(args, "memory_limit"):
+        raise ZboptError("--memory-limit: the sweep sets the limit; give --memory-limits START:STOP:STEP")
+
+
+def _command_frontier(args: argparse.Namespace) -> int:
+    from zbopt.frontier import memory_frontier, parse_memory_limits, process_pool
+
+    _check_frontier_flags(args)
+    limits = parse_memory_limits(args.memory_limits)
+    run = run_config(config_file(args), flag_values(args))
+    figure = figure_path(args, output_flag(args))
+    with contextlib.ExitStack() as stack:
+        if args.dask is not None:
+            executor = stack.enter_context(_dask_client(args.dask)).get_executor()
+        elif args.workers is not None:
+            executor = stack.enter_context(process_pool(args.workers))
+        else:
+            executor = None  # memory_frontier's own pool, one process per core
+        frontier = memory_frontier(run.problem, limits, time_limit=args.time_limit, executor=executor,
+                                   progress=live(args))
+    if args.json:
+        print(json.dumps(frontier.to_dict()))
+    elif talks(args):
+        print(format_frontier(frontier))
+    if figure is not None:
+        from zbopt.plot import plot_frontier
+
+        plot_frontier(frontier, figure, style=figure_style(args, figure))
+        if talks(args):
+            print(f"\nfrontier figure written to {figure}")
+    return 0

@@ -1,0 +1,73 @@
+"""`zbopt solve`: the optimal schedule under the memory limit, printed, drawn and exported."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, config_file, flag_values
+from zbopt.cli.inputs import run_config
+from zbopt.cli.output import figure_path, figure_style, live, talks
+from zbopt.io.export import EXPORT_FORMATS, check_export, write_export
+from zbopt.schedules import get
+from zbopt.tables import format_solve
+
+
+def add_commands(commands) -> None:
+    """Add `solve` to the subcommands `commands`; its flags when it is parsed (they name the solvers)."""
+    commands.add_parser("solve", help="find the optimal schedule under the memory limit", flags=_add_solve_flags)
+
+
+def _add_solve_flags(solving: argparse.ArgumentParser) -> None:
+    from zbopt.solvers import SOLVERS
+
+    solving.add_argument("--solver", default="cpsat", choices=SOLVERS,
+                         help="cpsat (OR-Tools CP-SAT; on 600 ops or more, LNS takes the second half of the "
+                              "search unless CP-SAT proved its answer), the MILP with cbc or highs, or lns (CP-SAT "
+                              "window by window from the warm start; proves nothing itself) (default cpsat)")
+    solving.add_argument("--objective", default="makespan", choices=["makespan", "span"],
+                         help="minimize the makespan or the longest device span (the ZB paper's)")
+    solving.add_argument("--time-limit", type=float, default=60.0, help="seconds (default 60)")
+    solving.add_argument("--warm-start", help="heuristic to start from (default: the best valid one)")
+    solving.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
+    solving.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    solving.add_argument("--json", action="store_true", help="print one JSON object")
+    add_quiet_flag(solving)
+    solving.add_argument("--export", metavar="FILE", help="write the schedule found: .csv torch CSV, .json zbopt JSON, "
+                                                         ".trace.json a trace for Perfetto")
+    add_input_flags(solving)
+    add_style_flag(solving)
+    solving.set_defaults(run=_command_solve)
+
+
+def _command_solve(args: argparse.Namespace) -> int:
+    from zbopt.solvers import solve
+
+    run = run_config(config_file(args), flag_values(args))
+    figure = figure_path(args, run.output_file)
+    if args.export is not None:
+        check_export(args.export, run.problem)
+    if args.warm_start is not None:
+        get(args.warm_start)
+    result = solve(run.problem, args.solver, time_limit=args.time_limit, objective=args.objective,
+                   warm_start=args.warm_start, workers=args.workers, seed=args.seed, progress=live(args))
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    elif talks(args):
+        print(format_solve(result))
+    if result.simulation is None:
+        if args.export is not None:
+            print(f"zbopt: no schedule found ({result.status}); {args.export} not written", file=sys.stderr)
+        return 0
+    if figure is not None:
+        from zbopt.plot import plot_gantt
+
+        plot_gantt(result.simulation, figure, style=figure_style(args, figure))
+        if talks(args):
+            print(f"\nGantt chart written to {figure}")
+    if args.export is not None:
+        written = write_export(args.export, result.simulation, with_times=True)
+        if talks(args):
+            print(f"\n{EXPORT_FORMATS[written]} written to {args.export}")
+    return 0

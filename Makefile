@@ -28,10 +28,11 @@ lint: $(STAMP)
 test: lint
 	ZBOPT_REQUIRE_EXTRAS=torch,dask $(BIN)/python -m pytest
 
-# All five benchmarks with quick settings: about 5 minutes on 2 cores. The full runs:
+# Six benchmarks with quick settings: about 5 minutes on 2 cores. The full runs:
 # bench_solver.py A (60 s per solve, CP-SAT and HiGHS), bench_solver.py B, bench_milp_models.py (60 s),
 # bench_scale.py (p = 64, m = 4096 at 60 s and the V-shape grid at 60 s per solve).
 bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_startup.py
 	$(BIN)/python benchmarks/bench_simulator.py
 	$(BIN)/python benchmarks/bench_heuristics.py
 	$(BIN)/python benchmarks/bench_solver.py A --solvers cpsat --time-limit 2

@@ -144,3 +144,24 @@ def test_any_subpackage_imports_first(first):
     before anything else of zbopt has."""
     done = subprocess.run([sys.executable, "-c", f"import {first}"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+HEAVY = ("ortools", "matplotlib", "networkx", "pandas", "pulp", "highspy", "torch")
+LIGHT_COMMANDS = {  # what each quick command may load of the heavy libraries: none
+    "--help": ["--help"],
+    "schedules": ["schedules"],
+    "simulate": ["simulate", "-s", "4", "-b", "8"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(LIGHT_COMMANDS))
+def test_quick_commands_load_no_heavy_library(command):
+    """Start-up is what users feel on every call: `zbopt --help`, `zbopt schedules` and a small
+    `simulate` import none of the solver, plotting or graph libraries (bench_startup.py times them)."""
+    argv = LIGHT_COMMANDS[command]
+    code = ("import contextlib, io, sys\nfrom zbopt.cli import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n    main({argv!r})\n"
+            f"print(sorted(name for name in {HEAVY!r} if name in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

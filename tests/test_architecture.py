@@ -165,3 +165,23 @@ def test_quick_commands_load_no_heavy_library(command):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_threads_asking_the_registry_at_once_all_see_the_block_built_schedules():
+    """The block-built schedules load at the registry's first lookup (zbopt.deferred): a thread that
+    asks while another is loading them waits, rather than see a list without them."""
+    code = ("import threading\nfrom zbopt.schedules import registered\nseen = []\n"
+            "threads = [threading.Thread(target=lambda: seen.append(len(registered()))) for _ in range(8)]\n"
+            "[t.start() for t in threads]\n[t.join() for t in threads]\n"
+            "print(sorted(set(seen)), sum(s.name.startswith('block-') for s in registered()))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    counts, blocks = (done.stdout.strip() or "? ?").rsplit(" ", 1)
+    assert done.returncode == 0 and int(blocks) == 6, done.stderr[-2000:]  # one per published block
+    assert counts.count(",") == 0, f"threads saw different registries: {counts}"
+
+
+def test_subpackages_load_as_attributes_of_the_lazy_root():
+    """`import zbopt; zbopt.solvers.solve` worked when the root imported everything; it still does."""
+    code = "import zbopt\nprint(zbopt.solvers.solve is zbopt.solve, sorted(zbopt.blocks.PUBLISHED)[0])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["True", "1f1b"], done.stderr[-2000:]

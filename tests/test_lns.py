@@ -11,9 +11,7 @@ import pytest
 from tests.reference import brute_force_optimum, longest_path_starts
 from zbopt import Problem, generate, simulate, solve
 from zbopt.schedules.common import schedule_from_starts
-from zbopt.solvers import api, lns
-from zbopt.solvers import cpsat as hybrid
-from zbopt.solvers import full_model as cpsat
+from zbopt.solvers import api, cpsat, full_model, lns
 from zbopt.solvers.answer import start_times
 from zbopt.solvers.bounds import LowerBounds
 from zbopt.solvers.task import Found, SearchTask
@@ -75,8 +73,8 @@ def test_the_default_backend_hands_an_unproven_full_model_answer_to_lns(monkeypa
         given.append(first.deadline)
         return Found("feasible", start_times(first.warm), 4.25, None, 1.0)
 
-    monkeypatch.setattr(cpsat, "search", unproven)
-    found = hybrid.search(problem, task, lns_share=0.5)
+    monkeypatch.setattr(full_model, "search", unproven)
+    found = cpsat.search(problem, task, lns_share=0.5)
     optimum = brute_force_optimum(problem)
     assert task.warm.makespan > optimum + 1e-9  # there was something to improve
     assert simulate(problem, schedule_from_starts(problem, found.starts, "test")).makespan == pytest.approx(optimum)
@@ -90,10 +88,10 @@ def test_the_default_backend_runs_lns_only_past_a_size(monkeypatch):
     ran = []
     monkeypatch.setattr(lns, "search", lambda problem, task: ran.append(task) or Found("unknown", None, 0.0, None, 1.0))
     for least, expected in ((problem.num_ops + 1, 0), (problem.num_ops, 1)):
-        monkeypatch.setattr(hybrid, "LNS_MIN_OPS", least)
-        monkeypatch.setattr(cpsat, "search", lambda problem, first, **options: Found("feasible", None, 0.0, None, 1.0))
+        monkeypatch.setattr(cpsat, "LNS_MIN_OPS", least)
+        monkeypatch.setattr(full_model, "search", lambda problem, first, **options: Found("feasible", None, 0.0, None, 1.0))
         ran.clear()
-        hybrid.search(problem, _task(problem, "1f1b", 1.0))
+        cpsat.search(problem, _task(problem, "1f1b", 1.0))
         assert len(ran) == expected
 
 
@@ -105,7 +103,7 @@ def test_the_default_backend_runs_no_lns_after_a_proof(monkeypatch):
         raise AssertionError("LNS ran after a proof")
 
     monkeypatch.setattr(lns, "search", no_lns)
-    found = hybrid.search(problem, _task(problem, "zb-1p", 10.0), lns_share=0.5)
+    found = cpsat.search(problem, _task(problem, "zb-1p", 10.0), lns_share=0.5)
     assert found.status == "optimal"
     assert found.modelled == pytest.approx(brute_force_optimum(problem))
 
@@ -113,7 +111,7 @@ def test_the_default_backend_runs_no_lns_after_a_proof(monkeypatch):
 def test_the_default_backend_refuses_an_lns_share_of_all_the_time():
     problem = Problem(**SMALL)
     with pytest.raises(ValueError, match="lns_share 1"):
-        hybrid.search(problem, _task(problem, "1f1b", 1.0), lns_share=1)
+        cpsat.search(problem, _task(problem, "1f1b", 1.0), lns_share=1)
 
 
 def test_the_default_backend_without_a_warm_start_gives_the_full_model_all_the_time(monkeypatch):
@@ -122,10 +120,10 @@ def test_the_default_backend_without_a_warm_start_gives_the_full_model_all_the_t
     problem = Problem(**SMALL)
     task = replace(_task(problem, "1f1b", 5.0), warm=None)
     given = []
-    monkeypatch.setattr(cpsat, "search", lambda problem, first, **options: given.append(first.deadline)
+    monkeypatch.setattr(full_model, "search", lambda problem, first, **options: given.append(first.deadline)
                         or Found("unknown", None, 0.0, None, 1.0))
     monkeypatch.setattr(lns, "search", lambda *_args: pytest.fail("LNS ran without a schedule to start from"))
-    hybrid.search(problem, task, lns_share=0.5)
+    cpsat.search(problem, task, lns_share=0.5)
     assert given == [task.deadline]
 
 
@@ -135,7 +133,7 @@ def test_an_answer_that_meets_the_full_models_bound_is_optimal_decided_by_the_so
     problem = Problem(**SMALL)
     optimum = brute_force_optimum(problem)
     monkeypatch.setattr(api, "lower_bounds", lambda *_args: LowerBounds(0.0, 0.0, 0.0, 0.0, 0.0))
-    monkeypatch.setattr(cpsat, "search", lambda problem, first, **options:
+    monkeypatch.setattr(full_model, "search", lambda problem, first, **options:
                         Found("feasible", start_times(first.warm), optimum, None, 1.0))
     result = solve(problem, "cpsat", time_limit=3, warm_start="1f1b", lower_peak=False, lns_share=0.5)
     assert (result.status, result.objective, result.decided_by) == ("optimal", pytest.approx(optimum), "solver")

@@ -1,7 +1,7 @@
 """The MILP (PuLP with CBC and HiGHS) against brute force, known optima and CP-SAT."""
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 
 from tests.reference import brute_force_optimum, problems
 from tests.test_cpsat import TINY, unit_problem
@@ -30,16 +30,19 @@ def test_milp_known_optima(backend, memory, optimum):
 @settings(max_examples=6)
 @given(problems(max_devices=3, max_microbatches=3))
 def test_cpsat_and_highs_agree_on_random_problems(problem):
-    """Small enough (p·m <= 4) that both prove their answer, and that brute force over device
-    orders gives the optimum both must meet: costs have 3 decimals, whole CP-SAT ticks of 1e-3."""
-    assume(problem.num_devices * problem.num_microbatches <= 4)
+    """Problems this small (p, m <= 3) both prove, and their optima agree to CP-SAT's tick (costs
+    have 3 decimals: whole ticks of 1e-3); where brute force over device orders is quick (p·m <= 4),
+    both meet the optimum it finds."""
     limited = problem.replace(memory_limit=[need + 1 for need in problem.min_memory_limit])
     cpsat = solve(limited, "cpsat", time_limit=20)
     highs = solve(limited, "highs", time_limit=20)
     assert (cpsat.status, highs.status) == ("optimal", "optimal")
-    optimum = brute_force_optimum(limited)
-    assert cpsat.objective == pytest.approx(optimum, abs=1e-5) and highs.objective == pytest.approx(optimum, abs=1e-5)
-    assert lower_bounds(limited).best <= optimum + 1e-6
+    assert cpsat.objective == pytest.approx(highs.objective, abs=2e-3)
+    assert lower_bounds(limited).best <= min(cpsat.objective, highs.objective) + 1e-6
+    if problem.num_devices * problem.num_microbatches <= 4:
+        optimum = brute_force_optimum(limited)
+        assert cpsat.objective == pytest.approx(optimum, abs=1e-5)
+        assert highs.objective == pytest.approx(optimum, abs=1e-5)
 
 
 def test_an_independent_bound_that_meets_the_objective_proves_optimality():

@@ -8,6 +8,7 @@ results' views (`zbopt.display`) and the schedules built above the generators (`
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from zbopt import display  # noqa: F401  (registers how results print and show in Jupyter)
 from zbopt.deferred import defer
@@ -34,11 +35,15 @@ __all__ = sorted(_MODULE_OF)
 
 
 def __getattr__(name: str):
-    """Load a public name's module the first time the name is asked for."""
+    """Load a public name's module the first time the name is asked for; `zbopt.solvers` and the
+    other subpackages load on first use too, as they did when this file imported them all."""
     module = _MODULE_OF.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
         raise AttributeError(f"module 'zbopt' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

@@ -9,9 +9,11 @@ floors, leaves a loader here under the lower module's name (`defer`), and that m
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 _LOADERS: dict[str, list[Callable[[], object]]] = {}
+_LOADING = threading.RLock()  # threads asking at once wait for the loader, not past it
 
 
 def defer(module: str, loader: Callable[[], object]) -> None:
@@ -21,7 +23,16 @@ def defer(module: str, loader: Callable[[], object]) -> None:
 
 def load_deferred(module: str) -> None:
     """Run the loaders left for `module`, each once: each is taken off before it runs, so a loader
-    that asks `module` itself does not run again."""
-    pending = _LOADERS.get(module, [])
-    while pending:
-        pending.pop(0)()
+    that asks `module` itself does not run again; one that fails is put back, to fail again (with
+    its reason) at the next lookup rather than leave the module silently short."""
+    if module not in _LOADERS:
+        return
+    with _LOADING:
+        pending = _LOADERS[module]
+        while pending:
+            loader = pending.pop(0)
+            try:
+                loader()
+            except BaseException:
+                pending.insert(0, loader)
+                raise

@@ -204,3 +204,21 @@ def test_an_unwritable_export_is_refused_before_solving(tmp_path, capsys, monkey
 def test_write_file_names_the_path_and_reason(tmp_path):
     with pytest.raises(ZboptError, match=r"^'.*/missing/x\.json': cannot write \(No such file or directory\)$"):
         write_file(tmp_path / "missing" / "x.json", "{}")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["run-torch", "s.csv", "--trace", "t.txt"], "--trace 't.txt': unsupported extension, use .json (e.g. "
+                                                 "run.trace.json)"),
+    (["run-torch", "s.json", "--trace", "s.json"],
+     "--trace 's.json': is the schedule; writing it would replace it (give another file)"),
+    (["profile-torch", "s.csv", "-o", "costs.txt"], "-o 'costs.txt': unsupported extension, use .yaml, .yml, .json"),
+    (["profile-torch", "s.json", "-o", "s.json"],
+     "-o 's.json': is the schedule; writing it would replace it (give another file)"),
+])
+def test_the_torch_commands_check_their_outputs_first(tmp_path, capsys, monkeypatch, argv, message):
+    """run-torch --trace and profile-torch -o: the extension known and not the schedule, before any rank starts
+    (the schedule files here do not even exist, or are not CSVs: the output is checked first)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.json").write_text("not a CSV")
+    assert run(capsys, *argv) == (2, "", f"zbopt: {message}\n")
+    assert (tmp_path / "s.json").read_text() == "not a CSV"

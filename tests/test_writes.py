@@ -222,3 +222,10 @@ def test_the_torch_commands_check_their_outputs_first(tmp_path, capsys, monkeypa
     (tmp_path / "s.json").write_text("not a CSV")
     assert run(capsys, *argv) == (2, "", f"zbopt: {message}\n")
     assert (tmp_path / "s.json").read_text() == "not a CSV"
+
+
+def test_a_config_s_output_file_is_named_as_such(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"num_stages: 2\nnum_microbatches: 4\noutput_file: {tmp_path}/missing/g.png\n")
+    assert run(capsys, "simulate", config) == (2, "", f"zbopt: output_file '{tmp_path}/missing/g.png': "
+                                                      "no such directory\n")

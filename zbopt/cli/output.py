@@ -51,6 +51,11 @@ def check_outputs(args: argparse.Namespace, outputs: dict[str, str | None],
                 raise ZboptError(f"{flag} '{path}': is {what}; writing it would replace it (give another file)")
 
 
+def figure_flag(args: argparse.Namespace) -> str:
+    """What gave the figure's path, for a message: -o, else the config's output_file."""
+    return "-o" if hasattr(args, "output_file") else "output_file"
+
+
 def _same_file(one: str, other: str) -> bool:
     """Whether two paths name one file: the same inode when both exist, else the same resolved path."""
     if os.path.exists(one) and os.path.exists(other):

@@ -648,4 +648,4 @@ def test_cli_checks_output_directories_before_any_work(tmp_path, capsys):
                  ("export", "--schedule", "1f1b", "-o", tmp_path / "no" / "x.csv"),
                  ("profile-torch", tmp_path / "missing.csv", "-o", tmp_path / "no" / "x.yaml")):
         status, out, err = run(capsys, *argv)
-        assert (status, out) == (2, "") and err == f"zbopt: '{tmp_path / 'no' / argv[-1].name}': no such directory\n"
+        assert (status, out) == (2, "") and err == f"zbopt: {argv[-2]} '{argv[-1]}': no such directory\n"

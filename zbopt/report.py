@@ -25,6 +25,7 @@ from matplotlib.colors import to_hex
 from zbopt import __version__, plot
 from zbopt.comparison import COLUMNS, Comparison, ComparisonRow
 from zbopt.errors import ZboptError
+from zbopt.io.write import write_file
 from zbopt.ops import KIND_WORDS
 from zbopt.plot.style import chunk_color
 from zbopt.simulation import Simulation
@@ -62,7 +63,7 @@ def check_report_path(path: str | Path) -> Path:
 def write_report(path: str | Path, comparison: Comparison, *, frontier=None) -> Path:
     """Write `render_report(comparison, frontier=frontier)` to `path` (.html or .htm); return the path."""
     path = check_report_path(path)
-    path.write_text(render_report(comparison, frontier=frontier), encoding="utf-8")
+    write_file(path, render_report(comparison, frontier=frontier))
     return path
 
 

@@ -144,14 +144,6 @@ class Schedule:
         return cls(orders, data.get("start_times"), data.get("name", ""), tuple(map(_pair_members, pairs)))
 
 
-def save_schedule(path: str | Path, schedule: Schedule, problem: Problem | None = None) -> None:
-    """Write `schedule` (and the problem it is for, when given) as JSON."""
-    data = schedule.to_dict()
-    if problem is not None:
-        data["problem"] = problem.to_dict()
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
-
-
 def load_schedule(path: str | Path) -> tuple[Schedule, Problem | None]:
     """Read a schedule JSON written by `save_schedule`; returns the schedule and its problem if stored."""
     try:

@@ -9,7 +9,7 @@ import json
 
 from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, config_file, flag_values
 from zbopt.cli.inputs import run_config
-from zbopt.cli.output import figure_path, figure_style, live, output_flag, talks
+from zbopt.cli.output import check_outputs, figure_path, figure_style, live, output_flag, talks
 from zbopt.errors import ZboptError
 from zbopt.io.trace import TRACE_EXTENSION
 from zbopt.simulation import simulate
@@ -74,6 +74,7 @@ def _command_compare(args: argparse.Namespace) -> int:
     if output is None:
         figure_style(args, None)  # --style without a chart to draw is an error, not ignored
     kind = None if output is None else _comparison_output(args, output)
+    check_outputs(args, {"-o": output})
     limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
     comparison = compare(run.problem, args.schedule, optimal=args.optimal, progress=live(args), **limit)
     frontier = None
@@ -137,6 +138,7 @@ def _command_block(args: argparse.Namespace) -> int:
 
     run = run_config(config_file(args), flag_values(args))
     figure = figure_path(args, getattr(args, "output_file", None))
+    check_outputs(args, {"-o": figure})
     search = optimal_block(run.problem, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
     simulation = simulate(run.problem, block_schedule(search.block))
     published = published_rows(run.problem)
@@ -184,6 +186,7 @@ def _command_frontier(args: argparse.Namespace) -> int:
     limits = parse_memory_limits(args.memory_limits)
     run = run_config(config_file(args), flag_values(args))
     figure = figure_path(args, output_flag(args))
+    check_outputs(args, {"-o": figure})
     with contextlib.ExitStack() as stack:
         if args.dask is not None:
             executor = stack.enter_context(_dask_client(args.dask)).get_executor()

@@ -1,12 +1,16 @@
 """What every command shares about its output: whether to print text or a progress line, where
-its figure goes (checked before any work, with its --style), and the exit status of a schedule."""
+its files go (checked before any work: each creatable, none an input, a figure's with its
+--style), and the exit status of a schedule."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from zbopt.errors import ZboptError
+from zbopt.io.write import check_writable
 from zbopt.simulation import Simulation
 
 EXIT_INVALID_SCHEDULE = 1
@@ -25,6 +29,38 @@ def talks(args: argparse.Namespace) -> bool:
 def live(args: argparse.Namespace) -> bool:
     """Whether to draw a live progress line on stderr: on a terminal, unless --json or --quiet."""
     return talks(args) and sys.stderr.isatty()
+
+
+def check_outputs(args: argparse.Namespace, outputs: dict[str, str | None],
+                  inputs: dict[str, str] | None = None) -> None:
+    """Before any work, every file a command will write (flag -> path; None: not asked for) can be
+    created, and none is another output or one of its inputs (the config, --schedule-file, and
+    `inputs`, a description -> path): one line naming the flag and the path otherwise."""
+    given = [("the config file", getattr(args, "config", None)),
+             ("the config file", getattr(args, "config_flag", None)),
+             ("the schedule file", getattr(args, "schedule_file", None)), *(inputs or {}).items()]
+    asked = [(flag, path) for flag, path in outputs.items() if path is not None]
+    for number, (flag, path) in enumerate(asked):
+        try:
+            check_writable(path)
+        except ZboptError as error:
+            raise ZboptError(f"{flag} {error}") from None
+        earlier = [(f"the {other_flag} file", other) for other_flag, other in asked[:number]]
+        for what, other in given + earlier:
+            if other is not None and _same_file(path, other):
+                raise ZboptError(f"{flag} '{path}': is {what}; writing it would replace it (give another file)")
+
+
+def figure_flag(args: argparse.Namespace) -> str:
+    """What gave the figure's path, for a message: -o, else the config's output_file."""
+    return "-o" if hasattr(args, "output_file") else "output_file"
+
+
+def _same_file(one: str, other: str) -> bool:
+    """Whether two paths name one file: the same inode when both exist, else the same resolved path."""
+    if os.path.exists(one) and os.path.exists(other):
+        return os.path.samefile(one, other)
+    return Path(one).resolve() == Path(other).resolve()
 
 
 def figure_path(args: argparse.Namespace, output_file: str | None) -> str | None:

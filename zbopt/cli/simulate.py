@@ -8,7 +8,7 @@ import json
 
 from zbopt.cli.flags import add_input_flags, add_schedule_flags, add_style_flag, config_file, flag_values
 from zbopt.cli.inputs import is_schedule_file, run_and_schedule
-from zbopt.cli.output import exit_status, figure_path, figure_style
+from zbopt.cli.output import check_outputs, exit_status, figure_flag, figure_path, figure_style
 from zbopt.errors import ZboptError
 from zbopt.io.export import EXPORT_FORMATS, check_export, write_export
 from zbopt.schedules import registered
@@ -60,6 +60,7 @@ def _command_schedules(args: argparse.Namespace) -> int:
 def _command_simulate(args: argparse.Namespace) -> int:
     run, schedule = _inputs(args)
     figure = figure_path(args, run.output_file)
+    check_outputs(args, {figure_flag(args): figure})
     simulation = simulate(run.problem, schedule)
     print(json.dumps(simulation.to_dict()) if args.json else format_simulation(simulation))
     if figure is not None:
@@ -75,6 +76,7 @@ def _command_export(args: argparse.Namespace) -> int:
     target = getattr(args, "output_file", None)
     if target is None:
         raise ZboptError("export needs -o FILE")
+    check_outputs(args, {"-o": target})
     check_export(target, given=args.format)
     run, schedule = _inputs(args)
     simulation = simulate(run.problem, schedule)  # a deadlock fails here, before anything is written

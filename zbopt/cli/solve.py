@@ -8,7 +8,7 @@ import sys
 
 from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, config_file, flag_values
 from zbopt.cli.inputs import run_config
-from zbopt.cli.output import figure_path, figure_style, live, talks
+from zbopt.cli.output import check_outputs, figure_flag, figure_path, figure_style, live, talks
 from zbopt.io.export import EXPORT_FORMATS, check_export, write_export
 from zbopt.schedules import get
 from zbopt.tables import format_solve
@@ -46,6 +46,7 @@ def _command_solve(args: argparse.Namespace) -> int:
 
     run = run_config(config_file(args), flag_values(args))
     figure = figure_path(args, run.output_file)
+    check_outputs(args, {figure_flag(args): figure, "--export": args.export})
     if args.export is not None:
         check_export(args.export, run.problem)
     if args.warm_start is not None:

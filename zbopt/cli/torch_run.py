@@ -7,9 +7,11 @@ import argparse
 import json
 import sys
 
-from zbopt.cli.output import EXIT_INVALID_SCHEDULE
-from zbopt.io.export import check_output_directory
+from zbopt.cli.output import EXIT_INVALID_SCHEDULE, check_outputs
+from zbopt.errors import ZboptError
 from zbopt.io.trace import write_measured_trace
+
+PROFILE_FORMATS = (".yaml", ".yml", ".json")  # what profile-torch writes: YAML, or JSON for .json
 
 
 def add_commands(commands) -> None:
@@ -56,8 +58,9 @@ def _say_if_gradients_differ(report) -> None:
 def _command_run_torch(args: argparse.Namespace) -> int:
     from zbopt.runtime import format_report, run_torch
 
-    if args.trace is not None:
-        check_output_directory(args.trace)
+    if args.trace is not None and not args.trace.lower().endswith(".json"):
+        raise ZboptError(f"--trace '{args.trace}': unsupported extension, use .json (e.g. run.trace.json)")
+    check_outputs(args, {"--trace": args.trace}, {"the schedule": args.schedule})
     report = run_torch(args.schedule, **_torch_run_options(args))
     _say_if_gradients_differ(report)
     print(json.dumps(report.to_dict()) if args.json else format_report(report))
@@ -71,7 +74,9 @@ def _command_run_torch(args: argparse.Namespace) -> int:
 def _command_profile_torch(args: argparse.Namespace) -> int:
     from zbopt.runtime import format_report, profile_torch
 
-    check_output_directory(args.output)
+    if not args.output.lower().endswith(PROFILE_FORMATS):
+        raise ZboptError(f"-o '{args.output}': unsupported extension, use {', '.join(PROFILE_FORMATS)}")
+    check_outputs(args, {"-o": args.output}, {"the schedule": args.schedule})
     report, config = profile_torch(args.schedule, args.output, **_torch_run_options(args))
     _say_if_gradients_differ(report)
     print(format_report(report))

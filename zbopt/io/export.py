@@ -1,18 +1,21 @@
 """One writer for every schedule export: `zbopt export`, `zbopt solve --export` and Python.
 
 `check_export` says before any work whether a file can be written (its format known, the problem
-writable in it, its directory there); `write_export` writes a simulated schedule.
+writable in it, the file creatable); `write_export` writes a simulated schedule, and
+`save_schedule` zbopt's schedule JSON, each through `write_file` (whole or not at all).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from zbopt.errors import ZboptError
 from zbopt.io.torch_format import check_exportable, write_megatron_order, write_torch_csv
 from zbopt.io.trace import TRACE_EXTENSION, write_chrome_trace
+from zbopt.io.write import check_writable, write_file
 from zbopt.problem import Problem
-from zbopt.schedule import save_schedule
+from zbopt.schedule import Schedule
 from zbopt.simulation import Simulation
 
 EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON",
@@ -37,19 +40,13 @@ def export_format(path: str | Path, given: str | None = None) -> str:
                      f"(.trace.json a trace, .csv torch CSV, .json zbopt JSON; or give --format)")
 
 
-def check_output_directory(path: str | Path) -> None:
-    """Fail before any work when the file to write cannot be created."""
-    if not Path(path).resolve().parent.is_dir():
-        raise ZboptError(f"'{path}': no such directory")
-
-
 def check_export(path: str | Path, problem: Problem | None = None, given: str | None = None) -> str:
-    """The format `path` is to be written in (see `export_format`), once its directory exists and
+    """The format `path` is to be written in (see `export_format`), once it can be created and
     `problem` (when known yet) can be written in it; a ZboptError naming the culprit otherwise."""
     chosen = export_format(path, given)
     if problem is not None:
         check_exportable(problem, chosen)
-    check_output_directory(path)
+    check_writable(path)
     return chosen
 
 
@@ -70,3 +67,11 @@ def write_export(path: str | Path, simulation: Simulation, given: str | None = N
     else:
         save_schedule(path, schedule, problem)
     return chosen
+
+
+def save_schedule(path: str | Path, schedule: Schedule, problem: Problem | None = None) -> None:
+    """Write `schedule` (and the problem it is for, when given) as JSON."""
+    data = schedule.to_dict()
+    if problem is not None:
+        data["problem"] = problem.to_dict()
+    write_file(path, json.dumps(data, indent=1) + "\n")

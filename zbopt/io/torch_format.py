@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from zbopt.errors import ZboptError
+from zbopt.io.write import write_file
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, WEIGHT
 from zbopt.ops import Op
 from zbopt.problem import Problem
@@ -116,7 +117,7 @@ def torch_csv(problem: Problem, schedule: Schedule) -> str:
 
 def write_torch_csv(path: str | Path, problem: Problem, schedule: Schedule) -> None:
     """Write `torch_csv` to `path`, for `_PipelineScheduleRuntime._load_csv`."""
-    Path(path).write_text(torch_csv(problem, schedule), newline="")
+    write_file(path, torch_csv(problem, schedule))
 
 
 def _require_megatron(problem: Problem) -> None:
@@ -176,7 +177,7 @@ def megatron_json(problem: Problem, schedule: Schedule) -> str:
 
 def write_megatron_order(path: str | Path, problem: Problem, schedule: Schedule) -> None:
     """Write `megatron_json` to `path`."""
-    Path(path).write_text(megatron_json(problem, schedule))
+    write_file(path, megatron_json(problem, schedule))
 
 
 def check_exportable(problem: Problem, export_format: str) -> None:

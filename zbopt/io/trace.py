@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 
 from zbopt.io.torch_format import TORCH_KIND
+from zbopt.io.write import write_file
 from zbopt.ops import COMPUTE_LANE, KIND_WORDS, OFFLOAD_LANE, RELOAD_LANE
 from zbopt.problem import Problem
 from zbopt.schedule import pair_text
@@ -175,4 +176,4 @@ def write_measured_trace(path: str | Path, report) -> None:
 
 
 def _write(path: str | Path, trace: dict) -> None:
-    Path(path).write_text(json.dumps(trace, separators=(",", ":")) + "\n")
+    write_file(path, json.dumps(trace, separators=(",", ":")) + "\n")

@@ -15,6 +15,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
 from zbopt.errors import ZboptError
+from zbopt.io.write import write_file
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
 from zbopt.simulation import Simulation
 
@@ -157,10 +158,12 @@ def _output_path(path: str | Path | None) -> Path | None:
 
 
 def _finish(figure, path: Path | None):
-    """Write the figure when a path is given (and release it); return it either way."""
+    """Write the figure when a path is given (whole or not at all, and release it); return it either way."""
     if path is not None:
-        figure.savefig(path)
-        plt.close(figure)
+        try:
+            write_file(path, lambda file: figure.savefig(file, format=path.suffix[1:].lower()))
+        finally:
+            plt.close(figure)
     return figure
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from zbopt.errors import ZboptError
 from zbopt.io.torch_format import TORCH_FORWARD, TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD
+from zbopt.io.write import write_file
 from zbopt.runtime.launch import run_torch
 from zbopt.runtime.run_report import TorchRunReport
 
@@ -63,7 +64,7 @@ def save_profile(config: dict, path: str | Path, report: TorchRunReport) -> None
     """Write `config` as YAML (JSON when `path` ends in .json), with a header saying where it came from."""
     path = Path(path)
     if path.suffix.lower() == ".json":
-        path.write_text(json.dumps(config, indent=2) + "\n")
+        write_file(path, json.dumps(config, indent=2) + "\n")
         return
     import yaml
 
@@ -76,7 +77,7 @@ def save_profile(config: dict, path: str | Path, report: TorchRunReport) -> None
         "# Times: median wall time per op in ms (p2p_time: one-way, measured); "
         "activation_memory: saved-activation MiB per microbatch.\n"
     )
-    path.write_text(header + yaml.safe_dump(config, sort_keys=False, default_flow_style=None))
+    write_file(path, header + yaml.safe_dump(config, sort_keys=False, default_flow_style=None))
 
 
 def profile_torch(

@@ -89,7 +89,8 @@ def test_the_default_backend_runs_lns_only_past_a_size(monkeypatch):
     monkeypatch.setattr(lns, "search", lambda problem, task: ran.append(task) or Found("unknown", None, 0.0, None, 1.0))
     for least, expected in ((problem.num_ops + 1, 0), (problem.num_ops, 1)):
         monkeypatch.setattr(cpsat, "LNS_MIN_OPS", least)
-        monkeypatch.setattr(full_model, "search", lambda problem, first, **options: Found("feasible", None, 0.0, None, 1.0))
+        monkeypatch.setattr(full_model, "search",
+                            lambda problem, first, **options: Found("feasible", None, 0.0, None, 1.0))
         ran.clear()
         cpsat.search(problem, _task(problem, "1f1b", 1.0))
         assert len(ran) == expected

@@ -190,7 +190,7 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
                 executor.shutdown(cancel_futures=True)
     frontier = Frontier(problem, time_limit, _best_known_at_each_limit(finished), heuristics,
                         time.perf_counter() - began)
-    if len(finished) < len(futures):
+    if len(finished) < len(futures):  # only Ctrl-C ends the sweep early
         raise interrupt.Interrupted(frontier if finished else None)
     return frontier
 

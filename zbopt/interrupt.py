@@ -72,9 +72,9 @@ def _mid_line() -> bool:
 @contextlib.contextmanager
 def stoppable() -> Iterator[None]:
     """While the block runs, the first Ctrl-C sets `requested` and a second acts as before it.
-    Only in the main thread and over Python's default handler or `exit_at_once` (the outermost
-    use clears `requested`); any other handler (someone's own, SIG_IGN in a frontier worker, or
-    an enclosing `stoppable`) is left alone."""
+    Only in the main thread and over Python's default handler or `exit_at_once`; any other handler
+    (someone's own, SIG_IGN in a frontier worker, or an enclosing `stoppable`) is left alone. The
+    outermost use clears `requested` as it starts and ends: the block looks at it before it ends."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -93,3 +93,4 @@ def stoppable() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        requested.clear()

@@ -149,6 +149,7 @@ def _command_block(args: argparse.Namespace) -> int:
     figure = figure_path(args, getattr(args, "output_file", None))
     with interrupt.stoppable():  # Ctrl-C stops the block search's solves: it returns its best so far
         search = optimal_block(run.problem, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
+        stop = interrupt.Interrupted(search) if interrupt.requested.is_set() else None
     simulation = simulate(run.problem, block_schedule(search.block))
     published = published_rows(run.problem)
     if args.json:
@@ -163,8 +164,8 @@ def _command_block(args: argparse.Namespace) -> int:
         plot_block(search.block, figure, style=figure_style(args, figure))
         if talks(args):
             print(f"\nblock drawing written to {figure}")
-    if interrupt.requested.is_set():
-        raise interrupt.Interrupted(search)
+    if stop is not None:
+        raise stop
     return 0
 
 

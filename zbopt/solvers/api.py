@@ -146,8 +146,8 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     with interrupt.stoppable():
         result = _solved(problem, solver, backend, time_limit, objective, warm_start, use_warm_start, lower_peak,
                          workers, seed, progress, options)
-    if interrupt.requested.is_set():
-        raise interrupt.Interrupted(result)
+        if interrupt.requested.is_set():
+            raise interrupt.Interrupted(result)
     return result
 
 

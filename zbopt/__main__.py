@@ -7,14 +7,17 @@ imports take a few tenths of a second, and a traceback of them helps no one.
 import signal
 import sys
 
-from zbopt.interrupt import exit_at_once
+from zbopt import interrupt
 
 
 def run() -> None:
-    signal.signal(signal.SIGINT, exit_at_once)
+    signal.signal(signal.SIGINT, interrupt.exit_at_once)
     from zbopt.cli import main
 
-    sys.exit(main())
+    code = main()
+    if code == interrupt.EXIT_INTERRUPTED:
+        interrupt.leave()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

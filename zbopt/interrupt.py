@@ -52,12 +52,19 @@ def past(deadline: float) -> bool:
 
 
 def exit_at_once(_signum=None, _frame=None) -> None:
-    """The `zbopt` command's SIGINT handler outside the work (start-up, a second Ctrl-C): what was
-    printed is flushed, one line on stderr, exit 130, no traceback and no interpreter shutdown
-    (solver threads may still be inside C++)."""
+    """The `zbopt` command's SIGINT handler outside the work (start-up, a second Ctrl-C): one line
+    on stderr, then `leave`."""
+    os.write(2, f"\n{MESSAGE}\n".encode() if _mid_line() else f"{MESSAGE}\n".encode())
+    leave()
+
+
+def leave() -> None:
+    """Exit 130 at once, what was printed flushed: no interpreter shutdown, which would wait for
+    nothing useful, could meet a solver thread still inside C++, and lets a further Ctrl-C end the
+    process by the signal."""
     with contextlib.suppress(OSError, RuntimeError, ValueError):  # a write under way, or stdout closed
         sys.stdout.flush()
-    os.write(2, f"\n{MESSAGE}\n".encode() if _mid_line() else f"{MESSAGE}\n".encode())
+        sys.stderr.flush()
     os._exit(EXIT_INTERRUPTED)
 
 

@@ -11,6 +11,7 @@ import pytest
 from tests.reference import brute_force_least_peak, brute_force_optimum, timed_search_optimum
 from tests.test_cpsat import TINY
 from zbopt import MemoryLimitError, Problem, ZboptError, generate, simulate, solve
+from zbopt.interrupt import Interrupted
 from zbopt.solvers import api
 from zbopt.solvers.answer import start_times
 from zbopt.solvers.bounds import lower_bounds
@@ -170,13 +171,16 @@ def test_ctrl_c_calls_the_backends_stop_hook_and_keeps_its_best(stand_in):
         return Found("feasible", start_times(warm), 0.0, None, 1.0)
 
     stand_in["found"] = found
-    result = solve(LOOSE, "stand-in", time_limit=60)
+    with pytest.raises(Interrupted) as caught:  # a KeyboardInterrupt, with the best so far
+        solve(LOOSE, "stand-in", time_limit=60)
+    result = caught.value.partial
     assert (result.status, result.objective) == ("feasible", warm.makespan)
     assert stand_in["task"].stopped.is_set() and result.solve_time_s < 30
 
 
-def test_ctrl_c_propagates_when_the_backend_cannot_stop(stand_in):
+def test_ctrl_c_leaves_a_backend_that_does_not_stop_behind_with_the_warm_start(stand_in):
     release = threading.Event()
+    _, warm = best_heuristic(LOOSE)
 
     def found(problem, task):
         _interrupt_soon()  # once the backend runs
@@ -184,10 +188,11 @@ def test_ctrl_c_propagates_when_the_backend_cannot_stop(stand_in):
 
     stand_in["found"] = found
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(Interrupted) as caught:
             solve(LOOSE, "stand-in", time_limit=60)
     finally:
         release.set()
+    assert caught.value.partial.objective == warm.makespan and caught.value.partial.solve_time_s < 30
 
 
 def test_an_error_in_the_backend_reaches_the_caller(stand_in):

@@ -1,7 +1,24 @@
-"""`python -m zbopt` runs the CLI."""
+"""`python -m zbopt` runs the CLI; `run` is also the `zbopt` command's entry point.
 
+Ctrl-C is `zbopt.interrupt.exit_at_once` from the first line on (one line, exit 130): the CLI's
+imports take a few tenths of a second, and a traceback of them helps no one.
+"""
+
+import signal
 import sys
 
-from zbopt.cli import main
+from zbopt import interrupt
 
-sys.exit(main())
+
+def run() -> None:
+    signal.signal(signal.SIGINT, interrupt.exit_at_once)
+    from zbopt.cli import main
+
+    code = main()
+    if code == interrupt.EXIT_INTERRUPTED:
+        interrupt.leave()
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    run()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from zbopt import shown
 from zbopt.errors import NotApplicableError
+from zbopt.interrupt import Interrupted
 from zbopt.problem import Problem
 from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
 from zbopt.shown import Shown
@@ -118,7 +119,8 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
     `optimal`, the CP-SAT solver's answer within `time_limit` seconds.
 
     Raises UnknownScheduleError for an unknown name and NotApplicableError naming a requested
-    schedule whose preconditions do not hold.
+    schedule whose preconditions do not hold; on Ctrl-C during the solve, `Interrupted` with the
+    Comparison of the rows so far (the solver's best schedule among them).
 
     >>> from zbopt import Problem
     >>> problem = Problem(num_devices=2, num_microbatches=4, forward_times=1, backward_times=2)
@@ -126,8 +128,12 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
     [('1f1b', 15.0), ('gpipe', 15.0)]
     """
     simulations, not_applicable = _simulate_schedules(problem, schedules)
+    stop = None
     if optimal:
-        result = solve(problem, "cpsat", time_limit=time_limit, workers=workers, progress=progress)
+        try:
+            result = solve(problem, "cpsat", time_limit=time_limit, workers=workers, progress=progress)
+        except Interrupted as interruption:  # the table with the solver's best so far, then the interruption
+            result, stop = interruption.partial, interruption
         lower_bound, source = result.lower_bound, f"cpsat ({result.status})"
         if result.simulation is not None:
             simulations.append((OPTIMAL_ROW, result.simulation, result.status))
@@ -137,7 +143,10 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
         lower_bound, source = lower_bounds(problem, time.perf_counter() + BOUNDS_S).best, "independent lower bounds"
     rows = [ComparisonRow(name, simulation, lower_bound, status) for name, simulation, status in simulations]
     rows.sort(key=row_order)
-    return Comparison(problem, tuple(rows), lower_bound, source, tuple(not_applicable), result)
+    comparison = Comparison(problem, tuple(rows), lower_bound, source, tuple(not_applicable), result)
+    if stop is not None:
+        raise Interrupted(comparison)
+    return comparison
 
 
 def _simulate_schedules(problem: Problem, names: Sequence[str] | None):

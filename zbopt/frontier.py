@@ -10,14 +10,16 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
-from zbopt import shown
+from zbopt import interrupt, shown
 from zbopt.errors import ProblemError, ZboptError
 from zbopt.problem import Problem
 from zbopt.schedules import generate_applicable
@@ -26,6 +28,7 @@ from zbopt.simulation import simulate
 from zbopt.solvers import solve
 from zbopt.solvers.gap import relative_gap, settle
 
+STOP_POLL_S = 0.05  # how often the sweep looks for Ctrl-C while solves run
 MAX_LIMITS = 10_000  # a sweep longer than this is a typo in START:STOP:STEP, not a plan
 
 
@@ -136,7 +139,7 @@ def heuristic_points(problem: Problem) -> tuple[HeuristicPoint, ...]:
 
 
 def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_limit: float = 60.0,
-                    executor: Executor | None = None, progress: bool = False) -> Frontier:
+                    executor: Executor | None = None, workers: int | None = None, progress: bool = False) -> Frontier:
     """Solve `problem` (CP-SAT, one thread each) at every memory limit, in parallel.
 
     The solves are independent, but their answers are not: a schedule within a smaller limit is
@@ -152,11 +155,15 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
     time_limit : seconds per solve.
     executor : where the solves run, e.g. a dask `Client(...).get_executor()`; by default a pool
         of spawned processes, one per core (each solve uses one thread, so N processes use N cores).
+    workers : without `executor`, that many processes instead of one per core.
     progress : a one-line bar on stderr, advanced as solves finish.
 
     Raises
     ------
     ZboptError naming the first limit no schedule can meet, or an empty sweep.
+    zbopt.interrupt.Interrupted on Ctrl-C (in the main thread: see `zbopt.interrupt`): the pending
+    solves are cancelled, our own pool's workers stopped, and its `partial` is the Frontier of the
+    points finished so far (None if none).
     """
     limits = sorted(_checked_limit(problem, limit) for limit in memory_limits)
     if not limits:
@@ -166,26 +173,64 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
     began = time.perf_counter()
     own_pool = executor is None
     if own_pool:
-        executor = process_pool(min(len(limits), os.cpu_count() or 1))
-    futures = [executor.submit(_solve_at, problem.replace(memory_limit=limit), limit, time_limit) for limit in limits]
+        executor = process_pool(min(len(limits), workers or os.cpu_count() or 1))
+    futures: list[Future] = []
+    with interrupt.stoppable():
+        try:
+            futures = _submitted(executor, problem, limits, time_limit)
+            heuristics = heuristic_points(problem)  # while the solves run
+            finished = _finished_solves(futures, _ProgressBar(len(futures)) if progress else None)
+            if len(finished) < len(futures):  # Ctrl-C: no further solve starts, our own workers stop now
+                _stop_solves(executor, futures, own_pool)
+        except BaseException:  # an error in a solve, or a second Ctrl-C from Python
+            _stop_solves(executor, futures, own_pool)
+            raise
+        finally:
+            if own_pool:
+                executor.shutdown(cancel_futures=True)
+    frontier = Frontier(problem, time_limit, _best_known_at_each_limit(finished), heuristics,
+                        time.perf_counter() - began)
+    if len(finished) < len(futures):  # only Ctrl-C ends the sweep early
+        raise interrupt.Interrupted(frontier if finished else None)
+    return frontier
+
+
+def _submitted(executor: Executor, problem: Problem, limits: list[float], time_limit: float) -> list[Future]:
+    """One solve per limit. Ctrl-C is ignored while they are submitted: the processes a pool starts
+    then inherit that (Python keeps it), so a terminal's Ctrl-C, sent to the whole process group,
+    reaches only this process, which stops them."""
+    ignoring = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignoring else None
     try:
-        heuristics = heuristic_points(problem)  # while the solves run
-        bar = _ProgressBar(len(futures)) if progress else None
-        for future in as_completed(futures):
+        return [executor.submit(_solve_at, problem.replace(memory_limit=limit), limit, time_limit)
+                for limit in limits]
+    finally:
+        if ignoring:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _finished_solves(futures: list[Future], bar: _ProgressBar | None) -> list[FrontierPoint]:
+    """The points of the solves, in the order of `futures`, once all have finished or Ctrl-C came
+    (`interrupt.requested`): then only those finished so far."""
+    pending = set(futures)
+    while pending and not interrupt.requested.is_set():
+        done, pending = wait(pending, timeout=STOP_POLL_S, return_when=FIRST_COMPLETED)
+        for future in done:
             future.result()  # an error in a solve stops the sweep here
             if bar is not None:
                 bar.advance()
-        points = _best_known_at_each_limit([future.result() for future in futures])
-    except BaseException:  # an error or Ctrl-C: no further solve starts, and our own workers stop now
-        for future in futures:
-            future.cancel()
-        if own_pool:
-            _stop_workers(executor)
-        raise
-    finally:
-        if own_pool:
-            executor.shutdown(cancel_futures=True)
-    return Frontier(problem, time_limit, points, heuristics, time.perf_counter() - began)
+    if bar is not None and pending:
+        bar.close()
+    return [future.result() for future in futures if future not in pending]
+
+
+def _stop_solves(executor: Executor, futures: list[Future], own_pool: bool) -> None:
+    """Cancel the solves not yet started and, in our own pool, terminate the workers: a solve under
+    way, or already queued to a worker, would otherwise run to its time limit."""
+    for future in futures:
+        future.cancel()
+    if own_pool:
+        _stop_workers(executor)
 
 
 def _best_known_at_each_limit(points: list[FrontierPoint]) -> tuple[FrontierPoint, ...]:
@@ -233,8 +278,7 @@ def _checked_limit(problem: Problem, limit: float) -> float:
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Terminate the pool's worker processes: a solve under way, or already queued to a worker,
-    would otherwise run to its time limit (Python 3.14's `terminate_workers` does the same)."""
+    """Terminate the pool's worker processes (Python 3.14's `terminate_workers` does the same)."""
     for process in list((pool._processes or {}).values()):
         process.terminate()
 
@@ -261,7 +305,11 @@ class _ProgressBar:
         self.done += 1
         self._draw()
         if self.done == self.total:
-            sys.stderr.write("\n")
+            self.close()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+        sys.stderr.flush()
 
     def _draw(self) -> None:
         filled = self.WIDTH * self.done // self.total

@@ -32,7 +32,7 @@ from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.kinds import FORWARD, WEIGHT
 from zbopt.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.problem import Problem
-from zbopt.solvers.cp_parts import timed_solver
+from zbopt.solvers.cp_parts import solve_stoppable, timed_solver
 from zbopt.ticks import memory_scale, tick_problem, tick_scale, whole_at
 from zbopt.timeline import Timeline
 from zbopt.tolerance import memory_ceiling
@@ -290,7 +290,7 @@ class _Shape:
                 model.AddHint(phase[op], value % period)
                 model.AddHint(whole[op], value // period)
         solver = timed_solver(time_limit, workers, seed)
-        code = solver.Solve(model)
+        code = solve_stoppable(solver, model)
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return code, None
         return code, {op: solver.Value(offset[op]) for op in self.ops}

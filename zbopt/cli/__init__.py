@@ -1,8 +1,9 @@
 """The `zbopt` command line. Any mistake in the input is one line on stderr and exit status 2.
 
 Exit status: 0 done; 1 the schedule ran but breaks the problem's memory limit (or, for run-torch
-and profile-torch, its gradients differ from the reference); 2 bad input; 130 interrupted;
-141 the reader of stdout left (`zbopt ... | head`).
+and profile-torch, its gradients differ from the reference); 2 bad input; 130 interrupted (Ctrl-C:
+solve, compare, block and frontier first stop, print and write the best answer so far; see
+`zbopt.interrupt`); 141 the reader of stdout left (`zbopt ... | head`).
 
 The grammar is `parser`'s; each family of commands is a module (`simulate`, `solve`, `compare`,
 `torch_run`) that imports the heavy libraries (OR-Tools, matplotlib, torch) only where it uses
@@ -15,12 +16,12 @@ import os
 import shlex
 import sys
 
+from zbopt import interrupt
 from zbopt.cli.parser import build_parser
 from zbopt.errors import MissingSettingsError, ZboptError
 
 EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process ended by SIGPIPE
-EXIT_INTERRUPTED = 130
 
 
 def _command_with(argv: list[str], settings: dict[str, object]) -> str:
@@ -50,6 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         print(f"zbopt: {error.filename or ''}: {error.strerror}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("zbopt: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C (`zbopt.interrupt`): what the command had is printed and written
+        print(interrupt.MESSAGE, file=sys.stderr)
+        return interrupt.EXIT_INTERRUPTED

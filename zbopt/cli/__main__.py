@@ -1,7 +1,5 @@
 """`python -m zbopt.cli` runs the CLI, as `python -m zbopt` does."""
 
-import sys
+from zbopt.__main__ import run
 
-from zbopt.cli import main
-
-sys.exit(main())
+run()

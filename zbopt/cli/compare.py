@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 
+from zbopt import interrupt
 from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, config_file, flag_values
 from zbopt.cli.inputs import run_config
 from zbopt.cli.output import check_outputs, figure_path, figure_style, live, output_flag, talks
@@ -76,10 +77,20 @@ def _command_compare(args: argparse.Namespace) -> int:
     kind = None if output is None else _comparison_output(args, output)
     check_outputs(args, {"-o": output})
     limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
-    comparison = compare(run.problem, args.schedule, optimal=args.optimal, progress=live(args), **limit)
+    comparison, stop = interrupt.answer_of(lambda: compare(run.problem, args.schedule, optimal=args.optimal,
+                                                 progress=live(args), **limit))
     frontier = None
-    if frontier_limits is not None:
-        frontier = memory_frontier(run.problem, frontier_limits, progress=live(args), **limit)
+    if frontier_limits is not None and stop is None:
+        frontier, stop = interrupt.answer_of(lambda: memory_frontier(run.problem, frontier_limits, progress=live(args),
+                                                           **limit))
+    _show_comparison(args, kind, output, comparison, frontier)
+    if stop is not None:
+        raise stop
+    return 0
+
+
+def _show_comparison(args: argparse.Namespace, kind: str | None, output: str | None, comparison, frontier) -> None:
+    """Print the comparison (and the frontier) and write what `-o` asked for."""
     if args.json:
         print(json.dumps(comparison.to_dicts()))
     elif talks(args):
@@ -90,7 +101,6 @@ def _command_compare(args: argparse.Namespace) -> int:
         _write_comparison(args, kind, output, comparison, frontier)
         if talks(args):
             print(f"\n{kind} written to {output}")
-    return 0
 
 
 def _comparison_output(args: argparse.Namespace, output: str) -> str:
@@ -139,7 +149,9 @@ def _command_block(args: argparse.Namespace) -> int:
     run = run_config(config_file(args), flag_values(args))
     figure = figure_path(args, getattr(args, "output_file", None))
     check_outputs(args, {"-o": figure})
-    search = optimal_block(run.problem, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
+    with interrupt.stoppable():  # Ctrl-C stops the block search's solves: it returns its best so far
+        search = optimal_block(run.problem, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
+        stop = interrupt.Interrupted(search) if interrupt.requested.is_set() else None
     simulation = simulate(run.problem, block_schedule(search.block))
     published = published_rows(run.problem)
     if args.json:
@@ -154,6 +166,8 @@ def _command_block(args: argparse.Namespace) -> int:
         plot_block(search.block, figure, style=figure_style(args, figure))
         if talks(args):
             print(f"\nblock drawing written to {figure}")
+    if stop is not None:
+        raise stop
     return 0
 
 
@@ -180,7 +194,7 @@ def _check_frontier_flags(args: argparse.Namespace) -> None:
 
 
 def _command_frontier(args: argparse.Namespace) -> int:
-    from zbopt.frontier import memory_frontier, parse_memory_limits, process_pool
+    from zbopt.frontier import memory_frontier, parse_memory_limits
 
     _check_frontier_flags(args)
     limits = parse_memory_limits(args.memory_limits)
@@ -188,14 +202,20 @@ def _command_frontier(args: argparse.Namespace) -> int:
     figure = figure_path(args, output_flag(args))
     check_outputs(args, {"-o": figure})
     with contextlib.ExitStack() as stack:
+        executor = None  # memory_frontier's own pool: args.workers processes, or one per core
         if args.dask is not None:
             executor = stack.enter_context(_dask_client(args.dask)).get_executor()
-        elif args.workers is not None:
-            executor = stack.enter_context(process_pool(args.workers))
-        else:
-            executor = None  # memory_frontier's own pool, one process per core
-        frontier = memory_frontier(run.problem, limits, time_limit=args.time_limit, executor=executor,
-                                   progress=live(args))
+        frontier, stop = interrupt.answer_of(lambda: memory_frontier(run.problem, limits, time_limit=args.time_limit,
+                                                           executor=executor, workers=args.workers,
+                                                           progress=live(args)))
+    _show_frontier(args, frontier, figure)
+    if stop is not None:
+        raise stop
+    return 0
+
+
+def _show_frontier(args: argparse.Namespace, frontier, figure: str | None) -> None:
+    """Print the frontier and draw it, as asked."""
     if args.json:
         print(json.dumps(frontier.to_dict()))
     elif talks(args):
@@ -206,4 +226,3 @@ def _command_frontier(args: argparse.Namespace) -> int:
         plot_frontier(frontier, figure, style=figure_style(args, figure))
         if talks(args):
             print(f"\nfrontier figure written to {figure}")
-    return 0

@@ -9,6 +9,7 @@ import sys
 from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, config_file, flag_values
 from zbopt.cli.inputs import run_config
 from zbopt.cli.output import check_outputs, figure_flag, figure_path, figure_style, live, talks
+from zbopt.interrupt import answer_of
 from zbopt.io.export import EXPORT_FORMATS, check_export, write_export
 from zbopt.schedules import get
 from zbopt.tables import format_solve
@@ -51,8 +52,17 @@ def _command_solve(args: argparse.Namespace) -> int:
         check_export(args.export, run.problem)
     if args.warm_start is not None:
         get(args.warm_start)
-    result = solve(run.problem, args.solver, time_limit=args.time_limit, objective=args.objective,
-                   warm_start=args.warm_start, workers=args.workers, seed=args.seed, progress=live(args))
+    result, stop = answer_of(lambda: solve(run.problem, args.solver, time_limit=args.time_limit,
+                                           objective=args.objective, warm_start=args.warm_start,
+                                           workers=args.workers, seed=args.seed, progress=live(args)))
+    _show(args, result, figure)
+    if stop is not None:
+        raise stop
+    return 0
+
+
+def _show(args: argparse.Namespace, result, figure: str | None) -> None:
+    """Print the answer, draw it and export it, as asked."""
     if args.json:
         print(json.dumps(result.to_dict()))
     elif talks(args):
@@ -60,7 +70,7 @@ def _command_solve(args: argparse.Namespace) -> int:
     if result.simulation is None:
         if args.export is not None:
             print(f"zbopt: no schedule found ({result.status}); {args.export} not written", file=sys.stderr)
-        return 0
+        return
     if figure is not None:
         from zbopt.plot import plot_gantt
 
@@ -71,4 +81,3 @@ def _command_solve(args: argparse.Namespace) -> int:
         written = write_export(args.export, result.simulation, with_times=True)
         if talks(args):
             print(f"\n{EXPORT_FORMATS[written]} written to {args.export}")
-    return 0

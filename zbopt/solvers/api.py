@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import NamedTuple
 
+from zbopt import interrupt
 from zbopt.errors import ZboptError
 from zbopt.ops import device_work
 from zbopt.problem import Problem
@@ -54,6 +55,8 @@ BACKENDS = {"cpsat": Backend(cpsat.search, full_model.refusal, CP_SAT_STOP_S),
             "lns": Backend(lns.search, lns.refusal, CP_SAT_STOP_S)}
 SOLVERS = tuple(BACKENDS)
 LIVE_LINE_PERIOD_S = 0.5
+STOP_POLL_S = 0.05  # how often the driver looks for Ctrl-C while the backend runs
+STOP_GRACE_S = 0.5  # after Ctrl-C, how long a backend gets to return its best before it is left behind
 HEURISTICS_SHARE = 0.3  # of the time limit: no further heuristic starts after it (once one is valid)
 BOUNDS_SHARE = 0.3  # of what the heuristics left: the lower bounds stop after it
 # re-simulating the answer, at most twice (`simulated_answer`; measured: 0.23-0.28 s of CPU for one, 49k ops)
@@ -128,13 +131,31 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     -------
     SolveResult, its schedule re-simulated; never worse than the warm start.
 
+    Raises
+    ------
+    zbopt.interrupt.Interrupted (a KeyboardInterrupt) on Ctrl-C, once the stage under way has
+    stopped (in the main thread: see `zbopt.interrupt`); its `partial` is the SolveResult of the
+    best schedule so far, with its status and bound as at the stop (a second Ctrl-C: at once).
+
     >>> from zbopt import Problem
     >>> result = solve(Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=2), time_limit=10)
     >>> result.status, result.objective
     ('optimal', 9.0)
     """
-    began = time.perf_counter()
     backend = _backend(problem, solver, objective, time_limit, workers, options)
+    with interrupt.stoppable():
+        result = _solved(problem, solver, backend, time_limit, objective, warm_start, use_warm_start, lower_peak,
+                         workers, seed, progress, options)
+        if interrupt.requested.is_set():
+            raise interrupt.Interrupted(result)
+    return result
+
+
+def _solved(problem: Problem, solver: str, backend: Backend, time_limit: float, objective: str,
+            warm_start: str | None, use_warm_start: bool, lower_peak: bool, workers: int, seed: int,
+            progress: bool, options: dict) -> SolveResult:
+    """`solve`'s stages, each cut short by Ctrl-C (`interrupt.past`): the heuristics, the bounds, the search."""
+    began = time.perf_counter()
     deadline = began + time_limit
     # the stages share the limit: heuristics, then bounds, each up to a share; the search gets the rest
     warm = None
@@ -197,10 +218,10 @@ def _search(call: _Call, backend: Backend, options: dict, workers: int, seed: in
         if progress else None
     task = SearchTask(objective, warm, call.independent_bound, search_deadline(call, backend),
                       workers, seed, report=live.update if live else ignore)
-    found = _run_stoppable(search, problem, task, options, live, call.deadline)
+    found = Found("unknown", None, 0.0, None, None)  # Ctrl-C before the search: the warm start stands
+    if not interrupt.requested.is_set():
+        found = _run_stoppable(search, problem, task, options, live, call.deadline)
     simulation = simulated_answer(problem, found, objective, call.solver)
-    if simulation is None and task.stopped.is_set():
-        raise KeyboardInterrupt  # stopped before the backend found a schedule of its own
     if simulation is None and warm is None:
         proved = "solver" if found.status == "infeasible" else None
         return call.result(None, found.status, max(call.independent_bound, found.bound), proved, found.resolution)
@@ -208,20 +229,19 @@ def _search(call: _Call, backend: Backend, options: dict, workers: int, seed: in
         simulation = without_needless_mechanisms(problem, simulation, objective, call.deadline)
     status, simulation, lower, decided_by = _verdict(found, simulation, call.warm, objective, call.independent_bound,
                                                      call.binding)
-    if lower_peak and not task.stopped.is_set():
-        try:
-            simulation = _lower_peak(search, task, options, simulation, call)
-        except KeyboardInterrupt:  # Ctrl-C between the phases: the first phase's answer stands
-            task.stopped.set()
+    if lower_peak and not task.stopped.is_set() and not interrupt.requested.is_set():
+        simulation = _lower_peak(search, task, options, simulation, call)
     return call.result(simulation, status, lower, decided_by, found.resolution)
 
 
 def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, live: _LiveLine | None,
                    abandon_at: float) -> Found:
-    """Run the backend in a worker thread while this thread redraws the live line; Ctrl-C here calls
-    the stop hooks the backend registered (it then returns its best so far), or, when it
-    registered none, propagates at once. A backend still busy at `abandon_at` is stopped and left
-    behind: no schedule."""
+    """Run the backend in a worker thread while this thread redraws the live line and polls for
+    Ctrl-C (`interrupt.requested`): then it sets `task.stopped` and calls the stop hooks the
+    backend registered, and the backend returns its best so far. A backend still busy at
+    `abandon_at`, or STOP_GRACE_S after Ctrl-C (say, building a model too large), is stopped and
+    left behind: no schedule. A KeyboardInterrupt here (a second Ctrl-C from Python) stops the
+    backend on its way out."""
     stops: list[Callable[[], None]] = []
     task.on_stop = stops.append
     outcome: dict[str, object] = {}
@@ -235,23 +255,27 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
         finally:
             done.set()
 
+    def stop() -> None:
+        task.stopped.set()
+        for hook in stops:
+            hook()
+
     threading.Thread(target=work, name="zbopt-search", daemon=True).start()
+    drawn = time.perf_counter()
     try:
-        while not done.is_set():
-            try:
-                done.wait(max(0.0, min(LIVE_LINE_PERIOD_S, abandon_at - time.perf_counter())))
-                if live is not None:
-                    live.draw()
-                if not done.is_set() and time.perf_counter() >= abandon_at:
-                    for stop in stops:
-                        stop()
-                    return Found("unknown", None, 0.0, None, None)  # e.g. still building a model too large
-            except KeyboardInterrupt:
-                if not stops or task.stopped.is_set():
-                    raise
-                task.stopped.set()
-                for stop in stops:
-                    stop()
+        while not done.wait(max(0.0, min(STOP_POLL_S, abandon_at - time.perf_counter()))):
+            if interrupt.requested.is_set() and not task.stopped.is_set():
+                stop()
+                abandon_at = min(abandon_at, time.perf_counter() + STOP_GRACE_S)
+            if time.perf_counter() >= abandon_at:
+                stop()
+                return Found("unknown", None, 0.0, None, None)
+            if live is not None and time.perf_counter() - drawn >= LIVE_LINE_PERIOD_S:
+                live.draw()
+                drawn = time.perf_counter()
+    except KeyboardInterrupt:
+        stop()
+        raise
     finally:
         if live is not None:
             live.close()

@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 import networkx as nx
 
+from zbopt import interrupt
 from zbopt.ops import Op, critical_path, device_work
 from zbopt.problem import Problem
 from zbopt.solvers.implied import heads_and_tails, implied_graph
@@ -150,11 +151,11 @@ def _sequenced_devices(problem: Problem, heads: dict[Op, float], tails: dict[Op,
     """With one stage per device: the device sequencing bound, device by device until the deadline."""
     sequencing = 0.0
     for device in range(problem.num_devices):
-        if time.perf_counter() > deadline:
+        if interrupt.past(deadline):
             return LowerBounds(*found.values, sequencing, complete=False)
         needed = max(*found.values, sequencing)
         sequencing = max(sequencing, device_sequencing(problem, device, heads, tails, needed, deadline))
-    return LowerBounds(*found.values, sequencing, complete=time.perf_counter() <= deadline)
+    return LowerBounds(*found.values, sequencing, complete=not interrupt.past(deadline))
 
 
 def _single_device_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float],
@@ -172,7 +173,7 @@ def _single_device_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, f
         ends = time.perf_counter() + share * (until - time.perf_counter())
         for turn, device in enumerate(devices):  # a device done early leaves its time to the rest
             seconds = (ends - time.perf_counter()) / min(2, problem.num_devices - turn)
-            if seconds <= 0.01:
+            if seconds <= 0.01 or interrupt.requested.is_set():
                 complete = False
                 break
             if method == "sequencing":

@@ -1,15 +1,17 @@
 """The pieces of CP-SAT models that several methods share: an op's variables (the full model and its
 pairs), activation lifetimes as intervals (the full model, LNS windows, the single-device
 relaxation), a solver with a time limit (LNS windows, the block search, the relaxation), and the
-watcher that stops a solve at its deadline or Ctrl-C."""
+watcher that stops a solve at its deadline or Ctrl-C (`solve_stoppable`)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 from ortools.sat.python import cp_model
 
+from zbopt import interrupt
 from zbopt.kinds import FORWARD, OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.ops import Op
 from zbopt.problem import Problem
@@ -94,18 +96,49 @@ def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, a
 
 def timed_solver(seconds: float, workers: int, seed: int) -> cp_model.CpSolver:
     """A CP-SAT solver limited to `seconds` (at least 0.01) with `workers` threads and `seed`, for
-    the small models solved many times over (block search, LNS windows, the relaxation)."""
+    the small models solved many times over (block search, LNS windows, the relaxation). CP-SAT's
+    own SIGINT handler is off: installed and removed around every Solve, a Ctrl-C between the two
+    aborts the process (`std::bad_function_call`); `solve_stoppable` stops it instead."""
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, seconds)
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
+    solver.parameters.catch_sigint_signal = False
     return solver
 
 
-def stop_at_deadline_or_ctrl_c(solver: cp_model.CpSolver, task: SearchTask, solved: threading.Event) -> None:
-    """Until the solve ends, stop it once the deadline passes (CP-SAT's workers can run past
-    max_time_in_seconds on a busy machine) or Ctrl-C came; StopSearch is repeated because it has no
-    effect before Solve has started."""
-    while not solved.wait(STOP_POLL_S):
-        if task.stopped.is_set() or task.remaining() <= 0:
-            solver.StopSearch()
+def solve_stoppable(solver: cp_model.CpSolver, model, callback=None, *,
+                    stop_when: Callable[[], bool] = interrupt.requested.is_set) -> int:
+    """`solver.Solve(model, callback)` in a thread of its own, while this thread watches and calls
+    CP-SAT's StopSearch once `stop_when()` holds (by default: Ctrl-C came, `interrupt.requested`).
+    So the main thread stays in Python, where a signal handler can run, and a callback never runs
+    there: nothing raises inside CP-SAT. StopSearch is repeated because it has no effect before
+    Solve has started."""
+    outcome: dict[str, object] = {}
+    solved = threading.Event()
+
+    def work() -> None:
+        try:
+            outcome["code"] = solver.Solve(model, callback)
+        except BaseException as error:  # handed to the caller's thread below
+            outcome["error"] = error
+        finally:
+            solved.set()
+
+    threading.Thread(target=work, name="zbopt-cp-sat", daemon=True).start()
+    try:
+        while not solved.wait(STOP_POLL_S):
+            if stop_when():
+                solver.StopSearch()
+    except BaseException:  # a second Ctrl-C from Python: the search stops on the way out
+        solver.StopSearch()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["code"]
+
+
+def task_stopped(task: SearchTask) -> Callable[[], bool]:
+    """Whether a backend's solve should stop: the driver stopped the task, Ctrl-C came, or the
+    deadline passed (CP-SAT's workers can run past max_time_in_seconds on a busy machine)."""
+    return lambda: task.stopped.is_set() or interrupt.requested.is_set() or task.remaining() <= 0

@@ -41,7 +41,6 @@ route.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 import networkx as nx
@@ -53,7 +52,7 @@ from zbopt.ops import Op, op_graph, op_table
 from zbopt.problem import Problem
 from zbopt.simulation import simulate
 from zbopt.solvers.answer import objective_value, start_times
-from zbopt.solvers.cp_parts import OpVars, stop_at_deadline_or_ctrl_c
+from zbopt.solvers.cp_parts import OpVars, solve_stoppable, task_stopped
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
 from zbopt.solvers.model_memory import activation_choices, limited_lifetimes, peak_memory
 from zbopt.solvers.overlap_pairs import PairChoice, as_paired, candidate_window, least_duration, pair_choices
@@ -117,7 +116,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     """
     _check_options(problem, memory_model, pair_window)
     solver = cp_model.CpSolver()
-    task.on_stop(solver.StopSearch)  # marks this backend stoppable; `stop_at_deadline_or_ctrl_c` does the stopping
+    task.on_stop(solver.StopSearch)  # the driver's stop at once; `solve_stoppable`'s watcher also polls
     frame = _frame(problem, task, symmetry_breaking)
     if task.remaining() <= 0:  # the graph took all the time (a model too large): no model, the hint stands
         return _hinted_only(task, frame.scale)
@@ -296,15 +295,11 @@ def _solve(solver: cp_model.CpSolver, model, task: SearchTask, scale: TickScale,
         solver.parameters.max_deterministic_time = max(0.01, task.remaining())
     solver.parameters.num_workers = task.workers
     solver.parameters.random_seed = task.seed
-    solver.parameters.catch_sigint_signal = False  # Ctrl-C is the driver's: it calls StopSearch
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is `zbopt.interrupt`'s: the watcher calls StopSearch
     if task.peak_cap is None:
         solver.best_bound_callback = lambda bound: task.report(None, scale.units(bound) - scale.error_bound)
-    solving = threading.Event()
-    threading.Thread(target=stop_at_deadline_or_ctrl_c, args=(solver, task, solving), daemon=True).start()
-    try:
-        code = solver.Solve(model, _Progress(scale, task.report) if task.peak_cap is None else None)
-    finally:
-        solving.set()
+    code = solve_stoppable(solver, model, _Progress(scale, task.report) if task.peak_cap is None else None,
+                           stop_when=task_stopped(task))
     status = _STATUS[code]
     if restricted:
         status = {"optimal": "feasible", "infeasible": "unknown"}.get(status, status)

@@ -16,7 +16,6 @@ one iteration; otherwise it returns no schedule and the driver keeps the warm st
 from __future__ import annotations
 
 import random
-import threading
 import time
 
 from ortools.sat.python import cp_model
@@ -25,7 +24,7 @@ from zbopt.kinds import FORWARD
 from zbopt.ops import Op, op_table
 from zbopt.problem import Problem
 from zbopt.simulation import simulate
-from zbopt.solvers.cp_parts import lifetime_intervals, timed_solver
+from zbopt.solvers.cp_parts import lifetime_intervals, solve_stoppable, task_stopped, timed_solver
 from zbopt.solvers.task import Found, SearchTask, keeps_every_activation
 from zbopt.ticks import memory_scale, tick_problem, tick_scale
 from zbopt.timeline import compact
@@ -40,15 +39,7 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
     scale = tick_scale(problem)
     if task.warm is None or not applies(problem, task):
         return Found("unknown", None, 0.0, None, scale.resolution)
-    stopping = threading.Event()
-    running: list[cp_model.CpSolver] = []
-
-    def stop() -> None:
-        stopping.set()
-        for solver in running:
-            solver.StopSearch()
-
-    task.on_stop(stop)
+    stopped = task_stopped(task)  # Ctrl-C or the driver: each window's solve is stopped by its watcher
     integral = tick_problem(problem, scale)
     caps = problem.memory_caps
     table = op_table(integral)
@@ -57,14 +48,13 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
     finishing = 2 * (time.perf_counter() - began)  # kept for the final compaction and its simulation
     rng = random.Random(task.seed)
     size = window_ops
-    while task.remaining() > 0.05 + finishing and not stopping.is_set() and not task.stopped.is_set():
+    while task.remaining() > 0.05 + finishing and not stopped():
         order = sorted(range(table.size), key=lambda i: current[i])
         # half the windows at the cool-down, where the makespan is decided; the rest anywhere
         middle = table.size - 1 - size // 2 if rng.random() < 0.5 else rng.randrange(table.size)
         free = order[max(0, middle - size // 2): middle + size // 2 + 1]
         solver = timed_solver(min(STEP_S, task.remaining()), task.workers, rng.randrange(1 << 30))
-        running[:] = [solver]
-        placed, solved = _reoptimise(integral, table, current, set(free), solver, caps)
+        placed, solved = _reoptimise(integral, table, current, set(free), solver, caps, stopped)
         size = min(table.size, int(size * 1.25)) if solved else max(MIN_WINDOW_OPS, int(size * 0.8))
         if placed is None:
             continue
@@ -117,11 +107,12 @@ def _ends(table, starts) -> list[float]:
 
 
 def _reoptimise(problem: Problem, table, current: list[float], free: set[int], solver: cp_model.CpSolver,
-                caps) -> tuple[list[float] | None, bool]:
+                caps, stopped) -> tuple[list[float] | None, bool]:
     """CP-SAT over the `free` ops (indices), all others fixed at `current`; (new starts of every
     op or None, whether it was solved to optimality). The free ops stay within the window's span
     (from the first of them to start to the last to end), so only the fixed ops and lifetimes that
-    overlap it can collide with them; the window ends as early as possible (then the sum of ends)."""
+    overlap it can collide with them; the window ends as early as possible (then the sum of ends).
+    The solve stops (StopSearch, from its watcher) once `stopped()` holds."""
     model = cp_model.CpModel()
     latest = int(max(current[i] + table.duration[i] for i in free))
     earliest = int(min(current[i] for i in free))
@@ -158,7 +149,7 @@ def _reoptimise(problem: Problem, table, current: list[float], free: set[int], s
     model.Minimize((len(free) + 1) * window_end + sum(end[table.op(index)] for index in free))
     for index in free:
         model.AddHint(start[table.op(index)], int(current[index]))
-    code = solver.Solve(model)
+    code = solve_stoppable(solver, model, stop_when=stopped)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, False
     placed = list(current)

@@ -32,7 +32,7 @@ from ortools.sat.python import cp_model
 
 from zbopt.ops import Op
 from zbopt.problem import Problem
-from zbopt.solvers.cp_parts import lifetime_intervals, timed_solver
+from zbopt.solvers.cp_parts import lifetime_intervals, solve_stoppable, timed_solver
 from zbopt.solvers.sequencing import chain_lags
 from zbopt.ticks import memory_scale, tick_scale
 
@@ -73,8 +73,7 @@ def device_relaxation(problem: Problem, device: int, graph: nx.DiGraph, heads: d
     # optima proven in 2-7 s, where the default search's bound stalls ~10% lower after 20 s)
     solver = timed_solver(seconds, len(RELAXATION_SUBSOLVERS), RELAXATION_SEED)
     solver.parameters.subsolvers.extend(RELAXATION_SUBSOLVERS)
-    solver.parameters.catch_sigint_signal = False
-    code = solver.Solve(model)
+    code = solve_stoppable(solver, model)
     if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         return 0.0  # infeasible cannot happen for a valid problem; prove nothing rather than too much
     return scale.units(solver.BestObjectiveBound())

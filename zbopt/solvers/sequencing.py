@@ -7,9 +7,9 @@ from __future__ import annotations
 import heapq
 import math
 import operator
-import time
 from typing import NamedTuple
 
+from zbopt import interrupt
 from zbopt.kinds import FORWARD, WEIGHT
 from zbopt.ops import Op, op_table
 from zbopt.problem import Problem
@@ -244,7 +244,7 @@ def _dynamic_program(view: _DeviceView, successors, start, upper: float, deadlin
     work = sum(view.duration) * view.microbatches
     layer = dict([start])
     for _ in range(view.steps):
-        if time.perf_counter() > deadline:
+        if interrupt.past(deadline):
             return 0.0
         following: dict[tuple[int, ...], tuple[float, ...]] = {}
         for state, label in layer.items():

@@ -1,0 +1,103 @@
+"""Ctrl-C, one policy for every command and for `solve` and `memory_frontier` called from Python.
+
+While the work runs (`stoppable`), the first Ctrl-C only sets `requested`: no exception can land
+inside a solver's C++ callback. The solvers' watchers, LNS's loop, the driver and the frontier poll
+it, stop through the solver's own mechanism (CP-SAT's StopSearch; killing the MILP's child) and
+raise `Interrupted` carrying the best answer so far. A second Ctrl-C acts as before the work:
+Python's KeyboardInterrupt, or, in the `zbopt` command, `exit_at_once`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
+MESSAGE = "zbopt: interrupted"
+
+T = TypeVar("T")
+
+requested = threading.Event()  # Ctrl-C came while the work ran
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the work; `partial` is its best answer so far (a SolveResult, Comparison,
+    Frontier, ...) or None. A KeyboardInterrupt, so a loop over solves stops as Python users expect."""
+
+    def __init__(self, partial: object = None):
+        super().__init__(MESSAGE)
+        self.partial = partial
+
+
+def answer_of(work: Callable[[], T]) -> tuple[T, Interrupted | None]:
+    """(work(), None); after Ctrl-C, (its best answer so far, the `Interrupted` to raise once the
+    command has printed and written that answer). Ctrl-C before any answer propagates."""
+    try:
+        return work(), None
+    except Interrupted as stop:
+        if stop.partial is None:
+            raise
+        return stop.partial, stop
+
+
+def past(deadline: float) -> bool:
+    """Whether the work should stop: `deadline` (`time.perf_counter()`) has passed or Ctrl-C came."""
+    return requested.is_set() or time.perf_counter() > deadline
+
+
+def exit_at_once(_signum=None, _frame=None) -> None:
+    """The `zbopt` command's SIGINT handler outside the work (start-up, a second Ctrl-C): one line
+    on stderr, then `leave`."""
+    os.write(2, f"\n{MESSAGE}\n".encode() if _mid_line() else f"{MESSAGE}\n".encode())
+    leave()
+
+
+def leave() -> None:
+    """Exit 130 at once, what was printed flushed: no interpreter shutdown, which would wait for
+    nothing useful, could meet a solver thread still inside C++, and lets a further Ctrl-C end the
+    process by the signal."""
+    with contextlib.suppress(OSError, RuntimeError, ValueError):  # a write under way, or stdout closed
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _mid_line() -> bool:
+    """Whether a live progress line may be on stderr's terminal (then the message starts a line)."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def stoppable() -> Iterator[None]:
+    """While the block runs, the first Ctrl-C sets `requested` and a second acts as before it.
+    Only in the main thread and over Python's default handler or `exit_at_once`; any other handler
+    (someone's own, SIG_IGN in a frontier worker, or an enclosing `stoppable`) is left alone. The
+    outermost use clears `requested` as it starts and ends: the block looks at it before it ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous not in (signal.default_int_handler, exit_at_once):
+        yield
+        return
+    requested.clear()
+
+    def first(_signum, _frame) -> None:
+        requested.set()
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        requested.clear()

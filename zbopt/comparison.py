@@ -103,8 +103,6 @@ class Comparison(Shown):
         return shown.dataframe(self.to_dicts())
 
 
-
-
 def row_order(row: ComparisonRow) -> tuple[bool, float]:
     """The rows' order in the table, the report and the JSON: those within the memory limit by
     makespan, then those over it by makespan (a faster schedule that breaks the limit is no

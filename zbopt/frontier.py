@@ -97,8 +97,6 @@ class Frontier(Shown):
         return shown.dataframe([point.to_dict() for point in self.points])
 
 
-
-
 def parse_memory_limits(text: str) -> tuple[float, ...]:
     """"START:STOP:STEP" as the limits START, START+STEP, ... up to and including STOP.
 

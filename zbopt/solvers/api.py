@@ -48,7 +48,7 @@ class Backend(NamedTuple):
 # seconds later, and is left behind); the MILP: its child reads and hands back the solver's answer
 # after the solver's own limit (measured: 0.8-1.3 s, HiGHS and CBC, p = 8, m = 24)
 CP_SAT_STOP_S = 0.25
-MILP_STOP_S = 1.0
+MILP_STOP_S = 1.5
 BACKENDS = {"cpsat": Backend(cpsat.search, full_model.refusal, CP_SAT_STOP_S),
             "cbc": Backend(partial(milp.search, engine="cbc"), milp.refusal, MILP_STOP_S),
             "highs": Backend(partial(milp.search, engine="highs"), milp.refusal, MILP_STOP_S),

@@ -54,7 +54,7 @@ from zbopt.simulation import simulate
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.cp_parts import OpVars, solve_stoppable, task_stopped
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
-from zbopt.solvers.model_memory import activation_choices, limited_lifetimes, peak_memory
+from zbopt.solvers.model_memory import activation_choice_literals, limited_lifetimes, peak_memory
 from zbopt.solvers.overlap_pairs import PairChoice, as_paired, candidate_window, least_duration, pair_choices
 from zbopt.solvers.task import Found, SearchTask
 from zbopt.ticks import TickScale, ceil_ticks, tick_problem, tick_scale
@@ -131,7 +131,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         ops.update(members)
     choices = None  # per stage and microbatch, kept, recomputed or offloaded, where memory can make it pay
     if problem.mechanisms_matter:  # 4. (the choices)
-        choices, optional = activation_choices(model, integral, ops, horizon)
+        choices, optional = activation_choice_literals(model, integral, ops, horizon)
         ops.update(optional)
     _no_overlap(model, problem, ops, pairs)  # 2.
     _precedences(model, frame.graph, ops, pairs)  # 3. (and 5.: the symmetry-breaking and memory precedences)

@@ -11,7 +11,7 @@ from zbopt.solvers.cp_parts import Choice, Lifetime, OpVars, lifetime_intervals
 from zbopt.ticks import memory_scale
 
 
-def activation_choices(model, problem: Problem, ops: dict[Op, OpVars],
+def activation_choice_literals(model, problem: Problem, ops: dict[Op, OpVars],
                         horizon: int) -> tuple[dict[tuple[int, int], Choice], dict[Op, OpVars]]:
     """Per (stage, microbatch), its `Choice` of the ways the problem allows: recomputed, an optional
     R interval on the compute lane after F and before the input gradient; offloaded, optional O

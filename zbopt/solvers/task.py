@@ -27,7 +27,8 @@ class SearchTask:
         backend that cannot says so with `Found(status="unknown")`.
     warm : the warm start (valid under the memory limit) to hint and to cap the horizon with, or None.
     independent_bound : the driver's lower bound on the objective (problem units).
-    deadline : `time.perf_counter()` by which the backend must have returned.
+    deadline : `time.perf_counter()` by which the backend should stop searching and return; the
+        driver waits its `Backend.stop_s` past it for the answer, then leaves it behind.
     report : call with (incumbent, bound) in problem units whenever either improves.
     on_stop : register a callable that stops the search (Ctrl-C); the backend then returns its best.
     """

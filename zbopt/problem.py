@@ -29,6 +29,7 @@ from zbopt.kinds import (
 )
 from zbopt.mechanisms import offload, overlap, recomputation, split_backward
 from zbopt.placement import check_placement, device_stage, stage_device
+from zbopt.tolerance import check_ranges
 
 # The most ops a problem may have. A simulated op costs about 400 bytes (generator's Op, the
 # simulator's arrays: measured on zb-h1, p = 32, m = 4096), so 20M ops fill some 8 GB; larger ones
@@ -168,6 +169,8 @@ class Problem:
             object.__setattr__(self, key, value)
         if self.memory_limit is not None:
             object.__setattr__(self, "memory_limit", per_device("memory_limit", self.memory_limit, p, positive=False))
+        check_ranges(self)
+        if self.memory_limit is not None:
             memory_floor.check_memory_limit(self)
 
     def overlap_cost(self, pair_kind: str, device: int) -> float | None:
@@ -364,8 +367,10 @@ class Problem:
     @classmethod
     def from_dict(cls, data: dict) -> Problem:
         """Inverse of `to_dict`; unknown keys are an error."""
+        if not isinstance(data, dict):
+            raise ProblemError("problem", data, "expected a mapping of problem parameters")
         names = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(set(data) - names, key=str)
         if unknown:
             raise ProblemError(unknown[0], data[unknown[0]], "unknown problem parameter")
         return cls(**data)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from zbopt.errors import ScheduleError, ZboptError
+from zbopt.errors import ScheduleError, shorten
 from zbopt.ops import Op
 from zbopt.problem import Problem
 
@@ -35,7 +35,7 @@ def _pair_members(item: object) -> tuple[Op, ...] | None:
         return None
     members = tuple(Op.from_str(text) for text in item.strip()[1:-1].split(";"))
     if len(members) < 2:
-        raise ScheduleError(f"{item!r}: a pair needs a forward and a backward, e.g. '(0F7;7B3)'")
+        raise ScheduleError(f"{shorten(item)}: a pair needs a forward and a backward, e.g. '(0F7;7B3)'")
     return members
 
 
@@ -134,7 +134,7 @@ class Schedule:
         if not isinstance(data, dict) or "orders" not in data:
             raise ScheduleError("a schedule needs an 'orders' list (one list of ops per device)")
         if data.get("format", FORMAT_NAME) != FORMAT_NAME:
-            raise ScheduleError(f"format {data['format']!r} is not {FORMAT_NAME!r}")
+            raise ScheduleError(f"format {shorten(data['format'])} is not {FORMAT_NAME!r}")
         orders = data["orders"]
         if not isinstance(orders, list) or not all(isinstance(order, list) for order in orders):
             raise ScheduleError("'orders' must be a list with one list of ops per device")
@@ -150,16 +150,3 @@ def save_schedule(path: str | Path, schedule: Schedule, problem: Problem | None 
     if problem is not None:
         data["problem"] = problem.to_dict()
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
-
-
-def load_schedule(path: str | Path) -> tuple[Schedule, Problem | None]:
-    """Read a schedule JSON written by `save_schedule`; returns the schedule and its problem if stored."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ZboptError(f"schedule file '{path}' not found") from None
-    except json.JSONDecodeError as error:
-        raise ZboptError(f"schedule file '{path}': not valid JSON ({error})") from None
-    schedule = Schedule.from_dict(data)
-    problem = Problem.from_dict(data["problem"]) if "problem" in data else None
-    return schedule, problem

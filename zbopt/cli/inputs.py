@@ -13,8 +13,9 @@ from pathlib import Path
 from zbopt.cli.config import FLAG, PROBLEM_KEYS, RunConfig, build_run_config
 from zbopt.errors import ZboptError
 from zbopt.io.config import read_config_file
+from zbopt.io.read import load_schedule
 from zbopt.io.torch_order import read_torch_csv
-from zbopt.schedule import Schedule, load_schedule
+from zbopt.schedule import Schedule
 from zbopt.schedules import named_schedule
 
 DEFAULT_SCHEDULE = "1f1b"

@@ -4,7 +4,7 @@ with one value per stage or device. Each failure is a ProblemError naming the ke
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from numbers import Real
 
 from zbopt.errors import ProblemError
@@ -13,6 +13,15 @@ from zbopt.errors import ProblemError
 def is_number(value: object) -> bool:
     """A finite real number, not a bool (True is an int to Python, not a count to a user)."""
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def plain(value: object) -> object:
+    """`value` with numpy's numbers and arrays as Python's (`tolist`), so that a numpy value is
+    accepted wherever a number or a list is, and stored as a plain one (numpy is not imported)."""
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    tolist = getattr(value, "tolist", None)
+    return tolist() if callable(tolist) and not isinstance(value, str) else value
 
 
 def positive_int(key: str, value: object) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from zbopt import memory_floor
-from zbopt.checks import boolean, is_number, per_device, per_stage, positive_int
+from zbopt.checks import boolean, is_number, per_device, per_stage, plain, positive_int
 from zbopt.errors import ProblemError
 from zbopt.kinds import (
     BACKWARD,
@@ -143,6 +143,8 @@ class Problem:
 
     def __post_init__(self) -> None:
         """Check every value, in the order of the fields, and store the normalised forms."""
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, plain(getattr(self, field.name)))
         p = positive_int("num_devices", self.num_devices)
         positive_int("num_microbatches", self.num_microbatches)
         v = positive_int("chunks_per_device", self.chunks_per_device)

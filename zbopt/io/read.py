@@ -85,7 +85,7 @@ def _unique_pairs(pairs: list) -> dict:
 
 def _json_depth(text: str) -> int:
     """How deep `text`'s arrays and objects nest, counted without recursion (strings skipped)."""
-    brackets = re.sub(r'[^\[\]{}]', "", re.sub(r'"(?:[^"\\]|\\.)*"', "", text))
+    brackets = re.sub(r'[^\[\]{}]+', "", re.sub(r'"[^"\\]*(?:\\.[^"\\]*)*"', "", text))
     return max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0)
 
 
@@ -140,6 +140,11 @@ class _Loader(yaml.SafeLoader):
                         raise yaml.YAMLError(f"line {key_node.start_mark.line + 1}: key {shorten(key)} given twice")
                     seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.2 reads 1e9 as a number, as JSON does; PyYAML's YAML 1.1 wants a dot (1.0e9), else a string.
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
 
 def _repeated_nodes(root: yaml.Node) -> int:

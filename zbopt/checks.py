@@ -3,6 +3,7 @@ with one value per stage or device. Each failure is a ProblemError naming the ke
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from numbers import Real
@@ -72,3 +73,16 @@ def unused_without(switch: str, given: dict[str, object]) -> None:
     for key, value in given.items():
         if value is not None and value is not False:
             raise ProblemError(key, value, f"needs {switch}: true")
+
+
+def known_parameters(data: object, fields) -> None:
+    """A ProblemError unless `data` maps parameter names to values: every required field (one
+    without a default) and no other name."""
+    if not isinstance(data, Mapping):
+        raise ProblemError("problem", data, "expected a mapping of problem parameters")
+    unknown = sorted(set(data) - {field.name for field in fields}, key=str)
+    if unknown:
+        raise ProblemError(unknown[0], data[unknown[0]], "unknown problem parameter")
+    missing = [field.name for field in fields if field.default is dataclasses.MISSING and field.name not in data]
+    if missing:
+        raise ProblemError(missing[0], None, "missing: a problem needs it")

@@ -16,7 +16,10 @@ def shorten(value: object) -> str:
 
 
 def clip(text: str) -> str:
-    """`text` cut to SHORT_LENGTH characters, "..." marking the cut: a value shown as the user typed it."""
+    """`text` as typed (a line break or other unprintable character escaped, as repr does) and cut
+    to SHORT_LENGTH characters, "..." marking the cut: a value shown as the user typed it."""
+    if not text.isprintable():
+        text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
     return text if len(text) <= SHORT_LENGTH else text[:SHORT_LENGTH - 3] + "..."
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from zbopt import memory_floor
-from zbopt.checks import boolean, is_number, per_device, per_stage, plain, positive_int
+from zbopt.checks import boolean, is_number, known_parameters, per_device, per_stage, plain, positive_int
 from zbopt.errors import ProblemError
 from zbopt.kinds import (
     BACKWARD,
@@ -369,12 +369,7 @@ class Problem:
     @classmethod
     def from_dict(cls, data: dict) -> Problem:
         """Inverse of `to_dict`; unknown keys are an error."""
-        if not isinstance(data, dict):
-            raise ProblemError("problem", data, "expected a mapping of problem parameters")
-        names = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names, key=str)
-        if unknown:
-            raise ProblemError(unknown[0], data[unknown[0]], "unknown problem parameter")
+        known_parameters(data, dataclasses.fields(cls))
         return cls(**data)
 
     def describe(self) -> str:

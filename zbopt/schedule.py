@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from zbopt.checks import is_number
 from zbopt.errors import ScheduleError, shorten
 from zbopt.ops import Op
 from zbopt.problem import Problem
@@ -135,13 +136,34 @@ class Schedule:
             raise ScheduleError("a schedule needs an 'orders' list (one list of ops per device)")
         if data.get("format", FORMAT_NAME) != FORMAT_NAME:
             raise ScheduleError(f"format {shorten(data['format'])} is not {FORMAT_NAME!r}")
-        orders = data["orders"]
-        if not isinstance(orders, list) or not all(isinstance(order, list) for order in orders):
-            raise ScheduleError("'orders' must be a list with one list of ops per device")
+        orders = _per_device(data, "orders", _is_op_text, "ops", "an op, e.g. '0F0' or '(0F7;7B3)'")
+        times = _per_device(data, "start_times", is_number, "numbers", "a number") if "start_times" in data else None
         pairs = data.get("pairs", [])  # as `simulate --json` writes them, beside orders of single ops
         if not isinstance(pairs, list) or any(_pair_members(text) is None for text in pairs):
             raise ScheduleError("'pairs' must be a list of overlapped pairs, e.g. ['(0F7;7B3)']")
-        return cls(orders, data.get("start_times"), data.get("name", ""), tuple(map(_pair_members, pairs)))
+        if not isinstance(data.get("name", ""), str):
+            raise ScheduleError(f"'name' must be a text, got {shorten(data['name'])}")
+        return cls(orders, times, data.get("name", ""), tuple(map(_pair_members, pairs)))
+
+
+def _is_op_text(item: object) -> bool:
+    """An op as a schedule file writes it: "3F1", a pair "(0F7;7B3)", or [kind, stage, microbatch]."""
+    if isinstance(item, list):
+        return (len(item) == 3 and isinstance(item[0], str)
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in item[1:]))
+    return isinstance(item, str)
+
+
+def _per_device(data: dict, key: str, valid, what: str, one: str) -> list:
+    """data[key], checked to be one list per device of items `valid` accepts."""
+    lists = data[key]
+    if not isinstance(lists, list) or not all(isinstance(items, list) for items in lists):
+        raise ScheduleError(f"'{key}' must be a list with one list of {what} per device")
+    for device, items in enumerate(lists):
+        for position, item in enumerate(items):
+            if not valid(item):
+                raise ScheduleError(f"'{key}' of device {device}, item {position}: {shorten(item)} is not {one}")
+    return lists
 
 
 def save_schedule(path: str | Path, schedule: Schedule, problem: Problem | None = None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from zbopt.cli.config import OPTION_KEYS, PROBLEM_KEYS
-from zbopt.errors import ZboptError
+from zbopt.errors import ZboptError, shorten
 from zbopt.io.read import parse_yaml
 from zbopt.schedules import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES
 
@@ -26,14 +26,14 @@ def _numbers(text: str) -> list[float]:
     try:
         return [float(item) for item in text.split(",") if item.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers, got '{text}'") from None
+        raise argparse.ArgumentTypeError(f"expected numbers, got {shorten(text)}") from None
 
 
 def _schedule_option(text: str) -> tuple[str, object]:
     """KEY=VALUE with VALUE read as a YAML scalar (8 -> int, 0.5 -> float, true -> bool)."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got '{text}'")
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {shorten(text)}")
     try:
         return key.strip(), parse_yaml(value, f"--option {key.strip()}")
     except ZboptError as error:

@@ -60,8 +60,11 @@ def read_data(path: str | Path, what: str) -> object:
 def load_schedule(path: str | Path) -> tuple[Schedule, Problem | None]:
     """Read a schedule JSON written by `save_schedule`; returns the schedule and its problem if stored."""
     data = parse_json(read_text(path, "schedule file"), f"schedule file '{path}'")
-    schedule = Schedule.from_dict(data)
-    problem = Problem.from_dict(data["problem"]) if "problem" in data else None
+    try:
+        schedule = Schedule.from_dict(data)
+        problem = Problem.from_dict(data["problem"]) if "problem" in data else None
+    except ZboptError as error:
+        raise ZboptError(f"schedule file '{path}': {error}") from None
     return schedule, problem
 
 

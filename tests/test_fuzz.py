@@ -20,6 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zbopt import Problem, generate, simulate
 from zbopt.cli import main
 from zbopt.cli.config import OPTION_KEYS, PROBLEM_KEYS
 
@@ -32,7 +33,10 @@ NUMBERS = (st.integers(-3, 12) | st.sampled_from([0.5, 1e-12, 1e9, 1e308, -1.0, 
 SCALARS = NUMBERS | st.booleans() | st.none() | st.text(max_size=10) | st.sampled_from(["loop", "v", "FBW", "FB"])
 VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(KEYS, inner, max_size=3),
                       max_leaves=12)
-CONFIGS = st.dictionaries(KEYS, VALUES, max_size=6) | VALUES
+SENSIBLE = (st.integers(1, 6) | st.sampled_from([0.5, 1.5, 2.0, 3.0]) | st.booleans()
+            | st.lists(st.integers(1, 4) | st.just(0.5), min_size=1, max_size=4) | st.sampled_from(["loop", "v"]))
+CONFIGS = (st.dictionaries(st.sampled_from(list(PROBLEM_KEYS)), SENSIBLE, max_size=4)  # mostly runs
+           | st.dictionaries(KEYS, VALUES, max_size=6) | VALUES)
 ENCODINGS = st.sampled_from(["utf-8", "utf-8", "utf-16", "latin-1"])
 FLAG_NAMES = ["-s", "-b", "-v", "--placement", "-f", "-bw", "-w", "--p2p-time", "--activation-memory",
               "--weight-memory", "--memory-limit", "--iterations", "--no-flush", "--allow-recompute",
@@ -41,11 +45,26 @@ FLAG_NAMES = ["-s", "-b", "-v", "--placement", "-f", "-bw", "-w", "--p2p-time", 
 TOKENS = (st.sampled_from(["1", "2", "4", "8", "0", "-1", "0.5", "1e9", "1e308", "nan", "inf", "1,2", "zb-h1",
                            "1f1b", "v", "loop", "torch:GPipe", "x=1", "a=&b [1]", "", "--"])
           | st.text(max_size=8))
-FLAGS = st.lists(st.tuples(st.sampled_from(FLAG_NAMES), st.lists(TOKENS, max_size=3)), max_size=4)
-SCHEDULE_DATA = st.fixed_dictionaries(
+FLAGS = st.lists(st.tuples(st.sampled_from(FLAG_NAMES), st.lists(TOKENS, max_size=3)), max_size=3)
+def _generated(schedule: str, devices: int, microbatches: int, timed: bool, cut: int) -> dict:
+    """A schedule zbopt generates, as its JSON holds it, with its problem; `cut` > 0 drops an op."""
+    problem = Problem(num_devices=devices, num_microbatches=microbatches, weight_times=1)
+    order = generate(schedule, problem)
+    if timed:
+        order = simulate(problem, order).timed_orders()
+    data = {**order.to_dict(), "problem": problem.to_dict()}
+    if cut:
+        data["orders"][cut % devices] = data["orders"][cut % devices][1:]
+    return data
+
+
+GENERATED = st.builds(_generated, st.sampled_from(["1f1b", "zb-h1", "gpipe"]), st.integers(1, 3), st.integers(1, 3),
+                      st.booleans(), st.integers(0, 3))
+SCHEDULE_DATA = GENERATED | st.fixed_dictionaries(
     {"orders": st.lists(st.lists(st.sampled_from(["0F0", "0B0", "0W0", "1F0", "(0F1;1B0)", "9Z9", ""])
                                  | SCALARS, max_size=6), max_size=4)},
-    optional={"problem": CONFIGS, "start_times": VALUES, "pairs": VALUES, "format": SCALARS})
+    optional={"problem": CONFIGS, "start_times": st.lists(st.lists(NUMBERS, max_size=6), max_size=4) | VALUES,
+              "pairs": VALUES, "format": SCALARS})
 
 
 class Hang(BaseException):

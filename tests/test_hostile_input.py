@@ -62,6 +62,17 @@ def test_times_below_the_tolerance_and_memory_beyond_the_exact_integers_are_refu
     assert refusal.value.key == key
 
 
+@pytest.mark.parametrize("start", [1e20, 1e300])
+def test_start_times_beyond_the_tolerance_range_are_refused(tmp_path, capsys, start):
+    path = tmp_path / "timed.json"
+    path.write_text(json.dumps({"orders": [["0F0", "0BW0"], ["1F0", "1BW0"]],
+                                "start_times": [[start, start + 3], [start + 1, start + 2]],
+                                "problem": {"num_devices": 2, "num_microbatches": 1}}))
+    line = refused(capsys, "simulate", "--schedule-file", path)
+    assert line == (f"zbopt: schedule file '{path}': start_times of device 0, item 0: {start:g} is outside "
+                    "+-1e+09, the range zbopt's tolerance holds in")
+
+
 # ------------------------------------------------------------------- item 4: not UTF-8
 @pytest.mark.parametrize("name, content, flag", [("bad.yaml", b"forward_times: 1\n\xff\xfe: 2\n", None),
                                                  ("bad.json", b"\x89PNG\r\n\x1a\n\x00\x00", None),

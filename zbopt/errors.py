@@ -6,7 +6,8 @@ SHORT_LENGTH = 80  # the most characters a message spends on one value the user 
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 8, 8, 4, 4
-_REPR.maxstring = _REPR.maxlong = _REPR.maxother = SHORT_LENGTH // 2
+_REPR.maxstring = _REPR.maxother = SHORT_LENGTH - 4
+_REPR.maxlong = SHORT_LENGTH // 2
 
 
 def shorten(value: object) -> str:

@@ -73,6 +73,15 @@ def check_ranges(problem) -> None:
             relative=problem.memory_limit is not None)
 
 
+def latest_start(problem) -> float:
+    """The latest a given start time may be (and the earliest, negated): every end a schedule of
+    `problem` reaches from it stays within the range `check_ranges` keeps its work in."""
+    parts = _time_parts(problem)
+    shortest = min(low for low, _, _ in parts.values())
+    total = sum(largest * weight for _, largest, weight in parts.values())
+    return min(MAX_TOTAL, shortest / RELATIVE_TOLERANCE) - total
+
+
 def _within(parts: Parts, total_is: str, smallest_is: str, relative: bool) -> None:
     """A ProblemError when the parts' total exceeds MAX_TOTAL or (`relative`) 1 / RELATIVE_TOLERANCE
     times the smallest value, for the key adding most: the most it may be, or the least the

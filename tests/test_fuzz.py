@@ -45,7 +45,7 @@ FLAG_NAMES = ["-s", "-b", "-v", "--placement", "-f", "-bw", "-w", "--p2p-time", 
 TOKENS = (st.sampled_from(["1", "2", "4", "8", "0", "-1", "0.5", "1e9", "1e308", "nan", "inf", "1,2", "zb-h1",
                            "1f1b", "v", "loop", "torch:GPipe", "x=1", "a=&b [1]", "", "--"])
           | st.text(max_size=8))
-FLAGS = st.lists(st.tuples(st.sampled_from(FLAG_NAMES), st.lists(TOKENS, max_size=3)), max_size=3)
+FLAGS = st.just([]) | st.lists(st.tuples(st.sampled_from(FLAG_NAMES), st.lists(TOKENS, max_size=3)), max_size=3)
 def _generated(schedule: str, devices: int, microbatches: int, timed: bool, cut: int) -> dict:
     """A schedule zbopt generates, as its JSON holds it, with its problem; `cut` > 0 drops an op."""
     problem = Problem(num_devices=devices, num_microbatches=microbatches, weight_times=1)
@@ -124,7 +124,7 @@ CONFIG_FILES = st.tuples(CONFIGS, st.sampled_from([".yaml", ".json", ".yml", ".c
                          st.binary(max_size=4) | st.just(b""), st.floats(0, 1), st.integers(0, 40))
 CONFIG_CASES = {"drawn": CONFIG_FILES, "flags": FLAGS, "command": st.sampled_from(["simulate", "simulate", "compare"])}
 SCHEDULE_CASES = {"data": SCHEDULE_DATA, "suffix": st.sampled_from([".json", ".csv"]), "encoding": ENCODINGS,
-                  "noise": st.binary(max_size=3), "at": st.floats(0, 1), "flags": FLAGS}
+                  "noise": st.just(b"") | st.binary(max_size=3), "at": st.floats(0, 1), "flags": FLAGS}
 
 
 def config_case(drawn: tuple, flags: list, command: str) -> int:

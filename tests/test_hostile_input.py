@@ -47,6 +47,10 @@ def test_the_largest_allowed_value_is_allowed():
         Problem(num_devices=4, num_microbatches=8, weight_times=3.13e7)
 
 
+def test_a_switched_off_mechanism_s_false_times_are_not_counted():  # found by the fuzz test
+    assert Problem(num_devices=2, num_microbatches=2, offload_times=False, recompute_times=False).offload_times is False
+
+
 # ------------------------------------------------------------------- item 3: near the float limit
 def test_times_near_the_float_limit_are_refused(capsys):
     line = refused(capsys, "simulate", "-f", "1e308", "-bw", "1e308", "--json")

@@ -39,10 +39,9 @@ def _time_parts(problem) -> Parts:
     """Per time key, its smallest and largest value and how many ops of its largest cost it adds."""
     counts = [len(problem.microbatches_of(stage)) for stage in range(problem.num_stages)]
     per_device = [sum(counts[stage] for stage in stages) for stages in problem.stages_of_device]
-    given = {key: (getattr(problem, key), counts) for key in ("forward_times", "backward_times", "weight_times",
-                                                               "offload_times", "reload_times")}
-    if problem.allow_recompute:
-        given["recompute_times"] = (problem.recompute_times, counts)
+    keys = ["forward_times", "backward_times", "weight_times"]
+    keys += ["recompute_times"] * problem.allow_recompute + ["offload_times", "reload_times"] * problem.allow_offload
+    given = {key: (getattr(problem, key), counts) for key in keys}  # the normalised ones only
     for kind, costs in problem.overlap_times or ():  # each pair holds a forward of its device
         given[f"overlap_times.{kind}"] = (costs, per_device)
     if problem.p2p_time > 0:  # at most one latency per op

@@ -1,7 +1,8 @@
 """Reading what a user gives: the one path every file zbopt reads takes (a config's YAML or JSON,
 a schedule's JSON, a torch CSV), and YAML text given on the command line.
 
-A file is refused, in one line naming it, when it is larger than MAX_FILE_BYTES, is not UTF-8
+A file is refused, in one line naming it, when it is larger than MAX_FILE_BYTES (a YAML file,
+MAX_YAML_BYTES), is not UTF-8
 (the byte offset named), nests deeper than MAX_DEPTH, repeats a key (the key and line named),
 or, in YAML, has aliases that repeat more than MAX_ALIAS_NODES nodes: so that no file, however
 made, can hang zbopt, exhaust its memory or end in a traceback.
@@ -21,8 +22,11 @@ from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 
 # A config is a few KB, a schedule JSON of 100k ops some 1.5 MB; 16 MiB is ten times the largest
-# file zbopt writes for a documented workload, and reads in well under a second.
+# file zbopt writes for a documented workload, and reads in well under a second. YAML is read in
+# pure Python (the only parser whose nesting can be counted before it recurses), some 0.4 MB a
+# second: 1 MiB, far beyond any config, reads in about 3 s.
 MAX_FILE_BYTES = 16 * 2**20
+MAX_YAML_BYTES = 2**20
 # A config nests 3 levels (overlap_times: {FBW: [..]}), a schedule JSON 3; 32 leaves room and stays
 # far below Python's recursion limit (PyYAML's composer and json's decoder recurse once per level).
 MAX_DEPTH = 32
@@ -32,17 +36,18 @@ MAX_ALIAS_NODES = 100_000
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """The text of `path` (`what` names it in messages: "config file"), checked for size and UTF-8."""
+def read_text(path: str | Path, what: str, most: int = MAX_FILE_BYTES) -> str:
+    """The text of `path` (`what` names it in messages: "config file"), checked for size (at most
+    `most` bytes) and UTF-8."""
     try:
         with open(path, "rb") as file:
-            data = file.read(MAX_FILE_BYTES + 1)
+            data = file.read(most + 1)
     except FileNotFoundError:
         raise ZboptError(f"{what} '{path}' not found") from None
     except OSError as error:
         raise ZboptError(f"{what} '{path}': {error.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise ZboptError(f"{what} '{path}': larger than {MAX_FILE_BYTES // 2**20} MiB, more than zbopt reads")
+    if len(data) > most:
+        raise ZboptError(f"{what} '{path}': larger than {most / 2**20:g} MiB, more than zbopt reads")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
@@ -51,10 +56,11 @@ def read_text(path: str | Path, what: str) -> str:
 
 
 def read_data(path: str | Path, what: str) -> object:
-    """The data of a YAML or JSON file (JSON when it ends in .json)."""
-    text = read_text(path, what)
+    """The data of a YAML or JSON file (JSON when it ends in .json; YAML at most MAX_YAML_BYTES)."""
     where = f"{what} '{path}'"
-    return parse_json(text, where) if Path(path).suffix.lower() == ".json" else parse_yaml(text, where)
+    if Path(path).suffix.lower() == ".json":
+        return parse_json(read_text(path, what), where)
+    return parse_yaml(read_text(path, what, MAX_YAML_BYTES), where)
 
 
 def load_schedule(path: str | Path) -> tuple[Schedule, Problem | None]:

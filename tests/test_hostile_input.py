@@ -54,6 +54,10 @@ def test_the_total_work_stays_within_the_tolerance():
                                   "cost at least 8.01")
 
 
+def test_memory_that_holds_nothing_is_in_range():
+    assert Problem(num_devices=1, num_microbatches=2, activation_memory=0, memory_limit=0).memory_limit == (0.0,)
+
+
 def test_a_switched_off_mechanism_s_false_times_are_not_counted():  # found by the fuzz test
     assert Problem(num_devices=2, num_microbatches=2, offload_times=False, recompute_times=False).offload_times is False
 

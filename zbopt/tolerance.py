@@ -97,6 +97,7 @@ def _within(parts: Parts, total_is: str, smallest_is: str, span: float | None) -
     the smallest value is below the tolerance itself."""
     total = sum(largest * weight for _, largest, weight in parts.values())
     smallest, smallest_key = min((low, key) for key, (low, _, _) in parts.items())
+    span = None if smallest == 0 else span  # nothing held: no amount to tell apart
     allowed = MAX_TOTAL if span is None else min(MAX_TOTAL, smallest * span)
     if total <= allowed:
         if span is not None and smallest < RELATIVE_TOLERANCE:

@@ -2,10 +2,9 @@
 a schedule's JSON, a torch CSV), and YAML text given on the command line.
 
 A file is refused, in one line naming it, when it is larger than MAX_FILE_BYTES (a YAML file,
-MAX_YAML_BYTES), is not UTF-8
-(the byte offset named), nests deeper than MAX_DEPTH, repeats a key (the key and line named),
-or, in YAML, has aliases that repeat more than MAX_ALIAS_NODES nodes: so that no file, however
-made, can hang zbopt, exhaust its memory or end in a traceback.
+MAX_YAML_BYTES), is not UTF-8 (the byte offset named), nests deeper than MAX_DEPTH, repeats a key
+(the key and line named), or, in YAML, has aliases that repeat more than MAX_ALIAS_NODES nodes:
+so that no file, however made, can hang zbopt, exhaust its memory or end in a traceback.
 """
 
 from __future__ import annotations

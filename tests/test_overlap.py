@@ -28,11 +28,11 @@ from zbopt import (
     solve,
 )
 from zbopt.io.export import save_schedule
+from zbopt.io.read import load_schedule
 from zbopt.io.torch_format import megatron_order, torch_csv
 from zbopt.io.torch_order import parse_torch_csv
 from zbopt.kinds import PAIR_MEMBERS
 from zbopt.plot import plot_gantt
-from zbopt.schedule import load_schedule
 from zbopt.solvers.bounds import lower_bounds
 
 

@@ -3,8 +3,9 @@ with one value per stage or device. Each failure is a ProblemError naming the ke
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from numbers import Real
 
 from zbopt.errors import ProblemError
@@ -13,6 +14,15 @@ from zbopt.errors import ProblemError
 def is_number(value: object) -> bool:
     """A finite real number, not a bool (True is an int to Python, not a count to a user)."""
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def plain(value: object) -> object:
+    """`value` with numpy's numbers and arrays as Python's (`tolist`), so that a numpy value is
+    accepted wherever a number or a list is, and stored as a plain one (numpy is not imported)."""
+    if isinstance(value, Mapping):
+        return {key: plain(item) for key, item in value.items()}
+    tolist = getattr(value, "tolist", None)
+    return tolist() if callable(tolist) and not isinstance(value, str) else value
 
 
 def positive_int(key: str, value: object) -> int:
@@ -63,3 +73,16 @@ def unused_without(switch: str, given: dict[str, object]) -> None:
     for key, value in given.items():
         if value is not None and value is not False:
             raise ProblemError(key, value, f"needs {switch}: true")
+
+
+def known_parameters(data: object, fields) -> None:
+    """A ProblemError unless `data` maps parameter names to values: every required field (one
+    without a default) and no other name."""
+    if not isinstance(data, Mapping):
+        raise ProblemError("problem", data, "expected a mapping of problem parameters")
+    unknown = sorted(set(data) - {field.name for field in fields}, key=str)
+    if unknown:
+        raise ProblemError(unknown[0], data[unknown[0]], "unknown problem parameter")
+    missing = [field.name for field in fields if field.default is dataclasses.MISSING and field.name not in data]
+    if missing:
+        raise ProblemError(missing[0], None, "missing: a problem needs it")

@@ -1,5 +1,28 @@
 """The exceptions a user can cause. The CLI turns any of them into one line and exit status 2."""
 
+import reprlib
+
+SHORT_LENGTH = 80  # the most characters a message spends on one value the user gave
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 8, 8, 4, 4
+_REPR.maxstring = _REPR.maxother = SHORT_LENGTH - 4
+_REPR.maxlong = SHORT_LENGTH // 2
+
+
+def shorten(value: object) -> str:
+    """`value`'s repr in at most SHORT_LENGTH characters (as `reprlib` shortens it): the one form in
+    which every message shows a value the user gave, however large or deeply nested."""
+    return clip(_REPR.repr(value))
+
+
+def clip(text: str) -> str:
+    """`text` as typed (a line break or other unprintable character escaped, as repr does) and cut
+    to SHORT_LENGTH characters, "..." marking the cut: a value shown as the user typed it."""
+    if not text.isprintable():
+        text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+    return text if len(text) <= SHORT_LENGTH else text[:SHORT_LENGTH - 3] + "..."
+
 
 class ZboptError(ValueError):
     """A mistake in what the user gave (config, schedule, options); the message names the culprit."""
@@ -10,7 +33,7 @@ class ProblemError(ZboptError):
 
     def __init__(self, key: str, value: object, reason: str):
         self.key, self.value, self.reason = key, value, reason
-        super().__init__(f"{key} = {value!r}: {reason}")
+        super().__init__(f"{key} = {shorten(value)}: {reason}")
 
 
 class ScheduleError(ZboptError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from zbopt.checks import boolean, per_device, per_stage, unused_without
-from zbopt.errors import ProblemError
+from zbopt.errors import ProblemError, shorten
 from zbopt.kinds import PAIR_KINDS
 
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
@@ -79,7 +79,7 @@ def overlap(given, split_backward: bool, devices: int) -> tuple[tuple[str, tuple
                                                    "e.g. {FBW: 2.5}")
     for kind in given:
         if kind not in PAIR_KINDS:
-            raise ProblemError("overlap_times", given, f"unknown pair kind {kind!r} (known: FB, a forward with "
+            raise ProblemError("overlap_times", given, f"unknown pair kind {shorten(kind)} (known: FB, a forward with "
                                                        "an input-gradient B; FBW, a forward with a full backward)")
     if "FB" in given and not split_backward:
         raise ProblemError("overlap_times", given, "FB pairs a forward with an input-gradient B, which needs a "

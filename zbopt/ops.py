@@ -21,7 +21,7 @@ import re
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
-from zbopt.errors import ScheduleError
+from zbopt.errors import ScheduleError, shorten
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
 from zbopt.problem import Problem
 
@@ -59,7 +59,7 @@ class Op(NamedTuple):
         match = _OP_PATTERN.match(text) if isinstance(text, str) else None
         if match is None:
             raise ScheduleError(
-                f"{text!r} is not an op: expected stage, kind ({', '.join(KINDS)}), microbatch, e.g. '3F1'")
+                f"{shorten(text)} is not an op: expected stage, kind ({', '.join(KINDS)}), microbatch, e.g. '3F1'")
         return cls(match.group(2), int(match.group(1)), int(match.group(3)))
 
 

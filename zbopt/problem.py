@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from zbopt import memory_floor
-from zbopt.checks import boolean, is_number, per_device, per_stage, positive_int
+from zbopt.checks import boolean, is_number, known_parameters, per_device, per_stage, plain, positive_int
 from zbopt.errors import ProblemError
 from zbopt.kinds import (
     BACKWARD,
@@ -29,6 +29,7 @@ from zbopt.kinds import (
 )
 from zbopt.mechanisms import offload, overlap, recomputation, split_backward
 from zbopt.placement import check_placement, device_stage, stage_device
+from zbopt.tolerance import check_ranges
 
 # The most ops a problem may have. A simulated op costs about 400 bytes (generator's Op, the
 # simulator's arrays: measured on zb-h1, p = 32, m = 4096), so 20M ops fill some 8 GB; larger ones
@@ -142,6 +143,8 @@ class Problem:
 
     def __post_init__(self) -> None:
         """Check every value, in the order of the fields, and store the normalised forms."""
+        for field in dataclasses.fields(self):
+            object.__setattr__(self, field.name, plain(getattr(self, field.name)))
         p = positive_int("num_devices", self.num_devices)
         positive_int("num_microbatches", self.num_microbatches)
         v = positive_int("chunks_per_device", self.chunks_per_device)
@@ -168,6 +171,8 @@ class Problem:
             object.__setattr__(self, key, value)
         if self.memory_limit is not None:
             object.__setattr__(self, "memory_limit", per_device("memory_limit", self.memory_limit, p, positive=False))
+        check_ranges(self)
+        if self.memory_limit is not None:
             memory_floor.check_memory_limit(self)
 
     def overlap_cost(self, pair_kind: str, device: int) -> float | None:
@@ -364,10 +369,7 @@ class Problem:
     @classmethod
     def from_dict(cls, data: dict) -> Problem:
         """Inverse of `to_dict`; unknown keys are an error."""
-        names = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ProblemError(unknown[0], data[unknown[0]], "unknown problem parameter")
+        known_parameters(data, dataclasses.fields(cls))
         return cls(**data)
 
     def describe(self) -> str:

@@ -6,14 +6,12 @@ Nothing else is stored: every metric is computed by `zbopt.simulate`.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from zbopt.errors import ScheduleError, ZboptError
+from zbopt.checks import is_number
+from zbopt.errors import ScheduleError, shorten
 from zbopt.ops import Op
-from zbopt.problem import Problem
 
 FORMAT_NAME = "zbopt-schedule"
 FORMAT_VERSION = 1
@@ -35,7 +33,7 @@ def _pair_members(item: object) -> tuple[Op, ...] | None:
         return None
     members = tuple(Op.from_str(text) for text in item.strip()[1:-1].split(";"))
     if len(members) < 2:
-        raise ScheduleError(f"{item!r}: a pair needs a forward and a backward, e.g. '(0F7;7B3)'")
+        raise ScheduleError(f"{shorten(item)}: a pair needs a forward and a backward, e.g. '(0F7;7B3)'")
     return members
 
 
@@ -134,24 +132,34 @@ class Schedule:
         if not isinstance(data, dict) or "orders" not in data:
             raise ScheduleError("a schedule needs an 'orders' list (one list of ops per device)")
         if data.get("format", FORMAT_NAME) != FORMAT_NAME:
-            raise ScheduleError(f"format {data['format']!r} is not {FORMAT_NAME!r}")
-        orders = data["orders"]
-        if not isinstance(orders, list) or not all(isinstance(order, list) for order in orders):
-            raise ScheduleError("'orders' must be a list with one list of ops per device")
+            raise ScheduleError(f"format {shorten(data['format'])} is not {FORMAT_NAME!r}")
+        orders = _per_device(data, "orders", _is_op_text, "ops", "an op, e.g. '0F0' or '(0F7;7B3)'")
+        times = _per_device(data, "start_times", is_number, "numbers", "a number") if "start_times" in data else None
         pairs = data.get("pairs", [])  # as `simulate --json` writes them, beside orders of single ops
         if not isinstance(pairs, list) or any(_pair_members(text) is None for text in pairs):
             raise ScheduleError("'pairs' must be a list of overlapped pairs, e.g. ['(0F7;7B3)']")
-        return cls(orders, data.get("start_times"), data.get("name", ""), tuple(map(_pair_members, pairs)))
+        if not isinstance(data.get("name", ""), str):
+            raise ScheduleError(f"'name' must be a text, got {shorten(data['name'])}")
+        return cls(orders, times, data.get("name", ""), tuple(map(_pair_members, pairs)))
 
 
-def load_schedule(path: str | Path) -> tuple[Schedule, Problem | None]:
-    """Read a schedule JSON written by `save_schedule`; returns the schedule and its problem if stored."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ZboptError(f"schedule file '{path}' not found") from None
-    except json.JSONDecodeError as error:
-        raise ZboptError(f"schedule file '{path}': not valid JSON ({error})") from None
-    schedule = Schedule.from_dict(data)
-    problem = Problem.from_dict(data["problem"]) if "problem" in data else None
-    return schedule, problem
+def _is_op_text(item: object) -> bool:
+    """An op as a schedule file writes it: "3F1", a pair "(0F7;7B3)", or [kind, stage, microbatch]."""
+    if isinstance(item, list):
+        return (len(item) == 3 and isinstance(item[0], str)
+                and all(isinstance(n, int) and not isinstance(n, bool) for n in item[1:]))
+    return isinstance(item, str)
+
+
+def _per_device(data: dict, key: str, valid, what: str, one: str) -> list:
+    """data[key], checked to be one list per device of items `valid` accepts."""
+    lists = data[key]
+    if not isinstance(lists, list) or not all(isinstance(items, list) for items in lists):
+        raise ScheduleError(f"'{key}' must be a list with one list of {what} per device")
+    for device, items in enumerate(lists):
+        for position, item in enumerate(items):
+            if not valid(item):
+                raise ScheduleError(f"'{key}' of device {device}, item {position}: {shorten(item)} is not {one}")
+    return lists
+
+

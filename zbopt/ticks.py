@@ -60,11 +60,13 @@ def tick_scale(problem: Problem) -> TickScale:
 
 
 def memory_scale(problem: Problem) -> int:
-    """A power of ten making every memory amount whole (up to 1e6), for cumulative demands."""
+    """A power of ten making every memory amount whole (up to 1e6), for cumulative demands; no
+    larger than keeps a device's whole memory an exact integer (2^53) in these units."""
     amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.checkpoint_memory or ()),
                *(problem.memory_limit or ())]
-    return next((10**exponent for exponent in range(7) if whole_at(amounts, 10**exponent)), 10**6)
-
+    most = max(amounts) * problem.total_microbatches * problem.chunks_per_device
+    exponents = [exponent for exponent in range(7) if 10**exponent * most <= 2**53] or [0]
+    return next((10**exponent for exponent in exponents if whole_at(amounts, 10**exponent)), 10**exponents[-1])
 
 
 def ceil_ticks(value: float, scale: TickScale) -> int:

@@ -18,7 +18,7 @@ import sys
 
 from zbopt import interrupt
 from zbopt.cli.parser import build_parser
-from zbopt.errors import MissingSettingsError, ZboptError
+from zbopt.errors import MissingSettingsError, ZboptError, clip
 
 EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process ended by SIGPIPE
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, unknown = build_parser().parse_known_args(argv)
         if unknown:  # argparse's own message would point to the top-level help, not the command's
-            raise ZboptError(f"unrecognized arguments: {' '.join(unknown)} (see 'zbopt {args.command} --help')")
+            raise ZboptError(f"unrecognized arguments: {clip(' '.join(unknown))} (see 'zbopt {args.command} --help')")
         return args.run(args)
     except MissingSettingsError as error:
         print(f"zbopt: {error}; try: {_command_with(argv, error.settings)}", file=sys.stderr)

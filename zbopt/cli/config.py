@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from zbopt.errors import ProblemError, ZboptError
+from zbopt.errors import ProblemError, ZboptError, clip, shorten
 from zbopt.io.config import read_config_file
 from zbopt.problem import Problem
 
@@ -69,13 +69,13 @@ def build_run_config(values: dict, source: str = "config", sources: Mapping[str,
     for key, value in values.items():
         if key in OPTION_KEYS:
             if value is not None and not isinstance(value, str):
-                raise ZboptError(f"{source}: {key} = {value!r}: expected a file name")
+                raise ZboptError(f"{source}: {shorten(key)} = {shorten(value)}: expected a file name")
             options[key] = value
             continue
         parameter = PROBLEM_KEYS.get(key)
         if parameter is None:
             known = ", ".join(list(PROBLEM_KEYS) + list(OPTION_KEYS))
-            raise ZboptError(f"{source}: unknown key '{key}' (known keys: {known})")
+            raise ZboptError(f"{source}: unknown key {shorten(key)} (known keys: {known})")
         if parameter in written_as:
             raise ZboptError(f"{source}: '{key}' and '{written_as[parameter]}' both set {parameter}; give one")
         parameters[parameter] = value
@@ -88,8 +88,8 @@ def build_run_config(values: dict, source: str = "config", sources: Mapping[str,
         key = written_as.get(error.key, error.key)
         origin = (sources or {}).get(key, source)
         if origin == FLAG:
-            raise ZboptError(f"--{key.replace('_', '-')} {_flag_text(values[key])}: {error.reason}") from None
-        raise ZboptError(f"{origin}: {key} = {error.value!r}: {error.reason}") from None
+            raise ZboptError(f"--{key.replace('_', '-')} {clip(_flag_text(values[key]))}: {error.reason}") from None
+        raise ZboptError(f"{origin}: {key} = {shorten(error.value)}: {error.reason}") from None
     return RunConfig(problem, options.get("output_file"))
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-import yaml
-
 from zbopt.cli.config import OPTION_KEYS, PROBLEM_KEYS
-from zbopt.errors import ZboptError
+from zbopt.errors import ZboptError, shorten
+from zbopt.io.read import parse_yaml
 from zbopt.schedules import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES
 
 RUNNABLE_TORCH_SCHEDULES = [name for name in TORCH_SCHEDULES if name not in TORCH_REFUSED]  # named in --help
@@ -27,15 +26,18 @@ def _numbers(text: str) -> list[float]:
     try:
         return [float(item) for item in text.split(",") if item.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers, got '{text}'") from None
+        raise argparse.ArgumentTypeError(f"expected numbers, got {shorten(text)}") from None
 
 
 def _schedule_option(text: str) -> tuple[str, object]:
     """KEY=VALUE with VALUE read as a YAML scalar (8 -> int, 0.5 -> float, true -> bool)."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got '{text}'")
-    return key.strip(), yaml.safe_load(value)
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {shorten(text)}")
+    try:
+        return key.strip(), parse_yaml(value, f"--option {key.strip()}")
+    except ZboptError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_problem_flags(parser: argparse.ArgumentParser) -> None:

@@ -13,9 +13,11 @@ from pathlib import Path
 from zbopt.cli.config import FLAG, PROBLEM_KEYS, RunConfig, build_run_config
 from zbopt.errors import ZboptError
 from zbopt.io.config import read_config_file
+from zbopt.io.read import load_schedule
 from zbopt.io.torch_order import read_torch_csv
-from zbopt.schedule import Schedule, load_schedule
+from zbopt.schedule import Schedule
 from zbopt.schedules import named_schedule
+from zbopt.tolerance import latest_start
 
 DEFAULT_SCHEDULE = "1f1b"
 
@@ -66,7 +68,14 @@ def schedule_from_file(schedule_file: str | Path, config_file: str | Path | None
         run = run_config(config_file, flags, order.layout, str(path))
         return run, order.to_schedule(run.problem, path.name)
     schedule, stored = load_schedule(path)
-    return run_config(config_file, flags, None if stored is None else stored.to_dict(), str(path)), schedule
+    run = run_config(config_file, flags, None if stored is None else stored.to_dict(), str(path))
+    latest = latest_start(run.problem)
+    for device, times in enumerate(schedule.start_times or ()):
+        for position, time in enumerate(times):
+            if abs(time) > latest:
+                raise ZboptError(f"schedule file '{path}': start_times of device {device}, item {position}: "
+                                 f"{time:g} is outside +-{latest:.3g}, the range zbopt's tolerance holds in")
+    return run, schedule
 
 
 def run_and_schedule(config_file: str | Path | None, flags: dict, schedule: str | None = None,

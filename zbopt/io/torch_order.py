@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 
 from zbopt.errors import ScheduleError, ZboptError
+from zbopt.io.read import read_text
 from zbopt.io.torch_format import (
     TORCH_FORWARD,
     TORCH_FULL_BACKWARD,
@@ -232,12 +233,5 @@ def parse_torch_csv(text: str, source: str = "torch CSV") -> TorchOrder:
 
 def read_torch_csv(path: str | Path) -> TorchOrder:
     """Read a compute-only CSV written by torch's `_dump_csv` or by `write_torch_csv`."""
-    try:
-        with open(path, newline="") as file:
-            text = file.read()
-    except FileNotFoundError:
-        raise ZboptError(f"schedule file '{path}' not found") from None
-    except UnicodeDecodeError:
-        raise ZboptError(f"schedule file '{path}': not a text file") from None
-    return parse_torch_csv(text, Path(path).name)
+    return parse_torch_csv(read_text(path, "schedule file"), Path(path).name)
 

@@ -184,3 +184,24 @@ def test_numpy_numbers_and_arrays_are_accepted_and_stored_plain():
                               memory_limit=9, overlap_times={"FBW": 2.5})
     assert type(problem.num_microbatches) is int and type(problem.forward_times[1]) is float
     assert type(problem.flush) is bool
+
+
+def test_a_path_with_a_line_break_is_named_on_one_line(tmp_path, capsys):
+    """The review's find: a missing config whose name holds a line break printed two lines."""
+    line = refused(capsys, "simulate", str(tmp_path / "a\nb.yaml"))
+    assert "a\\nb.yaml" in line
+
+
+def test_a_short_latency_is_no_shortest_cost():
+    """Milliseconds with a 1 µs link (p = 64, m = 4096, v = 2; 1.6M ops): a latency below the
+    tolerance need only be ignorable, not told apart, so it does not set the range; p2p_time = 0
+    and 0.001 are alike (the review found 0.001 refused: total 3e6 > 1e9 x 0.001)."""
+    costs = {"forward_times": 1.5, "backward_times": 3, "weight_times": 1.2}
+    for p2p_time in (0, 0.001):
+        problem = Problem(num_devices=64, num_microbatches=4096, chunks_per_device=2, p2p_time=p2p_time, **costs)
+        assert problem.p2p_time == p2p_time
+
+
+def test_a_huge_count_is_named_shortly(capsys):
+    line = refused(capsys, "simulate", "-b", str(10**400))
+    assert len(line) < 300 and line.startswith("zbopt: --num-microbatches 1000")

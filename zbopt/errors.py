@@ -17,11 +17,18 @@ def shorten(value: object) -> str:
 
 
 def clip(text: str) -> str:
-    """`text` as typed (a line break or other unprintable character escaped, as repr does) and cut
-    to SHORT_LENGTH characters, "..." marking the cut: a value shown as the user typed it."""
-    if not text.isprintable():
-        text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+    """`text` as typed (`escaped`) and cut to SHORT_LENGTH characters, "..." marking the cut: a
+    value shown as the user typed it."""
+    text = escaped(text)
     return text if len(text) <= SHORT_LENGTH else text[:SHORT_LENGTH - 3] + "..."
+
+
+def escaped(text: str) -> str:
+    """`text` on one line: a line break or other unprintable character escaped, as repr does (a
+    path with a line break in it still makes one line of a message)."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
 
 
 class ZboptError(ValueError):

@@ -15,7 +15,7 @@ from functools import cached_property
 
 from zbopt import memory_floor
 from zbopt.checks import boolean, is_number, known_parameters, per_device, per_stage, plain, positive_int
-from zbopt.errors import ProblemError
+from zbopt.errors import ProblemError, clip
 from zbopt.kinds import (
     BACKWARD,
     FORWARD,
@@ -52,7 +52,8 @@ def _check_op_count(problem: Problem) -> None:
         counts = {"num_devices": problem.num_devices, "chunks_per_device": problem.chunks_per_device,
                   "num_microbatches": problem.num_microbatches, "iterations": problem.iterations}
         key = max(counts, key=counts.__getitem__)
-        raise ProblemError(key, counts[key], f"the problem has {problem.num_ops:,} ops, more than zbopt holds "
+        ops = clip(f"{problem.num_ops:,}")
+        raise ProblemError(key, counts[key], f"the problem has {ops} ops, more than zbopt holds "
                                              f"(MAX_OPS = {MAX_OPS:,})")
 
 

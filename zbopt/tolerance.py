@@ -35,9 +35,12 @@ def memory_ceiling(limit: float) -> float:
 Parts = dict[str, tuple[float, float, float]]  # key -> (smallest, largest, ops it adds, weighted by value / largest)
 
 
-def _part(values, counts) -> tuple[float, float, float]:
+def _part(values, counts, tells_apart: bool = True) -> tuple[float, float, float]:
+    """(smallest, largest, weight) of one key; a key that need not be told apart from the others
+    (a latency: one below the tolerance is merely ignorable) has no smallest (inf)."""
     largest = max(values)
-    return min(values), largest, sum(value / largest * count for value, count in zip(values, counts, strict=True))
+    weight = sum(value / largest * count for value, count in zip(values, counts, strict=True))
+    return min(values) if tells_apart else math.inf, largest, weight
 
 
 def _time_parts(problem, one_microbatch: bool = False) -> Parts:
@@ -53,7 +56,8 @@ def _time_parts(problem, one_microbatch: bool = False) -> Parts:
     if problem.p2p_time > 0:  # at most one latency per op
         given["p2p_time"] = ((problem.p2p_time,), (problem.num_stages * len(problem.kinds) if one_microbatch
                                                    else problem.num_ops,))
-    return {key: _part(values, times) for key, (values, times) in given.items() if values is not None}
+    return {key: _part(values, times, key != "p2p_time") for key, (values, times) in given.items()
+            if values is not None}
 
 
 def _device_memory(problem) -> Parts:
@@ -111,9 +115,9 @@ def _within(parts: Parts, total_is: str, smallest_is: str, span: float | None) -
     bound = f"{_short(span)} x {smallest_is} ({smallest_key} {smallest:g})" if ratio else _short(MAX_TOTAL)
     remedy = [f"at most {_rounded(room / weight, math.floor)} allowed here"] if room > 0 else []
     if ratio and total < math.inf:
-        remedy.append(f"or {smallest_is} at least {_rounded(total / span, math.ceil)}")
+        remedy.append(f"{smallest_is} at least {_rounded(total / span, math.ceil)}")
     raise ProblemError(key, largest, f"{total_is} {total:.3g}, more than {bound}; "
-                                     f"{' '.join(remedy) or 'give smaller values'}")
+                                     f"{' or '.join(remedy) or 'give smaller values'}")
 
 
 def _short(power: float) -> str:

@@ -18,7 +18,7 @@ import sys
 
 from zbopt import interrupt
 from zbopt.cli.parser import build_parser
-from zbopt.errors import MissingSettingsError, ZboptError, clip
+from zbopt.errors import MissingSettingsError, ZboptError, clip, escaped
 
 EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process ended by SIGPIPE
@@ -40,16 +40,16 @@ def main(argv: list[str] | None = None) -> int:
             raise ZboptError(f"unrecognized arguments: {clip(' '.join(unknown))} (see 'zbopt {args.command} --help')")
         return args.run(args)
     except MissingSettingsError as error:
-        print(f"zbopt: {error}; try: {_command_with(argv, error.settings)}", file=sys.stderr)
+        print(f"zbopt: {escaped(str(error))}; try: {_command_with(argv, error.settings)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except ZboptError as error:
-        print(f"zbopt: {error}", file=sys.stderr)
+        print(f"zbopt: {escaped(str(error))}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except BrokenPipeError:  # the reader left (`zbopt ... | head`): stop quietly, as Python's docs advise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     except OSError as error:
-        print(f"zbopt: {error.filename or ''}: {error.strerror}", file=sys.stderr)
+        print(f"zbopt: {clip(str(error.filename or ''))}: {error.strerror}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # Ctrl-C (`zbopt.interrupt`): what the command had is printed and written
         print(interrupt.MESSAGE, file=sys.stderr)

@@ -19,14 +19,15 @@ def best_heuristic(problem: Problem, kind: str = "makespan",
     at equal objective, the one with the lower highest peak memory (1f1b before gpipe). Without a
     limit, none that recomputes or offloads: that only adds work or traffic, and lowers a peak the
     model (which then has no such choice) cannot match. Past `deadline` (`time.perf_counter()`) no
-    further heuristic is tried once one is valid, nor after Ctrl-C (`zbopt.interrupt`)."""
+    further heuristic is tried once one is valid; after Ctrl-C (`zbopt.interrupt`) none at all, so
+    an interrupt under a limit no heuristic fits yet answers at once, with no warm start."""
     best: tuple[str, Simulation] | None = None
     for name, schedule in applicable(problem):
         result = simulate(problem, schedule)
         needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
         if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
             best = (name, result)
-        if best is not None and interrupt.past(deadline):
+        if interrupt.requested.is_set() or (best is not None and interrupt.past(deadline)):
             break
     return best
 

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 # the longest letters first, so that "BW" is not read as "B"
 _OP_PATTERN = re.compile(rf"^\s*(\d+)({'|'.join(sorted(KINDS, key=len, reverse=True))})(\d+)\s*$")
-# What each kind of op is, in words (traces and the report's hover text).
-KIND_WORDS = {letter: kind.word for letter, kind in KINDS.items()}
 # Where an op runs on its device: compute, or one of the two copy lanes beside it.
 COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE = 0, 1, 2
 LANE_OF_KIND = {OFFLOAD: OFFLOAD_LANE, RELOAD: RELOAD_LANE}

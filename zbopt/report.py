@@ -26,7 +26,7 @@ from zbopt import __version__, plot
 from zbopt.comparison import COLUMNS, Comparison, ComparisonRow
 from zbopt.errors import ZboptError
 from zbopt.io.write import write_file
-from zbopt.ops import KIND_WORDS
+from zbopt.kinds import KINDS
 from zbopt.plot.style import chunk_color
 from zbopt.simulation import Simulation
 
@@ -183,7 +183,7 @@ def schedule_data(simulation: Simulation) -> dict:
 
     return {
         "devices": problem.num_devices, "chunks": problem.chunks_per_device, "makespan": simulation.makespan,
-        "kinds": [KIND_WORDS[kind] for kind in kinds],
+        "kinds": [KINDS[kind].word for kind in kinds],
         "palette": [to_hex(chunk_color(kind, chunk, problem.chunks_per_device)) for kind, chunk in colours],
         "limit": None if problem.memory_limit is None else list(problem.memory_limit),
         "ops": {"name": [str(op) for op in ops], "d": list(table.device), "k": [kinds.index(op.kind) for op in ops],

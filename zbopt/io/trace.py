@@ -25,7 +25,8 @@ from pathlib import Path
 
 from zbopt.io.torch_format import TORCH_KIND
 from zbopt.io.write import write_file
-from zbopt.ops import COMPUTE_LANE, KIND_WORDS, OFFLOAD_LANE, RELOAD_LANE
+from zbopt.kinds import KINDS
+from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE
 from zbopt.problem import Problem
 from zbopt.schedule import pair_text
 from zbopt.simulation import Simulation
@@ -36,7 +37,7 @@ MIN_TICKS_PER_UNIT = 1000  # one problem unit shows as at least a millisecond
 PAIR_TRACKS = (3, 4, 5)  # an overlapped pair's forward, then its backward's one or two ops
 TRACK_NAMES = {COMPUTE_LANE: "compute", OFFLOAD_LANE: "device-to-host", RELOAD_LANE: "host-to-device",
                **{track: f"pair member {place + 1}" for place, track in enumerate(PAIR_TRACKS)}}
-TORCH_KIND_WORDS = {letter: KIND_WORDS[kind] for kind, letter in TORCH_KIND.items()}  # torch's B is a full backward
+TORCH_KIND_WORDS = {letter: KINDS[kind].word for kind, letter in TORCH_KIND.items()}  # torch's B is a full backward
 
 
 def trace_scale(problem: Problem) -> int:
@@ -97,7 +98,7 @@ def _schedule_events(simulation: Simulation, scale: int, *, first_pid: int = 1, 
     for index in range(table.size):
         op = table.op(index)
         begin, end = ticks(simulation.start[index]), ticks(simulation.end[index])
-        events.append({"ph": "X", "name": str(op), "cat": KIND_WORDS[op.kind], "pid": table.device[index] + first_pid,
+        events.append({"ph": "X", "name": str(op), "cat": KINDS[op.kind].word, "pid": table.device[index] + first_pid,
                        "tid": track_of[index] + 1, "ts": begin, "dur": end - begin,
                        "args": {"kind": op.kind, "stage": op.stage, "chunk": chunk_of[op.stage],
                                 "microbatch": op.microbatch, "start": float(simulation.start[index]),

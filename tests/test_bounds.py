@@ -3,6 +3,7 @@
 import functools
 import math
 import random
+import time
 
 import pytest
 from hypothesis import assume, example, given, settings
@@ -13,10 +14,11 @@ from tests.test_schedules import FAMILIES, RANDOMLY_CHECKED
 from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, op_graph, simulate, solve
 from zbopt.schedules import applicable, registered
 from zbopt.solvers import api
-from zbopt.solvers.bounds import LowerBounds, lower_bounds
+from zbopt.solvers.bounds import BOUND_NAMES, LowerBounds, lower_bounds
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions, memory_precedences
 from zbopt.solvers.memory_bounds import activation_lifetimes, whole_activations_bound
-from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive
+from zbopt.solvers.relaxation import device_relaxation
+from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive, order_value
 
 
 def test_uniform_1f1b_meets_the_device_load_bound():
@@ -29,9 +31,9 @@ def test_uniform_1f1b_meets_the_device_load_bound():
     problem = Problem(num_devices=p, num_microbatches=m, forward_times=1, backward_times=1, weight_times=1)
     bounds = lower_bounds(problem)
     assert critical_path(problem) == pytest.approx(2 * p + 1)
-    assert bounds.critical_path == pytest.approx(2 * p + 1 + m - 1)
-    assert bounds.device_load == pytest.approx((p - 1) + 3 * m)
-    assert bounds.one_machine >= bounds.device_load
+    assert bounds["critical_path"] == pytest.approx(2 * p + 1 + m - 1)
+    assert bounds["device_load"] == pytest.approx((p - 1) + 3 * m)
+    assert bounds["one_machine"] >= bounds["device_load"]
 
 
 def test_memory_bound_closed_form():
@@ -40,8 +42,8 @@ def test_memory_bound_closed_form():
     microbatch, m of them, at most `limit` at once: makespan >= 8.5 m / limit."""
     problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=1, weight_times=1,
                       weight_memory=0.5, memory_limit=2)
-    assert lower_bounds(problem).memory == pytest.approx(8.5 * 8 / 2)
-    assert lower_bounds(problem.replace(memory_limit=None)).memory == 0.0
+    assert lower_bounds(problem)["memory"] == pytest.approx(8.5 * 8 / 2)
+    assert lower_bounds(problem.replace(memory_limit=None))["memory"] == 0.0
 
 
 def test_memory_bound_with_recomputation_closed_form():
@@ -52,9 +54,9 @@ def test_memory_bound_with_recomputation_closed_form():
     forward at 3 and 48 of work, 51)."""
     problem = Problem(num_devices=4, num_microbatches=16, forward_times=1, backward_times=1, weight_times=1,
                       weight_memory=0.5, memory_limit=2)
-    assert lower_bounds(problem).memory == pytest.approx(68)
+    assert lower_bounds(problem)["memory"] == pytest.approx(68)
     recomputing = problem.replace(allow_recompute=True, checkpoint_memory=0)
-    assert lower_bounds(recomputing).memory == pytest.approx(53)
+    assert lower_bounds(recomputing)["memory"] == pytest.approx(53)
 
 
 def test_whole_activations_bound_closed_form():
@@ -125,10 +127,10 @@ def test_device_sequencing_on_the_known_unit_cost_optima(p, m, limit, optimum):
                       weight_memory=0.5, memory_limit=limit)
     sequencing = 3 * m + p - 1 if limit == p else first_device_alone(p, m, limit)
     bounds = lower_bounds(problem)
-    assert bounds.device_sequencing == pytest.approx(sequencing)
-    assert bounds.device_sequencing <= optimum
-    others = (bounds.critical_path, bounds.device_load, bounds.one_machine, bounds.memory)
-    assert bounds.device_sequencing >= max(others)
+    assert bounds["device_sequencing"] == pytest.approx(sequencing)
+    assert bounds["device_sequencing"] <= optimum
+    others = (bounds["critical_path"], bounds["device_load"], bounds["one_machine"], bounds["memory"])
+    assert bounds["device_sequencing"] >= max(others)
 
 
 def test_jackson_rule_matches_brute_force_on_a_small_case():
@@ -145,8 +147,8 @@ def test_no_bound_exceeds_any_schedule():
     @given(problems(max_devices=4, max_microbatches=6, chunks=(1, 2)))
     def check(problem):
         bounds = lower_bounds(problem)
-        assert bounds.device_load >= max(device_work(problem)) - 1e-9
-        assert bounds.one_machine >= bounds.device_load - 1e-9
+        assert bounds["device_load"] >= max(device_work(problem)) - 1e-9
+        assert bounds["one_machine"] >= bounds["device_load"] - 1e-9
         for entry in registered():
             try:
                 result = simulate(problem, generate(entry.name, problem))
@@ -173,7 +175,7 @@ def heuristics_within_their_own_peak(problem):
 @given(problems(max_devices=3, max_microbatches=5, chunks=(1, 2), recompute=True))
 def test_memory_bound_holds_for_schedules_within_the_limit(problem):
     for name, result, limited in heuristics_within_their_own_peak(problem):
-        assert lower_bounds(limited).memory <= result.makespan + 1e-9, name
+        assert lower_bounds(limited)["memory"] <= result.makespan + 1e-9, name
 
 
 def test_memory_precedences_closed_form():
@@ -241,8 +243,8 @@ def test_single_device_bounds_never_exceed_the_brute_force_optimum(problem, extr
         problem = problem.replace(memory_limit=[need + extra_memory for need in problem.min_memory_limit])
     bounds = lower_bounds(problem)
     optimum = brute_force_optimum(problem)
-    assert bounds.device_relaxation <= optimum + 1e-9
-    assert bounds.device_sequencing <= optimum + 1e-9
+    assert bounds["device_relaxation"] <= optimum + 1e-9
+    assert bounds["device_sequencing"] <= optimum + 1e-9
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 5])
@@ -267,7 +269,7 @@ def test_device_sequencing_closed_form_with_two_chunks(m):
 def _solved_without_bounds(problem: Problem, time_limit: float = 30):
     """CP-SAT's own optimum, the driver's bounds all 0: a check on the bounds that does not lean on them."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(api, "lower_bounds", lambda *_args: LowerBounds(0.0, 0.0, 0.0, 0.0, 0.0))
+        patch.setattr(api, "lower_bounds", lambda *_args: LowerBounds())
         return solve(problem, time_limit=time_limit, lower_peak=False)
 
 
@@ -296,7 +298,7 @@ def test_device_sequencing_never_exceeds_the_cpsat_optimum_with_split_backward(v
 def test_single_device_bounds_hold_for_every_heuristic_within_its_own_peak(problem):
     for name, result, limited in heuristics_within_their_own_peak(problem):
         bounds = lower_bounds(limited)
-        assert max(bounds.device_relaxation, bounds.device_sequencing) <= result.makespan + 1e-9, name
+        assert max(bounds["device_relaxation"], bounds["device_sequencing"]) <= result.makespan + 1e-9, name
 
 
 def test_a_stage_that_holds_nothing_sets_no_memory_precedence():
@@ -306,3 +308,37 @@ def test_a_stage_that_holds_nothing_sets_no_memory_precedence():
                       memory_limit=0)
     assert memory_precedences(problem, list(op_graph(problem))) == []
     assert lower_bounds(problem).best == pytest.approx(6)
+
+
+@settings(max_examples=10, deadline=None)
+@given(problems(max_devices=3, max_microbatches=3, chunks=(2,)), st.sampled_from([0.0, 0.5, None]))
+def test_a_devices_reach_is_never_below_its_single_device_bounds(problem, extra_memory):
+    """`order_value` decides which devices' single-device bounds are skipped (those whose reach the
+    best bound already meets): it must be at least both of them on every device."""
+    if extra_memory is not None:
+        problem = problem.replace(memory_limit=[need + extra_memory for need in problem.min_memory_limit])
+    graph = implied_graph(problem)
+    heads, tails = heads_and_tails(graph)
+    for device in range(problem.num_devices):
+        reach = order_value(problem, device, heads, tails)
+        assert device_sequencing(problem, device, heads, tails) <= reach + 1e-9, device
+        assert device_relaxation(problem, device, graph, heads, tails, 5.0) <= reach + 1e-9, device
+
+
+def test_every_bound_is_listed_with_its_time_and_the_device_it_binds_on():
+    """V placement at V-Min's memory (p = 4, m = 8): the last device binds, and the bound record
+    says so, with the value the device's own dynamic program gives; every bound has its seconds."""
+    base = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, placement="v", forward_times=9.261,
+                   backward_times=9.043, weight_times=4.6685, p2p_time=0.601, activation_memory=0.5,
+                   weight_memory=0.183)
+    problem = base.replace(memory_limit=max(simulate(base, generate("v-min", base)).peak_memory))
+    began = time.perf_counter()
+    bounds = lower_bounds(problem)
+    elapsed = time.perf_counter() - began
+    assert [bound.name for bound in bounds.bounds] == list(BOUND_NAMES)
+    assert all(bound.seconds >= 0 for bound in bounds.bounds) and sum(b.seconds for b in bounds.bounds) <= elapsed
+    heads, tails = heads_and_tails(implied_graph(problem))
+    binding = bounds.binding_bound
+    assert binding.name in ("device_sequencing", "device_relaxation") and binding.devices == (3,)
+    assert bounds["device_sequencing"] == pytest.approx(device_sequencing(problem, 3, heads, tails))
+    assert binding.describe() == f"{binding.name} on device 3"

@@ -133,7 +133,7 @@ def test_an_answer_that_meets_the_full_models_bound_is_optimal_decided_by_the_so
     true optimum as its bound; the independent bounds all 0): optimal, and the solver decided it."""
     problem = Problem(**SMALL)
     optimum = brute_force_optimum(problem)
-    monkeypatch.setattr(api, "lower_bounds", lambda *_args: LowerBounds(0.0, 0.0, 0.0, 0.0, 0.0))
+    monkeypatch.setattr(api, "lower_bounds", lambda *_args: LowerBounds())
     monkeypatch.setattr(full_model, "search", lambda problem, first, **options:
                         Found("feasible", start_times(first.warm), optimum, None, 1.0))
     result = solve(problem, "cpsat", time_limit=3, warm_start="1f1b", lower_peak=False, lns_share=0.5)

@@ -199,11 +199,11 @@ def test_offload_beats_keeping_at_the_floor():
     # the bound alone proves it: limit 1 holds one whole activation at a time, so on device 0 each
     # microbatch takes the cheaper of kept (F + its round trip + B = 4) and offloaded
     # (F + O + L + B = 3), plus W (its half and a whole activation exceed the limit): 3 (1 + 3)
-    assert lower_bounds(moved).memory == 12
+    assert lower_bounds(moved)["memory"] == 12
     # recomputing too (R = 1, checkpoint 0.1: no activation and a checkpoint fit) is no cheaper:
     # a recomputed one is whole for R + B and its F runs while no other is, F + R + B = 3
     both = moved.replace(allow_recompute=True, checkpoint_memory=0.1)
-    assert lower_bounds(both).memory == 12 and solve(both, time_limit=30).objective == 12
+    assert lower_bounds(both)["memory"] == 12 and solve(both, time_limit=30).objective == 12
 
 
 @pytest.mark.parametrize(("p", "m", "limit"), [(4, 8, 2), (4, 8, 3), (6, 12, 3)])

@@ -54,11 +54,23 @@ def format_solve(result: SolveResult) -> str:
     text = (f"status          {result.status}\n{result.objective_kind:<16}{value}\n"
             f"lower_bound     {result.lower_bound:.6g}\ngap             {gap}\n"
             f"decided_by      {result.decided_by or 'n/a'}\n"
+            f"binding_bound   {_binding(result)}\n"
             f"solve_time_s    {result.solve_time_s:.2f}\nsolver          {result.solver} "
             f"({resolution})\nwarm_start      {result.warm_start or 'none'}\n")
     if result.simulation is None:
         return text
     return text + "\n" + format_simulation(result.simulation)
+
+
+def _binding(result: SolveResult) -> str:
+    """The binding bound, its devices and whether every bound finished: "device_sequencing on device
+    7, bounds complete"."""
+    from zbopt.solvers.bounds import Bound
+
+    if result.binding_bound is None:
+        return "n/a"
+    binding = Bound(result.binding_bound, result.lower_bound, devices=result.binding_devices).describe()
+    return f"{binding}, {'bounds complete' if result.bounds_complete else 'bounds cut by the time limit'}"
 
 
 def format_block(search: BlockSearch, simulation: Simulation, published: list[dict]) -> str:

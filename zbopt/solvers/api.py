@@ -25,7 +25,7 @@ from zbopt.problem import Problem
 from zbopt.simulation import Simulation
 from zbopt.solvers import cpsat, full_model, lns, milp
 from zbopt.solvers.answer import OBJECTIVES, objective_value, simulated_answer, without_needless_mechanisms
-from zbopt.solvers.bounds import LowerBounds, lower_bounds
+from zbopt.solvers.bounds import Bound, LowerBounds, lower_bounds
 from zbopt.solvers.gap import gap_text, meets, optimality_tolerance, relative_gap, settle
 from zbopt.solvers.pair_relaxation import pair_relaxed
 from zbopt.solvers.result import SolveResult
@@ -76,24 +76,33 @@ class _Call:
     bounds: LowerBounds
     independent_bound: float
     binding: str
+    binding_devices: tuple[int, ...]
+
+    @property
+    def binding_text(self) -> str:
+        """The binding bound's name, with the devices it reasons about: "device_sequencing on device 7"."""
+        return Bound(self.binding, self.independent_bound, devices=self.binding_devices).describe()
 
     @property
     def warm_simulation(self) -> Simulation | None:
         return None if self.warm is None else self.warm[1]
 
     def result(self, simulation: Simulation | None, status: str, lower: float, decided_by: str | None,
-               resolution: float | None = None) -> SolveResult:
-        """The answer, its schedule named for the solver (also where it is the warm start's: one name
-        in every table and chart; `warm_start` says which heuristic it started from)."""
+               resolution: float | None = None, *, warm_kept: bool = False) -> SolveResult:
+        """The answer, its schedule named for what it is: the warm start's heuristic where the answer
+        is the warm start (`warm_kept`; say, `block-v-zb` proven optimal by a bound, no model
+        searched), else the solver's; the same name in every table, chart and trace."""
         value = None if simulation is None else objective_value(simulation, self.objective)
-        if simulation is not None and simulation.schedule.name != self.solver:
-            simulation = replace(simulation, schedule=replace(simulation.schedule, name=self.solver))
+        if simulation is not None:
+            name = self.warm[0] if warm_kept and self.warm is not None else self.solver
+            simulation = replace(simulation, schedule=replace(simulation.schedule, name=name))
         return SolveResult(status=status, simulation=simulation, objective=value, lower_bound=lower,
                            solver=self.solver, objective_kind=self.objective,
                            solve_time_s=time.perf_counter() - self.began,
                            warm_start=None if self.warm is None else self.warm[0], resolution=resolution,
                            decided_by=decided_by, bounds=self.bounds.as_dict(), binding_bound=self.binding,
-                           bounds_complete=self.bounds.complete)
+                           binding_devices=self.binding_devices, bounds_complete=self.bounds.complete,
+                           bound_seconds={bound.name: bound.seconds for bound in self.bounds.bounds})
 
 
 def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, objective: str = "makespan",
@@ -168,7 +177,7 @@ def _solved(problem: Problem, solver: str, backend: Backend, time_limit: float, 
         # no model is built: the warm start is proven optimal by the bound alone
         simulation = without_needless_mechanisms(problem, warm[1], objective, deadline)
         return call.result(simulation, "optimal", objective_value(simulation, objective),
-                           f"lower bound ({call.binding})")
+                           f"lower bound ({call.binding_text})", warm_kept=True)
     return _search(call, backend, options, workers, seed, progress, lower_peak)
 
 
@@ -194,12 +203,14 @@ def _backend(problem: Problem, solver: str, objective: str, time_limit: float, w
     return backend
 
 
-def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> tuple[float, str]:
-    """The independent lower bound on the objective and its name: the best makespan bound, or for
-    the span objective the busiest device's own work, "device_work" (the others speak of the
-    makespan only)."""
-    return (bounds.best, bounds.binding) if kind == "makespan" else \
-        (max(device_work(pair_relaxed(problem))), "device_work")
+def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> tuple[float, str, tuple[int, ...]]:
+    """The independent lower bound on the objective, its name and the devices it binds on: the
+    best makespan bound, or for the span objective the busiest device's own work, "device_work"
+    (the others speak of the makespan only)."""
+    if kind == "makespan":
+        return bounds.best, bounds.binding, bounds.binding_bound.devices
+    work = device_work(pair_relaxed(problem))
+    return max(work), "device_work", (work.index(max(work)),)
 
 
 def search_deadline(call: _Call, backend: Backend) -> float:
@@ -228,10 +239,11 @@ def _search(call: _Call, backend: Backend, options: dict, workers: int, seed: in
     if simulation is not None:
         simulation = without_needless_mechanisms(problem, simulation, objective, call.deadline)
     status, simulation, lower, decided_by = _verdict(found, simulation, call.warm, objective, call.independent_bound,
-                                                     call.binding)
+                                                     call.binding_text)
     if lower_peak and not task.stopped.is_set() and not interrupt.requested.is_set():
         simulation = _lower_peak(search, task, options, simulation, call)
-    return call.result(simulation, status, lower, decided_by, found.resolution)
+    return call.result(simulation, status, lower, decided_by, found.resolution,
+                       warm_kept=warm is not None and simulation is warm)
 
 
 def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, live: _LiveLine | None,

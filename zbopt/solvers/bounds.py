@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import networkx as nx
@@ -45,43 +45,76 @@ import networkx as nx
 from zbopt import interrupt
 from zbopt.ops import Op, critical_path, device_work
 from zbopt.problem import Problem
+from zbopt.solvers.gap import meets
 from zbopt.solvers.implied import heads_and_tails, implied_graph
 from zbopt.solvers.memory_bounds import activation_lifetimes, memory_bound
 from zbopt.solvers.pair_relaxation import pair_relaxed
 from zbopt.solvers.relaxation import device_relaxation
-from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive
+from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive, order_value
 
 RELAXATION_MAX_S = 20.0  # the single-device bounds' total time (v >= 2), or less if the deadline says so
 SEQUENCING_SHARE = 0.3  # of it, for the device sequencing dynamic program before the CP-SAT relaxation
 GRAPH_SECONDS_PER_OP = 1e-4  # building the implied graph and its heads and tails (measured: 4 s for 49k ops)
+_UNKNOWN_GAIN = 0.1  # what a device whose reach is infinite (`order_value`) may gain, relative to the best bound
+BOUND_NAMES = ("critical_path", "device_load", "one_machine", "memory", "device_sequencing", "device_relaxation")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One lower bound on the makespan: its name, its value (problem units), the seconds it took,
+    and the devices whose ops it reasoned about where it reasons about some (empty: the whole
+    problem, or not known)."""
+
+    name: str
+    value: float
+    seconds: float = 0.0
+    devices: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        """The name, with the devices where the bound reasons about some: "device_sequencing on device 7"."""
+        if not self.devices:
+            return self.name
+        word = "device" if len(self.devices) == 1 else "devices"
+        return f"{self.name} on {word} {', '.join(map(str, self.devices))}"
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "value": self.value, "seconds": self.seconds, "devices": list(self.devices)}
 
 
 @dataclass(frozen=True)
 class LowerBounds:
-    """Every bound (problem units) and the best of them. device_sequencing is 0 where it was
-    skipped because it could not beat the others (see `device_sequencing`)."""
+    """Every bound `lower_bounds` computed, in BOUND_NAMES' order, and the best of them. A bound
+    skipped because it could not beat the others (see `device_sequencing`), or not reached before
+    the deadline, is 0; `complete` is False when a deadline cut some short."""
 
-    critical_path: float
-    device_load: float
-    one_machine: float
-    memory: float
-    device_sequencing: float
-    device_relaxation: float = 0.0
-    complete: bool = True  # False when a deadline cut some bounds short (those report 0 or less)
+    bounds: tuple[Bound, ...] = ()
+    complete: bool = True
+
+    def __getitem__(self, name: str) -> float:
+        """The value of the bound `name` (0 where it was not computed)."""
+        if name not in BOUND_NAMES:
+            raise KeyError(f"no lower bound named {name!r} (known: {', '.join(BOUND_NAMES)})")
+        return max((bound.value for bound in self.bounds if bound.name == name), default=0.0)
 
     def by_name(self) -> dict[str, float]:
-        """Every bound by its name (the dataclass fields but `complete`)."""
-        return {item.name: getattr(self, item.name) for item in fields(self) if item.name != "complete"}
+        """Every bound's value by its name."""
+        return {name: self[name] for name in BOUND_NAMES}
+
+    @property
+    def binding_bound(self) -> Bound:
+        """The bound that gives `best` (the first in BOUND_NAMES' order, on a tie)."""
+        order = {name: index for index, name in enumerate(BOUND_NAMES)}
+        return max(sorted(self.bounds, key=lambda bound: order[bound.name]), key=lambda bound: bound.value,
+                   default=Bound(BOUND_NAMES[0], 0.0))
 
     @property
     def best(self) -> float:
-        return max(self.by_name().values())
+        return self.binding_bound.value
 
     @property
     def binding(self) -> str:
-        """The name of the bound that gives `best` (the first, on a tie)."""
-        values = self.by_name()
-        return max(values, key=values.__getitem__)
+        """The name of the bound that gives `best`."""
+        return self.binding_bound.name
 
     def as_dict(self) -> dict[str, float]:
         return {**self.by_name(), "best": self.best}
@@ -89,97 +122,134 @@ class LowerBounds:
 
 class _GraphBounds(NamedTuple):
     """The bounds read from the implied graph's heads and tails, and each device's preemptive
-    one-machine bound (the order in which the single-device bounds take the devices)."""
+    one-machine bound."""
 
-    critical_path: float
-    device_load: float
-    one_machine: float
-    memory: float
+    bounds: tuple[Bound, ...]
     preemptive: list[float]
 
     @property
-    def values(self) -> tuple[float, float, float, float]:
-        return self.critical_path, self.device_load, self.one_machine, self.memory
+    def best(self) -> float:
+        return max(bound.value for bound in self.bounds)
 
 
 def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
-    """All lower bounds of `problem` (see the module docstring), within `deadline`
-    (`time.perf_counter()`) where one is given.
+    """All lower bounds of `problem` (see the module docstring), each with the seconds it took and
+    the device it binds on, within `deadline` (`time.perf_counter()`) where one is given.
 
-    The bounds on the op graph cost about GRAPH_SECONDS_PER_OP per op (networkx); when that does
-    not fit before the deadline only the two that need no graph are computed (the longest
-    microbatch's critical path, the busiest device's work) and `complete` is False. With
-    recomputation allowed, or the bidirectional placement, the single-device bounds are 0 (see the
-    module docstring). With one stage per device the
-    device sequencing bound stops at the deadline, device by device (0 where it did not finish).
-    With more, the single-device bounds share the time left before the deadline, at most
-    RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it; 0 on a device that did
-    not finish in its share), then the CP-SAT relaxations (`relaxation.device_relaxation`), each
-    reporting the bound CP-SAT proved. The devices go in decreasing order of their preemptive
-    one-machine bound, each with half of the phase's time left (the last with all of it), so a
-    device done early leaves its time to the next; `complete` is False when some device had no
-    time left. With overlapped pairs allowed, the bounds of `pair_relaxed(problem)`.
+    The bounds on the op graph cost about GRAPH_SECONDS_PER_OP per op (networkx; the time of the
+    graph and its heads and tails counts as the critical path's); when that does not fit before
+    the deadline only the two that need no graph are computed (the longest microbatch's critical
+    path, the busiest device's work) and `complete` is False. With recomputation allowed, or the
+    bidirectional placement, the single-device bounds are 0 (see the module docstring). With one
+    stage per device the device sequencing bound stops at the deadline, device by device (0 where
+    it did not finish). With more, the single-device bounds share the time left before the
+    deadline, at most RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it), then
+    the CP-SAT relaxations (`relaxation.device_relaxation`), each reporting the bound CP-SAT
+    proved; in each, only the devices that can still raise the best bound take part, by what they
+    can gain (`_share_by_gain`). With overlapped pairs allowed, the bounds of `pair_relaxed(problem)`.
     """
     problem = pair_relaxed(problem)
-    if time.perf_counter() + problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
-        return LowerBounds(critical_path(problem), max(device_work(problem)), 0.0, 0.0, 0.0, complete=False)
+    began = time.perf_counter()
+    if began + problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
+        work = device_work(problem)
+        return LowerBounds((Bound("critical_path", critical_path(problem)),
+                            Bound("device_load", max(work), devices=(work.index(max(work)),))), complete=False)
     graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
-    found = _graph_bounds(problem, graph, heads, tails)
+    found = _graph_bounds(problem, graph, heads, tails, began)
     if problem.mechanisms_matter or problem.bidirectional:  # the single-device bounds assume kept
         # activations in microbatch order, and every microbatch through every stage of the device
-        return LowerBounds(*found.values, 0.0)
+        return LowerBounds(found.bounds)
     if problem.chunks_per_device == 1:
         return _sequenced_devices(problem, heads, tails, found, deadline)
     return _single_device_bounds(problem, graph, heads, tails, found, deadline)
 
 
-def _graph_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float]) -> _GraphBounds:
+def _graph_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float],
+                  began: float) -> _GraphBounds:
     """The critical path, device load, one-machine and memory bounds (see the module docstring)."""
     critical = max(heads[op] + graph.nodes[op]["duration"] + tails[op] for op in graph)
+    graph_done = time.perf_counter()
     per_device: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
     for op, data in graph.nodes(data=True):
         per_device[data["device"]].append((heads[op], data["duration"], tails[op]))
     device_load = [min(j[0] for j in jobs) + sum(j[1] for j in jobs) + min(j[2] for j in jobs) for jobs in per_device]
+    load_done = time.perf_counter()
     preemptive = [jackson_preemptive(jobs) for jobs in per_device]
+    preemptive_done = time.perf_counter()
     memory = memory_bound(problem, activation_lifetimes(problem), device_load)
-    return _GraphBounds(critical, max(device_load), max(preemptive), memory, preemptive)
+    return _GraphBounds((Bound("critical_path", critical, graph_done - began),
+                         _on_device("device_load", device_load, load_done - graph_done),
+                         _on_device("one_machine", preemptive, preemptive_done - load_done),
+                         Bound("memory", memory, time.perf_counter() - preemptive_done)), preemptive)
+
+
+def _on_device(name: str, values: list[float], seconds: float) -> Bound:
+    """A per-device bound: the largest of its devices' values, on the device that gives it."""
+    best = max(range(len(values)), key=values.__getitem__)
+    return Bound(name, values[best], seconds, (best,))
 
 
 def _sequenced_devices(problem: Problem, heads: dict[Op, float], tails: dict[Op, float], found: _GraphBounds,
                        deadline: float) -> LowerBounds:
     """With one stage per device: the device sequencing bound, device by device until the deadline."""
-    sequencing = 0.0
+    began = time.perf_counter()
+    sequencing, where = 0.0, ()
+    complete = True
     for device in range(problem.num_devices):
         if interrupt.past(deadline):
-            return LowerBounds(*found.values, sequencing, complete=False)
-        needed = max(*found.values, sequencing)
-        sequencing = max(sequencing, device_sequencing(problem, device, heads, tails, needed, deadline))
-    return LowerBounds(*found.values, sequencing, complete=not interrupt.past(deadline))
+            complete = False
+            break
+        value = device_sequencing(problem, device, heads, tails, max(found.best, sequencing), deadline)
+        if value > sequencing:
+            sequencing, where = value, (device,)
+    complete = complete and not interrupt.past(deadline)
+    bound = Bound("device_sequencing", sequencing, time.perf_counter() - began, where)
+    return LowerBounds((*found.bounds, bound), complete)
 
 
 def _single_device_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float],
                           found: _GraphBounds, deadline: float) -> LowerBounds:
     """With several stages per device: the device sequencing, then the CP-SAT relaxation, sharing the
     time left (at most RELAXATION_MAX_S; see `lower_bounds`)."""
-    sequencing = relaxed = 0.0
     until = min(time.perf_counter() + RELAXATION_MAX_S, deadline)
-    # the device whose preemptive one-machine bound is highest first, with half of the time left: it
-    # binds in most cases measured (V shapes at V-Min's memory: the last device; interleaved: the first;
-    # not interleaved p = 8, memory 8, where device 0 binds with 819.7 and comes last, 735.1 preemptive)
-    devices = sorted(range(problem.num_devices), key=lambda device: -found.preemptive[device])
+    # what a device's single-device bounds can reach at most: one order of its ops (`order_value`)
+    reach = [order_value(problem, device, heads, tails) for device in range(problem.num_devices)]
+    bounds = list(found.bounds)
     complete = True
-    for share, method in ((SEQUENCING_SHARE, "sequencing"), (1.0, "relaxation")):
+    phases = (("device_sequencing", SEQUENCING_SHARE,
+               lambda device, best, seconds: device_sequencing(problem, device, heads, tails, best,
+                                                               time.perf_counter() + seconds)),
+              ("device_relaxation", 1.0,
+               lambda device, _best, seconds: device_relaxation(problem, device, graph, heads, tails, seconds)))
+    for name, share, method in phases:
         ends = time.perf_counter() + share * (until - time.perf_counter())
-        for turn, device in enumerate(devices):  # a device done early leaves its time to the rest
-            seconds = (ends - time.perf_counter()) / min(2, problem.num_devices - turn)
-            if seconds <= 0.01 or interrupt.requested.is_set():
-                complete = False
-                break
-            if method == "sequencing":
-                needed = max(*found.values, sequencing)
-                sequencing = max(sequencing, device_sequencing(problem, device, heads, tails, needed,
-                                                               time.perf_counter() + seconds))
-            else:
-                relaxed = max(relaxed, device_relaxation(problem, device, graph, heads, tails, seconds))
-    return LowerBounds(*found.values, sequencing, relaxed, complete=complete)
+        bound, finished = _share_by_gain(name, reach, max(bound.value for bound in bounds), ends, method)
+        bounds.append(bound)
+        complete = complete and finished
+    return LowerBounds(tuple(bounds), complete)
+
+
+def _share_by_gain(name: str, reach: list[float], best: float, ends: float, method) -> tuple[Bound, bool]:
+    """(the bound, whether every device that could raise it had its turn) of `method(device, best,
+    seconds)` run on the devices that can still raise `best` (`reach` above it), the one that can
+    gain most first (it binds in most cases measured), each with the time left before `ends` in
+    proportion to what it can gain; a device done early leaves its time to the rest, and one
+    whose reach the bound has meanwhile passed is skipped."""
+    began = time.perf_counter()
+    value, where = 0.0, ()
+    waiting = sorted((device for device in range(len(reach)) if not meets(reach[device], best)),
+                     key=lambda device: -reach[device])
+    while waiting:
+        gains = [min(reach[device] - best, _UNKNOWN_GAIN * max(1.0, best)) for device in waiting]
+        device, gain = waiting.pop(0), gains[0]
+        if gain <= 0 or meets(reach[device], best):
+            continue
+        seconds = (ends - time.perf_counter()) * gain / sum(max(0.0, other) for other in gains)
+        if seconds <= 0.01 or interrupt.requested.is_set():
+            return Bound(name, value, time.perf_counter() - began, where), False
+        found = method(device, best, seconds)
+        if found > value:
+            value, where = found, (device,)
+        best = max(best, found)
+    return Bound(name, value, time.perf_counter() - began, where), True

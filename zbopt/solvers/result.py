@@ -24,8 +24,9 @@ class SolveResult(Shown):
     resolution: one time unit of the solver's model in the problem's units (None when no model
         was built); decided_by: what proved the status (the solver, which lower bound, or the
         model's resolution when rounding keeps the proof from the problem's own costs).
-    bounds: every independent lower bound; binding_bound: the name of the largest;
-        bounds_complete: False when the time limit cut some of them short.
+    bounds: every independent lower bound's value by name; bound_seconds: the seconds each took;
+        binding_bound: the name of the largest, binding_devices: the devices it reasons about
+        (empty: the whole problem); bounds_complete: False when the time limit cut some short.
     """
 
     status: str
@@ -40,7 +41,9 @@ class SolveResult(Shown):
     decided_by: str | None = None
     bounds: dict = field(default_factory=dict)
     binding_bound: str | None = None
+    binding_devices: tuple[int, ...] = ()
     bounds_complete: bool = True
+    bound_seconds: dict = field(default_factory=dict)
 
     @property
     def schedule(self) -> Schedule | None:
@@ -55,7 +58,8 @@ class SolveResult(Shown):
         data.update(status=self.status, objective=self.objective_kind, objective_value=self.objective,
                     lower_bound=self.lower_bound, gap=self.gap, solve_time_s=self.solve_time_s, solver=self.solver,
                     warm_start=self.warm_start, resolution=self.resolution, decided_by=self.decided_by,
-                    bounds=self.bounds, binding_bound=self.binding_bound, bounds_complete=self.bounds_complete)
+                    bounds=self.bounds, bound_seconds=self.bound_seconds, binding_bound=self.binding_bound,
+                    binding_devices=list(self.binding_devices), bounds_complete=self.bounds_complete)
         return data
 
     def to_dataframe(self):

@@ -133,13 +133,20 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
     successors = _successors(view)
     start = (tuple(0 for _ in view.duration), (0.0, 0.0))
     upper = _one_order(successors, start, view.steps)
-    if upper is None:  # the greedy order deadlocks: nothing to prune with
-        upper = math.inf
-    elif upper <= needed:
+    if upper <= needed:
         return 0.0
-    else:
-        upper *= 1 + 1e-9
-    return _dynamic_program(view, successors, start, upper, deadline)
+    return _dynamic_program(view, successors, start, upper * (1 + 1e-9), deadline)
+
+
+def order_value(problem: Problem, device: int, heads: dict[Op, float], tails: dict[Op, float]) -> float:
+    """The objective of one order of `device`'s ops in `device_sequencing`'s relaxation (earliest
+    start first), so at least that relaxation's optimum, and the single-device CP-SAT relaxation's
+    (`relaxation`, whose constraints every such order meets): what a device's bounds can reach at
+    most. Infinite where the order deadlocks, or with several iterations (not modelled here)."""
+    if problem.total_microbatches != problem.num_microbatches:
+        return math.inf
+    view = _device_view(problem, device, heads, tails)
+    return _one_order(_successors(view), (tuple(0 for _ in view.duration), (0.0, 0.0)), view.steps)
 
 
 class _DeviceView(NamedTuple):
@@ -226,14 +233,14 @@ def _successors(view: _DeviceView):
     return successors
 
 
-def _one_order(successors, start, steps: int) -> float | None:
-    """The objective of one order (earliest start, then the tie order), or None where it deadlocks:
-    the dynamic program's result is at most it."""
+def _one_order(successors, start, steps: int) -> float:
+    """The objective of one order (earliest start, then the tie order), infinite where it
+    deadlocks: the dynamic program's result is at most it."""
     probe = start
     for _ in range(steps):
         options = list(successors(*probe))
         if not options:
-            return None
+            return math.inf
         probe = min(options)[2:]
     return probe[1][1]
 

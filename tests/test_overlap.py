@@ -7,6 +7,7 @@ Units: zbopt's B is the input gradient; the README's "B" is a full backward chun
 import dataclasses
 import itertools
 import math
+import random
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -34,6 +35,7 @@ from zbopt.io.torch_order import parse_torch_csv
 from zbopt.kinds import PAIR_MEMBERS
 from zbopt.plot import plot_gantt
 from zbopt.solvers.bounds import lower_bounds
+from zbopt.solvers.pair_relaxation import pair_count_bound
 
 
 def one_device(**changes):
@@ -315,6 +317,46 @@ def test_cpsat_pairs_beat_dualpipe_where_pairs_pay():
     assert dual.makespan == pytest.approx(11.2)
     assert result.status == "optimal" and result.objective < dual.makespan - 0.5 and result.simulation.pairs
     assert lower_bounds(problem).best <= result.objective
+
+
+def test_pair_count_bound_proves_the_optimum_both_ways():
+    """The same problem: the pair relaxation says 8.8 (every op of a device at 2.2 / 3), the count of
+    pairs a device can form by the makespan 10.4, the optimum."""
+    problem = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="bidirectional",
+                      forward_times=1, backward_times=1, weight_times=1, overlap_times={"FBW": 2.2})
+    assert lower_bounds(problem).best == pytest.approx(8.8)
+    assert pair_count_bound(problem) == pytest.approx(10.4)
+
+
+def test_pair_count_bound_by_hand_on_one_device():
+    """One device, m = 2, F = B = W = 1, FBW pairs of 1.5 (no FB): F0 cannot pair (no backward is
+    ready before it ends), so one pair at most: 6 - 1.5 = 4.5, the optimum (F0, then F1 with B0
+    and W0, then B1 and W1); the pair relaxation says 6 · 1.5 / 3 = 3."""
+    problem = one_device(overlap_times={"FBW": 1.5})
+    assert pair_count_bound(problem) == pytest.approx(4.5)
+    assert brute_force_pair_optimum(problem) == pytest.approx(4.5)
+
+
+@given(tiny_pair_problems())
+@settings(max_examples=10, deadline=None)
+def test_pair_count_bound_below_the_brute_force_optimum(problem):
+    assert pair_count_bound(problem) <= brute_force_pair_optimum(problem) + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_pair_count_bound_below_the_proven_optimum_v_shape(seed):
+    """Two devices, V placement, random costs and pair costs (DualPipeV's shape): below CP-SAT's optimum."""
+    draw = random.Random(seed)
+
+    def costs():
+        return [draw.choice([1, 2, 3]) for _ in range(4)]
+
+    problem = Problem(num_devices=2, num_microbatches=2, chunks_per_device=2, placement="v",
+                      forward_times=costs(), backward_times=costs(), weight_times=costs(),
+                      p2p_time=draw.choice([0, 1]), overlap_times={"FBW": draw.choice([3, 4, 5]), "FB": 3})
+    result = solve(problem, time_limit=15, workers=1, lower_peak=False)
+    assert result.status == "optimal"
+    assert pair_count_bound(problem) <= result.objective + 1e-9
 
 
 def test_gantt_draws_a_pair_as_one_outlined_box_split_across():

@@ -20,14 +20,12 @@ from typing import NamedTuple
 
 from zbopt import interrupt
 from zbopt.errors import ZboptError
-from zbopt.ops import device_work
 from zbopt.problem import Problem
 from zbopt.simulation import Simulation
 from zbopt.solvers import cpsat, full_model, lns, milp
 from zbopt.solvers.answer import OBJECTIVES, objective_value, simulated_answer, without_needless_mechanisms
-from zbopt.solvers.bounds import Bound, LowerBounds, lower_bounds
+from zbopt.solvers.bounds import Bound, LowerBounds, lower_bounds, span_bounds
 from zbopt.solvers.gap import gap_text, meets, optimality_tolerance, relative_gap, settle
-from zbopt.solvers.pair_relaxation import pair_relaxed
 from zbopt.solvers.result import SolveResult
 from zbopt.solvers.task import Found, SearchTask, ignore
 from zbopt.solvers.warm import warm_start_simulation
@@ -170,9 +168,10 @@ def _solved(problem: Problem, solver: str, backend: Backend, time_limit: float, 
     warm = None
     if use_warm_start:
         warm = warm_start_simulation(problem, warm_start, objective, began + HEURISTICS_SHARE * time_limit)
-    bounds = lower_bounds(problem, time.perf_counter() + BOUNDS_SHARE * max(0.0, deadline - time.perf_counter()))
+    bounded = lower_bounds if objective == "makespan" else span_bounds
+    bounds = bounded(problem, time.perf_counter() + BOUNDS_SHARE * max(0.0, deadline - time.perf_counter()))
     call = _Call(problem, solver, objective, began, deadline, warm, bounds,
-                 *objective_bound(problem, bounds, objective))
+                 bounds.best, bounds.binding, bounds.binding_bound.devices)
     if warm is not None and meets(objective_value(warm[1], objective), call.independent_bound):
         # no model is built: the warm start is proven optimal by the bound alone
         simulation = without_needless_mechanisms(problem, warm[1], objective, deadline)
@@ -201,16 +200,6 @@ def _backend(problem: Problem, solver: str, objective: str, time_limit: float, w
     except TypeError as error:
         raise ZboptError(f"solver '{solver}': {error}") from None
     return backend
-
-
-def objective_bound(problem: Problem, bounds: LowerBounds, kind: str) -> tuple[float, str, tuple[int, ...]]:
-    """The independent lower bound on the objective, its name and the devices it binds on: the
-    best makespan bound, or for the span objective the busiest device's own work, "device_work"
-    (the others speak of the makespan only)."""
-    if kind == "makespan":
-        return bounds.best, bounds.binding, bounds.binding_bound.devices
-    work = device_work(pair_relaxed(problem))
-    return max(work), "device_work", (work.index(max(work)),)
 
 
 def search_deadline(call: _Call, backend: Backend) -> float:

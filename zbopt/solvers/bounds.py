@@ -13,7 +13,12 @@ answers are checked against them, and `lower_bounds` gives them all and the best
 - device sequencing: per device, its ops alone on one machine, without preemption, each a
   round trip after the op before it in its microbatch's chain, within the memory limit
   (`sequencing.device_sequencing`, a dynamic program);
-- device relaxation (v >= 2): the same single device solved by CP-SAT (`relaxation`).
+- device relaxation (v >= 2): the same single device solved by CP-SAT (`relaxation`);
+- pair count (with overlapped pairs): per device, its work less what the pairs it can form by the
+  makespan save (`pair_relaxation.pair_count_bound`).
+
+On the span objective (the longest device span) `span_bounds` gives the busiest device's work and
+`span_bound.span_bound`, which reasons from heads and tails relative to a device's first and last op.
 
 With recomputation allowed, the memory bound prices it (a recomputed activation holds less for
 more work, `memory_bounds`, and where a device holds one whole activation at a time,
@@ -21,7 +26,7 @@ more work, `memory_bounds`, and where a device holds one whole activation at a t
 are 0 (a relaxation choosing what to recompute was tried: with 5 s per device CP-SAT proved no
 more than the device's work, p = 4, m = 8, 1.5B costs). They are 0 too with the bidirectional
 placement, where a microbatch visits only some of a device's stages. With overlapped pairs every
-bound is that of `pair_relaxation.pair_relaxed`.
+other bound is that of `pair_relaxation.pair_relaxed` (every op shortened as if it paired).
 
 Notes
 -----
@@ -48,15 +53,18 @@ from zbopt.problem import Problem
 from zbopt.solvers.gap import meets
 from zbopt.solvers.implied import heads_and_tails, implied_graph
 from zbopt.solvers.memory_bounds import activation_lifetimes, memory_bound
-from zbopt.solvers.pair_relaxation import pair_relaxed
+from zbopt.solvers.pair_relaxation import pair_count_bound, pair_relaxed
 from zbopt.solvers.relaxation import device_relaxation
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive, order_value
+from zbopt.solvers.span_bound import span_bound
 
 RELAXATION_MAX_S = 20.0  # the single-device bounds' total time (v >= 2), or less if the deadline says so
 SEQUENCING_SHARE = 0.3  # of it, for the device sequencing dynamic program before the CP-SAT relaxation
 GRAPH_SECONDS_PER_OP = 1e-4  # building the implied graph and its heads and tails (measured: 4 s for 49k ops)
 _UNKNOWN_GAIN = 0.1  # what a device whose reach is infinite (`order_value`) may gain, relative to the best bound
-BOUND_NAMES = ("critical_path", "device_load", "one_machine", "memory", "device_sequencing", "device_relaxation")
+# every bound's name, in the order ties go (the cheaper first); the last two bound the span objective
+BOUND_NAMES = ("critical_path", "device_load", "one_machine", "memory", "pair_count", "device_sequencing",
+               "device_relaxation", "device_work", "span")
 
 
 @dataclass(frozen=True)
@@ -83,9 +91,10 @@ class Bound:
 
 @dataclass(frozen=True)
 class LowerBounds:
-    """Every bound `lower_bounds` computed, in BOUND_NAMES' order, and the best of them. A bound
-    skipped because it could not beat the others (see `device_sequencing`), or not reached before
-    the deadline, is 0; `complete` is False when a deadline cut some short."""
+    """Every bound computed (`lower_bounds` on the makespan, `span_bounds` on the span), and the
+    best of them. A bound skipped because it could not beat the others (see
+    `device_sequencing`), or not reached before the deadline, is 0; `complete` is False when a
+    deadline cut some short."""
 
     bounds: tuple[Bound, ...] = ()
     complete: bool = True
@@ -97,8 +106,8 @@ class LowerBounds:
         return max((bound.value for bound in self.bounds if bound.name == name), default=0.0)
 
     def by_name(self) -> dict[str, float]:
-        """Every bound's value by its name."""
-        return {name: self[name] for name in BOUND_NAMES}
+        """Every computed bound's value by its name."""
+        return {name: self[name] for name in BOUND_NAMES if any(bound.name == name for bound in self.bounds)}
 
     @property
     def binding_bound(self) -> Bound:
@@ -148,6 +157,7 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     proved; in each, only the devices that can still raise the best bound take part, by what they
     can gain (`_share_by_gain`). With overlapped pairs allowed, the bounds of `pair_relaxed(problem)`.
     """
+    paired = _pair_count(problem)
     problem = pair_relaxed(problem)
     began = time.perf_counter()
     if began + problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
@@ -157,12 +167,34 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
     found = _graph_bounds(problem, graph, heads, tails, began)
+    if paired is not None:
+        found = found._replace(bounds=(*found.bounds, paired))
     if problem.mechanisms_matter or problem.bidirectional:  # the single-device bounds assume kept
         # activations in microbatch order, and every microbatch through every stage of the device
         return LowerBounds(found.bounds)
     if problem.chunks_per_device == 1:
         return _sequenced_devices(problem, heads, tails, found, deadline)
     return _single_device_bounds(problem, graph, heads, tails, found, deadline)
+
+
+def _pair_count(problem: Problem) -> Bound | None:
+    """With overlapped pairs, the bound that prices how many pairs a device can form
+    (`pair_relaxation.pair_count_bound`); None without."""
+    if not problem.overlap_times:
+        return None
+    began = time.perf_counter()
+    return Bound("pair_count", pair_count_bound(problem), time.perf_counter() - began)
+
+
+def span_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
+    """Lower bounds on the span objective (the longest device span): the busiest device's own work,
+    and `span_bound.span_bound` within `deadline`, which is at least that."""
+    began = time.perf_counter()
+    work = device_work(pair_relaxed(problem))
+    busiest = Bound("device_work", max(work), time.perf_counter() - began, (work.index(max(work)),))
+    began = time.perf_counter()
+    relative = Bound("span", span_bound(problem, deadline), time.perf_counter() - began)
+    return LowerBounds((busiest, relative), complete=not interrupt.past(deadline))
 
 
 def _graph_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float],

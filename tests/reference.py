@@ -124,11 +124,13 @@ PAPER_PEAKS = {
     "zb-1p": (False, lambda problem: [problem.num_devices * max(problem.activation_memory)] * problem.num_devices),
     "zb-2p": (False, lambda problem: [2 * problem.num_devices * max(problem.activation_memory)] * problem.num_devices),
     "zb-v": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
+    "zb-v-rule": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
     "v-zb": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
     "block-v-zb": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
     "v-min": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 4) // 3))),
     "block-v-min": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 4) // 3))),
     "v-half": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 2) // 2))),
+    "v-half-squeezed": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 2) // 2))),
     "block-v-half": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 2) // 2))),
     "interleaved-1f1b": (False, lambda problem: _per_device(problem, lambda d: min(
         2 * (problem.num_devices - d - 1) + (problem.chunks_per_device - 1) * problem.num_devices + 1,

@@ -44,9 +44,10 @@ def test_looped_bfs_runs_any_number_of_chunks_and_placement(problem):
 # The registered schedules the random problems below cannot reach, and where they are tested instead.
 ELSEWHERE = {"dualpipe": "bidirectional placement (test_dualpipe.py)", "pipeoffload": "offload (test_offload.py)",
              "serial-offload": "offload (test_offload.py)", "full-offload": "offload (test_offload.py)"}
-RANDOMLY_CHECKED = (  # the other 28
+RANDOMLY_CHECKED = (  # the other 31
     "gpipe", "looped-bfs", "1f1b", "eager-1f1b", "1f1b-2bw", "eager-1f1b-2bw", "interleaved-1f1b",
-    "zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p", "zb-v", "v-min", "v-half", "v-zb", "dualpipe-v", "greedy",
+    "zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p", "zb-v", "zb-v-rule", "v-min", "v-half", "v-half-squeezed", "v-zb",
+    "zb-v-auto", "dualpipe-v", "greedy",
     "block-1f1b", "block-zb-h1", "block-interleaved-1f1b", "block-v-min", "block-v-half", "block-v-zb",
     "1f1b-recompute", "interleaved-1f1b-recompute", "mario-1f1b", "serial-recompute",
 )

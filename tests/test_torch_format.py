@@ -193,7 +193,7 @@ def test_a_full_backward_on_a_split_problem_is_b_then_w_and_overlap_runs_f_first
 
 def test_torch_dumps_of_its_built_ins_import_and_simulate(pipelining, tmp_path):
     for cls, problem, zbopt_name in [
-        (pipelining.ScheduleZBVZeroBubble, PROBLEMS[5], "zb-v"),
+        (pipelining.ScheduleZBVZeroBubble, PROBLEMS[5], "zb-v-rule"),
         (pipelining.ScheduleDualPipeV, PROBLEMS[5], "dualpipe-v"),
         (pipelining.ScheduleInterleavedZeroBubble, PROBLEMS[3], None),
         (pipelining.ScheduleInterleaved1F1B, PROBLEMS[2], "interleaved-1f1b"),
@@ -221,7 +221,7 @@ def test_torch_dumps_of_its_built_ins_import_and_simulate(pipelining, tmp_path):
         ("Interleaved1F1B", "eager-1f1b", PROBLEMS[0]),  # one chunk: warm-up 2(p - r - 1)
         ("Interleaved1F1B", "interleaved-1f1b", PROBLEMS[2]),
         ("InterleavedZeroBubble", "zb-h1", PROBLEMS[1]),
-        ("ZBVZeroBubble", "zb-v", PROBLEMS[5]),
+        ("ZBVZeroBubble", "zb-v-rule", PROBLEMS[5]),
         ("DualPipeV", "dualpipe-v", PROBLEMS[5]),
         ("dualpipev", "dualpipe-v", PROBLEMS[5].replace(num_microbatches=12)),
     ],

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import bisect
 
-from zbopt.kinds import BACKWARD, COPY_KINDS, FUSED_BACKWARD, WEIGHT
+from zbopt.kinds import BACKWARD, COPY_KINDS, FORWARD, FUSED_BACKWARD, WEIGHT
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
+from zbopt.schedules.registry import require
 
 
 def backward_ops(problem: Problem, stage: int, microbatch: int) -> list[Op]:
@@ -63,3 +64,29 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str, t
         orders.append(order + ops[placed:])
     times = [[starts[op] for op in order] for order in orders] if timed else None
     return Schedule(orders, times, name=name, pairs=pairs)
+
+
+def require_v_shape(problem: Problem, name: str) -> None:
+    """NotApplicableError unless the problem is what every V-shape schedule and block is written
+    for: V placement, two chunks per device."""
+    require(problem.placement == "v" and problem.chunks_per_device == 2, name,
+            "placement v and chunks_per_device = 2")
+
+
+def passes_to_schedule(problem: Problem, orders: list[list[tuple[str, int, int]]]) -> Schedule:
+    """V placement, two chunks per device: per-device passes (kind, device-local chunk, microbatch)
+    of one iteration -> Ops of every iteration (microbatch ids k·m + j). With a
+    fused backward, each B becomes BW and the W's are dropped: memory only falls earlier."""
+    iteration_orders = []
+    for device, passes in enumerate(orders):
+        order = []
+        for kind, chunk, microbatch in passes:
+            stage = problem.stages_of_device[device][chunk]
+            if kind == FORWARD:
+                order.append(Op(FORWARD, stage, microbatch))
+            elif kind == BACKWARD:
+                order.append(input_gradient(problem, stage, microbatch))
+            elif problem.split_backward:
+                order.append(Op(WEIGHT, stage, microbatch))
+        iteration_orders.append(order)
+    return repeat_per_iteration(problem, iteration_orders)

@@ -203,3 +203,13 @@ def controllable_memory_passes(block: PassSlots, m: int, cap: int) -> list[list[
     _reorder_outside_stable_phase(plan, cap, range(first_backward, last_forward + 1))
     plan = _reorder_cool_down(plan, cap, last_forward + 1)
     return [[by_slot[slot] for slot in sorted(by_slot)] for by_slot in plan.slots]
+
+
+def v_min_peak(p: int) -> int:
+    """V-Min's peak in chunk activations: 2·floor((p+4)/3), about 1/3 of 1F1B's 2p."""
+    return 2 * ((p + 4) // 3)
+
+
+def v_half_peak(p: int) -> int:
+    """V-Half's peak in chunk activations: 2·floor((p+2)/2), about 1/2 of 1F1B's 2p."""
+    return 2 * ((p + 2) // 2)

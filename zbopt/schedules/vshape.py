@@ -1,14 +1,19 @@
-"""V-shape schedules: two chunks per device in V placement, a split backward filling the bubbles.
+"""V-shape schedules after zbopt's reading of the papers: two chunks per device in V placement.
 
 Device d holds virtual stage d (its *chunk 0*) and stage 2p-1-d (its *chunk 1*), so a microbatch's
 forward goes down the devices on chunk 0 and back up on chunk 1, and its backward the other way: a
 device's chunk c is `problem.stages_of_device[d][c]`, read off the one placement map.
 
-- `zb-v`: ZB-V, "Zero Bubble Pipeline Parallelism" (Qi et al., ICLR 2024), section 6 and Figure 8.
-- `v-min`, `v-half`, `v-zb`: "Pipeline Parallelism with Controllable Memory" (Qi et al., NeurIPS
-  2024): one microbatch's passes laid out as a *building block*, repeated every T = 6 slots,
-  squeezed, and reordered in the warm-up and cool-down without raising the peak memory
-  (`zbopt.schedules.slot_model`).
+- `zb-v-rule`: ZB-V as a fixed rule after Figure 8 of "Zero Bubble Pipeline Parallelism" (Qi et
+  al., ICLR 2024), section 6 (torch's ZBVZeroBubble builds the same order). `zb-v` is the authors'
+  cost-aware greedy (`zbopt.schedules.vshape_greedy`); the rule is kept because on some problems
+  it is the shorter of the two (p = 4 at the 1.5B model's costs, benchmarks/bench_authors.py).
+- `v-min`, `v-half-squeezed`: "Pipeline Parallelism with Controllable Memory" (Qi et al.,
+  NeurIPS 2024): one microbatch's passes laid out as a *building block*, repeated every T = 6
+  slots, squeezed, and reordered in the warm-up and cool-down without raising the peak memory
+  (`zbopt.schedules.slot_model`, zbopt's reading). `v-half` is the authors' own reordering
+  (`zbopt.schedules.vshape_reorder`); zbopt's reading is kept as `v-half-squeezed`, shorter on
+  most problems with equal costs per stage, the authors' on some with unequal ones.
 
 Peak memory is stated in *chunk activations*: one microbatch's activation on one virtual stage
 (zbopt's memory unit when activation_memory = 1). 1F1B holds p full stages, i.e. 2p of them.
@@ -16,46 +21,23 @@ Peak memory is stated in *chunk activations*: one microbatch's activation on one
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
-from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.common import input_gradient, repeat_per_iteration
-from zbopt.schedules.registry import register, require
-from zbopt.schedules.slot_model import Pass, PassSlots, controllable_memory_passes, v_half_block, v_min_block
+from zbopt.schedules.common import passes_to_schedule, require_v_shape
+from zbopt.schedules.registry import register
+from zbopt.schedules.slot_model import (
+    Pass,
+    PassSlots,
+    controllable_memory_passes,
+    v_half_block,
+    v_half_peak,
+    v_min_block,
+    v_min_peak,
+)
+from zbopt.schedules.vshape_greedy import block_memory, chunk_activations
 
-
-def require_v_shape(problem: Problem, name: str) -> None:
-    """NotApplicableError unless the problem is what every V-shape schedule and block is written
-    for: V placement, two chunks per device."""
-    require(problem.placement == "v" and problem.chunks_per_device == 2, name,
-            "placement v and chunks_per_device = 2")
-
-
-def _to_schedule(problem: Problem, orders: list[list[Pass]]) -> Schedule:
-    """Per-device passes of one iteration -> Ops of every iteration (microbatch ids k·m + j). With a
-    fused backward, each B becomes BW and the W's are dropped: memory only falls earlier."""
-    iteration_orders = []
-    for device, passes in enumerate(orders):
-        order = []
-        for kind, chunk, microbatch in passes:
-            stage = problem.stages_of_device[device][chunk]
-            if kind == FORWARD:
-                order.append(Op(FORWARD, stage, microbatch))
-            elif kind == BACKWARD:
-                order.append(input_gradient(problem, stage, microbatch))
-            elif problem.split_backward:
-                order.append(Op(WEIGHT, stage, microbatch))
-        iteration_orders.append(order)
-    return repeat_per_iteration(problem, iteration_orders)
-
-
-def _chunk_activations(problem: Problem, device: int) -> tuple[float, float]:
-    """activation_memory of the device's chunk 0 and chunk 1."""
-    first, second = problem.stages_of_device[device]
-    return problem.activation_memory[first], problem.activation_memory[second]
+__all__ = ["require_v_shape", "v_half_peak", "v_min_peak"]
 
 
 # --------------------------------------------------------------------------------------- ZB-V
@@ -103,16 +85,17 @@ def _zero_bubble_v_memory(problem: Problem) -> list[float]:
     p, m = problem.num_devices, problem.num_microbatches
     bounds = []
     for device in range(p):
-        first, second = _chunk_activations(problem, device)
+        first, second = chunk_activations(problem, device)
         bounds.append(max(min(m, 2 * p - device) * first + min(m, device) * second,
                           min(m, 2 * p - device - 1) * first + min(m, device + 1) * second))
     return bounds
 
 
-@register("zb-v", "ZB-V (Qi et al., ICLR 2024, sec. 6): V placement, 1F1B's peak memory, zero bubble when F = B = W",
-          _zero_bubble_v_memory)
-def zero_bubble_v(problem: Problem) -> Schedule:
-    """ZB-V, "Zero Bubble Pipeline Parallelism" (Qi et al., ICLR 2024), section 6, Figure 8.
+@register("zb-v-rule", "ZB-V as a fixed rule (Qi et al., ICLR 2024, Fig. 8; torch's ZBVZeroBubble): zero bubble "
+          "when F = B = W", _zero_bubble_v_memory, after="zb-v")
+def zero_bubble_v_rule(problem: Problem) -> Schedule:
+    """ZB-V as a fixed rule after "Zero Bubble Pipeline Parallelism" (Qi et al., ICLR 2024),
+    section 6, Figure 8 (torch's ScheduleZBVZeroBubble runs the same order).
 
     Device d (chunk 0 = stage d, chunk 1 = stage 2p-1-d) runs
       warm-up:   2(p-d)-1 chunk-0 F; d times (chunk-1 F, chunk-0 F); p-d times (F1, B1, W1);
@@ -122,42 +105,21 @@ def zero_bubble_v(problem: Problem) -> Schedule:
     (zero bubble, for m >= 2p-1) while holding at most 2p chunk activations, 1F1B's memory.
     A fused backward runs the same order with BW in B's place. Needs placement v and v = 2.
     """
-    require_v_shape(problem, "zb-v")
+    require_v_shape(problem, "zb-v-rule")
     p, m = problem.num_devices, problem.num_microbatches
-    return _to_schedule(problem, [_zero_bubble_v_passes(p, device, m) for device in range(p)])
+    return passes_to_schedule(problem, [_zero_bubble_v_passes(p, device, m) for device in range(p)])
 
 
 # ------------------------------------ controllable-memory schedules (blocks and framework: slot_model)
 
 
-def v_min_peak(p: int) -> int:
-    """V-Min's peak in chunk activations: 2·floor((p+4)/3), about 1/3 of 1F1B's 2p."""
-    return 2 * ((p + 4) // 3)
-
-
-def v_half_peak(p: int) -> int:
-    """V-Half's peak in chunk activations: 2·floor((p+2)/2), about 1/2 of 1F1B's 2p."""
-    return 2 * ((p + 2) // 2)
-
-
-def _block_memory(peak: Callable[[int], int]) -> Callable[[Problem], list[float]]:
-    """Peak bound of a building-block schedule: at most min(peak(p), 2m) chunk activations per
-    device, each at most the larger activation_memory of its two chunks."""
-
-    def bound(problem: Problem) -> list[float]:
-        count = min(peak(problem.num_devices), 2 * problem.num_microbatches)
-        return [count * max(_chunk_activations(problem, device)) for device in range(problem.num_devices)]
-
-    return bound
-
-
 def _controllable_memory_schedule(problem: Problem, name: str, block: PassSlots, peak: int) -> Schedule:
     require_v_shape(problem, name)
-    return _to_schedule(problem, controllable_memory_passes(block, problem.num_microbatches, peak))
+    return passes_to_schedule(problem, controllable_memory_passes(block, problem.num_microbatches, peak))
 
 
 @register("v-min", "V-Min (Qi et al., NeurIPS 2024): V-shape building block, about 1/3 of 1F1B's activation memory",
-          _block_memory(v_min_peak))
+          block_memory(v_min_peak), after="zb-v-rule")
 def v_min(problem: Problem) -> Schedule:
     """V-Min, "Pipeline Parallelism with Controllable Memory" (Qi et al., NeurIPS 2024).
 
@@ -175,10 +137,12 @@ def v_min(problem: Problem) -> Schedule:
                                          v_min_peak(problem.num_devices))
 
 
-@register("v-half", "V-Half (Qi et al., NeurIPS 2024): V-shape building block, about 1/2 of 1F1B's activation memory",
-          _block_memory(v_half_peak))
-def v_half(problem: Problem) -> Schedule:
-    """V-Half, "Pipeline Parallelism with Controllable Memory" (Qi et al., NeurIPS 2024).
+@register("v-half-squeezed", "V-Half's block squeezed, then reordered (zbopt's reading of Qi et al., NeurIPS 2024)",
+          block_memory(v_half_peak), after="v-half")
+def v_half_squeezed(problem: Problem) -> Schedule:
+    """V-Half, "Pipeline Parallelism with Controllable Memory" (Qi et al., NeurIPS 2024), in
+    zbopt's reading of its framework (`slot_model`: the repeated block squeezed first, its W's
+    oldest first); `v-half` is the authors' own reordering of the same block.
 
     Building block (device d, slots; W's take the two free slots of each period of 6):
       chunk-0 F at 2d, chunk-1 F at 3p-2-d, chunk-1 B at 3p-1+g+2d, chunk-0 B at 6p-2+g-d,
@@ -188,20 +152,5 @@ def v_half(problem: Problem) -> Schedule:
     1F1B's (the authors' table: (p+2)//2 microbatches); bubble 6p-1-3·peak slots, about 3p,
     rate ~p/(2m). Block from the authors' repository (zbv_greedy.py). Needs placement v, v = 2.
     """
-    return _controllable_memory_schedule(problem, "v-half", v_half_block(problem.num_devices),
+    return _controllable_memory_schedule(problem, "v-half-squeezed", v_half_block(problem.num_devices),
                                          v_half_peak(problem.num_devices))
-
-
-@register("v-zb", "V-ZB (Qi et al., NeurIPS 2024): the V-shape block with 1F1B's memory and zero bubble, run as ZB-V",
-          _zero_bubble_v_memory)
-def v_zb(problem: Problem) -> Schedule:
-    """V-ZB, "Pipeline Parallelism with Controllable Memory" (Qi et al., NeurIPS 2024): the V-shape
-    building block with 1F1B's memory (2p chunk activations) and no bubble when F = B = W.
-
-    Its block is ZB-V's stable phase: chunk-0 F and chunk-1 B advance 4 slots per device, chunk-1
-    F and chunk-0 B 2 slots, repeated every T = 6 slots; its lifespans add up to 12p-4 slots, 2p
-    activations. Repeated with ZB-V's warm-up and cool-down it is ZB-V, which is also how the
-    authors' repository runs this memory setting ('zb'), so v-zb returns ZB-V's orders.
-    """
-    require_v_shape(problem, "v-zb")
-    return zero_bubble_v(problem)

@@ -1,0 +1,151 @@
+"""V-Half and V-Min as their authors generate them: a building block repeated, then reordered.
+
+"Pipeline Parallelism with Controllable Memory" (Qi et al., NeurIPS 2024), section 4, and the
+authors' repository (sail-sg/zero-bubble-pipeline-parallelism, `zerobubble/scheduler/zbv_greedy.py`):
+in the slot model (every pass one slot, memory counted in chunk activations, F +1, W -1) the block
+is repeated every 6 slots and its W's put in the free slots, oldest B first; the peak of the
+worst device is the memory the schedule keeps. Then, in slot order, each warm-up and cool-down
+pass moves to the earliest free slot after its inputs where its device stays within that peak
+(the stable phase, from device 0's first chunk-0 B to the first F of the last microbatch, stays);
+the plan is squeezed (every pass as early as its inputs and device allow); the cool-down is
+reordered once more without its W's (W's counted as run in the free slots); squeezed again, and
+the W's refilled, a chunk-1 B's W before a chunk-0 B's. This module is zbopt's own account of that
+algorithm; `zbopt.schedules.slot_model` keeps zbopt's earlier reading of the same framework.
+"""
+
+from __future__ import annotations
+
+from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
+from zbopt.schedules.slot_model import PERIOD, Pass, PassSlots
+
+# A device's passes in slot order break ties in this order (one device never holds two per slot);
+# W's are anonymous until the last step: (W, -1, k) is the device's k-th W, after its k-th B.
+_RANK = {(FORWARD, 0): 0, (FORWARD, 1): 1, (BACKWARD, 1): 2, (BACKWARD, 0): 3, (WEIGHT, -1): 4,
+         (WEIGHT, 1): 4, (WEIGHT, 0): 5}
+_BEFORE = {(FORWARD, 1): (FORWARD, 0), (BACKWARD, 1): (FORWARD, 1), (BACKWARD, 0): (BACKWARD, 1)}
+
+Plan = list[dict[Pass, int]]  # per device, pass -> slot
+
+
+def _add_weights(slots: dict[Pass, int], split: bool = False) -> dict[Pass, int]:
+    """The device's passes with a W in each free slot while a B's W is due (after the last pass,
+    the rest in a row). Anonymous W's go oldest first; `split`, each is its chunk's next W, a
+    chunk-1 B's W before a chunk-0 B's."""
+    by_slot = {slot: step for step, slot in slots.items()}
+    last = max(by_slot, default=-1)
+    due = {0: 0, 1: 0, -1: 0}
+    made = {0: 0, 1: 0, -1: 0}
+    filled = dict(slots)
+
+    def place(slot: int) -> bool:
+        for chunk in ((1, 0) if split else (-1,)):
+            if due[chunk]:
+                filled[WEIGHT, chunk, made[chunk]] = slot
+                due[chunk] -= 1
+                made[chunk] += 1
+                return True
+        return False
+
+    for slot in range(last + 1):
+        step = by_slot.get(slot)
+        if step is None:
+            place(slot)
+        elif step[0] == BACKWARD:
+            due[step[1] if split else -1] += 1
+    while place(last := last + 1):
+        pass
+    return filled
+
+
+def _levels(slots: dict[Pass, int], weights_placed: bool) -> list[int]:
+    """Activations held after each slot: F +1, W -1; without W's placed, one W runs in each free
+    slot while one is due."""
+    by_slot = {slot: step for step, slot in slots.items()}
+    held, due, levels = 0, 0, []
+    for slot in range(max(by_slot, default=-1) + 1):
+        step = by_slot.get(slot)
+        if step is None:
+            if due and not weights_placed:
+                held, due = held - 1, due - 1
+        elif step[0] == FORWARD:
+            held += 1
+        elif step[0] == WEIGHT:
+            held -= 1
+        else:
+            due += 1
+        levels.append(held)
+    return levels
+
+
+def _inputs(plan: Plan, device: int, step: Pass) -> list[int]:
+    """Slots of the passes `step` must follow: its input on the neighbouring device (F0 and B1
+    from the device above, F1 and B0 from the one below), the pass before it on this device, the
+    same lane's previous microbatch; a W follows the device's B of the same rank."""
+    kind, chunk, microbatch = step
+    own = plan[device]
+    found = [own[kind, chunk, microbatch - 1]] if microbatch else []
+    if kind == WEIGHT:
+        return [*found, sorted(slot for other, slot in own.items() if other[0] == BACKWARD)[microbatch]]
+    neighbour = device - 1 if (kind == FORWARD) == (chunk == 0) else device + 1
+    if 0 <= neighbour < len(plan):
+        found.append(plan[neighbour][step])
+    if (kind, chunk) in _BEFORE:
+        found.append(own[(*_BEFORE[kind, chunk], microbatch)])
+    return found
+
+
+def _in_slot_order(plan: Plan) -> list[tuple[int, int, Pass]]:
+    return sorted(((slot, device, step) for device, own in enumerate(plan) for step, slot in own.items()),
+                  key=lambda item: (item[0], item[1], _RANK[item[2][:2]], item[2][2]))
+
+
+def _reorder(plan: Plan, m: int, weights_placed: bool) -> None:
+    """Move each pass outside the stable phase (only the cool-down's when the W's are not placed),
+    in slot order, to the earliest free slot after its inputs where its device stays within the
+    worst device's peak."""
+    peak = max(max(_levels(own, weights_placed), default=0) for own in plan)
+    taken: list[set[int]] = [set() for _ in plan]
+    phase = 0  # 0 warm-up, 1 stable, 2 cool-down
+    for slot, device, step in _in_slot_order(plan):
+        if phase == 0 and device == 0 and step[:2] == (BACKWARD, 0):
+            phase = 1
+        if phase == 1 or (phase == 0 and not weights_placed):
+            phase += phase == 1 and step[:2] == (FORWARD, 0) and step[2] == m - 1
+            taken[device].add(slot)
+            continue
+        own = plan[device]
+        for earlier in range(max(_inputs(plan, device, step), default=-1) + 1, slot):
+            if earlier in taken[device]:
+                continue
+            own[step] = earlier
+            if max(_levels(own, weights_placed)) <= peak:
+                break
+            own[step] = slot
+        taken[device].add(own[step])
+
+
+def _squeeze(plan: Plan) -> Plan:
+    """Every pass, in slot order, in the first slot after its inputs and its device's last pass
+    (a W after the device's last pass only)."""
+    squeezed: Plan = [{} for _ in plan]
+    free = [0] * len(plan)
+    for _, device, step in _in_slot_order(plan):
+        inputs = [] if step[0] == WEIGHT else _inputs(squeezed, device, step)
+        squeezed[device][step] = free[device] = max([free[device], *(slot + 1 for slot in inputs)])
+        free[device] += 1
+    return squeezed
+
+
+def _without_weights(plan: Plan) -> Plan:
+    return [{step: slot for step, slot in own.items() if step[0] != WEIGHT} for own in plan]
+
+
+def reordered_passes(block: PassSlots, m: int) -> list[list[Pass]]:
+    """The authors' order for `block` repeated for m microbatches: per device, its passes."""
+    plan: Plan = [_add_weights({(kind, chunk, j): slot + PERIOD * j for (kind, chunk), slot in own.items()
+                                for j in range(m)}) for own in block]
+    _reorder(plan, m, weights_placed=True)
+    plan = _without_weights(_squeeze(plan))
+    _reorder(plan, m, weights_placed=False)
+    plan = _without_weights(_squeeze([_add_weights(own) for own in plan]))
+    return [sorted(steps, key=steps.get) for steps in (_add_weights(own, split=True) for own in plan)]

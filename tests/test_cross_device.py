@@ -9,7 +9,7 @@ from tests.reference import brute_force_optimum
 from zbopt import Op, Problem, solve
 from zbopt.solvers import api
 from zbopt.solvers.bounds import LowerBounds, lower_bounds
-from zbopt.solvers.cross_device import cross_device_bound, device_groups
+from zbopt.solvers.cross_device import cross_device_bound, device_groups, group_relaxation
 from zbopt.solvers.implied import heads_and_tails, implied_graph
 from zbopt.solvers.overlap_pairs import as_paired
 from zbopt.solvers.sequencing import chain_lags
@@ -53,6 +53,9 @@ def test_two_devices_see_the_wait_that_one_device_cannot():
     assert max(bounds_by_group(problem, 1).values()) == 13
     assert bounds_by_group(problem, 2) == {(0, 1): 14}
     assert brute_force_optimum(problem) == 14
+    graph = implied_graph(problem)
+    # started from the single-device bound, as the lead's bounds will: it proves 14 and finds it
+    assert group_relaxation(problem, (0, 1), graph, *heads_and_tails(graph), 10, floor=13) == (14, 14)
 
 
 @pytest.mark.parametrize("m", [1, 3])
@@ -65,25 +68,33 @@ def test_one_device_is_the_single_device_relaxation(m):
     assert bounds_by_group(problem, 1)[(0,)] == pytest.approx((9 + 2 * c) * m + 3 + 2 * c)
 
 
-def random_problem(seed: int) -> Problem:
-    """p = 2 or 3, v = 1 or 2, loop or V, split or fused, unequal whole costs, latency 0 or 0.5,
-    memory at the floor or above it."""
+def random_problem(seed: int, family: str) -> Problem:
+    """Unequal whole costs, latency 0 or 0.5, memory at the floor or above it. "chunks": p = 2 or
+    3, v = 1 or 2, loop or V, split or fused; "mechanisms": p = 2, recomputation or offload;
+    "both ways": the bidirectional placement, p = 2, with FB pairs, FBW pairs or none by the seed."""
     rng = random.Random(seed)
-    p, v = rng.choice([2, 3]), rng.choice([1, 2])
+    p, v, placement = rng.choice([2, 3]), rng.choice([1, 2]), rng.choice(["loop", "v"])
+    if family != "chunks":
+        p, v, placement = 2, (2 if family == "both ways" else 1), ("bidirectional" if family == "both ways" else "loop")
     stages = p * v
-    parameters = dict(num_devices=p, num_microbatches=rng.choice([2, 3]), chunks_per_device=v,
-                      placement=rng.choice(["loop", "v"]), p2p_time=rng.choice([0, 0.5]),
-                      forward_times=[rng.choice([1, 2]) for _ in range(stages)],
+    parameters = dict(num_devices=p, num_microbatches=rng.choice([2, 3]), chunks_per_device=v, placement=placement,
+                      p2p_time=rng.choice([0, 0.5]), forward_times=[rng.choice([1, 2]) for _ in range(stages)],
                       backward_times=[rng.choice([1, 2, 3]) for _ in range(stages)])
-    if rng.random() < 0.5:
-        parameters.update(weight_times=[rng.choice([1, 2]) for _ in range(stages)], weight_memory=0.3)
+    if family != "chunks" or rng.random() < 0.5:
+        parameters.update(weight_times=[rng.choice([1, 2]) for _ in range(stages)], weight_memory=0.5)
+    if family == "mechanisms":
+        parameters.update(rng.choice([dict(allow_recompute=True, checkpoint_memory=0.25),
+                                      dict(allow_offload=True, offload_times=rng.choice([0.5, 1]))]))
+    if family == "both ways" and seed % 3:
+        parameters["overlap_times"] = {"FB": 2.5} if seed % 3 == 1 else {"FBW": 3.5}
     problem = Problem(**parameters)
     return problem.replace(memory_limit=[need + rng.choice([0, 0, 0.5, 1]) for need in problem.min_memory_limit])
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_no_group_bound_exceeds_the_optimum(seed):
-    problem = random_problem(seed)
+@pytest.mark.parametrize(("family", "seed"), [("chunks", seed) for seed in range(6)]
+                         + [("mechanisms", seed) for seed in range(3)] + [("both ways", seed) for seed in range(4)])
+def test_no_group_bound_exceeds_the_optimum(family, seed):
+    problem = random_problem(seed, family)
     best = optimum(problem)
     for k in range(1, problem.num_devices + 1):
         for group, bound in bounds_by_group(problem, k).items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import math
 import operator
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 from zbopt import interrupt
@@ -57,14 +58,19 @@ def jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
     return float(best)
 
 
-def chain_lags(problem: Problem, device: int) -> list[tuple[Op, Op, float]]:
+def chain_lags(problem: Problem, devices: int | Collection[int],
+               durations: Sequence[float] | None = None) -> list[tuple[Op, Op, float]]:
     """(earlier op, later op, least time between the end of one and the start of the other) for
-    consecutive ops of `device` in each microbatch's dependency chain: the durations and latencies
-    of the ops between them, which run on other devices."""
+    consecutive ops of `devices` (one device, or a group) in each microbatch's dependency chain:
+    the durations and latencies of the ops between them, which run on other devices.
+    `durations` (per op, in `op_table` order) replaces the ops' own costs, e.g. by the least an
+    op can take in an overlapped pair."""
+    group = {devices} if isinstance(devices, int) else set(devices)
     table = op_table(problem)
+    duration = table.duration if durations is None else durations
     lags = []
     for index in range(table.size):
-        if table.device[index] != device:
+        if table.device[index] not in group:
             continue
         gap, current = 0.0, index
         while True:
@@ -72,12 +78,13 @@ def chain_lags(problem: Problem, device: int) -> list[tuple[Op, Op, float]]:
             source = table.predecessor[current]
             if source < 0:
                 break
-            if table.device[source] == device:
+            if table.device[source] in group:
                 lags.append((table.op(source), table.op(index), gap))
                 break
-            gap += table.duration[source]
+            gap += duration[source]
             current = source
     return lags
+
 
 def _chain(problem: Problem, device: int) -> list[tuple[str, int, float]]:
     """(kind, stage, lag) of the device's ops in one microbatch's dependency chain, in chain order

@@ -15,9 +15,9 @@ from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, g
 from zbopt.schedules import applicable, registered
 from zbopt.solvers import api
 from zbopt.solvers.bounds import BOUND_NAMES, LowerBounds, lower_bounds
+from zbopt.solvers.cross_device import cross_device_bound
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions, memory_precedences
 from zbopt.solvers.memory_bounds import activation_lifetimes, whole_activations_bound
-from zbopt.solvers.relaxation import device_relaxation
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive, order_value
 
 
@@ -322,7 +322,7 @@ def test_a_devices_reach_is_never_below_its_single_device_bounds(problem, extra_
     for device in range(problem.num_devices):
         reach = order_value(problem, device, heads, tails)
         assert device_sequencing(problem, device, heads, tails) <= reach + 1e-9, device
-        assert device_relaxation(problem, device, graph, heads, tails, 5.0) <= reach + 1e-9, device
+        assert cross_device_bound(problem, (device,), graph, heads, tails, 5.0) <= reach + 1e-9, device
 
 
 def test_every_bound_is_listed_with_its_time_and_the_device_it_binds_on():

@@ -13,7 +13,12 @@ answers are checked against them, and `lower_bounds` gives them all and the best
 - device sequencing: per device, its ops alone on one machine, without preemption, each a
   round trip after the op before it in its microbatch's chain, within the memory limit
   (`sequencing.device_sequencing`, a dynamic program);
-- device relaxation (v >= 2): the same single device solved by CP-SAT (`relaxation`);
+- device relaxation: one device's ops alone with everything the device sees (heads and tails,
+  the round trips, memory, recompute and offload choices), solved by CP-SAT (`cross_device` with
+  one device; v >= 2, or with recomputation, offload or the bidirectional placement);
+- cross device: the same for two devices that a microbatch's route links, with the exact
+  dependencies between them (`cross_device`): the one bound here that sees a device wait for its
+  busy neighbour;
 - pair count (with overlapped pairs): per device, its work less what the pairs it can form by the
   makespan save (`pair_relaxation.pair_count_bound`).
 
@@ -22,11 +27,11 @@ On the span objective (the longest device span) `span_bounds` gives the busiest 
 
 With recomputation allowed, the memory bound prices it (a recomputed activation holds less for
 more work, `memory_bounds`, and where a device holds one whole activation at a time,
-`whole_activations_bound`), and the two single-device bounds, which assume every activation kept,
-are 0 (a relaxation choosing what to recompute was tried: with 5 s per device CP-SAT proved no
-more than the device's work, p = 4, m = 8, 1.5B costs). They are 0 too with the bidirectional
-placement, where a microbatch visits only some of a device's stages. With overlapped pairs every
-other bound is that of `pair_relaxation.pair_relaxed` (every op shortened as if it paired).
+`whole_activations_bound`), and so do the CP-SAT relaxations (each activation kept, recomputed or
+offloaded at its cheapest footprint); the device sequencing bound, which assumes every activation
+kept and every microbatch through every stage of the device, is 0 then and with the bidirectional
+placement. With overlapped pairs every other bound is that of `pair_relaxation.pair_relaxed`
+(every op shortened as if it paired).
 
 Notes
 -----
@@ -50,21 +55,22 @@ import networkx as nx
 from zbopt import interrupt
 from zbopt.ops import Op, critical_path, device_work
 from zbopt.problem import Problem
+from zbopt.solvers.cross_device import cross_device_bound, device_groups
 from zbopt.solvers.gap import meets
 from zbopt.solvers.implied import heads_and_tails, implied_graph
 from zbopt.solvers.memory_bounds import activation_lifetimes, memory_bound
 from zbopt.solvers.pair_relaxation import pair_count_bound, pair_relaxed
-from zbopt.solvers.relaxation import device_relaxation
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive, order_value
 from zbopt.solvers.span_bound import span_bound
 
-RELAXATION_MAX_S = 20.0  # the single-device bounds' total time (v >= 2), or less if the deadline says so
-SEQUENCING_SHARE = 0.3  # of it, for the device sequencing dynamic program before the CP-SAT relaxation
+RELAXATION_MAX_S = 20.0  # the device bounds' total time (v >= 2 or mechanisms), or less if the deadline says so
+SEQUENCING_SHARE = 0.3  # of it, for the device sequencing dynamic program before the CP-SAT relaxations
+CROSS_SHARE = 0.2  # of it, for the two-device relaxation last (it proves more on small problems only)
 GRAPH_SECONDS_PER_OP = 1e-4  # building the implied graph and its heads and tails (measured: 4 s for 49k ops)
 _UNKNOWN_GAIN = 0.1  # what a device whose reach is infinite (`order_value`) may gain, relative to the best bound
 # every bound's name, in the order ties go (the cheaper first); the last two bound the span objective
 BOUND_NAMES = ("critical_path", "device_load", "one_machine", "memory", "pair_count", "device_sequencing",
-               "device_relaxation", "device_work", "span")
+               "device_relaxation", "cross_device", "device_work", "span")
 
 
 @dataclass(frozen=True)
@@ -148,14 +154,15 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     The bounds on the op graph cost about GRAPH_SECONDS_PER_OP per op (networkx; the time of the
     graph and its heads and tails counts as the critical path's); when that does not fit before
     the deadline only the two that need no graph are computed (the longest microbatch's critical
-    path, the busiest device's work) and `complete` is False. With recomputation allowed, or the
-    bidirectional placement, the single-device bounds are 0 (see the module docstring). With one
-    stage per device the device sequencing bound stops at the deadline, device by device (0 where
-    it did not finish). With more, the single-device bounds share the time left before the
-    deadline, at most RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it), then
-    the CP-SAT relaxations (`relaxation.device_relaxation`), each reporting the bound CP-SAT
-    proved; in each, only the devices that can still raise the best bound take part, by what they
-    can gain (`_share_by_gain`). With overlapped pairs allowed, the bounds of `pair_relaxed(problem)`.
+    path, the busiest device's work) and `complete` is False. With one stage per device, every
+    activation kept and one route, the device sequencing bound stops at the deadline, device by
+    device (0 where it did not finish). Otherwise the device bounds share the time left before the
+    deadline, at most RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it, where
+    it applies), then the CP-SAT relaxation of each device alone, then of two linked devices
+    (CROSS_SHARE), each started from the best bound so far and reporting the bound CP-SAT proved;
+    the single-device phases give their time only to the devices that can still raise the best
+    bound, by what they can gain (`_share_by_gain`). With overlapped pairs allowed, the bounds of
+    `pair_relaxed(problem)` and the pair count.
     """
     paired = _pair_count(problem)
     problem = pair_relaxed(problem)
@@ -169,12 +176,9 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     found = _graph_bounds(problem, graph, heads, tails, began)
     if paired is not None:
         found = found._replace(bounds=(*found.bounds, paired))
-    if problem.mechanisms_matter or problem.bidirectional:  # the single-device bounds assume kept
-        # activations in microbatch order, and every microbatch through every stage of the device
-        return LowerBounds(found.bounds)
-    if problem.chunks_per_device == 1:
+    if problem.chunks_per_device == 1 and not (problem.mechanisms_matter or problem.bidirectional):
         return _sequenced_devices(problem, heads, tails, found, deadline)
-    return _single_device_bounds(problem, graph, heads, tails, found, deadline)
+    return _device_relaxations(problem, graph, heads, tails, found, deadline)
 
 
 def _pair_count(problem: Problem) -> Bound | None:
@@ -240,26 +244,51 @@ def _sequenced_devices(problem: Problem, heads: dict[Op, float], tails: dict[Op,
     return LowerBounds((*found.bounds, bound), complete)
 
 
-def _single_device_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float],
-                          found: _GraphBounds, deadline: float) -> LowerBounds:
-    """With several stages per device: the device sequencing, then the CP-SAT relaxation, sharing the
-    time left (at most RELAXATION_MAX_S; see `lower_bounds`)."""
+def _device_relaxations(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float],
+                        found: _GraphBounds, deadline: float) -> LowerBounds:
+    """The device sequencing (SEQUENCING_SHARE of the time; only where every activation is kept and
+    every microbatch visits every stage of a device), the CP-SAT relaxation of each device alone,
+    then that of two linked devices (CROSS_SHARE), sharing the time left (at most RELAXATION_MAX_S;
+    see `lower_bounds`)."""
     until = min(time.perf_counter() + RELAXATION_MAX_S, deadline)
-    # what a device's single-device bounds can reach at most: one order of its ops (`order_value`)
-    reach = [order_value(problem, device, heads, tails) for device in range(problem.num_devices)]
+    plain = not (problem.mechanisms_matter or problem.bidirectional)
+    # what a device's single-device bounds can reach at most: one order of its ops (`order_value`),
+    # where its dynamic program applies; else unknown
+    reach = [order_value(problem, device, heads, tails) if plain else math.inf for device in range(problem.num_devices)]
     bounds = list(found.bounds)
     complete = True
-    phases = (("device_sequencing", SEQUENCING_SHARE,
+
+    def relaxed(devices: tuple[int, ...], best: float, seconds: float) -> float:
+        return cross_device_bound(problem, devices, graph, heads, tails, seconds, floor=best)
+
+    phases = [("device_sequencing", SEQUENCING_SHARE,
                lambda device, best, seconds: device_sequencing(problem, device, heads, tails, best,
-                                                               time.perf_counter() + seconds)),
-              ("device_relaxation", 1.0,
-               lambda device, _best, seconds: device_relaxation(problem, device, graph, heads, tails, seconds)))
+                                                               time.perf_counter() + seconds))] if plain else []
+    phases.append(("device_relaxation", 1.0 - CROSS_SHARE / (1.0 - (SEQUENCING_SHARE if plain else 0.0)),
+                   lambda device, best, seconds: relaxed((device,), best, seconds)))
     for name, share, method in phases:
         ends = time.perf_counter() + share * (until - time.perf_counter())
         bound, finished = _share_by_gain(name, reach, max(bound.value for bound in bounds), ends, method)
         bounds.append(bound)
         complete = complete and finished
+    bounds.append(_linked_devices(problem, found.preemptive, max(bound.value for bound in bounds), until, relaxed))
     return LowerBounds(tuple(bounds), complete)
+
+
+def _linked_devices(problem: Problem, scores: list[float], best: float, until: float, relaxed) -> Bound:
+    """The CP-SAT relaxation of two devices a microbatch's route links (`cross_device`), from the
+    best bound so far, on the most promising pair first (`device_groups` by `scores`), each with
+    the time left until `until`; where a pair proves its optimum early, the next."""
+    began = time.perf_counter()
+    value, where = 0.0, ()
+    for group in device_groups(problem, 2, scores) if problem.num_devices > 1 else []:
+        seconds = until - time.perf_counter()
+        if seconds <= 0.01 or interrupt.requested.is_set():
+            break
+        found = relaxed(group, best, seconds)
+        if found > value:
+            value, where = found, group
+    return Bound("cross_device", value, time.perf_counter() - began, where)
 
 
 def _share_by_gain(name: str, reach: list[float], best: float, ends: float, method) -> tuple[Bound, bool]:

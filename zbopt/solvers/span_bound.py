@@ -8,7 +8,7 @@ is last). With those in place of heads and tails, a one-machine bound on any dev
 (`sequencing.jackson_preemptive`) bounds d's span: device e busy between d's first and last op
 (say, the last device between the first device's first forward and its last W) lengthens d's
 span. On d's own ops the single-device bounds on the makespan (`sequencing.device_sequencing`,
-`relaxation.device_relaxation`) do too.
+`cross_device.cross_device_bound` of the device alone) do too.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import networkx as nx
 from zbopt import interrupt
 from zbopt.ops import Op
 from zbopt.problem import Problem
+from zbopt.solvers.cross_device import cross_device_bound
 from zbopt.solvers.implied import implied_graph
 from zbopt.solvers.pair_relaxation import pair_relaxed
-from zbopt.solvers.relaxation import device_relaxation
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive
 
 RELAXATION_SHARE = 0.5  # of the time left, for the CP-SAT relaxations (v >= 2) after the dynamic programs
@@ -88,7 +88,7 @@ def _single_device_bounds(problem: Problem, graph: nx.DiGraph, own: list, bound:
         seconds = min(until - time.perf_counter(), RELAXATION_MAX_S) / min(2, problem.num_devices - turn)
         if seconds <= 0.01 or interrupt.requested.is_set():
             break
-        best = max(best, device_relaxation(problem, device, graph, *own[device], seconds))
+        best = max(best, cross_device_bound(problem, (device,), graph, *own[device], seconds, floor=best))
     return best
 
 

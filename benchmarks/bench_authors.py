@@ -19,7 +19,8 @@ from __future__ import annotations
 import sys
 import time
 
-from benchmarks.record import write_results
+from record import write_results
+
 from zbopt import Problem, generate, simulate
 from zbopt.ops import Op
 from zbopt.schedules.common import passes_to_schedule

@@ -1,4 +1,5 @@
-"""V-Half and V-Min as their authors generate them: a building block repeated, then reordered.
+"""V-Half as its authors generate it: a building block repeated, then reordered (their code does V-Min
+the same way; zbopt's `v-min` still uses `slot_model`, which gave equal makespans on every case tried).
 
 "Pipeline Parallelism with Controllable Memory" (Qi et al., NeurIPS 2024), section 4, and the
 authors' repository (sail-sg/zero-bubble-pipeline-parallelism, `zerobubble/scheduler/zbv_greedy.py`):

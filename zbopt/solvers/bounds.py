@@ -13,9 +13,8 @@ answers are checked against them, and `lower_bounds` gives them all and the best
 - device sequencing: per device, its ops alone on one machine, without preemption, each a
   round trip after the op before it in its microbatch's chain, within the memory limit
   (`sequencing.device_sequencing`, a dynamic program);
-- device relaxation: one device's ops alone with everything the device sees (heads and tails,
-  the round trips, memory, recompute and offload choices), solved by CP-SAT (`cross_device` with
-  one device; v >= 2, or with recomputation, offload or the bidirectional placement);
+- device relaxation (v >= 2): one device's ops alone with everything the device sees (heads and
+  tails, the round trips, memory), solved by CP-SAT (`cross_device` with one device);
 - cross device: the same for two devices that a microbatch's route links, with the exact
   dependencies between them (`cross_device`): the one bound here that sees a device wait for its
   busy neighbour;
@@ -27,11 +26,12 @@ On the span objective (the longest device span) `span_bounds` gives the busiest 
 
 With recomputation allowed, the memory bound prices it (a recomputed activation holds less for
 more work, `memory_bounds`, and where a device holds one whole activation at a time,
-`whole_activations_bound`), and so do the CP-SAT relaxations (each activation kept, recomputed or
-offloaded at its cheapest footprint); the device sequencing bound, which assumes every activation
-kept and every microbatch through every stage of the device, is 0 then and with the bidirectional
-placement. With overlapped pairs every other bound is that of `pair_relaxation.pair_relaxed`
-(every op shortened as if it paired).
+`whole_activations_bound`); the device bounds are 0 then and with the bidirectional placement:
+the dynamic program assumes every activation kept and every microbatch through every stage of
+the device, and the CP-SAT relaxations, whose model holds there too (`cross_device`), proved
+nothing more at issue 30's sizes while costing their whole budget on small problems. With
+overlapped pairs every other bound is that of `pair_relaxation.pair_relaxed` (every op shortened
+as if it paired).
 
 Notes
 -----
@@ -64,7 +64,7 @@ from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive, orde
 from zbopt.solvers.span_bound import span_bound
 
 RELAXATION_MAX_S = 20.0  # the device bounds' total time (v >= 2 or mechanisms), or less if the deadline says so
-SEQUENCING_SHARE = 0.3  # of it, for the device sequencing dynamic program before the CP-SAT relaxations
+SEQUENCING_SHARE = 0.4  # of it, for the device sequencing dynamic program before the CP-SAT relaxations
 CROSS_SHARE = 0.2  # of it, for the two-device relaxation last (it proves more on small problems only)
 GRAPH_SECONDS_PER_OP = 1e-4  # building the implied graph and its heads and tails (measured: 4 s for 49k ops)
 _UNKNOWN_GAIN = 0.1  # what a device whose reach is infinite (`order_value`) may gain, relative to the best bound
@@ -90,9 +90,6 @@ class Bound:
             return self.name
         word = "device" if len(self.devices) == 1 else "devices"
         return f"{self.name} on {word} {', '.join(map(str, self.devices))}"
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "value": self.value, "seconds": self.seconds, "devices": list(self.devices)}
 
 
 @dataclass(frozen=True)
@@ -156,7 +153,8 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     the deadline only the two that need no graph are computed (the longest microbatch's critical
     path, the busiest device's work) and `complete` is False. With one stage per device, every
     activation kept and one route, the device sequencing bound stops at the deadline, device by
-    device (0 where it did not finish). Otherwise the device bounds share the time left before the
+    device (0 where it did not finish). With recomputation, offload or the bidirectional placement,
+    none (see the module docstring). Otherwise the device bounds share the time left before the
     deadline, at most RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it, where
     it applies), then the CP-SAT relaxation of each device alone, then of two linked devices
     (CROSS_SHARE), each started from the best bound so far and reporting the bound CP-SAT proved;
@@ -164,19 +162,25 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     bound, by what they can gain (`_share_by_gain`). With overlapped pairs allowed, the bounds of
     `pair_relaxed(problem)` and the pair count.
     """
-    paired = _pair_count(problem)
-    problem = pair_relaxed(problem)
+    original, problem = problem, pair_relaxed(problem)
     began = time.perf_counter()
-    if began + problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
+    # the pair count builds a graph of its own: twice the graph's time with pairs
+    if began + (2 if original.overlap_times else 1) * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         work = device_work(problem)
         return LowerBounds((Bound("critical_path", critical_path(problem)),
                             Bound("device_load", max(work), devices=(work.index(max(work)),))), complete=False)
     graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
     found = _graph_bounds(problem, graph, heads, tails, began)
+    paired = _pair_count(original)
     if paired is not None:
         found = found._replace(bounds=(*found.bounds, paired))
-    if problem.chunks_per_device == 1 and not (problem.mechanisms_matter or problem.bidirectional):
+    if problem.mechanisms_matter or problem.bidirectional:
+        # the relaxations hold here too (`cross_device`), but proved nothing above these bounds at
+        # issue 30's sizes (recomputation p = 4, m = 8, limit 1.5: 491.0 either way) while costing
+        # their whole budget on small problems, where CP-SAT rarely closes them
+        return LowerBounds(found.bounds)
+    if problem.chunks_per_device == 1:
         return _sequenced_devices(problem, heads, tails, found, deadline)
     return _device_relaxations(problem, graph, heads, tails, found, deadline)
 
@@ -196,6 +200,11 @@ def span_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     began = time.perf_counter()
     work = device_work(pair_relaxed(problem))
     busiest = Bound("device_work", max(work), time.perf_counter() - began, (work.index(max(work)),))
+    # its graph walks: a few per op; with recomputation or offload (only the first stage's forwards
+    # in order) one per microbatch from each candidate first and last op
+    walks = 3 * (problem.num_microbatches if problem.mechanisms_matter else 1)
+    if began + walks * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
+        return LowerBounds((busiest,), complete=False)
     began = time.perf_counter()
     relative = Bound("span", span_bound(problem, deadline), time.perf_counter() - began)
     return LowerBounds((busiest, relative), complete=not interrupt.past(deadline))
@@ -246,29 +255,28 @@ def _sequenced_devices(problem: Problem, heads: dict[Op, float], tails: dict[Op,
 
 def _device_relaxations(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float],
                         found: _GraphBounds, deadline: float) -> LowerBounds:
-    """The device sequencing (SEQUENCING_SHARE of the time; only where every activation is kept and
-    every microbatch visits every stage of a device), the CP-SAT relaxation of each device alone,
-    then that of two linked devices (CROSS_SHARE), sharing the time left (at most RELAXATION_MAX_S;
-    see `lower_bounds`)."""
+    """The device sequencing (SEQUENCING_SHARE of the time), the CP-SAT relaxation of each device
+    alone, then that of two linked devices (CROSS_SHARE), sharing the time left (at most
+    RELAXATION_MAX_S; see `lower_bounds`)."""
     until = min(time.perf_counter() + RELAXATION_MAX_S, deadline)
-    plain = not (problem.mechanisms_matter or problem.bidirectional)
-    # what a device's single-device bounds can reach at most: one order of its ops (`order_value`),
-    # where its dynamic program applies; else unknown
-    reach = [order_value(problem, device, heads, tails) if plain else math.inf for device in range(problem.num_devices)]
+    # what a device's single-device bounds can reach at most: one order of its ops (`order_value`)
+    reach = [order_value(problem, device, heads, tails) if not interrupt.past(until) else math.inf
+             for device in range(problem.num_devices)]
     bounds = list(found.bounds)
     complete = True
 
     def relaxed(devices: tuple[int, ...], best: float, seconds: float) -> float:
         return cross_device_bound(problem, devices, graph, heads, tails, seconds, floor=best)
 
-    phases = [("device_sequencing", SEQUENCING_SHARE,
+    phases = (("device_sequencing", SEQUENCING_SHARE,
                lambda device, best, seconds: device_sequencing(problem, device, heads, tails, best,
-                                                               time.perf_counter() + seconds))] if plain else []
-    phases.append(("device_relaxation", 1.0 - CROSS_SHARE / (1.0 - (SEQUENCING_SHARE if plain else 0.0)),
-                   lambda device, best, seconds: relaxed((device,), best, seconds)))
+                                                               time.perf_counter() + seconds)),
+              ("device_relaxation", 1.0 - CROSS_SHARE / (1.0 - SEQUENCING_SHARE),
+               lambda device, best, seconds: relaxed((device,), best, seconds)))
     for name, share, method in phases:
         ends = time.perf_counter() + share * (until - time.perf_counter())
-        bound, finished = _share_by_gain(name, reach, max(bound.value for bound in bounds), ends, method)
+        bound, finished = _share_by_gain(name, reach, found.preemptive, max(bound.value for bound in bounds), ends,
+                                         method)
         bounds.append(bound)
         complete = complete and finished
     bounds.append(_linked_devices(problem, found.preemptive, max(bound.value for bound in bounds), until, relaxed))
@@ -286,31 +294,40 @@ def _linked_devices(problem: Problem, scores: list[float], best: float, until: f
         if seconds <= 0.01 or interrupt.requested.is_set():
             break
         found = relaxed(group, best, seconds)
-        if found > value:
+        if found > value and not meets(found, best):  # it proved more than it started from
             value, where = found, group
     return Bound("cross_device", value, time.perf_counter() - began, where)
 
 
-def _share_by_gain(name: str, reach: list[float], best: float, ends: float, method) -> tuple[Bound, bool]:
+def _share_by_gain(name: str, reach: list[float], preemptive: list[float], best: float, ends: float,
+                   method) -> tuple[Bound, bool]:
     """(the bound, whether every device that could raise it had its turn) of `method(device, best,
-    seconds)` run on the devices that can still raise `best` (`reach` above it), the one that can
-    gain most first (it binds in most cases measured), each with the time left before `ends` in
-    proportion to what it can gain; a device done early leaves its time to the rest, and one
-    whose reach the bound has meanwhile passed is skipped."""
+    seconds)` run on the devices that can still raise `best` (`reach` above it), in decreasing order
+    of their `preemptive` one-machine bound (which put the binding device first in every case
+    measured: V shapes at V-Min's memory, the last device; interleaved, the first; where the
+    reach is infinite, the earliest-start order deadlocking, it cannot rank them), each with the
+    time left before `ends` in proportion to what it can gain, but at least half of it (the last
+    all of it); a device done early leaves its time to the rest, and one whose reach the bound
+    has meanwhile passed is skipped."""
     began = time.perf_counter()
     value, where = 0.0, ()
+
+    def gain(device: int) -> float:  # what the device can still add to the best bound
+        return min(reach[device] - best, _UNKNOWN_GAIN * max(1.0, best))
+
     waiting = sorted((device for device in range(len(reach)) if not meets(reach[device], best)),
-                     key=lambda device: -reach[device])
+                     key=lambda device: -preemptive[device])
     while waiting:
-        gains = [min(reach[device] - best, _UNKNOWN_GAIN * max(1.0, best)) for device in waiting]
-        device, gain = waiting.pop(0), gains[0]
-        if gain <= 0 or meets(reach[device], best):
+        gains = [max(0.0, gain(device)) for device in waiting]
+        device = waiting.pop(0)
+        if gains[0] <= 0 or meets(reach[device], best):
             continue
-        seconds = (ends - time.perf_counter()) * gain / sum(max(0.0, other) for other in gains)
+        # at least half of the time left: a dynamic program cut short proves nothing at all
+        seconds = (ends - time.perf_counter()) * max(0.5 if waiting else 1.0, gains[0] / sum(gains))
         if seconds <= 0.01 or interrupt.requested.is_set():
             return Bound(name, value, time.perf_counter() - began, where), False
         found = method(device, best, seconds)
-        if found > value:
+        if found > value and not meets(found, best):  # a relaxation started from `best` proved more
             value, where = found, (device,)
         best = max(best, found)
     return Bound(name, value, time.perf_counter() - began, where), True

@@ -3,7 +3,7 @@
 A device whose memory is full waits for a gradient that its neighbour, itself busy, sends late: no
 bound on one device sees that wait, one on the two of them does. The relaxation keeps everything
 that involves only the group's devices and relaxes the rest (one device is the single-device
-relaxation, `relaxation.device_relaxation`):
+relaxation, the bounds' device relaxation):
 
 - each op starts after its head and is followed by its tail (the implied graph's, see `implied`);
 - the implied graph's edges among the group's ops, with their latencies: the microbatch chains
@@ -122,7 +122,8 @@ def _model(problem: Problem, devices: tuple[int, ...], graph: nx.DiGraph, heads:
            tails: dict[Op, float], floor: float) -> tuple[cp_model.CpModel, object, int]:
     """The relaxation of the group (see the module docstring): the model, its objective (a
     variable, at least `floor`) and the ticks per problem unit."""
-    if problem.overlap_times and (problem.mechanisms_matter or candidate_window(problem, None)[1]):
+    paired = bool(problem.overlap_times)
+    if paired and (problem.mechanisms_matter or candidate_window(problem, None)[1]):
         problem = pair_relaxed(problem)  # the pairs would not all be candidates: every op shortened instead
     scale = _floor_scale(problem)
     group = _group(problem, frozenset(devices), graph, heads, tails, scale)
@@ -135,8 +136,17 @@ def _model(problem: Problem, devices: tuple[int, ...], graph: nx.DiGraph, heads:
     least = math.floor(floor * scale + 1e-6)
     goal = model.NewIntVar(least, max(least, group.horizon + max(group.tail.values())), "goal")
     for op in group.ops:
-        model.Add(goal >= ops[op].end + group.tail[op])
+        model.Add(goal >= _tail_from(ops[op], op, group.problem, paired) + group.tail[op])
     return model, goal, scale
+
+
+def _tail_from(variables: OpVars, op: Op, problem: Problem, paired: bool):
+    """Where an op's tail counts from: its end; with overlapped pairs, where tails are measured from
+    an op's start plus its least duration (`overlap_pairs.as_paired`: a B's W may start with it in
+    a pair), its start plus that least duration, or only its start where the pairs were relaxed."""
+    if not paired:
+        return variables.end
+    return variables.start + (least_duration(problem, op) if problem.overlap_times else 0)
 
 
 def device_groups(problem: Problem, k: int, scores: list[float] | None = None) -> list[tuple[int, ...]]:

@@ -148,7 +148,7 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
 def order_value(problem: Problem, device: int, heads: dict[Op, float], tails: dict[Op, float]) -> float:
     """The objective of one order of `device`'s ops in `device_sequencing`'s relaxation (earliest
     start first), so at least that relaxation's optimum, and the single-device CP-SAT relaxation's
-    (`relaxation`, whose constraints every such order meets): what a device's bounds can reach at
+    (`cross_device` with the one device, whose constraints every such order meets): what a device's bounds can reach at
     most. Infinite where the order deadlocks, or with several iterations (not modelled here)."""
     if problem.total_microbatches != problem.num_microbatches:
         return math.inf

@@ -7,7 +7,7 @@ Every row is one `solve` (default 120 s, `lower_peak=False`), run `--runs` times
 - "zbv": V placement at ZB-V's own peak, p = 16 (m = 32) and 32 (m = 64), the first and last stages
   1.5 times as heavy (embedding and output layer) as well as uniform;
 - "pairs": both ways (DualPipe's placement), p = 4, m = 16, F = B = W = 3, a forward overlapped
-  with another microbatch's input gradient (FB) in 8;
+  with another microbatch's whole backward (FBW: B and W) in 8;
 - "span": the span objective at v = 1, p = 4 and 8, m = 3p, the Zero Bubble paper's 1.5B costs,
   memory ZB-1p's (p·M_B) and ZB-2p's (2p·M_B).
 Prints a table and writes benchmarks/results/bench_certify.json.
@@ -66,7 +66,7 @@ def zbv_cases() -> list[tuple[str, Problem, str]]:
 def pair_cases() -> list[tuple[str, Problem, str]]:
     return [("pairs both ways p4 m16", Problem(num_devices=4, num_microbatches=16, chunks_per_device=2,
                                                placement="bidirectional", forward_times=3, backward_times=3,
-                                               weight_times=3, overlap_times={"FB": 8}), "makespan")]
+                                               weight_times=3, overlap_times={"FBW": 8}), "makespan")]
 
 
 def span_cases() -> list[tuple[str, Problem, str]]:

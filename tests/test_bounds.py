@@ -333,7 +333,7 @@ def test_every_bound_is_listed_with_its_time_and_the_device_it_binds_on():
                    weight_memory=0.183)
     problem = base.replace(memory_limit=max(simulate(base, generate("v-min", base)).peak_memory))
     began = time.perf_counter()
-    bounds = lower_bounds(problem)
+    bounds = lower_bounds(problem, began + 6)  # the dynamic program needs 0.04 s, the relaxations get the rest
     elapsed = time.perf_counter() - began
     assert [bound.name for bound in bounds.bounds] == [name for name in BOUND_NAMES if name not in
                                                        ("pair_count", "device_work", "span")]

@@ -24,7 +24,7 @@ from zbopt.problem import Problem
 from zbopt.simulation import Simulation
 from zbopt.solvers import cpsat, full_model, lns, milp
 from zbopt.solvers.answer import OBJECTIVES, objective_value, simulated_answer, without_needless_mechanisms
-from zbopt.solvers.bounds import Bound, LowerBounds, lower_bounds, span_bounds
+from zbopt.solvers.bounds import LowerBounds, lower_bounds, span_bounds
 from zbopt.solvers.gap import gap_text, meets, optimality_tolerance, relative_gap, settle
 from zbopt.solvers.result import SolveResult
 from zbopt.solvers.task import Found, SearchTask, ignore
@@ -71,15 +71,16 @@ class _Call:
     began: float
     deadline: float  # of the whole call (`time.perf_counter()`)
     warm: tuple[str, Simulation] | None
-    bounds: LowerBounds
-    independent_bound: float
-    binding: str
-    binding_devices: tuple[int, ...]
+    bounds: LowerBounds  # on the objective: `lower_bounds` on the makespan, `span_bounds` on the span
+
+    @property
+    def independent_bound(self) -> float:
+        return self.bounds.best
 
     @property
     def binding_text(self) -> str:
         """The binding bound's name, with the devices it reasons about: "device_sequencing on device 7"."""
-        return Bound(self.binding, self.independent_bound, devices=self.binding_devices).describe()
+        return self.bounds.binding_bound.describe()
 
     @property
     def warm_simulation(self) -> Simulation | None:
@@ -98,8 +99,8 @@ class _Call:
                            solver=self.solver, objective_kind=self.objective,
                            solve_time_s=time.perf_counter() - self.began,
                            warm_start=None if self.warm is None else self.warm[0], resolution=resolution,
-                           decided_by=decided_by, bounds=self.bounds.as_dict(), binding_bound=self.binding,
-                           binding_devices=self.binding_devices, bounds_complete=self.bounds.complete,
+                           decided_by=decided_by, bounds=self.bounds.as_dict(), binding_bound=self.bounds.binding,
+                           binding_devices=self.bounds.binding_bound.devices, bounds_complete=self.bounds.complete,
                            bound_seconds={bound.name: bound.seconds for bound in self.bounds.bounds})
 
 
@@ -170,8 +171,7 @@ def _solved(problem: Problem, solver: str, backend: Backend, time_limit: float, 
         warm = warm_start_simulation(problem, warm_start, objective, began + HEURISTICS_SHARE * time_limit)
     bounded = lower_bounds if objective == "makespan" else span_bounds
     bounds = bounded(problem, time.perf_counter() + BOUNDS_SHARE * max(0.0, deadline - time.perf_counter()))
-    call = _Call(problem, solver, objective, began, deadline, warm, bounds,
-                 bounds.best, bounds.binding, bounds.binding_bound.devices)
+    call = _Call(problem, solver, objective, began, deadline, warm, bounds)
     if warm is not None and meets(objective_value(warm[1], objective), call.independent_bound):
         # no model is built: the warm start is proven optimal by the bound alone
         simulation = without_needless_mechanisms(problem, warm[1], objective, deadline)

@@ -155,20 +155,19 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     activation kept and one route, the device sequencing bound stops at the deadline, device by
     device (0 where it did not finish). With recomputation, offload or the bidirectional placement,
     none (see the module docstring). Otherwise the device bounds share the time left before the
-    deadline, at most RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it, where
-    it applies), then the CP-SAT relaxation of each device alone, then of two linked devices
-    (CROSS_SHARE), each started from the best bound so far and reporting the bound CP-SAT proved;
-    the single-device phases give their time only to the devices that can still raise the best
-    bound, by what they can gain (`_share_by_gain`). With overlapped pairs allowed, the bounds of
+    deadline, at most RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it), then
+    the CP-SAT relaxation of each device alone, then of two linked devices (CROSS_SHARE), each
+    started from the best bound so far and reporting the bound CP-SAT proved; the single-device
+    phases give their time only to the devices that can still raise the best bound, by what they
+    can gain (`_share_by_gain`). With overlapped pairs allowed, the bounds of
     `pair_relaxed(problem)` and the pair count.
     """
     original, problem = problem, pair_relaxed(problem)
     began = time.perf_counter()
     # the pair count builds a graph of its own: twice the graph's time with pairs
     if began + (2 if original.overlap_times else 1) * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
-        work = device_work(problem)
         return LowerBounds((Bound("critical_path", critical_path(problem)),
-                            Bound("device_load", max(work), devices=(work.index(max(work)),))), complete=False)
+                            _on_device("device_load", device_work(problem), 0.0)), complete=False)
     graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
     found = _graph_bounds(problem, graph, heads, tails, began)
@@ -198,8 +197,7 @@ def span_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     """Lower bounds on the span objective (the longest device span): the busiest device's own work,
     and `span_bound.span_bound` within `deadline`, which is at least that."""
     began = time.perf_counter()
-    work = device_work(pair_relaxed(problem))
-    busiest = Bound("device_work", max(work), time.perf_counter() - began, (work.index(max(work)),))
+    busiest = _on_device("device_work", device_work(pair_relaxed(problem)), time.perf_counter() - began)
     # its graph walks: a few per op; with recomputation or offload (only the first stage's forwards
     # in order) one per microbatch from each candidate first and last op
     walks = 3 * (problem.num_microbatches if problem.mechanisms_matter else 1)

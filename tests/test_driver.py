@@ -11,14 +11,14 @@ import pytest
 from tests.reference import brute_force_least_peak, brute_force_optimum, timed_search_optimum
 from tests.test_cpsat import TINY
 from zbopt import MemoryLimitError, Problem, ZboptError, generate, simulate, solve
-from zbopt.interrupt import Interrupted
+from zbopt.interrupt import Interrupted, TimeUp, deadline_scope
 from zbopt.io.trace import chrome_trace
 from zbopt.plot import plot_gantt
 from zbopt.solvers import api
 from zbopt.solvers.answer import start_times
 from zbopt.solvers.bounds import lower_bounds
 from zbopt.solvers.task import Found
-from zbopt.solvers.warm import best_heuristic
+from zbopt.solvers.warm import best_heuristic, warm_start_simulation
 
 ANSWER: dict = {}  # what the stand-in backend returns: set by each test
 
@@ -238,6 +238,33 @@ def test_past_the_heuristics_deadline_the_first_valid_heuristic_is_the_warm_star
     problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2)
     assert best_heuristic(problem, deadline=0.0)[0] == "gpipe"  # the first registered, valid without a limit
     assert best_heuristic(problem.replace(memory_limit=4), deadline=0.0)[0] == "1f1b"  # gpipe holds 8
+
+
+V_SHAPE = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, placement="v", forward_times=1,
+                  backward_times=1.2, weight_times=0.8)
+
+
+@pytest.mark.parametrize("name", ["zb-v", "zb-v-auto", "v-half", "v-min", "block-v-min", "greedy"])
+def test_a_heuristic_stops_once_its_deadline_has_passed(name):
+    """The heuristics that take seconds at scale stop at the enclosing deadline (`interrupt.check`);
+    outside any deadline they run to the end (after the cut runs: zb-v keeps its answer)."""
+    problem = V_SHAPE.replace(p2p_time=0.125)  # a problem of its own: no answer cached by another test
+    with deadline_scope(time.perf_counter() + 3600), deadline_scope(0.0), pytest.raises(TimeUp):
+        generate(name, problem)  # the earlier of two nested deadlines holds
+    with deadline_scope(0.0), deadline_scope(time.perf_counter() + 3600), pytest.raises(TimeUp):
+        generate(name, problem)
+    assert simulate(problem, generate(name, problem)).valid
+
+
+def test_a_warm_start_cut_by_the_time_limit_is_skipped_or_named():
+    """Past both deadlines, the heuristics that check the time stop and the first one that ran to
+    its end (the fixed rule, after the cut greedy) is the warm start; a named warm start that
+    cannot finish is an error naming it."""
+    problem = V_SHAPE.replace(p2p_time=0.25)
+    assert best_heuristic(problem, deadline=0.0, cutoff=0.0)[0] == "zb-v-rule"
+    with pytest.raises(ZboptError, match=r"^warm start 'zb-v' did not finish within the time limit$"):
+        warm_start_simulation(problem, "zb-v", "makespan", 0.0, 0.0)
+    assert best_heuristic(problem, deadline=0.0)[0] == "zb-v"
 
 
 def test_bounds_cut_by_a_deadline_are_still_bounds():

@@ -5,11 +5,17 @@ inside a solver's C++ callback. The solvers' watchers, LNS's loop, the driver an
 it, stop through the solver's own mechanism (CP-SAT's StopSearch; killing the MILP's child) and
 raise `Interrupted` carrying the best answer so far. A second Ctrl-C acts as before the work:
 Python's KeyboardInterrupt, or, in the `zbopt` command, `exit_at_once`.
+
+A time limit stops work the same way: code that may run long with no solver to stop (a heuristic
+at p = 32, m = 512 takes seconds) calls `check` in its loop, which raises `TimeUp` once the
+deadline of the enclosing `deadline_scope` has passed or Ctrl-C came.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import math
 import os
 import signal
 import sys
@@ -49,6 +55,31 @@ def answer_of(work: Callable[[], T]) -> tuple[T, Interrupted | None]:
 def past(deadline: float) -> bool:
     """Whether the work should stop: `deadline` (`time.perf_counter()`) has passed or Ctrl-C came."""
     return requested.is_set() or time.perf_counter() > deadline
+
+
+class TimeUp(Exception):
+    """The work under a `deadline_scope` ran past its deadline (or Ctrl-C came) and stopped."""
+
+
+_deadline = contextvars.ContextVar("zbopt_deadline", default=math.inf)
+
+
+@contextlib.contextmanager
+def deadline_scope(deadline: float) -> Iterator[None]:
+    """While the block runs, `check` raises `TimeUp` past `deadline` (`time.perf_counter()`), or
+    past an enclosing scope's deadline if that comes first."""
+    token = _deadline.set(min(deadline, _deadline.get()))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def check() -> None:
+    """Raise `TimeUp` if the enclosing `deadline_scope` has passed or Ctrl-C came; outside any
+    scope, only after Ctrl-C."""
+    if past(_deadline.get()):
+        raise TimeUp
 
 
 def exit_at_once(_signum=None, _frame=None) -> None:

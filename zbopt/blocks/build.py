@@ -13,6 +13,7 @@ import heapq
 import itertools
 import math
 
+from zbopt import interrupt
 from zbopt.blocks.model import Block
 from zbopt.errors import NotApplicableError
 from zbopt.kinds import FORWARD, WEIGHT
@@ -65,6 +66,7 @@ def _fill_gaps(block: Block, orders: list[list[Op]], peaks) -> Schedule:
     placed, turns = 0, itertools.count()
     decide = [(0.0, next(turns), device) for device in range(problem.num_devices) if orders[device]]
     while decide:
+        interrupt.check()
         now, _, device = heapq.heappop(decide)
         index, earliest = _first_startable(timeline, unplaced[device][:ahead], now, pending[device],
                                            memory_ceiling(peaks[device]))

@@ -26,6 +26,7 @@ import itertools
 import math
 from operator import attrgetter
 
+from zbopt import interrupt
 from zbopt.kinds import FORWARD, WEIGHT
 from zbopt.ops import Op
 from zbopt.problem import Problem
@@ -78,6 +79,7 @@ class _ListSchedule:
         """Wake devices in time order; each free one runs the op the module docstring's rule picks."""
         left = self.table.size
         while left:
+            interrupt.check()
             if not self.wake:
                 raise RuntimeError("greedy: no op can start on any device")  # cannot happen (module docstring)
             now, _, device = heapq.heappop(self.wake)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from zbopt import interrupt
 from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.ops import Op
 from zbopt.problem import Problem
@@ -155,6 +156,7 @@ def _reorder_outside_stable_phase(plan: _SlotPlan, cap: int, stable: range) -> N
     length = max(max(by_slot, default=0) for by_slot in plan.slots) + 1
     levels = [plan.held(device, by_slot, length) for device, by_slot in enumerate(plan.slots)]
     for slot, device in plan.in_slot_order():
+        interrupt.check()
         if slot in stable:
             continue
         step = plan.slots[device][slot]
@@ -178,6 +180,7 @@ def _reorder_cool_down(plan: _SlotPlan, cap: int, start: int) -> _SlotPlan:
               for by_slot in plan.slots]
     lean = _SlotPlan(plan.problem, passes)
     for slot, device in lean.in_slot_order():
+        interrupt.check()
         if slot < start:
             continue
         step = lean.slots[device][slot]

@@ -33,6 +33,7 @@ import functools
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from zbopt import interrupt
 from zbopt.errors import NotApplicableError
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT
 from zbopt.problem import Problem
@@ -47,6 +48,34 @@ from zbopt.tolerance import memory_ceiling
 _LANES = ((FORWARD, 0), (FORWARD, 1), (BACKWARD, 1), (BACKWARD, 0), (WEIGHT, 1), (WEIGHT, 0))
 
 
+# the pass on a device before each lane's pass of the same microbatch (a W follows its own B)
+_LANE_BEFORE = {lane: (BACKWARD, lane[1]) if lane[0] == WEIGHT else (_LANES[index - 1] if index else None)
+                for index, lane in enumerate(_LANES)}
+
+
+class _LaneTables:
+    """Each lane's cost and memory change per device, looked up once per problem rather than per
+    pass (the greedy places ~10^6 passes at p = 32, m = 256): keys (kind, device, chunk). A fused
+    backward costs BW in B's lane, its W nothing."""
+
+    def __init__(self, problem: Problem):
+        self.costs: dict[tuple[str, int, int], float] = {}
+        self.deltas: dict[tuple[str, int, int], float] = {}
+        for device, stages in enumerate(problem.stages_of_device):
+            for chunk, stage in enumerate(stages):
+                for kind in (FORWARD, BACKWARD, WEIGHT):
+                    own = kind if problem.split_backward or kind == FORWARD else \
+                        {BACKWARD: FUSED_BACKWARD, WEIGHT: None}[kind]
+                    known = own is not None
+                    self.costs[kind, device, chunk] = problem.cost(own, stage) if known else 0.0
+                    self.deltas[kind, device, chunk] = problem.memory_delta(own, stage) if known else 0.0
+
+
+@functools.lru_cache(maxsize=8)
+def _lane_tables(problem: Problem) -> _LaneTables:
+    return _LaneTables(problem)
+
+
 class _Stuck(Exception):
     """The greedy reached an op it cannot place (its input not placed yet, or no room in memory)."""
 
@@ -58,6 +87,7 @@ class _GreedyRun:
                  allowance: Sequence[float] | None):
         p = problem.num_devices
         self.problem, self.caps, self.allowance = problem, caps, allowance
+        self.tables = _lane_tables(problem)
         self.fill_forward, self.fill_backward = fill_forward, fill_backward
         self.done = [dict.fromkeys(_LANES, 0) for _ in range(p)]
         self.ends: dict[tuple[str, int, int, int], float] = {}  # (kind, device, chunk, microbatch) -> end
@@ -67,22 +97,11 @@ class _GreedyRun:
 
     # ------------------------------------------------------------------------------ placing one op
 
-    def _stage(self, device: int, chunk: int) -> int:
-        return self.problem.stages_of_device[device][chunk]
-
     def _cost(self, kind: str, device: int, chunk: int) -> float:
-        if not self.problem.split_backward:
-            kind = {BACKWARD: FUSED_BACKWARD, WEIGHT: None}.get(kind, kind)
-            if kind is None:
-                return 0.0
-        return self.problem.cost(kind, self._stage(device, chunk))
+        return self.tables.costs[kind, device, chunk]
 
     def _memory(self, kind: str, device: int, chunk: int) -> float:
-        if not self.problem.split_backward and kind != FORWARD:
-            kind = FUSED_BACKWARD if kind == BACKWARD else None
-            if kind is None:
-                return 0.0
-        return self.problem.memory_delta(kind, self._stage(device, chunk))
+        return self.tables.deltas[kind, device, chunk]
 
     def _input(self, kind: str, device: int, chunk: int, microbatch: int) -> tuple | None:
         """The op on another device whose output this pass waits for (F0, B1 from the device above,
@@ -93,12 +112,11 @@ class _GreedyRun:
             return None
         return kind, neighbour, chunk, microbatch
 
-    def _local_input(self, kind: str, chunk: int, microbatch: int) -> tuple[str, int, int] | None:
+    @staticmethod
+    def _local_input(kind: str, chunk: int, microbatch: int) -> tuple[str, int, int] | None:
         """The pass on this device that must come first (the one before it on the microbatch's lane)."""
-        lane = _LANES.index((kind, chunk))
-        if kind == WEIGHT:
-            return BACKWARD, chunk, microbatch
-        return (*_LANES[lane - 1], microbatch) if lane else None
+        before = _LANE_BEFORE[kind, chunk]
+        return None if before is None else (*before, microbatch)
 
     def placed(self, kind: str, device: int, chunk: int, microbatch: int) -> bool:
         return (kind, device, chunk, microbatch) in self.ends
@@ -254,6 +272,7 @@ class _GreedyRun:
         self.warm_up()
         backwards = 2 * self.problem.num_microbatches * self.problem.num_devices
         while self.backwards() < backwards:  # 2m rounds, unless an input is late (see `ready`)
+            interrupt.check()
             placed = sum(map(len, self.passes))
             self.steady_round()
             if sum(map(len, self.passes)) == placed:

@@ -56,6 +56,7 @@ LIVE_LINE_PERIOD_S = 0.5
 STOP_POLL_S = 0.05  # how often the driver looks for Ctrl-C while the backend runs
 STOP_GRACE_S = 0.5  # after Ctrl-C, how long a backend gets to return its best before it is left behind
 HEURISTICS_SHARE = 0.3  # of the time limit: no further heuristic starts after it (once one is valid)
+HEURISTICS_CUTOFF = 0.6  # of the time limit: while none is valid yet, a heuristic stops here at the latest
 BOUNDS_SHARE = 0.3  # of what the heuristics left: the lower bounds stop after it
 # re-simulating the answer, at most twice (`simulated_answer`; measured: 0.23-0.28 s of CPU for one, 49k ops)
 ANSWER_SECONDS_PER_OP = 1e-5
@@ -168,7 +169,8 @@ def _solved(problem: Problem, solver: str, backend: Backend, time_limit: float, 
     # the stages share the limit: heuristics, then bounds, each up to a share; the search gets the rest
     warm = None
     if use_warm_start:
-        warm = warm_start_simulation(problem, warm_start, objective, began + HEURISTICS_SHARE * time_limit)
+        warm = warm_start_simulation(problem, warm_start, objective, began + HEURISTICS_SHARE * time_limit,
+                                     began + HEURISTICS_CUTOFF * time_limit)
     bounded = lower_bounds if objective == "makespan" else span_bounds
     bounds = bounded(problem, time.perf_counter() + BOUNDS_SHARE * max(0.0, deadline - time.perf_counter()))
     call = _Call(problem, solver, objective, began, deadline, warm, bounds)

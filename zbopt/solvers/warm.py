@@ -5,30 +5,37 @@ from __future__ import annotations
 import math
 
 from zbopt import interrupt
-from zbopt.errors import ZboptError
+from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.problem import Problem
-from zbopt.schedules import applicable, generate
+from zbopt.schedules import generate, registered
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers.answer import objective_value
 from zbopt.solvers.gap import meets
 
 
-def best_heuristic(problem: Problem, kind: str = "makespan",
-                   deadline: float = math.inf) -> tuple[str, Simulation] | None:
+def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = math.inf,
+                   cutoff: float = math.inf) -> tuple[str, Simulation] | None:
     """The registered heuristic with the best objective among those valid under the memory limit;
     at equal objective, the one with the lower highest peak memory (1f1b before gpipe). Without a
     limit, none that recomputes or offloads: that only adds work or traffic, and lowers a peak the
-    model (which then has no such choice) cannot match. Past `deadline` (`time.perf_counter()`) no
-    further heuristic is tried once one is valid; after Ctrl-C (`zbopt.interrupt`) none at all, so
-    an interrupt under a limit no heuristic fits yet answers at once, with no warm start."""
+    model (which then has no such choice) cannot match. They run in registry order; past `deadline`
+    (`time.perf_counter()`) none starts once one is valid, and one still running then stops
+    (`interrupt.check`: at p = 32, m = 512 some take seconds); while none is valid they may run to
+    `cutoff`. After Ctrl-C none runs on, so an interrupt under a limit no heuristic fits yet answers
+    at once, with no warm start."""
     best: tuple[str, Simulation] | None = None
-    for name, schedule in applicable(problem):
+    for entry in registered():
+        if interrupt.requested.is_set() or (best is not None and interrupt.past(deadline)):
+            break
+        try:
+            with interrupt.deadline_scope(cutoff if best is None else deadline):
+                schedule = generate(entry.name, problem)
+        except (NotApplicableError, interrupt.TimeUp):
+            continue
         result = simulate(problem, schedule)
         needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
         if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
-            best = (name, result)
-        if interrupt.requested.is_set() or (best is not None and interrupt.past(deadline)):
-            break
+            best = (entry.name, result)
     return best
 
 
@@ -41,13 +48,20 @@ def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:
     return meets(value, other_value) and max(simulation.peak_memory) < max(other.peak_memory)
 
 
-def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str,
-                          deadline: float = math.inf) -> tuple[str, Simulation] | None:
-    """The named heuristic's simulation (an error if it breaks the memory limit), or the best one
-    (see `best_heuristic` for the deadline)."""
+def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str, deadline: float = math.inf,
+                          cutoff: float = math.inf) -> tuple[str, Simulation] | None:
+    """The named heuristic's simulation (an error if it breaks the memory limit or does not finish
+    by `cutoff`), or the best one (see `best_heuristic` for the deadlines)."""
     if warm_start is None:
-        return best_heuristic(problem, kind, deadline)
-    result = simulate(problem, generate(warm_start, problem))
+        return best_heuristic(problem, kind, deadline, cutoff)
+    try:
+        with interrupt.deadline_scope(cutoff):
+            schedule = generate(warm_start, problem)
+    except interrupt.TimeUp:
+        if interrupt.requested.is_set():
+            return None
+        raise ZboptError(f"warm start '{warm_start}' did not finish within the time limit") from None
+    result = simulate(problem, schedule)
     if not result.valid:
         raise ZboptError(f"warm start '{warm_start}' breaks the memory limit: {result.violations[0]}")
     return warm_start, result

@@ -11,7 +11,7 @@ from zbopt import Op, Problem, simulate
 from zbopt.blocks import Block, block_schedule, published_block, steady_peak
 from zbopt.blocks.search import optimal_block
 from zbopt.errors import ZboptError
-from zbopt.schedules.vshape import v_half_peak, v_min_peak
+from zbopt.schedules.slot_model import v_half_peak, v_min_peak
 from zbopt.ticks import tick_scale
 
 

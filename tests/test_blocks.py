@@ -21,7 +21,7 @@ from zbopt.blocks import (
 )
 from zbopt.schedule import Schedule
 from zbopt.schedules.registry import generate
-from zbopt.schedules.vshape import v_half_peak, v_min_peak
+from zbopt.schedules.slot_model import v_half_peak, v_min_peak
 
 UNIT = {"forward_times": 1, "backward_times": 1, "weight_times": 1}
 

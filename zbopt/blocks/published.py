@@ -15,10 +15,9 @@ from zbopt.blocks.model import Block
 from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.ops import Op
 from zbopt.problem import Problem
-from zbopt.schedules.common import backward_ops, input_gradient
+from zbopt.schedules.common import backward_ops, input_gradient, require_v_shape
 from zbopt.schedules.registry import require
 from zbopt.schedules.slot_model import PERIOD, v_half_block, v_min_block, weight_slots
-from zbopt.schedules.vshape import require_v_shape
 
 Cycles = list[list[Step]]
 

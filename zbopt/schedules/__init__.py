@@ -5,7 +5,8 @@ built-in schedules ("torch:NAME"), resolved beside them by `named_schedule`."""
 # registered from the building blocks' floor, list after zero_bubble's, as built on these four.
 # isort: off
 from zbopt.schedules import (
-    vshape,  # noqa: F401  (after vshape_greedy, which it imports: zb-v, v-half, v-zb, zb-v-auto)
+    vshape_greedy,  # noqa: F401  (zb-v, v-half, v-zb, zb-v-auto)
+    vshape,  # noqa: F401  (its rules list beside the authors' algorithms above)
     classic,  # noqa: F401  (registers gpipe, 1f1b)
     interleaved,  # noqa: F401
     zero_bubble,  # noqa: F401

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 
 from zbopt.kinds import BACKWARD, COPY_KINDS, FORWARD, FUSED_BACKWARD, WEIGHT
 from zbopt.ops import Op
@@ -90,3 +91,20 @@ def passes_to_schedule(problem: Problem, orders: list[list[tuple[str, int, int]]
                 order.append(Op(WEIGHT, stage, microbatch))
         iteration_orders.append(order)
     return repeat_per_iteration(problem, iteration_orders)
+
+
+def chunk_activations(problem: Problem, device: int) -> tuple[float, float]:
+    """activation_memory of the device's chunk 0 and chunk 1."""
+    first, second = problem.stages_of_device[device]
+    return problem.activation_memory[first], problem.activation_memory[second]
+
+
+def block_memory(peak: Callable[[int], int]) -> Callable[[Problem], list[float]]:
+    """Peak bound of a building-block schedule: at most min(peak(p), 2m) chunk activations per
+    device, each at most the larger activation_memory of its two chunks."""
+
+    def bound(problem: Problem) -> list[float]:
+        count = min(peak(problem.num_devices), 2 * problem.num_microbatches)
+        return [count * max(chunk_activations(problem, device)) for device in range(problem.num_devices)]
+
+    return bound

@@ -24,7 +24,7 @@ from __future__ import annotations
 from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.common import passes_to_schedule, require_v_shape
+from zbopt.schedules.common import block_memory, chunk_activations, passes_to_schedule, require_v_shape
 from zbopt.schedules.registry import register
 from zbopt.schedules.slot_model import (
     Pass,
@@ -35,10 +35,6 @@ from zbopt.schedules.slot_model import (
     v_min_block,
     v_min_peak,
 )
-from zbopt.schedules.vshape_greedy import block_memory, chunk_activations
-
-__all__ = ["require_v_shape", "v_half_peak", "v_min_peak"]
-
 
 # --------------------------------------------------------------------------------------- ZB-V
 

@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from zbopt import interrupt
 from zbopt.errors import NotApplicableError
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.common import passes_to_schedule, require_v_shape
+from zbopt.schedules.common import block_memory, chunk_activations, passes_to_schedule, require_v_shape
 from zbopt.schedules.registry import register
 from zbopt.schedules.slot_model import Pass, v_half_block, v_half_peak
 from zbopt.schedules.vshape_reorder import reordered_passes
@@ -313,23 +313,6 @@ def greedy_candidates(problem: Problem, caps: Sequence[float]) -> list[tuple[lis
 
 
 # ------------------------------------------------------------------------------------ registered
-
-
-def chunk_activations(problem: Problem, device: int) -> tuple[float, float]:
-    """activation_memory of the device's chunk 0 and chunk 1."""
-    first, second = problem.stages_of_device[device]
-    return problem.activation_memory[first], problem.activation_memory[second]
-
-
-def block_memory(peak: Callable[[int], int]) -> Callable[[Problem], list[float]]:
-    """Peak bound of a building-block schedule: at most min(peak(p), 2m) chunk activations per
-    device, each at most the larger activation_memory of its two chunks."""
-
-    def bound(problem: Problem) -> list[float]:
-        count = min(peak(problem.num_devices), 2 * problem.num_microbatches)
-        return [count * max(chunk_activations(problem, device)) for device in range(problem.num_devices)]
-
-    return bound
 
 
 def _one_f_one_b_memory(problem: Problem) -> list[float]:

@@ -43,9 +43,9 @@ class Architecture:
     def __post_init__(self):
         for field in fields(self):
             value = getattr(self, field.name)
-            if field.type in ("int", "int | None") and not (value is None and field.type == "int | None"):
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ZboptError(f"{field.name} = {shorten(value)}: expected a positive whole number")
+            whole = field.type == "int" or (field.type == "int | None" and value is not None)
+            if whole and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ZboptError(f"{field.name} = {shorten(value)}: expected a positive whole number")
             if field.type == "bool" and not isinstance(value, bool):
                 raise ZboptError(f"{field.name} = {shorten(value)}: expected true or false")
         for name, choices in (("normalization", NORMALIZATIONS), ("position_embedding_type", POSITION_EMBEDDINGS)):

@@ -81,8 +81,7 @@ def decoder_costs(arch: Architecture, dtype: str) -> Costs:
     and without flash attention the scores, their dropout mask and its output: (2e + 1)·as²b.
     M_W is M_B less what only B reads, the masks and the scores: 32sbh as in ZB Table 1.
     """
-    b, s, h, a, g = arch.micro_batch_size, arch.seq_length, arch.hidden_size, arch.num_attention_heads, \
-        arch.num_query_groups
+    b, s, h, a = arch.micro_batch_size, arch.seq_length, arch.hidden_size, arch.num_attention_heads
     f, e = arch.ffn_hidden_size, ELEMENT_BYTES[dtype]
     mlp = 3 if arch.swiglu else 2
     matmuls = 2 * b * s * h * (h + 2 * arch.kv_size) + 2 * b * s * h * h + 2 * b * s * h * f * mlp

@@ -41,7 +41,8 @@ class Model:
         start = 0
         for name, count in groups:
             if count < 1 or any(layer.name != name for layer in layers[start:start + count]):
-                raise ZboptError(f"model groups: ({name!r}, {count}) does not match layers {start}..{start + count - 1}")
+                raise ZboptError(f"model groups: ({name!r}, {count}) does not match layers "
+                                 f"{start}..{start + count - 1}")
             start += count
         if start != len(layers):
             raise ZboptError(f"model groups cover {start} layers, the model has {len(layers)}")
@@ -91,7 +92,7 @@ class Model:
     def group_rows(self) -> list[dict]:
         """One dict per group, as written: the layer's values (`Layer.to_dict`) and its repeat."""
         rows, start = [], 0
-        for name, count in self.groups:
+        for _, count in self.groups:
             rows.append({**self.layers[start].to_dict(), "repeat": count})
             start += count
         return rows

@@ -35,7 +35,7 @@ def read_profile(path: str | Path) -> list[tuple[Layer, int]]:
             raise ZboptError(f"{what}: empty, expected a header row ({','.join(COLUMNS)})")
         header = [cell.strip() for cell in rows[0]]
         _check_columns(header, what)
-        entries = [(f"{what} line {number}", dict(zip(header, _cells(row, header, what, number))))
+        entries = [(f"{what} line {number}", dict(zip(header, _cells(row, header, what, number), strict=True)))
                    for number, row in enumerate(rows[1:], start=2) if any(cell.strip() for cell in row)]
     else:
         data = read_data(path, "profile")
@@ -54,7 +54,8 @@ def read_profile(path: str | Path) -> list[tuple[Layer, int]]:
 def _check_columns(names: list, what: str) -> None:
     unknown = [name for name in names if name not in COLUMNS + OPTIONAL_COLUMNS]
     if unknown:
-        raise ZboptError(f"{what}: unknown column {shorten(unknown[0])} (known: {', '.join(COLUMNS + OPTIONAL_COLUMNS)})")
+        known = ", ".join(COLUMNS + OPTIONAL_COLUMNS)
+        raise ZboptError(f"{what}: unknown column {shorten(unknown[0])} (known: {known})")
     missing = [name for name in COLUMNS if name not in names]
     if missing:
         raise ZboptError(f"{what}: missing column {missing[0]}")
@@ -67,7 +68,7 @@ def _cells(row: list[str], header: list[str], what: str, number: int) -> list:
     if len(row) != len(header):
         raise ZboptError(f"{what} line {number}: {len(row)} cells, the header has {len(header)}")
     values: list = []
-    for name, cell in zip(header, row):
+    for name, cell in zip(header, row, strict=True):
         cell = cell.strip()
         if name == "name" or not cell:
             values.append(cell or None)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from zbopt.model import Model, load_model
+if TYPE_CHECKING:
+    from zbopt.model import Model
 
 COLUMNS = (("name", "layer"), ("repeat", "repeat"), ("forward_ms", "F (ms)"), ("backward_ms", "B (ms)"),
            ("weight_ms", "W (ms)"), ("activation_gb", "M_B (GB)"), ("weight_activation_gb", "M_W (GB)"),
@@ -24,6 +26,8 @@ def add_commands(commands) -> None:
 
 
 def _command_costs(args: argparse.Namespace) -> int:
+    from zbopt.model import load_model  # loaded by this command only: `zbopt --help` stays quick
+
     model, _ = load_model(args.model)
     if args.json:
         print(json.dumps({"layers": model.group_rows()}, indent=1))

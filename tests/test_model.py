@@ -168,11 +168,16 @@ def test_presets_hold_their_published_parameter_counts(preset, published):
 
 
 @pytest.mark.parametrize("name", sorted(ZERO_BUBBLE_MODELS))
-def test_zero_bubble_presets_keep_the_papers_m_w_share(name):
-    model = Model.from_config({"preset": f"zb-{name.lower()}"}, Device(flops=1e15))
+def test_zero_bubble_presets_keep_the_papers_m_w_share_and_size(name):
+    """M_W / M_B as paper_tables computes it from Table 1; the parameters (once each, the head's
+    copy of the embedding left out) within 1.5% of the model's name: a layer count off by two
+    would miss by 9% or more."""
+    model = Model.from_config({"preset": f"zb-{name.lower()}"}, Device(flops=1e15))  # bf16: 18 B a parameter
     decoder = layers_by_name(model)["decoder"]
     assert decoder.weight_activation_gb / decoder.activation_gb == pytest.approx(
         ZERO_BUBBLE_MODELS[name].weight_memory, rel=1e-12)
+    held = sum(layer.parameters_gb for layer in model.layers[:-1]) * 1e9 / 18
+    assert held == pytest.approx(float(name.rstrip("B")) * 1e9, rel=0.015)
 
 
 def test_architecture_keys_beside_a_preset_override_it():

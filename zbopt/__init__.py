@@ -22,6 +22,7 @@ _PUBLIC = {
     "zbopt.errors": ("DeadlockError", "MemoryLimitError", "NotApplicableError", "ProblemError", "ScheduleError",
                      "UnknownScheduleError", "ZboptError"),
     "zbopt.frontier": ("Frontier", "memory_frontier"),
+    "zbopt.model": ("Device", "Layer", "Model", "load_model"),
     "zbopt.ops": ("Op", "critical_path", "device_work", "op_graph"),
     "zbopt.problem": ("Problem",),
     "zbopt.io.export": ("save_schedule",),

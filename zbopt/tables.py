@@ -108,38 +108,60 @@ def format_block(search: BlockSearch, simulation: Simulation, published: list[di
     return "\n".join(lines)
 
 
-def format_comparison(comparison: Comparison) -> str:
+def format_comparison(comparison: Comparison, verbose: bool = False) -> str:
     """The problem, the lower bound, one aligned line per row (in the comparison's order), the
-    schedules left out with their reasons, and the best row within the memory limit."""
+    schedules left out (one line of names; with `verbose` a line each with its reason: a problem
+    leaves out 18-22 of them, which would bury the table), and the best row within the limit."""
     from zbopt.comparison import COLUMNS
 
     problem, result = comparison.problem, comparison.solve_result
-    limit = problem.memory_limit
     cells = [row.cells() for row in comparison.rows]
     width = {key: max(len(title), *(len(row[key]) for row in cells)) for key, title in COLUMNS.items()}
-    left = ("name", "status", "within_memory_limit")
+    left = ("name", "status", "binding_device", "within_memory_limit")
 
     def line(values: dict[str, str]) -> str:
         return "  ".join(f"{values[key]:<{width[key]}}" if key in left else f"{values[key]:>{width[key]}}"
                          for key in COLUMNS).rstrip()
 
+    bound, source = comparison.lower_bound, comparison.lower_bound_source
     lines = [
         f"problem       {problem.describe()}",
-        f"memory limit  {'none' if limit is None else ', '.join(f'{cap:g}' for cap in dict.fromkeys(limit))}",
-        f"lower bound   {comparison.lower_bound:.6g} ({comparison.lower_bound_source})",
+        f"memory limit  {limit_text(problem.memory_limit)}",
+        f"lower bound   {source if bound is None else f'{bound:.6g} ({source})'}",
         "",
         line(COLUMNS),
         *(line(row) for row in cells),
     ]
     if result is not None and result.simulation is None:
         lines.append(f"cpsat found no schedule in {result.solve_time_s:.1f} s (status {result.status})")
-    if comparison.not_applicable:
-        lines += ["", "not applicable:", *(f"  {reason}" for _, reason in comparison.not_applicable)]
+    lines += _not_applicable_lines(comparison.not_applicable, verbose)
     best = comparison.best_within_limit
-    label = "best" if limit is None else "best within the limit"
-    lines += ["", "no schedule within the limit" if best is None
-              else f"{label}: {best.name} (gap {best.cells()['gap']})"]
-    return "\n".join(lines)
+    label = "best" if problem.memory_limit is None else "best within the limit"
+    if best is None:
+        return "\n".join([*lines, "", "no schedule within the limit"])
+    gap = "no bound" if bound is None else f"gap {best.cells()['gap']}"
+    return "\n".join([*lines, "", f"{label}: {best.name} ({gap})"])
+
+
+def limit_text(limit: tuple[float, ...] | None) -> str:
+    """A memory limit as people read it: "none", "4 on every device", or one value per device in
+    device order ("33.1, 42.6, 42.6, 33.1 (devices 0-3)"), never the distinct values alone."""
+    if limit is None:
+        return "none"
+    if len(set(limit)) == 1:
+        return f"{limit[0]:g} on every device"
+    return f"{', '.join(f'{cap:g}' for cap in limit)} (devices 0-{len(limit) - 1})"
+
+
+def _not_applicable_lines(left_out: tuple[tuple[str, str], ...], verbose: bool) -> list[str]:
+    """The schedules that do not apply: their names on one line, or with `verbose` one line each
+    with its reason."""
+    if not left_out:
+        return []
+    if verbose:
+        return ["", "not applicable:", *(f"  {reason}" for _, reason in left_out)]
+    names = ", ".join(name for name, _ in left_out)
+    return ["", f"not applicable ({len(left_out)}, reasons with --verbose): {names}"]
 
 
 def format_frontier(frontier: Frontier) -> str:

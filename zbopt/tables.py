@@ -165,35 +165,45 @@ def _not_applicable_lines(left_out: tuple[tuple[str, str], ...], verbose: bool) 
 
 
 def format_frontier(frontier: Frontier) -> str:
-    """The problem, one line per memory limit, then the heuristics at their own peak memory."""
+    """The problem, what the sweep's values set, one line per value (with scaled per-device limits,
+    each device's), then the heuristics at their own peak memory."""
     from zbopt.frontier import counted_mechanisms
     from zbopt.solvers.gap import gap_text
 
-    points = frontier.points
-    problem = frontier.problem
+    points, problem, scaled = frontier.points, frontier.problem, frontier.scaled
     mechanisms = [name for _, name in counted_mechanisms(problem)]  # FrontierPoint counts, as columns
+    word = "limit" if scaled is None else "factor"
+    title = "memory limit" if scaled is None else "factor"
     lines = [
         f"problem       {problem.describe()}",
+        f"sweep         {_sweep_text(frontier)}",
         f"solves        {len(points)} memory limits, CP-SAT {frontier.time_limit:g} s each; "
         f"wall time {frontier.wall_time_s:.1f} s",
         "",
-        f"{'memory limit':>12}  {'status':<8}  {'makespan':>10}  {'lower bound':>11}  {'gap':>7}  {'solve s':>7}"
-        + "".join(f"  {name:<11}" for name in mechanisms),
+        f"{title:>12}  {'status':<8}  {'makespan':>10}  {'lower bound':>11}  {'gap':>7}  {'solve s':>7}"
+        + "".join(f"  {name:<11}" for name in mechanisms) + ("" if scaled is None else "  limits per device"),
     ]
     for point in points:
         makespan = "none" if point.makespan is None else f"{point.makespan:.6g}"
-        gap = gap_text(point.gap)
-        carried = "" if point.found_at in (None, point.memory_limit) else f"  (found at limit {point.found_at:g})"
-        count = ""
-        for name in mechanisms:
-            value = getattr(point, name)
-            count += f"  {'-' if value is None else value:>4} of {problem.num_activations:<3}"
+        carried = "" if point.found_at in (None, point.memory_limit) else f"  (found at {word} {point.found_at:g})"
+        count = "".join(f"  {'-' if getattr(point, name) is None else getattr(point, name):>4} of "
+                        f"{problem.num_activations:<3}" for name in mechanisms)
+        per_device = "" if scaled is None else "  " + ", ".join(f"{cap:g}" for cap in frontier.device_limits(point))
         lines.append(f"{point.memory_limit:>12g}  {point.status:<8}  {makespan:>10}  {point.lower_bound:>11.6g}  "
-                     f"{gap:>7}  {point.solve_time_s:>7.2f}{count}{carried}")
+                     f"{gap_text(point.gap):>7}  {point.solve_time_s:>7.2f}{count}{per_device}{carried}")
     if frontier.heuristics:
         width = max(len("heuristic"), *(len(point.name) for point in frontier.heuristics))
+        fits = "" if scaled is None else f"  {'fits from factor':>16}"
         lines += ["", "heuristics at their own peak memory (run without a limit):",
-                  f"{'heuristic':<{width}}  {'peak memory':>11}  {'makespan':>10}"]
+                  f"{'heuristic':<{width}}  {'peak memory':>11}  {'makespan':>10}{fits}"]
         lines += [f"{point.name:<{width}}  {point.peak_memory:>11.6g}  {point.makespan:>10.6g}"
-                  for point in frontier.heuristics]
+                  + ("" if scaled is None else f"  {point.factor:>16.4g}") for point in frontier.heuristics]
     return "\n".join(lines)
+
+
+def _sweep_text(frontier: Frontier) -> str:
+    """What each value of the sweep sets, and what became of the problem's own limit."""
+    if frontier.scaled is not None:
+        return f"each value is a factor: device d's limit = factor × its own, {limit_text(frontier.scaled)}"
+    own = frontier.problem.memory_limit
+    return "each value is every device's memory limit" + ("" if own is None else f" (the problem's {own[0]:g} unused)")

@@ -190,13 +190,16 @@ def _dask_client(address: str):
 
 
 def _check_frontier_flags(args: argparse.Namespace) -> None:
-    """--workers and --dask exclude each other; the sweep, not --memory-limit, sets the limit."""
+    """--workers and --dask exclude each other; the sweep, not --memory-limit, sets one limit for
+    every device (per-device limits that differ, the sweep scales)."""
     if args.dask is not None and args.workers is not None:
         raise ZboptError("--workers and --dask: give one (a dask cluster has its own workers)")
     if args.workers is not None and args.workers < 1:
         raise ZboptError(f"--workers {args.workers}: must be at least 1")
-    if hasattr(args, "memory_limit"):
-        raise ZboptError("--memory-limit: the sweep sets the limit; give --memory-limits START:STOP:STEP")
+    given = getattr(args, "memory_limit", None)
+    if given is not None and len(set(given if isinstance(given, list) else [given])) == 1:
+        raise ZboptError(f"--memory-limit {given}: the sweep sets the limit; give --memory-limits START:STOP:STEP "
+                         "(per-device limits that differ are scaled by the sweep's factors instead)")
 
 
 def _command_frontier(args: argparse.Namespace) -> int:

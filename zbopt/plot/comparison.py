@@ -63,14 +63,19 @@ def plot_comparison(comparison, path: str | Path | None = None, *, title: str | 
     for tick, o in zip(time_axes.get_yticklabels(), over, strict=True):
         if o:
             tick.set_color(palette().limit)
-    handles = [Line2D([], [], color="black", linestyle=":", label=f"lower bound {bound:.5g}") for bound in bounds]
-    if limits:
-        handles.append(Patch(facecolor=palette().bar, label="within memory limit"))
-        if any(over):  # the key only for what the chart shows
-            handles.append(Patch(facecolor=palette().limit, edgecolor="white", hatch="///", label="over memory limit"))
-        handles.append(Line2D([], [], color=palette().limit, linestyle="--", label="memory limit"))
-    if handles:  # no bound and no limit: nothing to key
+    if handles := _legend_handles(bounds, limits, any(over)):  # no bound and no limit: nothing to key
         figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
     if heading := _title(title, f"Schedules compared on {problem.describe()}"):
         figure.suptitle(heading, fontsize=10)
     return _finish(figure, path)
+
+
+def _legend_handles(bounds: list[float], limits: list[float], over: bool) -> list:
+    """The key, only for what the chart shows: the lower bound, the limit and the rows within or over it."""
+    handles = [Line2D([], [], color="black", linestyle=":", label=f"lower bound {bound:.5g}") for bound in bounds]
+    if limits:
+        handles.append(Patch(facecolor=palette().bar, label="within memory limit"))
+        if over:
+            handles.append(Patch(facecolor=palette().limit, edgecolor="white", hatch="///", label="over memory limit"))
+        handles.append(Line2D([], [], color=palette().limit, linestyle="--", label="memory limit"))
+    return handles

@@ -42,6 +42,9 @@ def test_rows_are_the_simulators_numbers_and_run_by_makespan():
         assert row.to_dict() == {
             "name": row.name, "status": None, "makespan": simulation.makespan, "bubble_rate": simulation.bubble_rate,
             "zb_bubble_rate": simulation.zb_bubble_rate, "peak_memory": max(simulation.peak_memory),
+            # one limit on every device: the highest peak binds (the first such device)
+            "binding_device": list(simulation.peak_memory).index(max(simulation.peak_memory)),
+            "peak_memory_per_device": list(simulation.peak_memory),
             "within_memory_limit": simulation.valid, "lower_bound": bound,
             "gap": pytest.approx((simulation.makespan - bound) / simulation.makespan, abs=1e-9),
         }
@@ -166,7 +169,11 @@ def test_cli_table_lists_the_rows_by_makespan(capsys):
     expected = compare(Problem(**LIMITED), ["gpipe", "zb-h1", "1f1b"]).rows
     assert status == 0
     assert [cells[0] for cells in table] == [row.name for row in expected]
-    assert [cells[6] for cells in table] == ["yes" if row.within_memory_limit else "no" for row in expected]
+    assert [cells[-2] for cells in table] == ["yes" if row.within_memory_limit else "no" for row in expected]
+    peaks = [list(simulate(Problem(**LIMITED), generate(row.name, Problem(**LIMITED))).peak_memory) for row in expected]
+    # one limit (4) on every device: the highest peak binds, said against that device's limit
+    assert [" ".join(cells[6:-2]) for cells in table] == \
+        [f"device {peak.index(max(peak))}: {max(peak):g} of 4" for peak in peaks]
     assert f"lower bound   {lower_bounds(Problem(**LIMITED)).best:.6g} (independent lower bounds)" in lines
 
 

@@ -215,6 +215,7 @@ def test_cli_quiet_prints_nothing_and_writes_the_figure(tmp_path, capsys):
     (["--memory-limits", "1-8"], "START:STOP:STEP"),
     (["--memory-limits", "0.5:2:0.5"], "memory limit 0.5"),
     (["--memory-limits", "1:2:1", "--memory-limit", "2"], "the sweep sets the limit"),
+    (["--memory-limits", "1:2:1", "--memory-limit", "2", "2", "2", "2"], "the sweep sets the limit"),
     (["--memory-limits", "1:2:1", "-o", "frontier.txt"], "unsupported extension"),
     (["--memory-limits", "1:2:1", "--workers", "0"], "--workers 0"),
 ])
@@ -236,3 +237,36 @@ def test_answers_carry_along_the_sweep():
     proven_above = [FrontierPoint(1, "feasible", 10.0, 8.0, 1.0, 1), FrontierPoint(2, "optimal", 10.0, 10.0, 1.0, 2)]
     carried = _best_known_at_each_limit(proven_above)
     assert [(p.status, p.lower_bound) for p in carried] == [("optimal", 10.0), ("optimal", 10.0)]
+
+
+# per-device limits that differ: the sweep scales them (factor × each device's own), never one for all
+SCALED = Problem(num_devices=3, num_microbatches=4, weight_times=1, memory_limit=[3, 2, 1.5])
+
+
+def test_a_sweep_scales_per_device_limits_that_differ(capsys):
+    factors = (1.0, 1.5)
+    frontier = memory_frontier(SCALED, factors, time_limit=TIME_LIMIT, workers=1)
+    assert frontier.scaled == (3, 2, 1.5)
+    assert [frontier.device_limits(point) for point in frontier.points] == [(3, 2, 1.5), (4.5, 3, 2.25)]
+    for point, factor in zip(frontier.points, factors, strict=True):
+        alone = solve(SCALED.replace(memory_limit=[factor * 3, factor * 2, factor * 1.5]), "cpsat",
+                      time_limit=TIME_LIMIT, workers=1)
+        assert (point.memory_limit, point.makespan) == (factor, alone.objective)
+    # 1F1B with a split backward holds p - d activations on device d: 3, 2, 1 against 3, 2, 1.5
+    (one_f_one_b,) = [point for point in frontier.heuristics if point.name == "1f1b"]
+    assert one_f_one_b.factor == max(3 / 3, 2 / 2, 1 / 1.5) == 1
+    data = frontier.to_dict()
+    assert data["scaled_limits"] == [3, 2, 1.5] and data["points"][1]["device_limits"] == [4.5, 3, 2.25]
+    text = str(frontier)
+    assert "sweep         each value is a factor: device d's limit = factor × its own, 3, 2, 1.5 (devices 0-2)" \
+        in text.splitlines()
+    assert "4.5, 3, 2.25" in text
+    with pytest.raises(ZboptError, match=r"memory limit factor 0\.3 \(limits 0\.9, 0\.6, 0\.45\): device 0"):
+        memory_frontier(SCALED, [0.3], time_limit=TIME_LIMIT, workers=1)
+
+
+def test_a_limit_the_same_on_every_device_is_replaced_and_said_so(frontier):
+    assert frontier.scaled is None and "sweep         each value is every device's memory limit" in str(frontier)
+    same = memory_frontier(PROBLEM.replace(memory_limit=4), [2.0], time_limit=TIME_LIMIT, workers=1)
+    assert same.scaled is None and same.device_limits(same.points[0]) == (2.0,) * P
+    assert "(the problem's 4 unused)" in str(same)

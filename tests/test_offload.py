@@ -306,7 +306,7 @@ def test_the_frontier_counts_what_each_limit_offloads():
     assert low.offloaded > 0 and high.offloaded == 0 and low.recomputed is None
     table = format_frontier(frontier)
     assert "offloaded" in table and "recomputed" not in table
-    assert f"{low.offloaded:>4} of 12" in table.splitlines()[4]
+    assert f"{low.offloaded:>4} of 12" in table.splitlines()[5]  # below the problem, sweep, solves, blank, header
     figure = plot_frontier(frontier)
     marks = {text.get_text() for axes in figure.axes for text in axes.texts}
     assert f"O {low.offloaded}/12" in marks

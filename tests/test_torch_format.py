@@ -420,7 +420,8 @@ def test_megatron_json_has_one_line_per_rank():
 @pytest.mark.parametrize(
     ("problem", "name", "needle"),
     [
-        (PROBLEMS[1], "zb-h1", "Megatron-LM's order has no weight-gradient step: it needs a fused backward"),
+        (PROBLEMS[1], "zb-h1", "Megatron-LM's order cannot hold a split backward (weight_times given): upstream "
+                               "Megatron-LM has no weight-gradient step"),
         (PROBLEMS[0].replace(iterations=2), "1f1b", "Megatron-LM's order holds one training step: iterations = 2"),
         (PROBLEMS[0], "looped-bfs", "device 0 runs 0BW7 where stage 0's full backward (B) of microbatch 0 is due"),
     ],
@@ -437,6 +438,17 @@ def test_exportability_is_checked_before_any_work():
         check_exportable(PROBLEMS[1].replace(iterations=3), "torch-csv")
     with pytest.raises(ZboptError, match="no weight-gradient step"):
         check_exportable(PROBLEMS[1], "megatron")
+
+
+def test_megatron_refuses_a_split_backward_and_names_the_export_that_holds_it(tmp_path, capsys):
+    argv = ["export", "-s", "2", "-b", "4", "-w", "1", "--schedule", "zb-h1"]
+    assert main([*argv, "--format", "megatron", "-o", str(tmp_path / "order.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--format torch-csv" in err and not (tmp_path / "order.json").exists()
+    # the export it names holds the weight-gradient steps: torch's I and W, 2 × 4 of each
+    assert main([*argv, "--format", "torch-csv", "-o", str(tmp_path / "zbh1.csv")]) == 0
+    actions = (tmp_path / "zbh1.csv").read_text().replace("\r\n", ",").split(",")
+    assert sum(action[1:2] == "I" for action in actions) == sum(action[1:2] == "W" for action in actions) == 8
 
 
 # -------------------------------------------------------------------------------- malformed CSV

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zbopt import shown
-from zbopt.errors import NotApplicableError
+from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.interrupt import Interrupted
 from zbopt.problem import Problem
 from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
@@ -22,20 +22,22 @@ from zbopt.solvers.gap import gap_text, relative_gap
 
 OPTIMAL_ROW = "cpsat"
 BOUNDS_S = 5.0  # the independent bounds' time in a comparison without the optimizer
+NO_BOUNDS = "none: bounds=False (--no-bounds) skips them"  # the source of a comparison without bounds
 COLUMNS = {"name": "schedule", "status": "status", "makespan": "makespan", "bubble_rate": "bubble rate",
-           "zb_bubble_rate": "ZB bubble rate", "peak_memory": "peak memory", "within_memory_limit": "within limit",
-           "gap": "gap"}  # row key -> column title, in the table's order
+           "zb_bubble_rate": "ZB bubble rate", "peak_memory": "peak memory", "binding_device": "binds",
+           "within_memory_limit": "within limit", "gap": "gap"}  # row key -> column title, in the table's order
 
 
 @dataclass(frozen=True)
 class ComparisonRow:
     """One schedule's metrics; `status` is the solver's ("optimal", "feasible") on the optimizer's
     row and None on a heuristic's. `gap` is measured against the comparison's lower bound, which
-    holds for schedules within the memory limit: a row over the limit can have a negative gap."""
+    holds for schedules within the memory limit: a row over the limit can have a negative gap; both
+    are None when the comparison skipped its bounds."""
 
     name: str
     simulation: Simulation
-    lower_bound: float
+    lower_bound: float | None
     status: str | None = None
 
     @property
@@ -56,36 +58,53 @@ class ComparisonRow:
         return max(self.simulation.peak_memory)
 
     @property
+    def binding_device(self) -> int:
+        """The device whose memory binds: the one with the least room under its own limit (per-device
+        limits differ, so the highest peak need not bind), or without a limit the highest peak; the
+        lowest index on a tie."""
+        peaks, limit = self.simulation.peak_memory, self.simulation.problem.memory_limit
+        room = [-peak if limit is None else limit[device] - peak for device, peak in enumerate(peaks)]
+        return min(range(len(room)), key=room.__getitem__)
+
+    @property
     def within_memory_limit(self) -> bool:
         return self.simulation.valid
 
     @property
-    def gap(self) -> float:
-        return relative_gap(self.makespan, self.lower_bound)
+    def gap(self) -> float | None:
+        return None if self.lower_bound is None else relative_gap(self.makespan, self.lower_bound)
 
     def cells(self) -> dict[str, str]:
         """The row as table text, one cell per COLUMNS key, so the terminal and the report agree."""
         return {"name": self.name, "status": self.status or "-", "makespan": f"{self.makespan:.6g}",
                 "bubble_rate": f"{self.bubble_rate:.4f}", "zb_bubble_rate": f"{self.zb_bubble_rate:.4f}",
-                "peak_memory": f"{self.peak_memory:g}",
-                "within_memory_limit": "yes" if self.within_memory_limit else "no", "gap": gap_text(self.gap)}
+                "peak_memory": f"{self.peak_memory:g}", "binding_device": self._binding_text(),
+                "within_memory_limit": "yes" if self.within_memory_limit else "no",
+                "gap": "no bound" if self.lower_bound is None else gap_text(self.gap)}
+
+    def _binding_text(self) -> str:
+        """"device 3", and under a limit that device's peak against its own limit: "device 0: 33.2 of 33.1"."""
+        device, limit = self.binding_device, self.simulation.problem.memory_limit
+        text = f"device {device}"
+        return text if limit is None else f"{text}: {self.simulation.peak_memory[device]:g} of {limit[device]:g}"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "status": self.status, "makespan": self.makespan,
                 "bubble_rate": self.bubble_rate, "zb_bubble_rate": self.zb_bubble_rate,
-                "peak_memory": self.peak_memory, "within_memory_limit": self.within_memory_limit,
-                "lower_bound": self.lower_bound, "gap": self.gap}
+                "peak_memory": self.peak_memory, "binding_device": self.binding_device,
+                "peak_memory_per_device": [float(peak) for peak in self.simulation.peak_memory],
+                "within_memory_limit": self.within_memory_limit, "lower_bound": self.lower_bound, "gap": self.gap}
 
 
 @dataclass(frozen=True)
 class Comparison(Shown):
-    """The rows (see `row_order`), the lower bound they are measured against and where it came
-    from, the schedules left out because they do not apply (name, reason), and the solver's full
+    """The rows (see `row_order`), the lower bound they are measured against (None: skipped) and
+    where it came from, the schedules left out because they do not apply (name, reason), and the solver's full
     answer when it ran (its row is missing when it found no schedule in time)."""
 
     problem: Problem
     rows: tuple[ComparisonRow, ...]
-    lower_bound: float
+    lower_bound: float | None
     lower_bound_source: str
     not_applicable: tuple[tuple[str, str], ...] = ()
     solve_result: SolveResult | None = None
@@ -111,13 +130,16 @@ def row_order(row: ComparisonRow) -> tuple[bool, float]:
 
 
 def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
-            time_limit: float = 60.0, workers: int = 2, progress: bool = False) -> Comparison:
+            time_limit: float = 60.0, workers: int = 2, progress: bool = False, bounds: bool = True) -> Comparison:
     """Simulate each schedule in `schedules` (default: every registered one that applies to
     `problem`; "torch:NAME" is torch's built-in NAME, see `zbopt.schedules.torch_builtin`) and, with
-    `optimal`, the CP-SAT solver's answer within `time_limit` seconds.
+    `optimal`, the CP-SAT solver's answer within `time_limit` seconds. `bounds=False` skips the
+    lower bounds (up to BOUNDS_S a problem, where simulating takes hundredths of a second: for
+    sweeps over many problems); the comparison then has no bound and no gaps (None).
 
-    Raises UnknownScheduleError for an unknown name and NotApplicableError naming a requested
-    schedule whose preconditions do not hold; on Ctrl-C during the solve, `Interrupted` with the
+    Raises UnknownScheduleError for an unknown name, NotApplicableError naming a requested
+    schedule whose preconditions do not hold, ZboptError for `optimal` without `bounds` (the
+    solver certifies with them); on Ctrl-C during the solve, `Interrupted` with the
     Comparison of the rows so far (the solver's best schedule among them).
 
     >>> from zbopt import Problem
@@ -125,6 +147,9 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
     >>> [(row.name, row.makespan) for row in compare(problem, ["1f1b", "gpipe"]).rows]
     [('1f1b', 15.0), ('gpipe', 15.0)]
     """
+    if optimal and not bounds:
+        raise ZboptError("bounds=False (--no-bounds) with optimal=True (--optimal): the optimizer certifies its "
+                         "answer with the lower bounds; give one of the two")
     simulations, not_applicable = _simulate_schedules(problem, schedules)
     stop = None
     if optimal:
@@ -135,6 +160,8 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
         lower_bound, source = result.lower_bound, f"cpsat ({result.status})"
         if result.simulation is not None:
             simulations.append((OPTIMAL_ROW, result.simulation, result.status))
+    elif not bounds:
+        result, lower_bound, source = None, None, NO_BOUNDS
     else:
         result = None
         # without --optimal the bounds stay quick: the v >= 2 relaxations get BOUNDS_S in all

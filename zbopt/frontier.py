@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import numbers
 import os
 import signal
 import sys
@@ -34,7 +35,8 @@ MAX_LIMITS = 10_000  # a sweep longer than this is a typo in START:STOP:STEP, no
 
 @dataclass(frozen=True)
 class FrontierPoint:
-    """The optimizer's answer at one memory limit (the same limit on every device).
+    """The optimizer's answer at one value of the sweep: the limit on every device or, where the
+    problem's own limits differ between devices, the factor each is scaled by (`Frontier.scaled`).
 
     makespan is None when no schedule was found within the time limit (status "unknown").
     found_at is the limit whose solve found the schedule: this one, or a smaller one whose
@@ -64,32 +66,47 @@ class FrontierPoint:
 @dataclass(frozen=True)
 class HeuristicPoint:
     """A registered heuristic run without a memory limit: the most memory any device holds, and
-    its makespan. It is a feasible schedule at every limit from `peak_memory` on."""
+    its makespan. It is a feasible schedule at every limit from `peak_memory` on; with scaled
+    per-device limits, from `factor` on (the most any device's peak takes of its own limit)."""
 
     name: str
     peak_memory: float
     makespan: float
+    factor: float | None = None
+
+    @property
+    def position(self) -> float:
+        """Where it sits on the sweep's axis: the least sweep value it fits at."""
+        return self.peak_memory if self.factor is None else self.factor
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "peak_memory": self.peak_memory, "makespan": self.makespan}
+        return {"name": self.name, "peak_memory": self.peak_memory, "makespan": self.makespan, "factor": self.factor}
 
 
 @dataclass(frozen=True)
 class Frontier(Shown):
-    """The sweep's answers in increasing memory limit, the heuristics in increasing peak memory,
-    and the sweep's wall-clock time (the solves ran in parallel, so less than their sum)."""
+    """The sweep's answers in increasing sweep value, the heuristics by where they fit, and the
+    sweep's wall-clock time (the solves ran in parallel, so less than their sum). `scaled` holds
+    the problem's per-device limits the sweep's values multiply (`sweep_scale`), or None."""
 
     problem: Problem
     time_limit: float
     points: tuple[FrontierPoint, ...]
     heuristics: tuple[HeuristicPoint, ...]
     wall_time_s: float
+    scaled: tuple[float, ...] | None = None
+
+    def device_limits(self, point: FrontierPoint) -> tuple[float, ...]:
+        """The memory limit of each device at `point`."""
+        return limits_at(self.problem, self.scaled, point.memory_limit)
 
     def to_dict(self) -> dict:
         problem = self.problem.replace(memory_limit=None).to_dict()
         del problem["memory_limit"]  # the sweep sets it
-        return {"problem": problem, "time_limit": self.time_limit, "wall_time_s": self.wall_time_s,
-                "points": [point.to_dict() for point in self.points],
+        return {"problem": problem, "scaled_limits": None if self.scaled is None else list(self.scaled),
+                "time_limit": self.time_limit, "wall_time_s": self.wall_time_s,
+                "points": [{**point.to_dict(), "device_limits": list(self.device_limits(point))}
+                           for point in self.points],
                 "heuristics": [point.to_dict() for point in self.heuristics]}
 
     def to_dataframe(self):
@@ -125,15 +142,30 @@ def process_pool(max_workers: int | None = None) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("spawn"))
 
 
-def heuristic_points(problem: Problem) -> tuple[HeuristicPoint, ...]:
+def sweep_scale(problem: Problem) -> tuple[float, ...] | None:
+    """The per-device limits a sweep scales: the problem's own where they differ between devices
+    (one value for all would lose them), else None: each sweep value is every device's limit."""
+    limit = problem.memory_limit
+    return None if limit is None or len(set(limit)) == 1 else limit
+
+
+def limits_at(problem: Problem, scaled: tuple[float, ...] | None, value: float) -> tuple[float, ...]:
+    """Each device's memory limit at the sweep's `value`: the value, or the value times its own limit."""
+    return (value,) * problem.num_devices if scaled is None else tuple(value * cap for cap in scaled)
+
+
+def heuristic_points(problem: Problem, scaled: tuple[float, ...] | None = None) -> tuple[HeuristicPoint, ...]:
     """Every registered heuristic that applies, simulated without a memory limit so each sits at
-    its own peak memory; sorted by peak memory, then makespan, then name."""
+    its own peak memory (and, with `scaled` limits, the least factor of them it fits); sorted by
+    that place, then makespan, then name."""
     unlimited = problem.replace(memory_limit=None)
     points = []
     for name, schedule in generate_applicable(unlimited)[0].items():
         simulation = simulate(unlimited, schedule)
-        points.append(HeuristicPoint(name, max(simulation.peak_memory), simulation.makespan))
-    return tuple(sorted(points, key=lambda point: (point.peak_memory, point.makespan, point.name)))
+        peaks = simulation.peak_memory
+        factor = None if scaled is None else max(peak / cap for peak, cap in zip(peaks, scaled, strict=True))
+        points.append(HeuristicPoint(name, max(peaks), simulation.makespan, factor))
+    return tuple(sorted(points, key=lambda point: (point.position, point.makespan, point.name)))
 
 
 def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_limit: float = 60.0,
@@ -147,9 +179,10 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
 
     Parameters
     ----------
-    problem : its own memory limit is ignored; each solve sets one limit on every device.
-    memory_limits : the limits, each at least the problem's least valid limit (see
-        `Problem.min_memory_limit`); `parse_memory_limits` reads "START:STOP:STEP".
+    problem : each solve sets one limit on every device, replacing the problem's own; where the
+        problem's limits differ between devices, each solve scales them instead (`sweep_scale`).
+    memory_limits : the limits (or factors), each leaving every device at least the problem's
+        least valid limit (see `Problem.min_memory_limit`); `parse_memory_limits` reads "START:STOP:STEP".
     time_limit : seconds per solve.
     executor : where the solves run, e.g. a dask `Client(...).get_executor()`; by default a pool
         of spawned processes, one per core (each solve uses one thread, so N processes use N cores).
@@ -163,7 +196,8 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
     solves are cancelled, our own pool's workers stopped, and its `partial` is the Frontier of the
     points finished so far (None if none).
     """
-    limits = sorted(_checked_limit(problem, limit) for limit in memory_limits)
+    scaled = sweep_scale(problem)
+    limits = sorted(_checked_limit(problem, scaled, limit) for limit in memory_limits)
     if not limits:
         raise ZboptError("memory limits: none given")
     if time_limit <= 0:
@@ -175,8 +209,8 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
     futures: list[Future] = []
     with interrupt.stoppable():
         try:
-            futures = _submitted(executor, problem, limits, time_limit)
-            heuristics = heuristic_points(problem)  # while the solves run
+            futures = _submitted(executor, problem, scaled, limits, time_limit)
+            heuristics = heuristic_points(problem, scaled)  # while the solves run
             finished = _finished_solves(futures, _ProgressBar(len(futures)) if progress else None)
             if len(finished) < len(futures):  # Ctrl-C: no further solve starts, our own workers stop now
                 _stop_solves(executor, futures, own_pool)
@@ -187,21 +221,22 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
             if own_pool:
                 executor.shutdown(cancel_futures=True)
     frontier = Frontier(problem, time_limit, _best_known_at_each_limit(finished), heuristics,
-                        time.perf_counter() - began)
+                        time.perf_counter() - began, scaled)
     if len(finished) < len(futures):  # only Ctrl-C ends the sweep early
         raise interrupt.Interrupted(frontier if finished else None)
     return frontier
 
 
-def _submitted(executor: Executor, problem: Problem, limits: list[float], time_limit: float) -> list[Future]:
+def _submitted(executor: Executor, problem: Problem, scaled: tuple[float, ...] | None, limits: list[float],
+               time_limit: float) -> list[Future]:
     """One solve per limit. Ctrl-C is ignored while they are submitted: the processes a pool starts
     then inherit that (Python keeps it), so a terminal's Ctrl-C, sent to the whole process group,
     reaches only this process, which stops them."""
     ignoring = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if ignoring else None
     try:
-        return [executor.submit(_solve_at, problem.replace(memory_limit=limit), limit, time_limit)
-                for limit in limits]
+        return [executor.submit(_solve_at, problem.replace(memory_limit=limits_at(problem, scaled, limit)), limit,
+                                time_limit) for limit in limits]
     finally:
         if ignoring:
             signal.signal(signal.SIGINT, previous)
@@ -266,12 +301,17 @@ def _preference(point: FrontierPoint) -> tuple:
     return point.makespan, point.recomputed or 0, point.offloaded or 0
 
 
-def _checked_limit(problem: Problem, limit: float) -> float:
-    """The limit, if every device can meet it; else a ZboptError naming the limit and the device."""
+def _checked_limit(problem: Problem, scaled: tuple[float, ...] | None, limit: float) -> float:
+    """The sweep value, if every device can meet its limit there; else a ZboptError naming the
+    value (and the limits it scales to) and the device."""
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Real):
+        raise ZboptError(f"memory limit {limit!r}: expected a number")
     try:
-        problem.replace(memory_limit=limit)
+        problem.replace(memory_limit=limits_at(problem, scaled, limit))
     except ProblemError as error:
-        raise ZboptError(f"memory limit {limit!r}: {error.reason}") from None
+        named = f"memory limit {limit!r}" if scaled is None else f"memory limit factor {limit!r} (limits " \
+            f"{', '.join(f'{cap:g}' for cap in limits_at(problem, scaled, limit))})"
+        raise ZboptError(f"{named}: {error.reason}") from None
     return float(limit)
 
 

@@ -119,7 +119,8 @@ def _cell(value) -> str:
 def _problem_table(comparison: Comparison) -> str:
     """The problem's parameters, then the lower bound and the schedules left out, and why."""
     entries = [(key, _cell(value)) for key, value in comparison.problem.to_dict().items()]
-    entries.append(("lower bound", f"{comparison.lower_bound:.6g} ({comparison.lower_bound_source})"))
+    bound, source = comparison.lower_bound, comparison.lower_bound_source
+    entries.append(("lower bound", source if bound is None else f"{bound:.6g} ({source})"))
     entries += [(f"not applicable: {name}", reason) for name, reason in comparison.not_applicable]
     body = "".join(f"<tr><th>{_text(key)}</th><td>{_text(value)}</td></tr>" for key, value in entries)
     return f'<table class="problem">{body}</table>'

@@ -108,70 +108,102 @@ def format_block(search: BlockSearch, simulation: Simulation, published: list[di
     return "\n".join(lines)
 
 
-def format_comparison(comparison: Comparison) -> str:
+def format_comparison(comparison: Comparison, verbose: bool = False) -> str:
     """The problem, the lower bound, one aligned line per row (in the comparison's order), the
-    schedules left out with their reasons, and the best row within the memory limit."""
+    schedules left out (one line of names; with `verbose` a line each with its reason: a problem
+    leaves out 18-22 of them, which would bury the table), and the best row within the limit."""
     from zbopt.comparison import COLUMNS
 
     problem, result = comparison.problem, comparison.solve_result
-    limit = problem.memory_limit
     cells = [row.cells() for row in comparison.rows]
     width = {key: max(len(title), *(len(row[key]) for row in cells)) for key, title in COLUMNS.items()}
-    left = ("name", "status", "within_memory_limit")
+    left = ("name", "status", "binding_device", "within_memory_limit")
 
     def line(values: dict[str, str]) -> str:
         return "  ".join(f"{values[key]:<{width[key]}}" if key in left else f"{values[key]:>{width[key]}}"
                          for key in COLUMNS).rstrip()
 
+    bound, source = comparison.lower_bound, comparison.lower_bound_source
     lines = [
         f"problem       {problem.describe()}",
-        f"memory limit  {'none' if limit is None else ', '.join(f'{cap:g}' for cap in dict.fromkeys(limit))}",
-        f"lower bound   {comparison.lower_bound:.6g} ({comparison.lower_bound_source})",
+        f"memory limit  {limit_text(problem.memory_limit)}",
+        f"lower bound   {source if bound is None else f'{bound:.6g} ({source})'}",
         "",
         line(COLUMNS),
         *(line(row) for row in cells),
     ]
     if result is not None and result.simulation is None:
         lines.append(f"cpsat found no schedule in {result.solve_time_s:.1f} s (status {result.status})")
-    if comparison.not_applicable:
-        lines += ["", "not applicable:", *(f"  {reason}" for _, reason in comparison.not_applicable)]
+    lines += _not_applicable_lines(comparison.not_applicable, verbose)
     best = comparison.best_within_limit
-    label = "best" if limit is None else "best within the limit"
-    lines += ["", "no schedule within the limit" if best is None
-              else f"{label}: {best.name} (gap {best.cells()['gap']})"]
-    return "\n".join(lines)
+    label = "best" if problem.memory_limit is None else "best within the limit"
+    if best is None:
+        return "\n".join([*lines, "", "no schedule within the limit"])
+    gap = "no bound" if bound is None else f"gap {best.cells()['gap']}"
+    return "\n".join([*lines, "", f"{label}: {best.name} ({gap})"])
+
+
+def limit_text(limit: tuple[float, ...] | None) -> str:
+    """A memory limit as people read it: "none", "4 on every device", or one value per device in
+    device order ("33.1, 42.6, 42.6, 33.1 (devices 0-3)"), never the distinct values alone."""
+    if limit is None:
+        return "none"
+    if len(set(limit)) == 1:
+        return f"{limit[0]:g} on every device"
+    return f"{', '.join(f'{cap:g}' for cap in limit)} (devices 0-{len(limit) - 1})"
+
+
+def _not_applicable_lines(left_out: tuple[tuple[str, str], ...], verbose: bool) -> list[str]:
+    """The schedules that do not apply: their names on one line, or with `verbose` one line each
+    with its reason."""
+    if not left_out:
+        return []
+    if verbose:
+        return ["", "not applicable:", *(f"  {reason}" for _, reason in left_out)]
+    names = ", ".join(name for name, _ in left_out)
+    return ["", f"not applicable ({len(left_out)}, reasons with --verbose): {names}"]
 
 
 def format_frontier(frontier: Frontier) -> str:
-    """The problem, one line per memory limit, then the heuristics at their own peak memory."""
+    """The problem, what the sweep's values set, one line per value (with scaled per-device limits,
+    each device's), then the heuristics at their own peak memory."""
     from zbopt.frontier import counted_mechanisms
     from zbopt.solvers.gap import gap_text
 
-    points = frontier.points
-    problem = frontier.problem
+    points, problem, scaled = frontier.points, frontier.problem, frontier.scaled
     mechanisms = [name for _, name in counted_mechanisms(problem)]  # FrontierPoint counts, as columns
+    word = "limit" if scaled is None else "factor"
+    title = "memory limit" if scaled is None else "factor"
     lines = [
         f"problem       {problem.describe()}",
+        f"sweep         {_sweep_text(frontier)}",
         f"solves        {len(points)} memory limits, CP-SAT {frontier.time_limit:g} s each; "
         f"wall time {frontier.wall_time_s:.1f} s",
         "",
-        f"{'memory limit':>12}  {'status':<8}  {'makespan':>10}  {'lower bound':>11}  {'gap':>7}  {'solve s':>7}"
-        + "".join(f"  {name:<11}" for name in mechanisms),
+        f"{title:>12}  {'status':<8}  {'makespan':>10}  {'lower bound':>11}  {'gap':>7}  {'solve s':>7}"
+        + "".join(f"  {name:<11}" for name in mechanisms) + ("" if scaled is None else "  limits per device"),
     ]
     for point in points:
         makespan = "none" if point.makespan is None else f"{point.makespan:.6g}"
-        gap = gap_text(point.gap)
-        carried = "" if point.found_at in (None, point.memory_limit) else f"  (found at limit {point.found_at:g})"
-        count = ""
-        for name in mechanisms:
-            value = getattr(point, name)
-            count += f"  {'-' if value is None else value:>4} of {problem.num_activations:<3}"
+        carried = "" if point.found_at in (None, point.memory_limit) else f"  (found at {word} {point.found_at:g})"
+        count = "".join(f"  {'-' if getattr(point, name) is None else getattr(point, name):>4} of "
+                        f"{problem.num_activations:<3}" for name in mechanisms)
+        per_device = "" if scaled is None else "  " + ", ".join(f"{cap:g}" for cap in frontier.device_limits(point))
         lines.append(f"{point.memory_limit:>12g}  {point.status:<8}  {makespan:>10}  {point.lower_bound:>11.6g}  "
-                     f"{gap:>7}  {point.solve_time_s:>7.2f}{count}{carried}")
+                     f"{gap_text(point.gap):>7}  {point.solve_time_s:>7.2f}{count}{per_device}{carried}")
     if frontier.heuristics:
         width = max(len("heuristic"), *(len(point.name) for point in frontier.heuristics))
+        fits = "" if scaled is None else f"  {'fits from factor':>16}"
         lines += ["", "heuristics at their own peak memory (run without a limit):",
-                  f"{'heuristic':<{width}}  {'peak memory':>11}  {'makespan':>10}"]
+                  f"{'heuristic':<{width}}  {'peak memory':>11}  {'makespan':>10}{fits}"]
         lines += [f"{point.name:<{width}}  {point.peak_memory:>11.6g}  {point.makespan:>10.6g}"
-                  for point in frontier.heuristics]
+                  + ("" if scaled is None else f"  {point.factor:>16.4g}") for point in frontier.heuristics]
     return "\n".join(lines)
+
+
+def _sweep_text(frontier: Frontier) -> str:
+    """What each value of the sweep sets, and what became of the problem's own limit."""
+    if frontier.scaled is not None:
+        return f"each value is a factor: device d's limit = factor × its own, {limit_text(frontier.scaled)}"
+    own = frontier.problem.memory_limit
+    return "each value is every device's memory limit" + ("" if own is None else f" (the problem's {own[0]:g} unused)")

@@ -28,6 +28,10 @@ def add_commands(commands) -> None:
     comparing.add_argument("--frontier", metavar="START:STOP:STEP",
                            help="also solve at these memory limits; the report shows the frontier")
     comparing.add_argument("--time-limit", type=float, help="seconds per solve, --optimal or --frontier (default 60)")
+    comparing.add_argument("--no-bounds", dest="bounds", action="store_false",
+                           help="skip the lower bounds (up to 5 s a problem): no bound and no gap, for sweeps")
+    comparing.add_argument("--verbose", action="store_true",
+                           help="list each schedule that does not apply with its reason (default: their names)")
     comparing.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     add_quiet_flag(comparing)
     add_input_flags(comparing, output_help="write an HTML report (.html) with every schedule's charts, every row's "
@@ -69,6 +73,8 @@ def _command_compare(args: argparse.Namespace) -> int:
 
     if args.time_limit is not None and not (args.optimal or args.frontier):
         raise ZboptError("--time-limit applies to --optimal and --frontier only")
+    if args.verbose and (args.json or args.quiet):
+        raise ZboptError(f"--verbose lengthens the printed table; {'--json' if args.json else '--quiet'} prints none")
     run = run_config(config_file(args), flag_values(args))
     frontier_limits = None if args.frontier is None else parse_memory_limits(args.frontier)
     output = output_flag(args)
@@ -78,7 +84,7 @@ def _command_compare(args: argparse.Namespace) -> int:
     check_outputs(args, {"-o": output})
     limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
     comparison, stop = interrupt.answer_of(lambda: compare(run.problem, args.schedule, optimal=args.optimal,
-                                                 progress=live(args), **limit))
+                                                 progress=live(args), bounds=args.bounds, **limit))
     frontier = None
     if frontier_limits is not None and stop is None:
         frontier, stop = interrupt.answer_of(lambda: memory_frontier(run.problem, frontier_limits, progress=live(args),
@@ -94,7 +100,7 @@ def _show_comparison(args: argparse.Namespace, kind: str | None, output: str | N
     if args.json:
         print(json.dumps(comparison.to_dicts()))
     elif talks(args):
-        print(format_comparison(comparison))
+        print(format_comparison(comparison, verbose=args.verbose))
         if frontier is not None:
             print("\n" + format_frontier(frontier))
     if kind is not None:
@@ -184,13 +190,16 @@ def _dask_client(address: str):
 
 
 def _check_frontier_flags(args: argparse.Namespace) -> None:
-    """--workers and --dask exclude each other; the sweep, not --memory-limit, sets the limit."""
+    """--workers and --dask exclude each other; the sweep, not --memory-limit, sets one limit for
+    every device (per-device limits that differ, the sweep scales)."""
     if args.dask is not None and args.workers is not None:
         raise ZboptError("--workers and --dask: give one (a dask cluster has its own workers)")
     if args.workers is not None and args.workers < 1:
         raise ZboptError(f"--workers {args.workers}: must be at least 1")
-    if hasattr(args, "memory_limit"):
-        raise ZboptError("--memory-limit: the sweep sets the limit; give --memory-limits START:STOP:STEP")
+    given = getattr(args, "memory_limit", None)
+    if given is not None and len(set(given if isinstance(given, list) else [given])) == 1:
+        raise ZboptError(f"--memory-limit {given}: the sweep sets the limit; give --memory-limits START:STOP:STEP "
+                         "(per-device limits that differ are scaled by the sweep's factors instead)")
 
 
 def _command_frontier(args: argparse.Namespace) -> int:

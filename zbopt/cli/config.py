@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from zbopt.cli.batch import BATCH_FLAGS, batch_microbatches
 from zbopt.errors import ProblemError, ZboptError, clip, shorten
 from zbopt.io.config import read_config_file
 from zbopt.problem import Problem
@@ -66,7 +67,11 @@ def build_run_config(values: dict, source: str = "config", sources: Mapping[str,
     parameters: dict = {}
     written_as: dict[str, str] = {}
     options: dict = {}
+    if counted := batch_microbatches(values, lambda key: _key_name(key, (sources or {}).get(key, source))):
+        parameters["num_microbatches"], written_as["num_microbatches"] = counted
     for key, value in values.items():
+        if key in BATCH_FLAGS:
+            continue
         if key in OPTION_KEYS:
             if value is not None and not isinstance(value, str):
                 raise ZboptError(f"{source}: {shorten(key)} = {shorten(value)}: expected a file name")
@@ -74,7 +79,7 @@ def build_run_config(values: dict, source: str = "config", sources: Mapping[str,
             continue
         parameter = PROBLEM_KEYS.get(key)
         if parameter is None:
-            known = ", ".join(list(PROBLEM_KEYS) + list(OPTION_KEYS))
+            known = ", ".join([*PROBLEM_KEYS, *BATCH_FLAGS, *OPTION_KEYS])
             raise ZboptError(f"{source}: unknown key {shorten(key)} (known keys: {known})")
         if parameter in written_as:
             raise ZboptError(f"{source}: '{key}' and '{written_as[parameter]}' both set {parameter}; give one")
@@ -88,9 +93,16 @@ def build_run_config(values: dict, source: str = "config", sources: Mapping[str,
         key = written_as.get(error.key, error.key)
         origin = (sources or {}).get(key, source)
         if origin == FLAG:
-            raise ZboptError(f"--{key.replace('_', '-')} {clip(_flag_text(values[key]))}: {error.reason}") from None
+            raise ZboptError(f"{_key_name(key, FLAG)} {clip(_flag_text(values[key]))}: {error.reason}") from None
         raise ZboptError(f"{origin}: {key} = {shorten(error.value)}: {error.reason}") from None
     return RunConfig(problem, options.get("output_file"))
+
+
+def _key_name(key: str, origin: str) -> str:
+    """A key as the user gave it: its flag ("--global-batch"), or the key and its file."""
+    if origin == FLAG:
+        return BATCH_FLAGS.get(key, f"--{key.replace('_', '-')}")
+    return f"{key} ({origin})"
 
 
 def _flag_text(value: object) -> str:

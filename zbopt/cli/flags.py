@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from zbopt.cli.batch import BATCH_FLAGS
 from zbopt.cli.config import OPTION_KEYS, PROBLEM_KEYS
 from zbopt.errors import ZboptError, shorten
 from zbopt.io.read import parse_yaml
@@ -50,6 +51,12 @@ def add_problem_flags(parser: argparse.ArgumentParser) -> None:
         help="pipeline devices p (default 4)")
     add("--num-microbatches", "--num-batches", "-b", dest="num_microbatches", type=int, default=suppress,
         help="microbatches m per iteration (default 8)")
+    add("--global-batch", dest="global_batch_size", type=int, default=suppress,
+        help="samples per optimizer step: m = global batch / (micro-batch size × data parallel), instead of -b")
+    add("--micro-batch-size", dest="micro_batch_size", type=int, default=suppress,
+        help="samples per microbatch, with --global-batch (default 1)")
+    add("--data-parallel", dest="data_parallel", type=int, default=suppress,
+        help="data-parallel replicas, with --global-batch (default 1)")
     add("--chunks-per-device", "-v", dest="chunks_per_device", type=int, default=suppress,
         help="model chunks per device (default 1)")
     add("--placement", default=suppress, help="stage placement: loop, v or bidirectional (default loop)")
@@ -127,4 +134,5 @@ def config_file(args: argparse.Namespace) -> str | None:
 
 def flag_values(args: argparse.Namespace) -> dict:
     """The config keys the user gave as flags (a flag left out is not in `args`)."""
-    return {key: value for key, value in vars(args).items() if key in PROBLEM_KEYS or key in OPTION_KEYS}
+    return {key: value for key, value in vars(args).items()
+            if key in PROBLEM_KEYS or key in OPTION_KEYS or key in BATCH_FLAGS}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from zbopt.cli.batch import BATCH_FLAGS
 from zbopt.cli.config import FLAG, PROBLEM_KEYS, RunConfig, build_run_config
 from zbopt.errors import ZboptError
 from zbopt.io.config import read_config_file
@@ -31,7 +32,7 @@ def run_config(config_file: str | Path | None, flags: dict, implied: dict | None
     values = _override(values, flags)
     sources = dict.fromkeys(flags, FLAG)
     if implied:
-        given = {PROBLEM_KEYS.get(key, key) for key in values}
+        given = {"num_microbatches" if key in BATCH_FLAGS else PROBLEM_KEYS.get(key, key) for key in values}
         filled = {key: value for key, value in implied.items() if key not in given}
         values.update(filled)
         sources.update(dict.fromkeys(filled, implied_by))

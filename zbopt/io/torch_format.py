@@ -123,7 +123,10 @@ def write_torch_csv(path: str | Path, problem: Problem, schedule: Schedule) -> N
 def _require_megatron(problem: Problem) -> None:
     require_one_step_one_route(problem, "Megatron-LM's order")
     if problem.split_backward:
-        raise ZboptError("Megatron-LM's order has no weight-gradient step: it needs a fused backward (no weight_times)")
+        raise ZboptError("Megatron-LM's order cannot hold a split backward (weight_times given): upstream Megatron-LM "
+                         "has no weight-gradient step, its order only forwards (+k) and whole backwards (-k); write "
+                         "it as a torch CSV (--format torch-csv: torch.distributed.pipelining runs B as I and W, as "
+                         "zbopt run-torch does) or as zbopt JSON (--format json)")
     if problem.placement == "v" and problem.chunks_per_device > 1:
         raise ZboptError("Megatron-LM's interleaving puts chunk k of rank r at stage k·p + r (loop placement); "
                          "this problem has placement v")

@@ -15,9 +15,10 @@ from zbopt.plot.style import DPI, _finish, _output_path, _style_axes, _title, pa
 @styled
 def plot_comparison(comparison, path: str | Path | None = None, *, title: str | None = None):
     """Two horizontal bar panels, one bar per schedule in the table's order (shortest makespan on
-    top): the makespan with its gap to the lower bound (dotted line), and the peak memory (highest
-    over the devices) against the memory limit (dashed red line). A schedule over its memory limit
-    is red, hatched and named in red: a fast schedule that does not fit is no answer.
+    top): the makespan with its gap to the lower bound (dotted line; neither without bounds), and
+    the peak memory (highest over the devices) against the memory limit (dashed red line). A
+    schedule over its memory limit is red, hatched and named in red: a fast schedule that does not
+    fit is no answer.
     `comparison` is a `zbopt.comparison.Comparison` or its rows. Writes PNG, SVG or PDF by the
     extension of `path` when given.
 
@@ -31,9 +32,10 @@ def plot_comparison(comparison, path: str | Path | None = None, *, title: str | 
     positions = np.arange(len(rows))
     figure, (time_axes, memory_axes) = plt.subplots(1, 2, sharey=True, figsize=(11.0, 1.6 + 0.3 * len(rows)),
                                                     dpi=DPI, layout="constrained")
+    bounds = [] if lower_bound is None else [lower_bound]  # a comparison without bounds draws no gap
     panels = (
-        (time_axes, "makespan", [row.makespan for row in rows], [lower_bound],
-         [f"{row.makespan:.5g}  (gap {row.gap:.1%})" for row in rows]),
+        (time_axes, "makespan", [row.makespan for row in rows], bounds,
+         [f"{row.makespan:.5g}" + ("" if row.gap is None else f"  (gap {row.gap:.1%})") for row in rows]),
         (memory_axes, "peak memory (highest device)", [row.peak_memory for row in rows], limits,
          [f"{row.peak_memory:g}" + ("  over limit" if o else "") for row, o in zip(rows, over, strict=True)]),
     )
@@ -51,7 +53,8 @@ def plot_comparison(comparison, path: str | Path | None = None, *, title: str | 
         axes.set_xlabel(label, fontsize=9)
         axes.tick_params(labelsize=8)
         _style_axes(axes)
-    time_axes.axvline(lower_bound, color="black", linestyle=":", linewidth=1.2, gid="lower-bound")
+    for bound in bounds:
+        time_axes.axvline(bound, color="black", linestyle=":", linewidth=1.2, gid="lower-bound")
     for limit in limits:
         memory_axes.axvline(limit, color=palette().limit, linestyle="--", linewidth=1.2, gid="memory-limit")
     time_axes.set_yticks(positions, [row.name + (f" ({row.status})" if row.status else "") for row in rows])
@@ -60,13 +63,19 @@ def plot_comparison(comparison, path: str | Path | None = None, *, title: str | 
     for tick, o in zip(time_axes.get_yticklabels(), over, strict=True):
         if o:
             tick.set_color(palette().limit)
-    handles = [Line2D([], [], color="black", linestyle=":", label=f"lower bound {lower_bound:.5g}")]
-    if limits:
-        handles.append(Patch(facecolor=palette().bar, label="within memory limit"))
-        if any(over):  # the key only for what the chart shows
-            handles.append(Patch(facecolor=palette().limit, edgecolor="white", hatch="///", label="over memory limit"))
-        handles.append(Line2D([], [], color=palette().limit, linestyle="--", label="memory limit"))
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
+    if handles := _legend_handles(bounds, limits, any(over)):  # no bound and no limit: nothing to key
+        figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
     if heading := _title(title, f"Schedules compared on {problem.describe()}"):
         figure.suptitle(heading, fontsize=10)
     return _finish(figure, path)
+
+
+def _legend_handles(bounds: list[float], limits: list[float], over: bool) -> list:
+    """The key, only for what the chart shows: the lower bound, the limit and the rows within or over it."""
+    handles = [Line2D([], [], color="black", linestyle=":", label=f"lower bound {bound:.5g}") for bound in bounds]
+    if limits:
+        handles.append(Patch(facecolor=palette().bar, label="within memory limit"))
+        if over:
+            handles.append(Patch(facecolor=palette().limit, edgecolor="white", hatch="///", label="over memory limit"))
+        handles.append(Line2D([], [], color=palette().limit, linestyle="--", label="memory limit"))
+    return handles

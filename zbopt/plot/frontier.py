@@ -72,8 +72,8 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
     if len(panels) > 1:
         _mark_break(*panels)
     marked = counted_mechanisms(problem)
-    handles = _legend_handles(proven, bool(groups), marked)
-    _axis_titles(figure, panels[-1], problem)  # the bottom panel holds the x axis
+    handles = _legend_handles(proven, bool(groups), marked, frontier.scaled is not None)
+    _axis_titles(figure, panels[-1], frontier)  # the bottom panel holds the x axis
     figure.legend(handles=handles, loc="outside lower center", ncol=2 if len(handles) > 3 else len(handles),
                   frameon=False, fontsize=8)
     backward = "split" if problem.split_backward else "fused"
@@ -101,7 +101,7 @@ def _series(points) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return limits, makespans, lower, proven
 
 
-def _legend_handles(proven: np.ndarray, heuristics: bool, marked: list) -> list:
+def _legend_handles(proven: np.ndarray, heuristics: bool, marked: list, scaled: bool) -> list:
     """The legend's keys: the proven staircase, then what is drawn besides it (unproven points and
     their band, heuristics, the mechanisms' counts)."""
     handles = [Line2D([], [], color=palette().frontier, marker="o", label="optimal makespan (proven)")]
@@ -111,7 +111,8 @@ def _legend_handles(proven: np.ndarray, heuristics: bool, marked: list) -> list:
                     Patch(facecolor=palette().frontier, alpha=0.18, label="lower bound to best found")]
     if heuristics:
         handles.append(Line2D([], [], color=palette().heuristic, marker="D", markersize=5, linestyle="none",
-                              label="heuristic, at its own peak memory"))
+                              label="heuristic, at the least factor its peaks fit" if scaled
+                              else "heuristic, at its own peak memory"))
     if marked:
         what = {"R": "recomputes", "O": "offloads"}
         handles.append(Line2D([], [], linestyle="none", label=", ".join(f"{letter} k/N" for letter, _ in marked)
@@ -119,11 +120,17 @@ def _legend_handles(proven: np.ndarray, heuristics: bool, marked: list) -> list:
     return handles
 
 
-def _axis_titles(figure, axes, problem) -> None:
-    """Memory across (in the problem's units, or activations where those are 1), makespan up."""
-    unit = ("1 = one microbatch's activations on one stage" if set(problem.activation_memory) == {1.0}
-            else "the problem's memory units")
-    axes.set_xlabel(f"memory per device: the limit (frontier) or the peak (heuristics); {unit}", fontsize=9)
+def _axis_titles(figure, axes, frontier) -> None:
+    """Memory across (in the problem's units, or activations where those are 1; with scaled
+    per-device limits, the factor of each device's own, which has no unit), makespan up."""
+    if frontier.scaled is None:
+        unit = ("1 = one microbatch's activations on one stage" if set(frontier.problem.activation_memory) == {1.0}
+                else "the problem's memory units")
+        axes.set_xlabel(f"memory per device: the limit (frontier) or the peak (heuristics); {unit}", fontsize=9)
+    else:
+        limits = ", ".join(f"{cap:g}" for cap in frontier.scaled)
+        axes.set_xlabel(f"memory limit: factor × each device's own ({limits}); a heuristic at the least factor "
+                        "its peaks fit", fontsize=9)
     figure.supylabel("makespan (the problem's time units)", fontsize=9)
 
 
@@ -212,11 +219,11 @@ def _mechanism_marks(owners: list, frontier, marked: list[tuple[str, str]]) -> l
 
 
 def _heuristic_groups(heuristics) -> list[tuple[float, float, str]]:
-    """(peak memory, makespan, "name, name, ...") per distinct point: heuristics that coincide
+    """(place on the sweep's axis, makespan, "name, name, ...") per distinct point: heuristics that coincide
     (1f1b and its 2BW variant, say) are one marker with one label."""
     names: dict[tuple[float, float], list[str]] = {}
     for point in heuristics:
-        names.setdefault((round(point.peak_memory, 9), round(point.makespan, 9)), []).append(point.name)
+        names.setdefault((round(point.position, 9), round(point.makespan, 9)), []).append(point.name)
     return [(x, y, ", ".join(group)) for (x, y), group in names.items()]
 
 

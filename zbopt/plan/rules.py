@@ -1,0 +1,138 @@
+"""Named split rules, the baselines a plan compares with the joint optimum.
+
+- `even`: Megatron-LM's default. The repeated layers (the model's most repeated name) in equal
+  parts, the layers before them (embedding) on the first virtual stage, those after them (LM
+  head, loss) on the last; where p·v does not divide the repeated layers, the first stages take
+  one more each.
+- `first-last`: Megatron-LM's `decoder_first_pipeline_num_layers` and
+  `decoder_last_pipeline_num_layers`: the first and last stages take their own counts of repeated
+  layers, the middle ones equal parts; the counts with the least longest stage time (F + B + W).
+- `stage-balanced`: the contiguous split with the least longest stage time, as torch's
+  `auto_partition` balances stages (a dynamic program over split prefixes).
+- `device-balanced`: the split with the least longest device time (the sum of its stages'
+  times): with v = 2 a device holds two stages apart, so no prefix DP; a small CP-SAT model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+
+from zbopt.errors import ZboptError
+from zbopt.model import Layer, Model
+from zbopt.plan.split import Pipeline, Split
+
+RULES = ("even", "first-last", "stage-balanced", "device-balanced")
+
+
+def layer_time(layer: Layer) -> float:
+    """What a layer costs per microbatch on its device: F + B + W (B is the fused BW without W)."""
+    return layer.forward_ms + layer.backward_ms + (layer.weight_ms or 0.0)
+
+
+def split_by_rule(rule: str, model: Model, pipeline: Pipeline) -> Split:
+    """The split `rule` (one of RULES) gives; a ZboptError in one line when the model has fewer
+    repeated layers than the rule needs."""
+    rules: dict[str, Callable[[Model, Pipeline], Split]] = {
+        "even": even_split, "first-last": first_last_split, "stage-balanced": stage_balanced_split,
+        "device-balanced": device_balanced_split}
+    if rule not in rules:
+        raise ZboptError(f"split rule {rule!r} is unknown (known: {', '.join(RULES)})")
+    if len(model.layers) < pipeline.num_stages:
+        raise ZboptError(f"model: {len(model.layers)} layers for {pipeline.num_stages} virtual stages; a stage "
+                         "needs at least one layer")
+    return rules[rule](model, pipeline)
+
+
+def body(model: Model) -> tuple[int, int]:
+    """(first, end) of the repeated layers: from the first to the last layer named as the model's
+    most repeated name (ties: the first such name); the ends are the layers outside."""
+    counts: dict[str, int] = {}
+    for name, repeat in model.groups:
+        counts[name] = counts.get(name, 0) + repeat
+    name = max(counts, key=counts.get)
+    indices = [index for index, layer in enumerate(model.layers) if layer.name == name]
+    return indices[0], indices[-1] + 1
+
+
+def _with_ends(model: Model, parts: list[int]) -> Split:
+    """The repeated layers' counts per stage, the leading ends added to the first stage and the
+    trailing ends to the last."""
+    first, end = body(model)
+    parts = list(parts)
+    parts[0] += first
+    parts[-1] += len(model.layers) - end
+    return tuple(parts)
+
+
+def even_split(model: Model, pipeline: Pipeline) -> Split:
+    first, end = body(model)
+    stages, repeated = pipeline.num_stages, end - first
+    if repeated < stages:
+        raise ZboptError(f"split rule 'even': {repeated} repeated layers for {stages} virtual stages")
+    share, extra = divmod(repeated, stages)
+    return _with_ends(model, [share + (stage < extra) for stage in range(stages)])
+
+
+def first_last_split(model: Model, pipeline: Pipeline) -> Split:
+    first, end = body(model)
+    stages, repeated = pipeline.num_stages, end - first
+    if stages < 3:
+        return stage_balanced_split(model, pipeline)  # no middle: the first and last counts are the split
+    candidates = []
+    for head in range(1, repeated):
+        for tail in range(1, repeated - head):
+            middle, left = divmod(repeated - head - tail, stages - 2)
+            if middle >= 1 and not left:
+                candidates.append(_with_ends(model, [head, *[middle] * (stages - 2), tail]))
+    if not candidates:
+        raise ZboptError(f"split rule 'first-last': {repeated} repeated layers for {stages} virtual stages")
+    return min(candidates, key=lambda split: (_longest_stage(model, split), split))
+
+
+def _longest_stage(model: Model, split: Split) -> float:
+    times, start = [], 0
+    for count in split:
+        times.append(sum(layer_time(layer) for layer in model.layers[start:start + count]))
+        start += count
+    return max(times)
+
+
+def stage_balanced_split(model: Model, pipeline: Pipeline) -> Split:
+    """The linear-partition DP: least longest stage over contiguous splits (ties: the earliest
+    cuts, as the DP's order finds them)."""
+    prefix = [0.0]
+    for layer in model.layers:
+        prefix.append(prefix[-1] + layer_time(layer))
+    count = len(model.layers)
+
+    @cache
+    def best(stage: int, start: int) -> tuple[float, Split]:
+        """Least longest stage for layers start.. on stages stage..S-1."""
+        stages_left = pipeline.num_stages - stage
+        if stages_left == 1:
+            return prefix[count] - prefix[start], (count - start,)
+        options = []
+        for end in range(start + 1, count - stages_left + 2):
+            rest, split = best(stage + 1, end)
+            options.append((max(prefix[end] - prefix[start], rest), (end - start, *split)))
+        return min(options)
+
+    return best(0, 0)[1]
+
+
+def device_balanced_split(model: Model, pipeline: Pipeline) -> Split:
+    """Least longest device time: CP-SAT over the stage boundaries (times in microseconds, each
+    stage's time read off the prefix sums by an element constraint)."""
+    from zbopt.plan.split_model import BoundaryModel
+
+    boundaries = BoundaryModel(model, pipeline)
+    work = [sum(boundaries.stage_sum("time", stage) for stage in pipeline.stages_on(device))
+            for device in range(pipeline.num_devices)]
+    longest = boundaries.model.NewIntVar(0, boundaries.horizon, "longest")
+    boundaries.model.AddMaxEquality(longest, work)
+    boundaries.model.Minimize(longest)
+    split = boundaries.solve(seconds=10.0)
+    if split is None:
+        raise ZboptError("split rule 'device-balanced': no split found in 10 s")
+    return split

@@ -23,6 +23,7 @@ _PUBLIC = {
                      "UnknownScheduleError", "ZboptError"),
     "zbopt.frontier": ("Frontier", "memory_frontier"),
     "zbopt.model": ("Device", "Layer", "Model", "load_model"),
+    "zbopt.planner": ("Pipeline", "Plan", "plan"),
     "zbopt.ops": ("Op", "critical_path", "device_work", "op_graph"),
     "zbopt.problem": ("Problem",),
     "zbopt.io.export": ("save_schedule",),

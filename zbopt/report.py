@@ -143,16 +143,22 @@ def _comparison_table(rows: tuple[ComparisonRow, ...]) -> str:
 
 
 def _schedule_section(row: ComparisonRow, shown: bool) -> str:
-    """A schedule's section: its summary, a canvas each for its Gantt chart and memory timeline,
-    and its numbers for them (`schedule_data`), gzip-compressed and base64-encoded."""
+    """A comparison row's section: `schedule_section` with the row's metrics as its summary."""
     cells = row.cells()
     summary = ", ".join(f"{COLUMNS[key]} {cells[key]}" for key in list(COLUMNS)[1:] if cells[key] != "-")
-    packed = base64.b64encode(gzip.compress(json.dumps(schedule_data(row.simulation), separators=(",", ":"))
+    return schedule_section(row.name, summary, row.simulation, shown)
+
+
+def schedule_section(name: str, summary: str, simulation: Simulation, shown: bool = True) -> str:
+    """A schedule's section: its summary, a canvas each for its Gantt chart and memory timeline,
+    and its numbers for them (`schedule_data`), gzip-compressed and base64-encoded; the page needs
+    VIEWER's script once."""
+    packed = base64.b64encode(gzip.compress(json.dumps(schedule_data(simulation), separators=(",", ":"))
                                             .encode(), mtime=0)).decode()
-    owner = f'data-schedule="{_text(row.name)}"'
+    owner = f'data-schedule="{_text(name)}"'
     return "\n".join([
-        f'<section class="schedule" id="{_anchor(row.name)}" {owner}{"" if shown else " hidden"}>',
-        f"<h3>{_text(row.name)}</h3><p>{_text(summary)}</p>",
+        f'<section class="schedule" id="{_anchor(name)}" {owner}{"" if shown else " hidden"}>',
+        f"<h3>{_text(name)}</h3><p>{_text(summary)}</p>",
         f'<figure class="gantt" {owner}><canvas class="gantt"></canvas></figure>',
         f'<figure class="memory" {owner}><canvas class="memory"></canvas></figure>',
         '<div class="tip" hidden></div>',

@@ -251,5 +251,6 @@ window.addEventListener("resize", async () => {
   const shown = document.body.dataset.shown;
   if (shown && viewers.has(shown)) (await viewers.get(shown)).resize();
 });
-const first = document.querySelector("table.comparison tr[data-schedule]");
+// the table's first row, or the page's only schedule (a plan's report has no comparison table)
+const first = document.querySelector("table.comparison tr[data-schedule]") || document.querySelector("section.schedule");
 if (first) show(first.dataset.schedule, false);

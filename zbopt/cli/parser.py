@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from zbopt.cli import compare, costs, simulate, solve, torch_run
+from zbopt.cli import compare, costs, plan, simulate, solve, torch_run
 from zbopt.errors import ZboptError
 
-COMMAND_FAMILIES = (simulate, solve, compare, costs, torch_run)  # in --help's order
+COMMAND_FAMILIES = (simulate, solve, compare, costs, plan, torch_run)  # in --help's order
 
 
 class _Parser(argparse.ArgumentParser):

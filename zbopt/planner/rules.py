@@ -20,7 +20,7 @@ from functools import cache
 
 from zbopt.errors import ZboptError
 from zbopt.model import Layer, Model
-from zbopt.plan.split import Pipeline, Split
+from zbopt.planner.split import Pipeline, Split
 
 RULES = ("even", "first-last", "stage-balanced", "device-balanced")
 
@@ -124,7 +124,7 @@ def stage_balanced_split(model: Model, pipeline: Pipeline) -> Split:
 def device_balanced_split(model: Model, pipeline: Pipeline) -> Split:
     """Least longest device time: CP-SAT over the stage boundaries (times in microseconds, each
     stage's time read off the prefix sums by an element constraint)."""
-    from zbopt.plan.split_model import BoundaryModel
+    from zbopt.planner.split_model import BoundaryModel
 
     boundaries = BoundaryModel(model, pipeline)
     work = [sum(boundaries.stage_sum("time", stage) for stage in pipeline.stages_on(device))

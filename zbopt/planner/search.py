@@ -12,77 +12,26 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from zbopt.errors import ZboptError
 from zbopt.model import Device, Model
-from zbopt.plan.certify import SplitFamily, split_bound
-from zbopt.plan.rules import RULES, split_by_rule
-from zbopt.plan.split import Pipeline, Split, split_problem
+from zbopt.planner.certify import SplitFamily, least_memory, split_bound
+from zbopt.planner.result import OPTIMAL, Outcome, PipelinePlan, Plan, PlanRow
+from zbopt.planner.rules import RULES, split_by_rule
+from zbopt.planner.split import Pipeline, Split, split_problem
 from zbopt.problem import Problem
 from zbopt.schedules import applicable
-from zbopt.simulation import Simulation, simulate
+from zbopt.simulation import simulate
 from zbopt.solvers import solve
-from zbopt.solvers.gap import relative_gap
 
-OPTIMAL = "optimal"  # the optimizer's row, beside the heuristics' names
 SOLVE_SHARE = 1 / 12  # of the plan's time limit: one split's solve, at most
 FAMILY_S = 5.0  # the most one step of the split family's CP-SAT may take
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """One split solved: its best schedule's simulation (None if none fits) and a lower bound on
-    every schedule of that split."""
-
-    split: Split
-    simulation: Simulation | None
-    lower_bound: float
-    schedule: str
-
-    @property
-    def makespan(self) -> float:
-        return math.inf if self.simulation is None else self.simulation.makespan
-
-
-@dataclass(frozen=True)
-class PlanRow:
-    """One rule's split under one schedule; `note` says why there is no makespan."""
-
-    rule: str
-    schedule: str
-    split: Split | None
-    simulation: Simulation | None
-    note: str | None = None
-
-    @property
-    def makespan(self) -> float | None:
-        return None if self.simulation is None else self.simulation.makespan
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The answer: the rows, the best split and schedule found, and the certificate over every
-    split (`lower_bound`; `pruned`: the splits left all bound at least the best; `explored`: how
-    many splits were solved)."""
-
-    model: Model
-    device: Device
-    pipeline: Pipeline
-    rows: tuple[PlanRow, ...]
-    best: Outcome
-    lower_bound: float
-    explored: int
-    pruned: bool
-
-    @property
-    def gap(self) -> float:
-        return relative_gap(self.best.makespan, self.lower_bound)
-
-
 class _Clock:
     def __init__(self, seconds: float):
-        self.began, self.deadline, self.seconds = time.perf_counter(), time.perf_counter() + seconds, seconds
+        self.deadline, self.seconds = time.perf_counter() + seconds, seconds
 
     def left(self) -> float:
         return max(0.0, self.deadline - time.perf_counter())
@@ -91,12 +40,30 @@ class _Clock:
         return min(self.left(), max(1.0, self.seconds * SOLVE_SHARE))
 
 
-def plan(model: Model, device: Device, pipeline: Pipeline, *, schedules: tuple[str, ...] | None = None,
-         rules: tuple[str, ...] = RULES, time_limit: float = 120.0, workers: int = 2) -> Plan:
-    """The best split and schedule of `model` on `pipeline`, with rows for each rule × schedule
-    (`schedules`: heuristics' names and OPTIMAL; None: every applicable one and OPTIMAL) and a
-    certificate over every split. `time_limit` bounds the whole call."""
-    clock = _Clock(time_limit)
+def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline], *,
+         schedules: Sequence[str] | None = None, rules: Sequence[str] = RULES, time_limit: float = 120.0,
+         workers: int = 2) -> Plan:
+    """The best split and schedule of `model` on each of `pipelines`, with rows for each rule ×
+    schedule (`schedules`: heuristics' names and OPTIMAL; None: every applicable one and OPTIMAL)
+    and a certificate over every split. `time_limit` bounds the whole call, shared equally by the
+    pipelines. A ZboptError in one line when no split of any pipeline runs in the device's memory."""
+    pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
+    began, answers = time.perf_counter(), []
+    for number, pipeline in enumerate(pipelines):
+        left = time_limit - (time.perf_counter() - began)
+        answers.append(_plan_one(model, device, pipeline, schedules, rules, _Clock(left / (len(pipelines) - number)),
+                                 workers))
+    result = Plan(model, device, tuple(answers))
+    if result.best.best is None:
+        least = min(least_memory(model, pipeline) for pipeline in pipelines)
+        raise ZboptError(f"plan: no split of the model runs in {device.memory_gb:g} GB per device (found in "
+                         f"{time_limit:g} s); every split needs at least {least:.4g} GB on its fullest device "
+                         "(parameters and one microbatch's activations)")
+    return result
+
+
+def _plan_one(model: Model, device: Device, pipeline: Pipeline, schedules, rules, clock: _Clock,
+              workers: int) -> PipelinePlan:
     solved: dict[Split, Outcome] = {}
     rows = []
     for rule in rules:
@@ -105,12 +72,10 @@ def plan(model: Model, device: Device, pipeline: Pipeline, *, schedules: tuple[s
     for split in solved:
         family.exclude(split)
     rest, pruned = _search(model, device, pipeline, family, solved, clock, workers)
-    if not solved or all(outcome.simulation is None for outcome in solved.values()):
-        raise ZboptError(f"plan: no split of the model runs in {device.memory_gb} GB per device "
-                         f"within {time_limit:g} s")
-    best = min(solved.values(), key=lambda outcome: outcome.makespan)
+    found = [outcome for outcome in solved.values() if outcome.simulation is not None]
+    best = min(found, key=lambda outcome: outcome.makespan) if found else None
     lower = min([rest, *(outcome.lower_bound for outcome in solved.values())])
-    return Plan(model, device, pipeline, tuple(rows), best, min(lower, best.makespan), len(solved), pruned)
+    return PipelinePlan(pipeline, tuple(rows), best, lower, len(solved), pruned)
 
 
 def _rule_rows(rule: str, model: Model, device: Device, pipeline: Pipeline, schedules, solved: dict,
@@ -154,7 +119,7 @@ def _search(model: Model, device: Device, pipeline: Pipeline, family: SplitFamil
         split, rest = family.next_split(min(FAMILY_S, clock.left() / 4))
         best = min((outcome.makespan for outcome in solved.values()), default=math.inf)
         if split is None or rest >= best:
-            return rest, split is None and family.exhausted or rest >= best
+            return rest, family.exhausted or rest >= best
         family.exclude(split)
         try:
             problem = split_problem(model, device, pipeline, split)

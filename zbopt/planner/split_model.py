@@ -14,7 +14,7 @@ import itertools
 import math
 
 from zbopt.model import Layer, Model
-from zbopt.plan.split import Pipeline, Split
+from zbopt.planner.split import Pipeline, Split
 
 SCALE = 1000  # ticks per ms (microseconds) and per GB (MB)
 

@@ -30,6 +30,11 @@ class Pipeline:
     placement: str = "loop"
     num_microbatches: int = 8
 
+    def __post_init__(self):
+        """Refuse what no Problem could hold, naming the parameter (devices, chunks, placement, m)."""
+        Problem(num_devices=self.num_devices, num_microbatches=self.num_microbatches,
+                chunks_per_device=self.chunks_per_device, placement=self.placement)
+
     @property
     def num_stages(self) -> int:
         return self.num_devices * self.chunks_per_device

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 
 from zbopt.model import Device, Model
-from zbopt.plan.split import Pipeline, Split
-from zbopt.plan.split_model import SCALE, BoundaryModel
+from zbopt.planner.split import Pipeline, Split
+from zbopt.planner.split_model import SCALE, BoundaryModel
 
 
 def _changes(pipeline: Pipeline, first: int, last: int) -> int:
@@ -74,8 +74,8 @@ class SplitFamily:
                                                       + _changes(pipeline, last, stages - 1))
             terms += [head + m * work, turn + m * gradients]
             if device.memory_gb is not None:
-                held = sum(self.boundaries.stage_sum("parameters", stage) + self.boundaries.stage_sum("activation", stage)
-                           for stage in own)
+                held = sum(self.boundaries.stage_sum(quantity, stage) for stage in own
+                           for quantity in ("parameters", "activation"))
                 cp.Add(held <= math.floor(device.memory_gb * SCALE))
         self.objective = cp.NewIntVar(0, self.boundaries.horizon * 4, "bound")
         cp.AddMaxEquality(self.objective, terms)
@@ -94,3 +94,17 @@ class SplitFamily:
 
     def exclude(self, split: Split) -> None:
         self.boundaries.exclude(split)
+
+
+def least_memory(model: Model, pipeline: Pipeline, seconds: float = 10.0) -> float:
+    """The least device memory (GB) any split needs on its fullest device: the parameters it holds
+    plus one microbatch's activations on its stages (a schedule runs each microbatch's forwards on
+    a device before its backwards there). Below it no split can run."""
+    boundaries = BoundaryModel(model, pipeline)
+    need = [sum(boundaries.stage_sum(quantity, stage) for stage in pipeline.stages_on(index)
+                for quantity in ("parameters", "activation")) for index in range(pipeline.num_devices)]
+    fullest = boundaries.model.NewIntVar(0, boundaries.horizon, "fullest")
+    boundaries.model.AddMaxEquality(fullest, need)
+    boundaries.model.Minimize(fullest)
+    boundaries.solve(seconds)
+    return 0.0 if boundaries.bound is None else boundaries.bound / SCALE

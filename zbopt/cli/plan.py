@@ -1,0 +1,84 @@
+"""`zbopt plan MODEL.yaml --devices P`: the layer split and the schedule of a model, optimized
+together and certified over every split, beside the named split rules with every schedule."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from zbopt.errors import ZboptError
+
+
+def add_commands(commands) -> None:
+    """Add `plan` to the subcommands `commands`."""
+    planning = commands.add_parser("plan", help="split a model's layers over the devices and schedule them: the "
+                                                "joint optimum, certified, beside the usual split rules")
+    planning.add_argument("model", metavar="MODEL.yaml", help="model file: {model: ..., device: ...} (YAML or JSON)")
+    planning.add_argument("--devices", type=int, required=True, help="pipeline devices p")
+    planning.add_argument("--chunks", default="1", help="chunks per device to try, comma-separated (default 1)")
+    planning.add_argument("--placement", default="v", choices=["loop", "v"],
+                          help="placement of two or more chunks (default v; one chunk is always loop)")
+    planning.add_argument("--microbatches", type=int, help="microbatches per step m (default 4 per device)")
+    planning.add_argument("--device-memory", metavar="GB", help="each device's memory, with its unit (e.g. 80GB); "
+                                                               "default: the model file's device memory")
+    planning.add_argument("--schedule", action="append", metavar="NAME",
+                          help="schedules per split rule, repeatable; 'optimal' is the optimizer (default: every "
+                               "applicable heuristic and the optimizer)")
+    planning.add_argument("--time-limit", type=float, default=120.0, help="seconds for the whole plan (default 120)")
+    planning.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
+    planning.add_argument("--json", action="store_true", help="print one JSON object: best, pipelines, rows")
+    planning.add_argument("-o", "--output", metavar="report.html", help="write the HTML report")
+    planning.set_defaults(run=_command_plan)
+
+
+def _command_plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from zbopt.model import load_model
+    from zbopt.planner import Pipeline, plan
+    from zbopt.units import parse_memory
+
+    model, device = load_model(args.model)
+    if args.device_memory is not None:
+        device = replace(device, memory_gb=parse_memory(args.device_memory, "--device-memory"))
+    if args.output is not None:
+        from zbopt.plan_report import check_plan_report
+
+        check_plan_report(args.output)
+    pipelines = [Pipeline(args.devices, chunks, "loop" if chunks == 1 else args.placement,
+                          args.microbatches or 4 * args.devices) for chunks in _chunks(args.chunks)]
+    _check_numbers(args)
+    answer = plan(model, device, pipelines, schedules=args.schedule, time_limit=args.time_limit, workers=args.workers)
+    if args.json:
+        print(json.dumps(answer.to_dict()))
+    else:
+        from zbopt.plan_report import format_plan
+
+        print(format_plan(answer))
+    if args.output is not None:
+        from zbopt.plan_report import write_plan_report
+
+        write_plan_report(args.output, answer)
+        if not args.json:
+            print(f"\nreport written to {args.output}")
+    return 0
+
+
+def _chunks(text: str) -> list[int]:
+    """`--chunks 1,2` as [1, 2]: whole numbers, at least 1, each once."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ZboptError(f"--chunks {text}: expected whole numbers separated by commas, e.g. 1,2") from None
+    if not values or min(values) < 1 or len(set(values)) != len(values):
+        raise ZboptError(f"--chunks {text}: expected distinct whole numbers, each at least 1")
+    return values
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for flag, value in (("--devices", args.devices), ("--microbatches", args.microbatches),
+                        ("--workers", args.workers)):
+        if value is not None and value < 1:
+            raise ZboptError(f"{flag} {value}: expected a whole number, at least 1")
+    if not args.time_limit > 0:
+        raise ZboptError(f"--time-limit {args.time_limit:g}: expected a number of seconds above 0")

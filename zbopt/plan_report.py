@@ -1,0 +1,119 @@
+"""A plan shown: the text table of `zbopt plan` and its HTML report (the splits drawn above the best
+schedule's Gantt chart and memory timeline). Times in ms and memory in GB, the model's units."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from zbopt.planner import Plan, stage_names
+from zbopt.solvers.gap import gap_text
+
+COLUMNS = ("rule", "schedule", "split", "makespan (ms)", "bubble", "peak (GB) per device", "gap")
+
+
+def _row_cells(row, lower_bound: float) -> list[str]:
+    simulation = row.simulation
+    if simulation is None:
+        return [row.rule, row.schedule, _split(row.split), "-", "-", "-", row.note or "-"]
+    gap = (simulation.makespan - min(lower_bound, simulation.makespan)) / simulation.makespan
+    return [row.rule, row.schedule, _split(row.split), f"{simulation.makespan:.5g}", f"{simulation.bubble_rate:.1%}",
+            ", ".join(f"{peak:.3g}" for peak in simulation.peak_memory), gap_text(gap)]
+
+
+def _split(split) -> str:
+    return "-" if split is None else ", ".join(map(str, split))
+
+
+def _table(lines: list[list[str]]) -> list[str]:
+    widths = [max(len(line[column]) for line in lines) for column in range(len(lines[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+            for line in lines]
+
+
+def _pipeline_heading(each) -> str:
+    pipeline = each.pipeline
+    rest = "the splits left all pruned" if each.pruned else "splits left not all pruned: bound on them"
+    return (f"{pipeline.num_devices} devices x {pipeline.chunks_per_device} chunks ({pipeline.placement}), "
+            f"m = {pipeline.num_microbatches}: lower bound over every split {each.lower_bound:.5g} ms "
+            f"({each.explored} splits solved; {rest})")
+
+
+def _model_line(plan: Plan) -> str:
+    groups = ", ".join(name if count == 1 else f"{name} x {count}" for name, count in plan.model.groups)
+    memory = "unlimited" if plan.device.memory_gb is None else f"{plan.device.memory_gb:g} GB"
+    return f"model: {len(plan.model.layers)} layers ({groups}); device memory {memory}"
+
+
+def _best_lines(plan: Plan) -> list[str]:
+    chosen, outcome = plan.best, plan.best.best
+    pipeline = chosen.pipeline
+    lines = [f"best: {pipeline.chunks_per_device} chunks ({pipeline.placement}), schedule {outcome.schedule}: "
+             f"{outcome.makespan:.5g} ms; lower bound over every split {plan.lower_bound:.5g} ms; "
+             f"gap {gap_text(plan.gap)}"]
+    for stage, names in enumerate(stage_names(plan.model, outcome.split)):
+        peak = outcome.simulation.peak_memory[pipeline.device_of(stage)]
+        lines.append(f"  stage {stage} on device {pipeline.device_of(stage)}: {names}  (device peak {peak:.3g} GB)")
+    return lines
+
+
+def format_plan(plan: Plan) -> str:
+    """Per pipeline a heading and its rows of rule × schedule, then the best plan: its split as
+    the model names the layers of each virtual stage, its schedule, makespan, bound and gap."""
+    parts = [_model_line(plan)]
+    for each in plan.pipelines:
+        parts += ["", _pipeline_heading(each)]
+        parts += _table([list(COLUMNS), *(_row_cells(row, each.lower_bound) for row in each.rows)])
+    return "\n".join([*parts, "", *_best_lines(plan)])
+
+
+def _html_tables(plan: Plan) -> list[str]:
+    """Per pipeline its heading and its rows as an HTML table."""
+    parts = []
+    for each in plan.pipelines:
+        head = "".join(f"<th>{html.escape(title)}</th>" for title in COLUMNS)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row_cells(row, each.lower_bound))
+                       + "</tr>" for row in each.rows)
+        parts += [f"<h2>{html.escape(_pipeline_heading(each))}</h2>",
+                  f'<table class="plan"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>']
+    return parts
+
+
+def check_plan_report(path: str | Path) -> Path:
+    """The path, if it names an HTML file (`zbopt.report`'s rule)."""
+    from zbopt.report import check_report_path
+
+    return check_report_path(path)
+
+
+def render_plan_report(plan: Plan) -> str:
+    """The report: the rows per pipeline, the splits drawn, then the best schedule's Gantt chart and
+    memory timeline (the comparison report's viewer)."""
+    from zbopt import __version__
+    from zbopt.plot import figure_html
+    from zbopt.plot.split import plot_split
+    from zbopt.report import STYLE, VIEWER, schedule_section
+
+    text = html.escape
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', "<title>zbopt: plan</title>",
+             f"<style>{STYLE}</style></head><body>", "<h1>Layer split and schedule</h1>",
+             f"<p>{text(_model_line(plan))}</p>", *_html_tables(plan), '<h2 id="best">Best plan</h2>',
+             f"<pre>{text(chr(10).join(_best_lines(plan)))}</pre>", '<h2 id="splits">Splits</h2>',
+             figure_html("split", plot_split(plan))]
+    outcome = plan.best.best
+    summary = (f"makespan {outcome.makespan:.5g} ms, lower bound over every split {plan.lower_bound:.5g} ms, "
+               f"gap {gap_text(plan.gap)}; peak GB per device "
+               + ", ".join(f"{peak:.3g}" for peak in outcome.simulation.peak_memory))
+    parts += ['<h2 id="schedule">Best schedule</h2>',
+              schedule_section(f"joint optimum ({outcome.schedule})", summary, outcome.simulation),
+              f"<script>{VIEWER}</script>", f"<p><small>Written by zbopt {__version__}.</small></p></body></html>"]
+    return "\n".join(parts)
+
+
+def write_plan_report(path: str | Path, plan: Plan) -> Path:
+    """Write `render_plan_report(plan)` to `path` (.html or .htm)."""
+    from zbopt.io.write import write_file
+
+    path = check_plan_report(path)
+    write_file(path, render_plan_report(plan))
+    return path

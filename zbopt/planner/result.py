@@ -1,0 +1,113 @@
+"""A plan's answer: per pipeline the rows of rule × schedule, the best split found and the
+certificate; over the pipelines, the best and a bound over all of them. Times in ms, memory in GB
+(the model's units); `to_dict` gives the JSON `zbopt plan --json` prints."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zbopt.model import Device, Model
+from zbopt.planner.split import Pipeline, Split, stage_names
+from zbopt.simulation import Simulation
+from zbopt.solvers.gap import relative_gap
+
+OPTIMAL = "optimal"  # the optimizer's row, beside the heuristics' names
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One split solved: its best schedule's simulation (None if none fits) and a lower bound on
+    every schedule of that split."""
+
+    split: Split
+    simulation: Simulation | None
+    lower_bound: float
+    schedule: str
+
+    @property
+    def makespan(self) -> float:
+        return math.inf if self.simulation is None else self.simulation.makespan
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One rule's split under one schedule; `note` says why there is no makespan."""
+
+    rule: str
+    schedule: str
+    split: Split | None
+    simulation: Simulation | None
+    note: str | None = None
+
+    @property
+    def makespan(self) -> float | None:
+        return None if self.simulation is None else self.simulation.makespan
+
+    def to_dict(self, pipeline: Pipeline, lower_bound: float) -> dict:
+        """The row in JSON: `gap` against its pipeline's bound over every split."""
+        simulation = self.simulation
+        return {"rule": self.rule, "schedule": self.schedule, "chunks": pipeline.chunks_per_device,
+                "placement": pipeline.placement, "split": None if self.split is None else list(self.split),
+                "makespan_ms": self.makespan, "bubble": None if simulation is None else simulation.bubble_rate,
+                "peak_gb": None if simulation is None else list(simulation.peak_memory),
+                "gap": None if simulation is None else relative_gap(simulation.makespan, lower_bound),
+                "note": self.note}
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """One pipeline's answer: its rows, the best split and schedule found, and the certificate
+    over every split of it (`lower_bound`; `pruned`: the splits left all bound at least the best;
+    `explored`: how many splits were solved)."""
+
+    pipeline: Pipeline
+    rows: tuple[PlanRow, ...]
+    best: Outcome | None
+    lower_bound: float
+    explored: int
+    pruned: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The answer over every pipeline tried (chunks per device, placement): the best of them, and
+    a lower bound over every split of every one of them."""
+
+    model: Model
+    device: Device
+    pipelines: tuple[PipelinePlan, ...]
+
+    @property
+    def best(self) -> PipelinePlan:
+        return min(self.pipelines, key=lambda each: math.inf if each.best is None else each.best.makespan)
+
+    @property
+    def makespan(self) -> float:
+        return math.inf if self.best.best is None else self.best.best.makespan
+
+    @property
+    def lower_bound(self) -> float:
+        return min(self.makespan, *(each.lower_bound for each in self.pipelines))
+
+    @property
+    def gap(self) -> float | None:
+        return relative_gap(self.makespan, self.lower_bound) if self.makespan < math.inf else None
+
+    def to_dict(self) -> dict:
+        """`best` (the split as layers per virtual stage in model order, ends counted as layers, and
+        each stage's layer names; the schedule; makespan and the bound over every split, in ms;
+        the gap), `pipelines` (each one's bound, solved and pruned splits) and `rows`."""
+        chosen, outcome = self.best, self.best.best
+        best = None if outcome is None else {
+            "split": list(outcome.split), "stages": stage_names(self.model, outcome.split),
+            "chunks": chosen.pipeline.chunks_per_device, "placement": chosen.pipeline.placement,
+            "schedule": outcome.schedule, "makespan_ms": outcome.makespan, "lower_bound_ms": self.lower_bound,
+            "gap": self.gap, "peak_gb": list(outcome.simulation.peak_memory),
+            "device_memory_gb": self.device.memory_gb}
+        return {"best": best,
+                "pipelines": [{"devices": each.pipeline.num_devices, "chunks": each.pipeline.chunks_per_device,
+                               "placement": each.pipeline.placement, "microbatches": each.pipeline.num_microbatches,
+                               "lower_bound_ms": each.lower_bound, "splits_solved": each.explored,
+                               "rest_pruned": each.pruned} for each in self.pipelines],
+                "rows": [row.to_dict(each.pipeline, each.lower_bound) for each in self.pipelines for row in each.rows]}

@@ -33,6 +33,7 @@ FLOOR_OF_PREFIX = {  # the longest matching prefix decides
     "zbopt.comparison": "planning",
     "zbopt.frontier": "planning",
     "zbopt.model": "planning",
+    "zbopt.plan": "planning",
     "zbopt.display": "presentation",
     "zbopt.tables": "presentation",
     "zbopt.report": "presentation",

@@ -61,11 +61,15 @@ MAX_EXPANDED = 1_000_000  # the most characters a layout may expand to (a model 
 FIRST_KEY, LAST_KEY = "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"
 
 
+def _check_model(model: object) -> None:
+    if not isinstance(model, Model):
+        raise ZboptError(f"model = {shorten(model)}: expected a zbopt.model.Model")
+
+
 def layer_kinds(model: Model) -> tuple[str, ...]:
     """Each layer's kind (a key of KIND_NAMES), read from its name: the formats name layers by role,
     the model by whatever the user wrote, and a name no rule knows is refused, not guessed."""
-    if not isinstance(model, Model):
-        raise ZboptError(f"model = {shorten(model)}: expected a zbopt.model.Model")
+    _check_model(model)
     kinds = []
     for index, layer in enumerate(model.layers):
         kind = KIND_OF_NAME.get(re.sub(r"[\s\-]+", "_", layer.name.strip().lower()))
@@ -79,6 +83,7 @@ def layer_kinds(model: Model) -> tuple[str, ...]:
 def check_split(model: Model, counts: Sequence[int], num_devices: int, chunks: int, placement: str) -> list[int]:
     """`counts` as a list, after the checks every export needs: one whole count per virtual stage
     (num_devices × chunks of them), none negative, covering the model's layers exactly."""
+    _check_model(model)
     for key, value in (("num_devices", num_devices), ("chunks", chunks)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ZboptError(f"{key} = {shorten(value)}: expected a positive whole number")
@@ -227,7 +232,7 @@ def megatron_counts(model: Model, text: str, num_devices: int | None = None) -> 
         start = position
         for symbol in stage:
             if position == len(symbols) or symbols[position] != symbol:
-                found = f"the model's {labels[position]!r}" if position < len(symbols) else "no layer left"
+                found = repr(labels[position]) if position < len(symbols) else "no layer left"
                 raise ZboptError(f"Megatron layout {clip(text)}: stage {index} has {symbol!r} where the model has "
                                  f"{found} ({SYMBOL_NAMES})")
             position += 1

@@ -70,6 +70,11 @@ def test_an_empty_stage_round_trips():
     assert megatron_counts(llm(1), "E||t|L") == [1, 0, 1, 1]
 
 
+def test_numpy_counts_are_taken_as_lists():
+    numpy = pytest.importorskip("numpy")
+    assert megatron_layout(llm(4), numpy.array([3, 3]), numpy.int64(2)) == "Ett|ttL"
+
+
 def test_the_list_form_example_and_one_L_for_head_and_loss():
     """TransformerConfig: [['embedding', 'decoder'], ['decoder', 'decoder', 'decoder', 'loss']], pp = 2."""
     text = megatron_layout(model(("embedding", 1), ("decoder", 4), ("loss", 1)), [2, 4], num_devices=2)
@@ -185,6 +190,7 @@ def test_torchtitan_round_trips_and_takes_v_with_two_chunks():
      "'mtp' on virtual stage 1: Megatron-LM builds an MTP layer only in its rank's last chunk"),
     (lambda: parse_megatron_layout("Et|tx|L"), "stage 1 holds 'x'"),
     (lambda: parse_megatron_layout("E|t*99999999|L"), "expands to more than"),
+    (lambda: parse_megatron_layout("E|(t|)*" + "9" * 5000 + ",L"), "expands to more than"),
     (lambda: parse_megatron_layout(["E", "L"]), "expected a string"),
     (lambda: megatron_counts(llm(3), "Et|tm|tL"), "stage 1 has 'm' where the model has 'decoder 2'"),
     (lambda: megatron_counts(llm(3), "Et|tt"), "ends before the model's 'lm_head'"),

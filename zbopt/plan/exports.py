@@ -41,6 +41,7 @@ import re
 from collections.abc import Sequence
 from itertools import groupby
 
+from zbopt.checks import plain
 from zbopt.errors import ZboptError, clip, shorten
 from zbopt.model import Model
 from zbopt.placement import PLACEMENTS
@@ -84,6 +85,7 @@ def check_split(model: Model, counts: Sequence[int], num_devices: int, chunks: i
     """`counts` as a list, after the checks every export needs: one whole count per virtual stage
     (num_devices × chunks of them), none negative, covering the model's layers exactly."""
     _check_model(model)
+    counts, num_devices, chunks = plain(counts), plain(num_devices), plain(chunks)  # numpy as Python
     for key, value in (("num_devices", num_devices), ("chunks", chunks)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ZboptError(f"{key} = {shorten(value)}: expected a positive whole number")
@@ -202,7 +204,7 @@ def parse_megatron_layout(text: str) -> list[str]:
 
     def unroll(match: re.Match) -> str:
         nonlocal produced
-        produced += len(match.group(1)) * int(match.group(2))
+        produced += len(match.group(1)) * (int(match.group(2)) if len(match.group(2)) < 10 else MAX_EXPANDED)
         if produced > MAX_EXPANDED:
             raise ZboptError(f"Megatron layout {clip(text)}: expands to more than {MAX_EXPANDED} symbols")
         return match.group(1) * int(match.group(2))

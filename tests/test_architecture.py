@@ -34,7 +34,6 @@ FLOOR_OF_PREFIX = {  # the longest matching prefix decides
     "zbopt.frontier": "planning",
     "zbopt.planner": "planning",
     "zbopt.model": "planning",
-    "zbopt.plan": "planning",
     "zbopt.display": "presentation",
     "zbopt.tables": "presentation",
     "zbopt.report": "presentation",

@@ -9,7 +9,7 @@ import pytest
 
 from zbopt.errors import ZboptError
 from zbopt.model import Layer, Model
-from zbopt.plan.exports import (
+from zbopt.planner.exports import (
     FIRST_KEY,
     LAST_KEY,
     megatron_counts,

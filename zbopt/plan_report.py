@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 
 from zbopt.planner import Plan, stage_names
+from zbopt.planner.result import split_exports
 from zbopt.solvers.gap import gap_text
 
 COLUMNS = ("rule", "schedule", "split", "makespan (ms)", "bubble", "peak (GB) per device", "gap")
@@ -54,6 +55,14 @@ def _best_lines(plan: Plan) -> list[str]:
     for stage, names in enumerate(stage_names(plan.model, outcome.split)):
         peak = outcome.simulation.peak_memory[pipeline.device_of(stage)]
         lines.append(f"  stage {stage} on device {pipeline.device_of(stage)}: {names}  (device peak {peak:.3g} GB)")
+    found = split_exports(plan.model, pipeline, outcome.split)
+    lines.append(f"  Megatron-LM --pipeline-model-parallel-layout: {found['megatron_layout']}")
+    if isinstance(found["megatron_first_last"], dict):
+        lines.append("  Megatron-LM " + ", ".join(f"--{key.replace('_', '-')} {value}"
+                                                   for key, value in found["megatron_first_last"].items()))
+    lines.append("  torchtitan module_fqns_per_model_part: " + (
+        str(found["torchtitan_modules"]) if isinstance(found["torchtitan_modules"], list)
+        else found["torchtitan_modules"]))
     return lines
 
 

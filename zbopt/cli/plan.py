@@ -38,6 +38,7 @@ def _command_plan(args: argparse.Namespace) -> int:
     from zbopt.planner import Pipeline, plan
     from zbopt.units import parse_memory
 
+    _check_numbers(args)
     model, device = load_model(args.model)
     if args.device_memory is not None:
         device = replace(device, memory_gb=parse_memory(args.device_memory, "--device-memory"))
@@ -47,7 +48,6 @@ def _command_plan(args: argparse.Namespace) -> int:
         check_plan_report(args.output)
     pipelines = [Pipeline(args.devices, chunks, "loop" if chunks == 1 else args.placement,
                           args.microbatches or 4 * args.devices) for chunks in _chunks(args.chunks)]
-    _check_numbers(args)
     answer = plan(model, device, pipelines, schedules=args.schedule, time_limit=args.time_limit, workers=args.workers)
     if args.json:
         print(json.dumps(answer.to_dict()))

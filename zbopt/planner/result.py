@@ -104,10 +104,31 @@ class Plan:
             "chunks": chosen.pipeline.chunks_per_device, "placement": chosen.pipeline.placement,
             "schedule": outcome.schedule, "makespan_ms": outcome.makespan, "lower_bound_ms": self.lower_bound,
             "gap": self.gap, "peak_gb": list(outcome.simulation.peak_memory),
-            "device_memory_gb": self.device.memory_gb}
+            "device_memory_gb": self.device.memory_gb,
+            "exports": split_exports(self.model, chosen.pipeline, outcome.split)}
         return {"best": best,
                 "pipelines": [{"devices": each.pipeline.num_devices, "chunks": each.pipeline.chunks_per_device,
                                "placement": each.pipeline.placement, "microbatches": each.pipeline.num_microbatches,
                                "lower_bound_ms": each.lower_bound, "splits_solved": each.explored,
                                "rest_pruned": each.pruned} for each in self.pipelines],
                 "rows": [row.to_dict(each.pipeline, each.lower_bound) for each in self.pipelines for row in each.rows]}
+
+
+def split_exports(model: Model, pipeline: Pipeline, split: Split) -> dict:
+    """The split in the frameworks' words (`exports`): Megatron-LM's layout string and its
+    first/last-stage counts, torchtitan's modules per model chunk; where a framework cannot express
+    it (say, Megatron and the V placement), the reason in its place."""
+    from zbopt.errors import ZboptError
+    from zbopt.planner import exports
+
+    found = {}
+    for key, export in (("megatron_layout", exports.megatron_layout),
+                        ("megatron_first_last", exports.megatron_first_last),
+                        ("torchtitan_modules", exports.torchtitan_modules)):
+        try:
+            found[key] = export(model, list(split), pipeline.num_devices, pipeline.chunks_per_device,
+                                pipeline.placement)
+        except ZboptError as error:
+            found[key] = f"not expressible: {error}"
+    return found
+

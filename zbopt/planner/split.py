@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zbopt.errors import ZboptError
+from zbopt.errors import ProblemError, ZboptError
 from zbopt.model import Device, Model
 from zbopt.placement import stage_device
 from zbopt.problem import Problem
@@ -99,12 +99,19 @@ def split_problem(model: Model, device: Device, pipeline: Pipeline, split: Seque
             if sums[key][-1] <= 0:
                 raise ZboptError(f"split {list(split)}: virtual stage {stage} ({_names(model, layers)}) has no "
                                  f"{key} time; give it another layer")
-    return Problem(num_devices=pipeline.num_devices, num_microbatches=pipeline.num_microbatches,
-                   chunks_per_device=pipeline.chunks_per_device, placement=pipeline.placement,
-                   forward_times=sums["forward"], backward_times=sums["backward"],
-                   weight_times=sums["weight"] if split_backward else None, p2p_time=device.p2p_ms,
-                   activation_memory=sums["activation"], weight_memory=sums["kept"] if split_backward else None,
-                   memory_limit=activation_limits(model, device, pipeline, split))
+    limits = activation_limits(model, device, pipeline, split)
+    try:
+        return Problem(num_devices=pipeline.num_devices, num_microbatches=pipeline.num_microbatches,
+                       chunks_per_device=pipeline.chunks_per_device, placement=pipeline.placement,
+                       forward_times=sums["forward"], backward_times=sums["backward"],
+                       weight_times=sums["weight"] if split_backward else None, p2p_time=device.p2p_ms,
+                       activation_memory=sums["activation"], weight_memory=sums["kept"] if split_backward else None,
+                       memory_limit=limits)
+    except ProblemError as error:
+        if error.key != "memory_limit":
+            raise
+        raise ZboptError(f"split {list(split)}: {error.value:.3g} GB left for activations after the parameters; "
+                         f"{error.reason} (GB)") from None
 
 
 def activation_limits(model: Model, device: Device, pipeline: Pipeline, split: Split) -> list[float] | None:

@@ -76,7 +76,7 @@ def layer_kinds(model: Model) -> tuple[str, ...]:
         kind = KIND_OF_NAME.get(re.sub(r"[\s\-]+", "_", layer.name.strip().lower()))
         if kind is None:
             raise ZboptError(f"model layer {index} {layer.name!r}: no export knows this name (known: embedding, "
-                             "decoder, mtp, norm, lm_head, loss and the synonyms in zbopt.plan.exports.KIND_NAMES)")
+                             "decoder, mtp, norm, lm_head, loss and the synonyms in zbopt.planner.exports.KIND_NAMES)")
         kinds.append(kind)
     return tuple(kinds)
 

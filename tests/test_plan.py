@@ -1,0 +1,179 @@
+"""The plan: split rules, the Problem of a split, the bound over every split, and the joint search,
+against brute force over every split of small models."""
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from zbopt import ZboptError, solve
+from zbopt.model import Device, Layer, Model
+from zbopt.planner import OPTIMAL, Pipeline, plan, split_by_rule, split_problem
+from zbopt.planner.certify import SplitFamily, least_memory, split_bound
+from zbopt.planner.exports import parse_megatron_layout
+from zbopt.planner.rules import layer_time
+
+EMBEDDING = Layer("embedding", 0.25, 0.25, 0.5, 0.5, 2.0)
+DECODER = Layer("decoder", 1.0, 1.25, 0.75, 1.0, 1.0)
+HEAD = Layer("lm_head", 2.5, 2.5, 2.0, 3.0, 2.0)
+SMALL = Model.from_repeats([(EMBEDDING, 1), (DECODER, 5), (HEAD, 1)])
+
+
+def every_split(layers: int, stages: int):
+    for cuts in itertools.combinations(range(1, layers), stages - 1):
+        bounds = (0, *cuts, layers)
+        yield tuple(after - before for before, after in itertools.pairwise(bounds))
+
+
+def optimum(model, device, pipeline, split) -> float:
+    """The split's proven optimum (inf when its parameters do not fit or no schedule fits)."""
+    try:
+        problem = split_problem(model, device, pipeline, split)
+    except ZboptError:
+        return math.inf
+    result = solve(problem, time_limit=20)
+    assert result.status in ("optimal", "infeasible"), (split, result.status)
+    return result.objective if result.status == "optimal" else math.inf
+
+
+def test_even_puts_the_ends_on_the_first_and_last_stages_and_the_first_stages_take_one_more():
+    model = Model.from_repeats([(EMBEDDING, 1), (DECODER, 30), (HEAD, 1)])
+    assert split_by_rule("even", model, Pipeline(4)) == (1 + 8, 8, 7, 7 + 1)
+    assert split_by_rule("even", model, Pipeline(3, 2, "v")) == (1 + 5, 5, 5, 5, 5, 5 + 1)
+
+
+@pytest.mark.parametrize("pipeline", [Pipeline(2, 1), Pipeline(3, 1), Pipeline(2, 2, "v"), Pipeline(2, 2, "loop")])
+def test_balanced_rules_reach_the_brute_force_least_longest_stage_and_device(pipeline):
+    times = [layer_time(layer) for layer in SMALL.layers]
+    splits = list(every_split(len(times), pipeline.num_stages))
+
+    def stages(split):
+        return [sum(times[sum(split[:s]):sum(split[:s + 1])]) for s in range(len(split))]
+
+    def devices(split):
+        per_stage = stages(split)
+        return [sum(per_stage[s] for s in pipeline.stages_on(d)) for d in range(pipeline.num_devices)]
+
+    assert max(stages(split_by_rule("stage-balanced", SMALL, pipeline))) == min(max(stages(s)) for s in splits)
+    assert max(devices(split_by_rule("device-balanced", SMALL, pipeline))) == pytest.approx(
+        min(max(devices(s)) for s in splits), abs=1e-3)
+
+
+def test_a_split_sums_its_layers_and_leaves_each_device_its_memory_less_its_parameters():
+    problem = split_problem(SMALL, Device(memory_gb=12.0, p2p_ms=0.5), Pipeline(2, 1, "loop", 4), (3, 4))
+    assert problem.forward_times == (0.25 + 2 * 1.0, 3 * 1.0 + 2.5)
+    assert problem.weight_times == (0.5 + 2 * 0.75, 3 * 0.75 + 2.0)
+    assert problem.activation_memory == (0.5 + 2 * 1.0, 3 * 1.0 + 3.0)
+    assert problem.weight_memory == (0.25 + 2 * 0.5, 3 * 0.5 + 1.5)
+    assert problem.memory_limit == (12.0 - (2.0 + 2 * 1.0), 12.0 - (3 * 1.0 + 2.0))
+    assert problem.p2p_time == 0.5
+
+
+@pytest.mark.parametrize(("split", "message"), [
+    ((3, 3), r"^split \[3, 3\]: covers 6 layers, the model has 7$"),
+    ((7,), r"^split \[7\]: 1 stages, the pipeline has 2 \(2 devices x 1 chunks\)$"),
+    ((0, 7), r"^split \[0, 7\]: every virtual stage needs a whole number of layers, at least 1$"),
+    ((6, 1), r"^split \[6, 1\]: device 0 holds 7 GB of parameters, gradients and optimizer state, not less than "
+             r"its memory 6 GB$"),
+    ((3, 4), r"^split \[3, 4\]: 2 GB left for activations after the parameters; device 0 must hold one "
+             r"microbatch's activations on its stages \(2.5\); no schedule fits below that \(GB\)$"),
+])
+def test_a_split_that_cannot_run_is_refused_in_one_line(split, message):
+    with pytest.raises(ZboptError, match=message):
+        split_problem(SMALL, Device(memory_gb=6.0), Pipeline(2, 1, "loop", 4), split)
+
+
+def test_a_stage_without_time_is_refused_naming_its_layers():
+    model = Model.from_repeats([(Layer("embedding", 0.1, 0.0, 0.2, 0.1, 1.0), 1), (DECODER, 3)])
+    with pytest.raises(ZboptError, match=r"^split \[1, 3\]: virtual stage 0 \(embedding\) has no backward time; "):
+        split_problem(model, Device(), Pipeline(2, 1, "loop", 4), (1, 3))
+
+
+CASES = [  # (pipeline, device memory): loose, and tight enough that the most balanced split is not the best
+    (Pipeline(2, 1, "loop", 4), None),
+    (Pipeline(2, 1, "loop", 4), 11.0),
+    (Pipeline(2, 2, "v", 4), None),
+]
+
+
+@pytest.mark.parametrize(("pipeline", "memory"), CASES)
+def test_the_joint_search_finds_the_brute_force_best_split_and_bounds_every_split(pipeline, memory):
+    device = Device(memory_gb=memory)
+    optima = {split: optimum(SMALL, device, pipeline, split) for split in every_split(7, pipeline.num_stages)}
+    for split, value in optima.items():  # the closed-form bound of each split is a bound
+        assert split_bound(SMALL, device, pipeline, split) <= value + 1e-9
+    answer = plan(SMALL, device, pipeline, schedules=[OPTIMAL], time_limit=60)
+    assert answer.makespan == pytest.approx(min(optima.values()))
+    assert answer.lower_bound <= min(optima.values()) + 1e-9
+    assert answer.pipelines[0].pruned and answer.gap == 0
+
+
+def test_at_tight_memory_the_most_time_balanced_split_is_not_the_best():
+    """At 11 GB the stage-balanced split (4, 3) leaves device 0 room for one microbatch's 3.5 GB
+    of activations (6 GB after 5 GB of parameters), (3, 4) for two of its 2.5 GB: the joint answer
+    takes the less balanced split, shorter by what brute force finds."""
+    pipeline, device = Pipeline(2, 1, "loop", 4), Device(memory_gb=11.0)
+    balanced = split_by_rule("stage-balanced", SMALL, pipeline)
+    answer = plan(SMALL, device, pipeline, schedules=[OPTIMAL], time_limit=60)
+    assert balanced == (4, 3) and answer.best.best.split == (3, 4)
+    assert answer.makespan < optimum(SMALL, device, pipeline, balanced) - 1e-6
+
+
+def test_the_family_bound_is_the_least_split_bound_rounded_down():
+    pipeline, device = Pipeline(2, 2, "v", 4), Device(memory_gb=None, p2p_ms=0.125)
+    least = min(split_bound(SMALL, device, pipeline, split) for split in every_split(7, 4))
+    split, bound = SplitFamily(SMALL, device, pipeline).next_split(seconds=10)
+    assert least - 7 * 4 * 4 * 1e-3 <= bound <= least  # each layer's time rounded down to 1 us, 4 sums of m = 4
+    assert split_bound(SMALL, device, pipeline, split) == pytest.approx(least)
+
+
+def test_no_split_that_fits_says_so_with_the_least_memory_that_would():
+    pipeline = Pipeline(2, 1, "loop", 4)
+    need = min(max(sum(layer.parameters_gb + layer.activation_gb for layer in SMALL.layers[s:e])
+                   for s, e in ((0, split[0]), (split[0], 7))) for split in every_split(7, 2))
+    assert least_memory(SMALL, pipeline) == pytest.approx(need)
+    with pytest.raises(ZboptError, match=rf"^plan: no split of the model runs in 4 GB per device .*at least "
+                                         rf"{need:.4g} GB on its fullest device"):
+        plan(SMALL, Device(memory_gb=4.0), pipeline, schedules=[OPTIMAL], time_limit=10)
+
+
+def test_the_plan_command_prints_the_best_split_its_bound_and_its_exports(tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_text("model:\n  layers:\n"
+                    "    - {name: embedding, forward: 0.25 ms, backward: 0.25 ms, weight: 0.5 ms, activation: 0.5 GB, "
+                    "parameters: 2 GB}\n"
+                    "    - {name: decoder, repeat: 5, forward: 1 ms, backward: 1.25 ms, weight: 0.75 ms, "
+                    "activation: 1 GB, parameters: 1 GB}\n"
+                    "    - {name: lm_head, forward: 2.5 ms, backward: 2.5 ms, weight: 2 ms, activation: 3 GB, "
+                    "parameters: 2 GB}\n"
+                    "device: {memory: 11 GB}\n")
+    run = subprocess.run([sys.executable, "-m", "zbopt", "plan", str(path), "--devices", "2", "--microbatches", "4",
+                          "--schedule", "1f1b", "--schedule", "optimal", "--time-limit", "60", "--json"],
+                         capture_output=True, text=True, check=True)
+    answer = json.loads(run.stdout)
+    direct = plan(SMALL, Device(memory_gb=11.0), Pipeline(2, 1, "loop", 4), schedules=[OPTIMAL], time_limit=60)
+    assert answer["best"]["makespan_ms"] == pytest.approx(direct.makespan)
+    assert answer["best"]["split"] == list(direct.best.best.split) and answer["best"]["gap"] == 0
+    head = answer["best"]["split"][0]  # the embedding and head - 1 decoders; the rest and the LM head
+    assert parse_megatron_layout(answer["best"]["exports"]["megatron_layout"]) == ["E" + "t" * (head - 1),
+                                                                                  "t" * (6 - head) + "L"]
+    assert {(row["rule"], row["schedule"]) for row in answer["rows"]} == {
+        (rule, schedule) for rule in ("even", "first-last", "stage-balanced", "device-balanced")
+        for schedule in ("1f1b", "optimal")}
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--chunks", "1,x"], "zbopt: --chunks 1,x: expected whole numbers separated by commas, e.g. 1,2\n"),
+    (["--microbatches", "0"], "zbopt: --microbatches 0: expected a whole number, at least 1\n"),
+    (["--device-memory", "80"], "zbopt: --device-memory = '80': write the unit, e.g. '80 GB'\n"),
+])
+def test_bad_plan_flags_are_one_line_and_exit_2(tmp_path, flags, message):
+    path = tmp_path / "model.yaml"
+    path.write_text("model:\n  layers:\n    - {name: decoder, repeat: 4, forward: 1 ms, backward: 1 ms, weight: 1 ms, "
+                    "activation: 1 GB, parameters: 1 GB}\n")
+    run = subprocess.run([sys.executable, "-m", "zbopt", "plan", str(path), "--devices", "2", *flags],
+                         capture_output=True, text=True)
+    assert (run.returncode, run.stderr) == (2, message)

@@ -177,3 +177,22 @@ def test_bad_plan_flags_are_one_line_and_exit_2(tmp_path, flags, message):
     run = subprocess.run([sys.executable, "-m", "zbopt", "plan", str(path), "--devices", "2", *flags],
                          capture_output=True, text=True)
     assert (run.returncode, run.stderr) == (2, message)
+
+
+def test_splits_solved_two_at_a_time_on_an_executor_reach_the_same_optimum():
+    """The search with `parallel` splits at a time on an executor (a dask cluster's, or here a
+    thread pool) certifies the same best split as brute force."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pipeline, device = Pipeline(2, 1, "loop", 4), Device(memory_gb=11.0)
+    best = min(optimum(SMALL, device, pipeline, split) for split in every_split(7, 2))
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        answer = plan(SMALL, device, pipeline, schedules=[OPTIMAL], time_limit=60, workers=1, executor=executor,
+                      parallel=2)
+    assert answer.makespan == pytest.approx(best) and answer.gap == 0
+
+
+def test_more_virtual_stages_than_layers_is_refused_naming_the_counts():
+    with pytest.raises(ZboptError, match=r"^plan: 4 devices x 2 chunks make 8 virtual stages, more than the "
+                                         r"model's 7 layers$"):
+        plan(SMALL, Device(), Pipeline(4, 2, "v", 8), time_limit=5)

@@ -8,15 +8,13 @@ import contextlib
 import json
 
 from zbopt import interrupt
-from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, config_file, flag_values
+from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, config_file, dask_client, flag_values
 from zbopt.cli.inputs import run_config
 from zbopt.cli.output import check_outputs, figure_path, figure_style, live, output_flag, talks
 from zbopt.errors import ZboptError
 from zbopt.io.trace import TRACE_EXTENSION
 from zbopt.simulation import simulate
 from zbopt.tables import format_block, format_comparison, format_frontier
-
-DASK_CONNECT_TIMEOUT_S = 10
 
 
 def add_commands(commands) -> None:
@@ -177,18 +175,6 @@ def _command_block(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dask_client(address: str):
-    """A dask.distributed Client connected to the scheduler at `address` (an optional dependency)."""
-    try:
-        from distributed import Client
-    except ImportError:
-        raise ZboptError("--dask needs dask.distributed: pip install 'zbopt[dask]'") from None
-    try:
-        return Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
-    except (OSError, TimeoutError) as error:
-        raise ZboptError(f"--dask {address}: cannot connect to the scheduler ({error})") from None
-
-
 def _check_frontier_flags(args: argparse.Namespace) -> None:
     """--workers and --dask exclude each other; the sweep, not --memory-limit, sets one limit for
     every device (per-device limits that differ, the sweep scales)."""
@@ -213,7 +199,7 @@ def _command_frontier(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         executor = None  # memory_frontier's own pool: args.workers processes, or one per core
         if args.dask is not None:
-            executor = stack.enter_context(_dask_client(args.dask)).get_executor()
+            executor = stack.enter_context(dask_client(args.dask)).get_executor()
         frontier, stop = interrupt.answer_of(lambda: memory_frontier(run.problem, limits, time_limit=args.time_limit,
                                                            executor=executor, workers=args.workers,
                                                            progress=live(args)))

@@ -11,6 +11,8 @@ from zbopt.errors import ZboptError, shorten
 from zbopt.io.read import parse_yaml
 from zbopt.schedules import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES
 
+DASK_CONNECT_TIMEOUT_S = 10
+
 RUNNABLE_TORCH_SCHEDULES = [name for name in TORCH_SCHEDULES if name not in TORCH_REFUSED]  # named in --help
 
 
@@ -136,3 +138,15 @@ def flag_values(args: argparse.Namespace) -> dict:
     """The config keys the user gave as flags (a flag left out is not in `args`)."""
     return {key: value for key, value in vars(args).items()
             if key in PROBLEM_KEYS or key in OPTION_KEYS or key in BATCH_FLAGS}
+
+
+def dask_client(address: str):
+    """A dask.distributed Client connected to the scheduler at `address` (an optional dependency)."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ZboptError("--dask needs dask.distributed: pip install 'zbopt[dask]'") from None
+    try:
+        return Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as error:
+        raise ZboptError(f"--dask {address}: cannot connect to the scheduler ({error})") from None

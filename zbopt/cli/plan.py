@@ -4,8 +4,10 @@ together and certified over every split, beside the named split rules with every
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
+from zbopt.cli.flags import dask_client
 from zbopt.errors import ZboptError
 
 
@@ -25,7 +27,9 @@ def add_commands(commands) -> None:
                           help="schedules per split rule, repeatable; 'optimal' is the optimizer (default: every "
                                "applicable heuristic and the optimizer)")
     planning.add_argument("--time-limit", type=float, default=120.0, help="seconds for the whole plan (default 120)")
-    planning.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
+    planning.add_argument("--workers", type=int, default=2, help="solver threads per split (default 2)")
+    planning.add_argument("--dask", metavar="ADDRESS", help="solve splits on a dask.distributed cluster, as many at a "
+                                                         "time as it has threads, e.g. tcp://host:8786")
     planning.add_argument("--json", action="store_true", help="print one JSON object: best, pipelines, rows")
     planning.add_argument("-o", "--output", metavar="report.html", help="write the HTML report")
     planning.set_defaults(run=_command_plan)
@@ -48,7 +52,13 @@ def _command_plan(args: argparse.Namespace) -> int:
         check_plan_report(args.output)
     pipelines = [Pipeline(args.devices, chunks, "loop" if chunks == 1 else args.placement,
                           args.microbatches or 4 * args.devices) for chunks in _chunks(args.chunks)]
-    answer = plan(model, device, pipelines, schedules=args.schedule, time_limit=args.time_limit, workers=args.workers)
+    with contextlib.ExitStack() as stack:
+        executor, parallel = None, 1
+        if args.dask is not None:
+            client = stack.enter_context(dask_client(args.dask))
+            executor, parallel = client.get_executor(), max(1, sum(client.nthreads().values()))
+        answer = plan(model, device, pipelines, schedules=args.schedule, time_limit=args.time_limit,
+                      workers=args.workers, executor=executor, parallel=parallel)
     if args.json:
         print(json.dumps(answer.to_dict()))
     else:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
 
 from zbopt.errors import ZboptError
 from zbopt.model import Device, Model
@@ -22,11 +24,12 @@ from zbopt.planner.rules import RULES, split_by_rule
 from zbopt.planner.split import Pipeline, Split, split_problem
 from zbopt.problem import Problem
 from zbopt.schedules import applicable
-from zbopt.simulation import simulate
+from zbopt.simulation import Simulation, simulate
 from zbopt.solvers import solve
 
 SOLVE_SHARE = 1 / 12  # of the plan's time limit: one split's solve, at most
 FAMILY_S = 5.0  # the most one step of the split family's CP-SAT may take
+MIN_SOLVE_S = 0.5  # no split is solved with less time left than this
 
 
 class _Clock:
@@ -40,19 +43,70 @@ class _Clock:
         return min(self.left(), max(1.0, self.seconds * SOLVE_SHARE))
 
 
+@dataclass
+class _Run:
+    """What every step of one pipeline's plan shares: the model on its pipeline, the clock, and
+    where splits are solved (here, or `parallel` at a time on `executor`)."""
+
+    model: Model
+    device: Device
+    pipeline: Pipeline
+    clock: _Clock
+    workers: int
+    executor: Executor | None = None
+    parallel: int = 1
+
+    def problem(self, split: Split) -> Problem:
+        return split_problem(self.model, self.device, self.pipeline, split)
+
+    def solve_all(self, splits: list[Split]) -> dict[Split, Outcome]:
+        """Each split solved, at once on the executor when there is one. A split outside zbopt's
+        Problem (a stage with no time) keeps its closed-form bound."""
+        seconds, outcomes, problems = self.clock.share(), {}, {}
+        for split in splits:
+            try:
+                problems[split] = self.problem(split)
+            except ZboptError:
+                outcomes[split] = Outcome(split, None, split_bound(self.model, self.device, self.pipeline, split), "-")
+        if self.executor is None:
+            answers = {split: solved_split(problem, seconds, self.workers) for split, problem in problems.items()}
+        else:
+            futures = {split: self.executor.submit(solved_split, problem, seconds, self.workers)
+                       for split, problem in problems.items()}
+            answers = {split: future.result() for split, future in futures.items()}
+        for split, (simulation, lower_bound, name) in answers.items():
+            outcomes[split] = Outcome(split, simulation, lower_bound, name)
+        return outcomes
+
+
+def solved_split(problem: Problem, seconds: float, workers: int) -> tuple[Simulation | None, float, str]:
+    """(the best schedule's simulation, the lower bound, the schedule's name) of one split's
+    Problem: zbopt's optimizer within `seconds` (a module-level function, so an executor can run it)."""
+    result = solve(problem, time_limit=seconds, workers=workers)
+    name = result.simulation.schedule.name if result.simulation is not None else "-"
+    return result.simulation, result.lower_bound, name or result.solver
+
+
 def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline], *,
          schedules: Sequence[str] | None = None, rules: Sequence[str] = RULES, time_limit: float = 120.0,
-         workers: int = 2) -> Plan:
+         workers: int = 2, executor: Executor | None = None, parallel: int = 1) -> Plan:
     """The best split and schedule of `model` on each of `pipelines`, with rows for each rule ×
     schedule (`schedules`: heuristics' names and OPTIMAL; None: every applicable one and OPTIMAL)
     and a certificate over every split. `time_limit` bounds the whole call, shared equally by the
-    pipelines. A ZboptError in one line when no split of any pipeline runs in the device's memory."""
+    pipelines. With an `executor` (say, a dask `Client(...).get_executor()`), the search solves
+    `parallel` splits at a time there. A ZboptError in one line when a pipeline has more stages
+    than the model has layers, or when no split of any pipeline runs in the device's memory."""
     pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
+    for pipeline in pipelines:
+        if pipeline.num_stages > len(model.layers):
+            raise ZboptError(f"plan: {pipeline.num_devices} devices x {pipeline.chunks_per_device} chunks make "
+                             f"{pipeline.num_stages} virtual stages, more than the model's {len(model.layers)} layers")
     began, answers = time.perf_counter(), []
     for number, pipeline in enumerate(pipelines):
         left = time_limit - (time.perf_counter() - began)
-        answers.append(_plan_one(model, device, pipeline, schedules, rules, _Clock(left / (len(pipelines) - number)),
-                                 workers))
+        run = _Run(model, device, pipeline, _Clock(left / (len(pipelines) - number)), workers, executor,
+                   max(1, parallel))
+        answers.append(_plan_one(run, schedules, rules))
     result = Plan(model, device, tuple(answers))
     if result.best.best is None:
         least = min(least_memory(model, pipeline) for pipeline in pipelines)
@@ -62,39 +116,39 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     return result
 
 
-def _plan_one(model: Model, device: Device, pipeline: Pipeline, schedules, rules, clock: _Clock,
-              workers: int) -> PipelinePlan:
+def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
     solved: dict[Split, Outcome] = {}
     rows = []
     for rule in rules:
-        rows += _rule_rows(rule, model, device, pipeline, schedules, solved, clock, workers)
-    family = SplitFamily(model, device, pipeline)
+        rows += _rule_rows(rule, run, schedules, solved)
+    family = SplitFamily(run.model, run.device, run.pipeline)
     for split in solved:
         family.exclude(split)
-    rest, pruned = _search(model, device, pipeline, family, solved, clock, workers)
+    rest, pruned = _search(run, family, solved)
     found = [outcome for outcome in solved.values() if outcome.simulation is not None]
     best = min(found, key=lambda outcome: outcome.makespan) if found else None
     lower = min([rest, *(outcome.lower_bound for outcome in solved.values())])
-    return PipelinePlan(pipeline, tuple(rows), best, lower, len(solved), pruned)
+    return PipelinePlan(run.pipeline, tuple(rows), best, lower, len(solved), pruned)
 
 
-def _rule_rows(rule: str, model: Model, device: Device, pipeline: Pipeline, schedules, solved: dict,
-               clock: _Clock, workers: int) -> list[PlanRow]:
+def _rule_rows(rule: str, run: _Run, schedules, solved: dict) -> list[PlanRow]:
     """The rows of one rule: its split under each schedule (the optimizer's answer also recorded
     in `solved`)."""
     try:
-        split = split_by_rule(rule, model, pipeline)
-        problem = split_problem(model, device, pipeline, split)
+        split = split_by_rule(rule, run.model, run.pipeline)
+        problem = run.problem(split)
     except ZboptError as error:
         return [PlanRow(rule, "-", None, None, str(error))]
     rows = []
     heuristics = dict(applicable(problem))
     for name in (schedules or (*heuristics, OPTIMAL)):
-        if name == OPTIMAL:
-            outcome = solved.get(split) or _solved(problem, split, clock, workers)
-            solved[split] = outcome
-            rows.append(PlanRow(rule, OPTIMAL, split, outcome.simulation,
-                                None if outcome.simulation else "no schedule found in time"))
+        if name == OPTIMAL and split not in solved and run.clock.left() < MIN_SOLVE_S:
+            rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached"))
+        elif name == OPTIMAL:
+            if split not in solved:
+                solved.update(run.solve_all([split]))
+            simulation = solved[split].simulation
+            rows.append(PlanRow(rule, OPTIMAL, split, simulation, None if simulation else "no schedule found in time"))
         elif name in heuristics:
             simulation = simulate(problem, heuristics[name])
             rows.append(PlanRow(rule, name, split, simulation if simulation.valid else None,
@@ -104,27 +158,21 @@ def _rule_rows(rule: str, model: Model, device: Device, pipeline: Pipeline, sche
     return rows
 
 
-def _solved(problem: Problem, split: Split, clock: _Clock, workers: int) -> Outcome:
-    result = solve(problem, time_limit=max(clock.share(), 0.5), workers=workers)
-    name = result.simulation.schedule.name if result.simulation is not None else "-"
-    return Outcome(split, result.simulation, result.lower_bound, name or result.solver)
-
-
-def _search(model: Model, device: Device, pipeline: Pipeline, family: SplitFamily, solved: dict, clock: _Clock,
-            workers: int) -> tuple[float, bool]:
-    """Solve splits in the family's order until the splits left cannot beat the best found or
-    time runs out; (a bound on every split not solved, whether they were all pruned)."""
+def _search(run: _Run, family: SplitFamily, solved: dict) -> tuple[float, bool]:
+    """Solve splits in the family's order, `run.parallel` at a time, until the splits left cannot
+    beat the best found or time runs out; (a bound on every split not solved, whether they were
+    all pruned)."""
     rest = 0.0
-    while clock.left() > 0.5:
-        split, rest = family.next_split(min(FAMILY_S, clock.left() / 4))
+    while run.clock.left() > MIN_SOLVE_S:
         best = min((outcome.makespan for outcome in solved.values()), default=math.inf)
-        if split is None or rest >= best:
+        batch: list[Split] = []
+        while len(batch) < run.parallel:
+            split, rest = family.next_split(min(FAMILY_S, run.clock.left() / 4))
+            if split is None or rest >= best:
+                break
+            family.exclude(split)
+            batch.append(split)
+        if not batch:
             return rest, family.exhausted or rest >= best
-        family.exclude(split)
-        try:
-            problem = split_problem(model, device, pipeline, split)
-        except ZboptError:  # a stage with no time: outside zbopt's Problem; its closed-form bound stands
-            solved[split] = Outcome(split, None, split_bound(model, device, pipeline, split), "-")
-            continue
-        solved[split] = _solved(problem, split, clock, workers)
+        solved.update(run.solve_all(batch))
     return rest, False

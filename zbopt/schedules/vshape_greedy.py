@@ -207,7 +207,8 @@ class _GreedyRun:
             turn = self.ends[FORWARD, device + 1, 1, 0] + self.problem.p2p_time
             room = (2 * device + 2) * max(self._memory(FORWARD, device, chunk) for chunk in (0, 1))
             while (self.held[device] + room <= memory_ceiling(self.caps[device]) and self.done[device][FORWARD, 0] < m
-                   and self.clock[device] + self._cost(FORWARD, device, 0) <= turn):
+                   and self.clock[device] + self._cost(FORWARD, device, 0) <= turn
+                   and all(self.fits(upper, FORWARD, 0) for upper in range(device))):  # unequal chunks' memory
                 for upper in range(device + 1):
                     self.put(upper, FORWARD, 0)
             self.put(device, FORWARD, 1)

@@ -1,0 +1,88 @@
+"""Issue 31's targets: the joint split and schedule against the even split, and the gap over every
+split, within the plan's time limit.
+
+Rows: the 32-layer model with heavy ends (examples/model_layers.yaml) on 4 devices, v = 1 and
+v = 2 (V), m = 16 and 32, at 80 GB and at a tight memory; the same layers 80 times on 8 devices,
+v = 2, m = 64; Llama 3 70B (examples/model_llama3_70b.yaml) on 8 devices, v = 2, m = 64. For each:
+the even split's best schedule (the least makespan of its rows, the optimizer's included), the
+joint answer, how much shorter it is, the gap over every split, the seconds, the splits solved and
+whether the rest were pruned.
+
+    python benchmarks/bench_plan.py [--time-limit 120] [--rows name,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from record import write_results
+
+from zbopt.errors import ZboptError
+from zbopt.model import Model, load_model
+from zbopt.planner import Pipeline, plan
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _repeated(model: Model, repeat: int) -> Model:
+    """The model with its repeated layer written `repeat` times."""
+    layers = model.layers
+    return Model.from_repeats([(layers[0], 1), (layers[1], repeat), (layers[-1], 1)])
+
+
+def cases():
+    model, device = load_model(EXAMPLES / "model_layers.yaml")
+    for chunks, placement in ((1, "loop"), (2, "v")):
+        for m in (16, 32):
+            for memory in (80.0, 36.0):
+                yield (f"32L p4 v{chunks} m{m} {memory:g}GB", model, replace(device, memory_gb=memory),
+                       Pipeline(4, chunks, placement, m))
+    yield "80L p8 v2 m64 80GB", _repeated(model, 80), device, Pipeline(8, 2, "v", 64)
+    llama, llama_device = load_model(EXAMPLES / "model_llama3_70b.yaml")
+    yield "llama-3-70b p8 v2 m64", llama, llama_device, Pipeline(8, 2, "v", 64)
+
+
+def measure(name, model, device, pipeline, time_limit: float) -> dict:
+    began = time.perf_counter()
+    try:
+        answer = plan(model, device, pipeline, time_limit=time_limit)
+    except ZboptError as error:  # say, no split fits: the row says so and the others go on
+        return {"case": name, "error": str(error)}
+    seconds = time.perf_counter() - began
+    chosen = answer.pipelines[0]
+    even = [row.makespan for row in chosen.rows if row.rule == "even" and row.makespan is not None]
+    even_best = min(even) if even else None
+    return {"case": name, "seconds": seconds, "even_best_ms": even_best, "joint_ms": answer.makespan,
+            "shorter": None if even_best is None else 1 - answer.makespan / even_best,
+            "lower_bound_ms": answer.lower_bound, "gap": answer.gap, "split": list(chosen.best.split),
+            "schedule": chosen.best.schedule, "splits_solved": chosen.explored, "rest_pruned": chosen.pruned}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit", type=float, default=120.0)
+    parser.add_argument("--rows", help="comma-separated case names (default: all)")
+    args = parser.parse_args()
+    wanted = None if args.rows is None else set(args.rows.split(","))
+    rows = []
+    print(f"{'case':26} {'even':>9} {'joint':>9} {'shorter':>8} {'bound':>9} {'gap':>7} {'s':>6} solved pruned")
+    for name, model, device, pipeline in cases():
+        if wanted is not None and name not in wanted:
+            continue
+        row = measure(name, model, device, pipeline, args.time_limit)
+        rows.append(row)
+        if "error" in row:
+            print(f"{name:26} {row['error']}")
+            continue
+        shorter = "-" if row["shorter"] is None else f"{row['shorter']:.1%}"
+        even = "-" if row["even_best_ms"] is None else f"{row['even_best_ms']:.1f}"
+        print(f"{name:26} {even:>9} {row['joint_ms']:9.1f} {shorter:>8} {row['lower_bound_ms']:9.1f} "
+              f"{row['gap']:7.2%} {row['seconds']:6.1f} {row['splits_solved']:6} {row['rest_pruned']}", flush=True)
+    write_results("bench_plan", time_limit=args.time_limit, rows=rows)
+
+
+if __name__ == "__main__":
+    main()

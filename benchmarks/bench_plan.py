@@ -61,6 +61,44 @@ def measure(name, model, device, pipeline, time_limit: float) -> dict:
             "schedule": chosen.best.schedule, "splits_solved": chosen.explored, "rest_pruned": chosen.pruned}
 
 
+def split_costs(samples: int = 10) -> list[dict]:
+    """What one split costs to look at, per step, averaged over the first `samples` splits the
+    family ranks (32-layer model, 4 devices, v = 1 and 2, m = 16): its Problem, every heuristic
+    simulated, the quick lower bounds, and one step of the family's CP-SAT (the next split)."""
+    from zbopt.planner.certify import SplitFamily
+    from zbopt.planner.split import split_problem
+    from zbopt.schedules import applicable
+    from zbopt.simulation import simulate
+    from zbopt.solvers import lower_bounds
+
+    model, device = load_model(EXAMPLES / "model_layers.yaml")
+    rows = []
+    for pipeline in (Pipeline(4, 1, "loop", 16), Pipeline(4, 2, "v", 16)):
+        family, times = SplitFamily(model, device, pipeline), {"problem": 0.0, "heuristics": 0.0, "bounds": 0.0,
+                                                               "family step": 0.0}
+        for _ in range(samples):
+            began = time.perf_counter()
+            split, _ = family.next_split(5.0)
+            family.exclude(split)
+            times["family step"] += time.perf_counter() - began
+            began = time.perf_counter()
+            problem = split_problem(model, device, pipeline, split)
+            times["problem"] += time.perf_counter() - began
+            began = time.perf_counter()
+            for _, schedule in applicable(problem):
+                simulate(problem, schedule)
+            times["heuristics"] += time.perf_counter() - began
+            began = time.perf_counter()
+            lower_bounds(problem, time.perf_counter() + 5.0)
+            times["bounds"] += time.perf_counter() - began
+        row = {"pipeline": f"p4 v{pipeline.chunks_per_device} m16",
+               **{key: value / samples for key, value in times.items()}}
+        print(f"{row['pipeline']:12} " + "  ".join(f"{key} {value * 1000:8.1f} ms" for key, value in row.items()
+                                                   if key != "pipeline"))
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=120.0)
@@ -81,7 +119,8 @@ def main() -> None:
         even = "-" if row["even_best_ms"] is None else f"{row['even_best_ms']:.1f}"
         print(f"{name:26} {even:>9} {row['joint_ms']:9.1f} {shorter:>8} {row['lower_bound_ms']:9.1f} "
               f"{row['gap']:7.2%} {row['seconds']:6.1f} {row['splits_solved']:6} {row['rest_pruned']}", flush=True)
-    write_results("bench_plan", time_limit=args.time_limit, rows=rows)
+    print("\ncost per split (mean of the first 10 the family ranks):")
+    write_results("bench_plan", time_limit=args.time_limit, rows=rows, split_costs=split_costs())
 
 
 if __name__ == "__main__":

@@ -114,7 +114,8 @@ def render_plan_report(plan: Plan) -> str:
                f"gap {gap_text(plan.gap)}; peak GB per device "
                + ", ".join(f"{peak:.3g}" for peak in outcome.simulation.peak_memory))
     parts += ['<h2 id="schedule">Best schedule</h2>',
-              schedule_section(f"joint optimum ({outcome.schedule})", summary, outcome.simulation),
+              schedule_section(f"joint optimum ({outcome.schedule})", summary, outcome.simulation,
+                               units={"time": "ms", "memory": "GB"}),
               f"<script>{VIEWER}</script>", f"<p><small>Written by zbopt {__version__}.</small></p></body></html>"]
     return "\n".join(parts)
 

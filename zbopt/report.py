@@ -149,12 +149,13 @@ def _schedule_section(row: ComparisonRow, shown: bool) -> str:
     return schedule_section(row.name, summary, row.simulation, shown)
 
 
-def schedule_section(name: str, summary: str, simulation: Simulation, shown: bool = True) -> str:
+def schedule_section(name: str, summary: str, simulation: Simulation, shown: bool = True,
+                     units: dict[str, str] | None = None) -> str:
     """A schedule's section: its summary, a canvas each for its Gantt chart and memory timeline,
-    and its numbers for them (`schedule_data`), gzip-compressed and base64-encoded; the page needs
-    VIEWER's script once."""
-    packed = base64.b64encode(gzip.compress(json.dumps(schedule_data(simulation), separators=(",", ":"))
-                                            .encode(), mtime=0)).decode()
+    and its numbers for them (`schedule_data`, with `units` such as {"time": "ms", "memory": "GB"}
+    for the viewer's read-outs), gzip-compressed and base64-encoded; the page needs VIEWER's script once."""
+    data = {**schedule_data(simulation), **({"units": units} if units else {})}
+    packed = base64.b64encode(gzip.compress(json.dumps(data, separators=(",", ":")).encode(), mtime=0)).decode()
     owner = f'data-schedule="{_text(name)}"'
     return "\n".join([
         f'<section class="schedule" id="{_anchor(name)}" {owner}{"" if shown else " hidden"}>',

@@ -171,17 +171,23 @@ class Viewer {
     if (canvas === this.gantt) {
       const index = this.opAt(x, y);
       if (index === null) return null;
-      const { ops, kinds } = this.data;
+      const { ops, kinds } = this.data, [ms, gb] = this.units();
       return `${ops.name[index]} · ${kinds[ops.k[index]]} · stage ${ops.s[index]} (chunk ${ops.chunk[index]}) · ` +
-        `microbatch ${ops.j[index]} · start ${format(ops.t0[index])} · end ${format(ops.t1[index])} · ` +
-        `memory after ${format(ops.m[index])}`;
+        `microbatch ${ops.j[index]} · start ${format(ops.t0[index])}${ms} · end ${format(ops.t1[index])}${ms} · ` +
+        `memory after ${format(ops.m[index])}${gb}`;
     }
     const device = Math.floor(y / MEMORY_ROW);
     if (device < 0 || device >= this.data.devices) return null;
     const time = this.time(x, canvas.clientWidth), [times, levels] = this.data.memory[device];
     let level = 0;
     times.forEach((moment, step) => { if (moment <= time) level = levels[step]; });
-    return `device ${device} · t ${format(time)} · holds ${format(level)}`;
+    const [ms, gb] = this.units();
+    return `device ${device} · t ${format(time)}${ms} · holds ${format(level)}${gb}`;
+  }
+
+  units() {  // " ms", " GB" after a model's numbers (a plan's); nothing for a bare problem's own units
+    const units = this.data.units || {};
+    return [units.time ? " " + units.time : "", units.memory ? " " + units.memory : ""];
   }
 
   listen(canvas) {

@@ -32,6 +32,9 @@ def add_commands(commands) -> None:
                                                          "time as it has threads, e.g. tcp://host:8786")
     planning.add_argument("--json", action="store_true", help="print one JSON object: best, pipelines, rows")
     planning.add_argument("-o", "--output", metavar="report.html", help="write the HTML report")
+    planning.add_argument("--export", metavar="FILE", help="write the best schedule: .csv torch CSV, .json zbopt JSON "
+                                                          "(with the split), .trace.json a trace for Perfetto (with "
+                                                          "the split)")
     planning.set_defaults(run=_command_plan)
 
 
@@ -50,6 +53,10 @@ def _command_plan(args: argparse.Namespace) -> int:
         from zbopt.plan_report import check_plan_report
 
         check_plan_report(args.output)
+    if args.export is not None:
+        from zbopt.io.export import check_export
+
+        check_export(args.export)
     pipelines = [Pipeline(args.devices, chunks, "loop" if chunks == 1 else args.placement,
                           args.microbatches or 4 * args.devices) for chunks in _chunks(args.chunks)]
     with contextlib.ExitStack() as stack:
@@ -65,6 +72,8 @@ def _command_plan(args: argparse.Namespace) -> int:
         from zbopt.plan_report import format_plan
 
         print(format_plan(answer))
+    if args.export is not None:
+        _export(args.export, answer, args.json)
     if args.output is not None:
         from zbopt.plan_report import write_plan_report
 
@@ -72,6 +81,17 @@ def _command_plan(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"\nreport written to {args.output}")
     return 0
+
+
+def _export(path: str, answer, quiet: bool) -> None:
+    """The best schedule written to `path`, the split recorded where the format has room."""
+    from zbopt.io.export import EXPORT_FORMATS, write_export
+
+    best = answer.to_dict()["best"]
+    split = {key: best[key] for key in ("split", "stages", "chunks", "placement", "exports")}
+    written = write_export(path, answer.best.best.simulation, with_times=True, split=split)
+    if not quiet:
+        print(f"\n{EXPORT_FORMATS[written]} written to {path}")
 
 
 def _chunks(text: str) -> list[int]:

@@ -51,10 +51,12 @@ def check_export(path: str | Path, problem: Problem | None = None, given: str | 
 
 
 def write_export(path: str | Path, simulation: Simulation, given: str | None = None, *,
-                 with_times: bool = False) -> str:
+                 with_times: bool = False, split: dict | None = None) -> str:
     """Write the simulated schedule to `path` in the format `given` (else told by the extension);
     return the format. `with_times` puts the simulated start times into a zbopt JSON (a solver's
-    answer carries them; the torch and Megatron formats hold orders only)."""
+    answer carries them; the torch and Megatron formats hold orders only). A plan's `split` (its
+    layers per stage) is recorded in a zbopt JSON and a trace; the torch and Megatron formats have
+    no place for it (the plan's own output carries it)."""
     problem = simulation.problem
     chosen = check_export(path, problem, given)
     schedule = simulation.timed_orders() if with_times else simulation.schedule
@@ -63,15 +65,18 @@ def write_export(path: str | Path, simulation: Simulation, given: str | None = N
     elif chosen == "megatron":
         write_megatron_order(path, problem, schedule)
     elif chosen == "chrome-trace":
-        write_chrome_trace(path, simulation)
+        write_chrome_trace(path, simulation, split)
     else:
-        save_schedule(path, schedule, problem)
+        save_schedule(path, schedule, problem, split)
     return chosen
 
 
-def save_schedule(path: str | Path, schedule: Schedule, problem: Problem | None = None) -> None:
-    """Write `schedule` (and the problem it is for, when given) as JSON."""
+def save_schedule(path: str | Path, schedule: Schedule, problem: Problem | None = None,
+                  split: dict | None = None) -> None:
+    """Write `schedule` (and the problem it is for, and a plan's split, when given) as JSON."""
     data = schedule.to_dict()
     if problem is not None:
         data["problem"] = problem.to_dict()
+    if split is not None:
+        data["split"] = split
     write_file(path, json.dumps(data, indent=1) + "\n")

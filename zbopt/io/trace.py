@@ -161,9 +161,13 @@ def measured_trace(report) -> dict:
                           f"{report.steps} steps", "time": "trace microseconds from the step's first op"}}
 
 
-def write_chrome_trace(path: str | Path, simulation: Simulation) -> None:
-    """Write `chrome_trace` to `path` (open it in ui.perfetto.dev or chrome://tracing)."""
-    _write(path, chrome_trace(simulation))
+def write_chrome_trace(path: str | Path, simulation: Simulation, split: dict | None = None) -> None:
+    """Write `chrome_trace` to `path` (open it in ui.perfetto.dev or chrome://tracing); a plan's
+    `split` (layers per stage) goes into its otherData."""
+    trace = chrome_trace(simulation)
+    if split is not None:
+        trace["otherData"]["split"] = split
+    _write(path, trace)
 
 
 def write_comparison_trace(path: str | Path, comparison) -> None:

@@ -16,14 +16,15 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from zbopt.errors import ZboptError
+from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.model import Device, Model
 from zbopt.planner.certify import SplitFamily, least_memory, split_bound
 from zbopt.planner.result import OPTIMAL, Outcome, PipelinePlan, Plan, PlanRow
 from zbopt.planner.rules import RULES, split_by_rule
 from zbopt.planner.split import Pipeline, Split, split_problem
 from zbopt.problem import Problem
-from zbopt.schedules import applicable
+from zbopt.schedule import Schedule
+from zbopt.schedules import applicable, generate, get
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers import solve
 
@@ -97,6 +98,9 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     `parallel` splits at a time there. A ZboptError in one line when a pipeline has more stages
     than the model has layers, or when no split of any pipeline runs in the device's memory."""
     pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
+    for name in schedules or ():
+        if name != OPTIMAL:
+            get(name)  # an unknown name: UnknownScheduleError, naming the close ones
     for pipeline in pipelines:
         if pipeline.num_stages > len(model.layers):
             raise ZboptError(f"plan: {pipeline.num_devices} devices x {pipeline.chunks_per_device} chunks make "
@@ -140,7 +144,7 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict) -> list[PlanRow]:
     except ZboptError as error:
         return [PlanRow(rule, "-", None, None, str(error))]
     rows = []
-    heuristics = dict(applicable(problem))
+    heuristics = _heuristics(problem, schedules)
     for name in (schedules or (*heuristics, OPTIMAL)):
         if name == OPTIMAL and split not in solved and run.clock.left() < MIN_SOLVE_S:
             rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached"))
@@ -156,6 +160,20 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict) -> list[PlanRow]:
         else:
             rows.append(PlanRow(rule, name, split, None, "not applicable"))
     return rows
+
+
+def _heuristics(problem: Problem, schedules: Sequence[str] | None) -> dict[str, Schedule]:
+    """The heuristics asked for (every applicable one when None) that apply to `problem`."""
+    if schedules is None:
+        return dict(applicable(problem))
+    built = {}
+    for name in schedules:
+        if name != OPTIMAL:
+            try:
+                built[name] = generate(name, problem)
+            except NotApplicableError:
+                continue
+    return built
 
 
 def _search(run: _Run, family: SplitFamily, solved: dict) -> tuple[float, bool]:

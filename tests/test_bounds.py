@@ -174,8 +174,11 @@ def heuristics_within_their_own_peak(problem):
 
 @given(problems(max_devices=3, max_microbatches=5, chunks=(1, 2), recompute=True))
 def test_memory_bound_holds_for_schedules_within_the_limit(problem):
+    """The memory bound is one of the graph's: 0.1 s leaves the device relaxations (up to 20 s on
+    a V problem, where CP-SAT rarely closes them) nearly no time, not the bound under test."""
     for name, result, limited in heuristics_within_their_own_peak(problem):
-        assert lower_bounds(limited)["memory"] <= result.makespan + 1e-9, name
+        bounds = lower_bounds(limited, time.perf_counter() + 0.1)
+        assert "memory" in bounds.by_name() and bounds["memory"] <= result.makespan + 1e-9, name
 
 
 def test_memory_precedences_closed_form():
@@ -297,7 +300,7 @@ def test_device_sequencing_never_exceeds_the_cpsat_optimum_with_split_backward(v
 @given(problems(max_devices=3, max_microbatches=4, chunks=(2,)))
 def test_single_device_bounds_hold_for_every_heuristic_within_its_own_peak(problem):
     for name, result, limited in heuristics_within_their_own_peak(problem):
-        bounds = lower_bounds(limited)
+        bounds = lower_bounds(limited, time.perf_counter() + 2)  # cut by time, each is still a bound
         assert max(bounds["device_relaxation"], bounds["device_sequencing"]) <= result.makespan + 1e-9, name
 
 

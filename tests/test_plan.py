@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from zbopt import ZboptError, load_schedule, simulate, solve
+from zbopt import ZboptError, generate, load_schedule, simulate, solve
 from zbopt.model import Device, Layer, Model
 from zbopt.planner import OPTIMAL, Pipeline, plan, split_by_rule, split_problem
 from zbopt.planner.certify import SplitFamily, least_memory, split_bound
@@ -135,8 +135,9 @@ def test_no_split_that_fits_says_so_with_the_least_memory_that_would():
     need = min(max(sum(layer.parameters_gb + layer.activation_gb for layer in SMALL.layers[s:e])
                    for s, e in ((0, split[0]), (split[0], 7))) for split in every_split(7, 2))
     assert least_memory(SMALL, pipeline) == pytest.approx(need)
-    with pytest.raises(ZboptError, match=rf"^plan: no split of the model runs in 4 GB per device .*at least "
-                                         rf"{need:.4g} GB on its fullest device"):
+    with pytest.raises(ZboptError, match=rf"^plan: no split of the model runs in 4 GB per device; every split needs "
+                                         rf"at least {need:.4g} GB on its fullest device \(parameters and one "
+                                         r"microbatch's activations\)$"):
         plan(SMALL, Device(memory_gb=4.0), pipeline, schedules=[OPTIMAL], time_limit=10)
 
 
@@ -202,3 +203,82 @@ def test_more_virtual_stages_than_layers_is_refused_naming_the_counts():
     with pytest.raises(ZboptError, match=r"^plan: 4 devices x 2 chunks make 8 virtual stages, more than the "
                                          r"model's 7 layers$"):
         plan(SMALL, Device(), Pipeline(4, 2, "v", 8), time_limit=5)
+
+
+def test_a_long_latency_still_bounds_every_split():
+    """300 ms between devices: the bound over every split counts it on both paths and stays below
+    the brute-force best (a family whose objective could not hold the latency once read as "no
+    split left" and certified a longer schedule)."""
+    heavy, light = Layer("decoder", 1, 1, 1, 0.001, 0.001), Layer("decoder", 0.01, 0.01, 0.01, 0.001, 0.001)
+    model, device, pipeline = Model((heavy,) * 4 + (light,) * 4), Device(p2p_ms=300.0), Pipeline(2, 1, "loop", 4)
+    best = min(optimum(model, device, pipeline, split) for split in every_split(8, 2))
+    answer = plan(model, device, pipeline, schedules=[OPTIMAL], rules=("even",), time_limit=30)
+    assert answer.lower_bound <= best + 1e-6 and answer.makespan == pytest.approx(best)
+
+
+def test_the_answer_is_never_longer_than_a_row_and_a_rows_peak_counts_the_parameters():
+    """The plan's answer is the shortest of everything it ran, the rows' heuristics included; a
+    row's peak is its device's parameters plus its activations' peak."""
+    pipeline, device = Pipeline(2, 1, "loop", 4), Device(memory_gb=20.0)
+    answer = plan(SMALL, device, pipeline, schedules=["1f1b"], time_limit=20)
+    rows = [row for row in answer.pipelines[0].rows if row.simulation is not None]
+    assert rows and answer.makespan <= min(row.makespan for row in rows) + 1e-9
+    row = next(row for row in answer.to_dict()["rows"] if row["peak_gb"] is not None)
+    problem = split_problem(SMALL, device, pipeline, tuple(row["split"]))
+    own = [sum(layer.parameters_gb for layer in SMALL.layers[:row["split"][0]]),
+           sum(layer.parameters_gb for layer in SMALL.layers[row["split"][0]:])]
+    peaks = simulate(problem, generate("1f1b", problem)).peak_memory
+    assert row["peak_gb"] == pytest.approx([own[d] + peaks[d] for d in range(2)])
+
+
+def test_megatrons_first_and_last_counts_are_per_device_with_chunks():
+    """With two chunks per device (loop), the first and last devices' counts are split over their
+    chunks, as Megatron-LM lays them out: the rule's split is one its flags can say."""
+    from zbopt.planner.exports import megatron_first_last
+
+    model = Model.from_repeats([(EMBEDDING, 1), (DECODER, 30), (HEAD, 1)])
+    pipeline = Pipeline(4, 2, "loop", 8)
+    split = split_by_rule("first-last", model, pipeline)
+    counts = megatron_first_last(model, list(split), 4, 2, "loop")
+    assert counts is not None
+    first, last = counts["decoder_first_pipeline_num_layers"], counts["decoder_last_pipeline_num_layers"]
+    assert split[0] - 1 == split[4] == first // 2 and split[3] == split[7] - 1 == last // 2
+
+
+def test_rules_keep_a_layer_with_time_on_every_stage_and_split_a_profile_of_distinct_names():
+    """device-balanced never leaves the embedding (no B time) alone on a stage; even splits a
+    model whose layers all have their own names (a per-layer profile) in equal parts."""
+    timeless = Layer("embedding", 0.01, 0.0, 0.02, 0.1, 1.0)
+    model = Model.from_repeats([(timeless, 1), (DECODER, 6), (HEAD, 1)])
+    split = split_by_rule("device-balanced", model, Pipeline(2, 2, "v", 4))
+    split_problem(model, Device(), Pipeline(2, 2, "v", 4), split)  # every stage has F, B and W time
+    distinct = Model(tuple(Layer(f"layer{i}", 1, 1, 1, 1, 1) for i in range(8)))
+    assert split_by_rule("even", distinct, Pipeline(4)) == (2, 2, 2, 2)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Pipeline(2, 2, "bidirectional", 4), r"^pipeline placement 'bidirectional': a plan splits the model "
+                                                 r"over 'loop' or 'v'$"),
+    (lambda: plan(Model.from_repeats([(DECODER, 3), (Layer("lm_head", 1, 2, None, 1, 1), 1)]), Device(),
+                  Pipeline(2), time_limit=5),
+     r"^model: some layers give a weight time and some do not; give W for all or for none$"),
+    (lambda: plan(SMALL, Device(), Pipeline(2), time_limit=math.inf),
+     r"^plan: time_limit = inf: expected a number of seconds above 0$"),
+])
+def test_a_plan_that_cannot_be_made_is_refused_in_one_line(make, message):
+    with pytest.raises(ZboptError, match=message):
+        make()
+
+
+def test_ctrl_c_outside_a_deadline_leaves_generators_alone():
+    """`interrupt.check` raises only inside a deadline scope: a frontier's heuristic points run
+    outside one and stop on Ctrl-C by their own means."""
+    from zbopt import interrupt
+
+    interrupt.requested.set()
+    try:
+        interrupt.check()  # no exception
+        with pytest.raises(interrupt.TimeUp), interrupt.deadline_scope(math.inf):
+            interrupt.check()
+    finally:
+        interrupt.requested.clear()

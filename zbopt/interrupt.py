@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 import os
 import signal
 import sys
@@ -61,14 +60,15 @@ class TimeUp(Exception):
     """The work under a `deadline_scope` ran past its deadline (or Ctrl-C came) and stopped."""
 
 
-_deadline = contextvars.ContextVar("zbopt_deadline", default=math.inf)
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("zbopt_deadline", default=None)
 
 
 @contextlib.contextmanager
 def deadline_scope(deadline: float) -> Iterator[None]:
     """While the block runs, `check` raises `TimeUp` past `deadline` (`time.perf_counter()`), or
-    past an enclosing scope's deadline if that comes first."""
-    token = _deadline.set(min(deadline, _deadline.get()))
+    past an enclosing scope's deadline if that comes first, or after Ctrl-C."""
+    enclosing = _deadline.get()
+    token = _deadline.set(deadline if enclosing is None else min(deadline, enclosing))
     try:
         yield
     finally:
@@ -76,9 +76,11 @@ def deadline_scope(deadline: float) -> Iterator[None]:
 
 
 def check() -> None:
-    """Raise `TimeUp` if the enclosing `deadline_scope` has passed or Ctrl-C came; outside any
-    scope, only after Ctrl-C."""
-    if past(_deadline.get()):
+    """Raise `TimeUp` if the enclosing `deadline_scope` has passed or Ctrl-C came. Outside any
+    scope, nothing: the caller there (a frontier's heuristic points, compare) stops on Ctrl-C by
+    its own means, and expects no exception from a generator."""
+    deadline = _deadline.get()
+    if deadline is not None and past(deadline):
         raise TimeUp
 
 

@@ -7,19 +7,19 @@ import html
 from pathlib import Path
 
 from zbopt.planner import Plan, stage_names
-from zbopt.planner.result import split_exports
-from zbopt.solvers.gap import gap_text
+from zbopt.planner.result import device_peaks, split_exports
+from zbopt.solvers.gap import gap_text, relative_gap
 
-COLUMNS = ("rule", "schedule", "split", "makespan (ms)", "bubble", "peak (GB) per device", "gap")
+COLUMNS = ("rule", "schedule", "split", "makespan (ms)", "bubble", "peak (GB) per device, parameters included", "gap")
 
 
-def _row_cells(row, lower_bound: float) -> list[str]:
+def _row_cells(plan: Plan, each, row) -> list[str]:
     simulation = row.simulation
     if simulation is None:
         return [row.rule, row.schedule, _split(row.split), "-", "-", "-", row.note or "-"]
-    gap = (simulation.makespan - min(lower_bound, simulation.makespan)) / simulation.makespan
+    peaks = device_peaks(plan.model, each.pipeline, row.split, simulation)
     return [row.rule, row.schedule, _split(row.split), f"{simulation.makespan:.5g}", f"{simulation.bubble_rate:.1%}",
-            ", ".join(f"{peak:.3g}" for peak in simulation.peak_memory), gap_text(gap)]
+            ", ".join(f"{peak:.3g}" for peak in peaks), gap_text(relative_gap(simulation.makespan, each.lower_bound))]
 
 
 def _split(split) -> str:
@@ -52,9 +52,11 @@ def _best_lines(plan: Plan) -> list[str]:
     lines = [f"best: {pipeline.chunks_per_device} chunks ({pipeline.placement}), schedule {outcome.schedule}: "
              f"{outcome.makespan:.5g} ms; lower bound over every split {plan.lower_bound:.5g} ms; "
              f"gap {gap_text(plan.gap)}"]
+    peaks = device_peaks(plan.model, pipeline, outcome.split, outcome.simulation)
     for stage, names in enumerate(stage_names(plan.model, outcome.split)):
-        peak = outcome.simulation.peak_memory[pipeline.device_of(stage)]
-        lines.append(f"  stage {stage} on device {pipeline.device_of(stage)}: {names}  (device peak {peak:.3g} GB)")
+        device = pipeline.device_of(stage)
+        lines.append(f"  stage {stage} on device {device}: {names}  (device peak {peaks[device]:.3g} GB, "
+                     "parameters included)")
     found = split_exports(plan.model, pipeline, outcome.split)
     lines.append(f"  Megatron-LM --pipeline-model-parallel-layout: {found['megatron_layout']}")
     if isinstance(found["megatron_first_last"], dict):
@@ -72,7 +74,7 @@ def format_plan(plan: Plan) -> str:
     parts = [_model_line(plan)]
     for each in plan.pipelines:
         parts += ["", _pipeline_heading(each)]
-        parts += _table([list(COLUMNS), *(_row_cells(row, each.lower_bound) for row in each.rows)])
+        parts += _table([list(COLUMNS), *(_row_cells(plan, each, row) for row in each.rows)])
     return "\n".join([*parts, "", *_best_lines(plan)])
 
 
@@ -81,7 +83,7 @@ def _html_tables(plan: Plan) -> list[str]:
     parts = []
     for each in plan.pipelines:
         head = "".join(f"<th>{html.escape(title)}</th>" for title in COLUMNS)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row_cells(row, each.lower_bound))
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row_cells(plan, each, row))
                        + "</tr>" for row in each.rows)
         parts += [f"<h2>{html.escape(_pipeline_heading(each))}</h2>",
                   f'<table class="plan"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>']
@@ -111,8 +113,9 @@ def render_plan_report(plan: Plan) -> str:
              figure_html("split", plot_split(plan))]
     outcome = plan.best.best
     summary = (f"makespan {outcome.makespan:.5g} ms, lower bound over every split {plan.lower_bound:.5g} ms, "
-               f"gap {gap_text(plan.gap)}; peak GB per device "
-               + ", ".join(f"{peak:.3g}" for peak in outcome.simulation.peak_memory))
+               f"gap {gap_text(plan.gap)}; peak GB per device (parameters included) "
+               + ", ".join(f"{peak:.3g}" for peak in device_peaks(plan.model, plan.best.pipeline, outcome.split,
+                                                                   outcome.simulation)))
     parts += ['<h2 id="schedule">Best schedule</h2>',
               schedule_section(f"joint optimum ({outcome.schedule})", summary, outcome.simulation,
                                units={"time": "ms", "memory": "GB"}),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 
 from zbopt.cli.flags import dask_client
 from zbopt.errors import ZboptError
@@ -110,5 +111,5 @@ def _check_numbers(args: argparse.Namespace) -> None:
                         ("--workers", args.workers)):
         if value is not None and value < 1:
             raise ZboptError(f"{flag} {value}: expected a whole number, at least 1")
-    if not args.time_limit > 0:
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
         raise ZboptError(f"--time-limit {args.time_limit:g}: expected a number of seconds above 0")

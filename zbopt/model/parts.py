@@ -25,10 +25,15 @@ def check_amount(key: str, value: object, optional: bool = False) -> float | Non
     return float(value)
 
 
+MAX_REPEAT = 100_000  # far above any model's layer count; a typo of 10^8 would fill the memory
+
+
 def check_repeat(value: object, key: str) -> int:
-    """A layer's repeat count: a whole number, at least 1."""
+    """A layer's repeat count: a whole number, at least 1, at most MAX_REPEAT."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ZboptError(f"{key} = {shorten(value)}: expected a positive whole number")
+    if value > MAX_REPEAT:
+        raise ZboptError(f"{key} = {value}: more than {MAX_REPEAT:,} layers")
     return value
 
 

@@ -20,7 +20,7 @@ import math
 
 from zbopt.model import Device, Model
 from zbopt.planner.split import Pipeline, Split
-from zbopt.planner.split_model import SCALE, BoundaryModel
+from zbopt.planner.split_model import MEMORY_SLACK, SCALE, BoundaryModel
 
 
 def _changes(pipeline: Pipeline, first: int, last: int) -> int:
@@ -76,21 +76,27 @@ class SplitFamily:
             if device.memory_gb is not None:
                 held = sum(self.boundaries.stage_sum(quantity, stage) for stage in own
                            for quantity in ("parameters", "activation"))
-                cp.Add(held <= math.floor(device.memory_gb * SCALE))
-        self.objective = cp.NewIntVar(0, self.boundaries.horizon * 4, "bound")
+                cp.Add(held <= math.floor(device.memory_gb * SCALE + MEMORY_SLACK))
+        # above every term: the work counted m + 1 times over, and every latency on both paths
+        upper = self.boundaries.horizon * 4 + latency * 4 * stages
+        self.objective = cp.NewIntVar(0, upper, "bound")
         cp.AddMaxEquality(self.objective, terms)
         cp.Minimize(self.objective)
         self.exhausted = False
+        self.floor = 0.0  # a bound on every split left: each step's holds for the fewer left after it
 
     def next_split(self, seconds: float) -> tuple[Split | None, float]:
         """(the split with the least bound among those left, a bound in ms on every split left):
-        (None, inf) once none is left; (None, the proven bound) when CP-SAT finds none in time."""
+        (None, inf) once none is left (the no-goods and the memory leave none); (None, the bound
+        so far) when CP-SAT finds none in time."""
         split = self.boundaries.solve(seconds)
         if self.boundaries.infeasible:
             self.exhausted = True
+            self.floor = math.inf
             return None, math.inf
-        bound = 0.0 if self.boundaries.bound is None else self.boundaries.bound / SCALE
-        return split, bound
+        if self.boundaries.bound is not None:
+            self.floor = max(self.floor, self.boundaries.bound / SCALE)
+        return split, self.floor
 
     def exclude(self, split: Split) -> None:
         self.boundaries.exclude(split)
@@ -107,4 +113,4 @@ def least_memory(model: Model, pipeline: Pipeline, seconds: float = 10.0) -> flo
     boundaries.model.AddMaxEquality(fullest, need)
     boundaries.model.Minimize(fullest)
     boundaries.solve(seconds)
-    return 0.0 if boundaries.bound is None else boundaries.bound / SCALE
+    return math.inf if boundaries.infeasible else (boundaries.bound or 0.0) / SCALE

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from zbopt.model import Device, Model
-from zbopt.planner.split import Pipeline, Split, stage_names
+from zbopt.planner.split import Pipeline, Split, device_parameters, stage_names
 from zbopt.simulation import Simulation
 from zbopt.solvers.gap import relative_gap
 
@@ -44,13 +44,14 @@ class PlanRow:
     def makespan(self) -> float | None:
         return None if self.simulation is None else self.simulation.makespan
 
-    def to_dict(self, pipeline: Pipeline, lower_bound: float) -> dict:
-        """The row in JSON: `gap` against its pipeline's bound over every split."""
+    def to_dict(self, model: Model, pipeline: Pipeline, lower_bound: float) -> dict:
+        """The row in JSON: `peak_gb` each device's whole peak (its parameters and its activations'
+        peak); `gap` against its pipeline's bound over every split."""
         simulation = self.simulation
         return {"rule": self.rule, "schedule": self.schedule, "chunks": pipeline.chunks_per_device,
                 "placement": pipeline.placement, "split": None if self.split is None else list(self.split),
                 "makespan_ms": self.makespan, "bubble": None if simulation is None else simulation.bubble_rate,
-                "peak_gb": None if simulation is None else list(simulation.peak_memory),
+                "peak_gb": None if simulation is None else device_peaks(model, pipeline, self.split, simulation),
                 "gap": None if simulation is None else relative_gap(simulation.makespan, lower_bound),
                 "note": self.note}
 
@@ -103,7 +104,7 @@ class Plan:
             "split": list(outcome.split), "stages": stage_names(self.model, outcome.split),
             "chunks": chosen.pipeline.chunks_per_device, "placement": chosen.pipeline.placement,
             "schedule": outcome.schedule, "makespan_ms": outcome.makespan, "lower_bound_ms": self.lower_bound,
-            "gap": self.gap, "peak_gb": list(outcome.simulation.peak_memory),
+            "gap": self.gap, "peak_gb": device_peaks(self.model, chosen.pipeline, outcome.split, outcome.simulation),
             "device_memory_gb": self.device.memory_gb,
             "exports": split_exports(self.model, chosen.pipeline, outcome.split)}
         return {"best": best,
@@ -111,7 +112,8 @@ class Plan:
                                "placement": each.pipeline.placement, "microbatches": each.pipeline.num_microbatches,
                                "lower_bound_ms": each.lower_bound, "splits_solved": each.explored,
                                "rest_pruned": each.pruned} for each in self.pipelines],
-                "rows": [row.to_dict(each.pipeline, each.lower_bound) for each in self.pipelines for row in each.rows]}
+                "rows": [row.to_dict(self.model, each.pipeline, each.lower_bound) for each in self.pipelines
+                         for row in each.rows]}
 
 
 def split_exports(model: Model, pipeline: Pipeline, split: Split) -> dict:
@@ -131,4 +133,11 @@ def split_exports(model: Model, pipeline: Pipeline, split: Split) -> dict:
         except ZboptError as error:
             found[key] = f"not expressible: {error}"
     return found
+
+
+def device_peaks(model: Model, pipeline: Pipeline, split: Split, simulation: Simulation) -> list[float]:
+    """Each device's peak in GB as a GPU holds it: its parameters (with gradients and optimizer
+    state) and its activations' peak (the schedule's)."""
+    return [held + peak for held, peak in zip(device_parameters(model, pipeline, split), simulation.peak_memory,
+                                               strict=True)]
 

@@ -5,12 +5,14 @@
   head, loss) on the last; where p·v does not divide the repeated layers, the first stages take
   one more each.
 - `first-last`: Megatron-LM's `decoder_first_pipeline_num_layers` and
-  `decoder_last_pipeline_num_layers`: the first and last stages take their own counts of repeated
-  layers, the middle ones equal parts; the counts with the least longest stage time (F + B + W).
+  `decoder_last_pipeline_num_layers`: the first and last devices (pipeline ranks) take their own
+  counts of repeated layers, each of their chunks an equal part of it, the other devices equal
+  parts (Megatron's `get_num_layers_to_build`); the counts with the least longest stage time.
 - `stage-balanced`: the contiguous split with the least longest stage time, as torch's
   `auto_partition` balances stages (a dynamic program over split prefixes).
 - `device-balanced`: the split with the least longest device time (the sum of its stages'
-  times): with v = 2 a device holds two stages apart, so no prefix DP; a small CP-SAT model.
+  times; then the least longest stage), every stage with some F, B and W time: with v = 2 a device
+  holds two stages apart, so no prefix DP; a small CP-SAT model.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ def layer_time(layer: Layer) -> float:
     return layer.forward_ms + layer.backward_ms + (layer.weight_ms or 0.0)
 
 
-def split_by_rule(rule: str, model: Model, pipeline: Pipeline) -> Split:
-    """The split `rule` (one of RULES) gives; a ZboptError in one line when the model has fewer
-    repeated layers than the rule needs."""
+def split_by_rule(rule: str, model: Model, pipeline: Pipeline, seconds: float = 10.0) -> Split:
+    """The split `rule` (one of RULES) gives (`device-balanced` searches up to `seconds`); a
+    ZboptError in one line when the model has fewer repeated layers than the rule needs."""
     rules: dict[str, Callable[[Model, Pipeline], Split]] = {
         "even": even_split, "first-last": first_last_split, "stage-balanced": stage_balanced_split,
-        "device-balanced": device_balanced_split}
+        "device-balanced": lambda model, pipeline: device_balanced_split(model, pipeline, seconds)}
     if rule not in rules:
         raise ZboptError(f"split rule {rule!r} is unknown (known: {', '.join(RULES)})")
     if len(model.layers) < pipeline.num_stages:
@@ -46,11 +48,14 @@ def split_by_rule(rule: str, model: Model, pipeline: Pipeline) -> Split:
 
 def body(model: Model) -> tuple[int, int]:
     """(first, end) of the repeated layers: from the first to the last layer named as the model's
-    most repeated name (ties: the first such name); the ends are the layers outside."""
+    most repeated name (ties: the first such name); the ends are the layers outside. A model whose
+    names all differ (a per-layer profile) is all body."""
     counts: dict[str, int] = {}
     for name, repeat in model.groups:
         counts[name] = counts.get(name, 0) + repeat
     name = max(counts, key=counts.get)
+    if counts[name] == 1:
+        return 0, len(model.layers)
     indices = [index for index, layer in enumerate(model.layers) if layer.name == name]
     return indices[0], indices[-1] + 1
 
@@ -76,17 +81,20 @@ def even_split(model: Model, pipeline: Pipeline) -> Split:
 
 def first_last_split(model: Model, pipeline: Pipeline) -> Split:
     first, end = body(model)
-    stages, repeated = pipeline.num_stages, end - first
-    if stages < 3:
-        return stage_balanced_split(model, pipeline)  # no middle: the first and last counts are the split
+    repeated, p, v = end - first, pipeline.num_devices, pipeline.chunks_per_device
+    if p < 3:
+        return stage_balanced_split(model, pipeline)  # no middle devices: the two counts are the split
     candidates = []
-    for head in range(1, repeated):
-        for tail in range(1, repeated - head):
-            middle, left = divmod(repeated - head - tail, stages - 2)
+    for head in range(v, repeated, v):  # each of the first device's v chunks takes head / v
+        for tail in range(v, repeated - head, v):
+            middle, left = divmod(repeated - head - tail, (p - 2) * v)
             if middle >= 1 and not left:
-                candidates.append(_with_ends(model, [head, *[middle] * (stages - 2), tail]))
+                share = {0: head // v, p - 1: tail // v}
+                parts = [share.get(pipeline.device_of(stage), middle) for stage in range(pipeline.num_stages)]
+                candidates.append(_with_ends(model, parts))
     if not candidates:
-        raise ZboptError(f"split rule 'first-last': {repeated} repeated layers for {stages} virtual stages")
+        raise ZboptError(f"split rule 'first-last': {repeated} repeated layers do not split as Megatron-LM's "
+                         f"first and last counts over {p} devices x {v} chunks")
     return min(candidates, key=lambda split: (_longest_stage(model, split), split))
 
 
@@ -121,18 +129,27 @@ def stage_balanced_split(model: Model, pipeline: Pipeline) -> Split:
     return best(0, 0)[1]
 
 
-def device_balanced_split(model: Model, pipeline: Pipeline) -> Split:
-    """Least longest device time: CP-SAT over the stage boundaries (times in microseconds, each
-    stage's time read off the prefix sums by an element constraint)."""
+def device_balanced_split(model: Model, pipeline: Pipeline, seconds: float = 10.0) -> Split:
+    """Least longest device time, then least longest stage, every stage with some F, B and W time:
+    CP-SAT over the stage boundaries (times in microseconds, each stage's time read off the
+    prefix sums by an element constraint)."""
     from zbopt.planner.split_model import BoundaryModel
 
     boundaries = BoundaryModel(model, pipeline)
+    cp, stages = boundaries.model, range(pipeline.num_stages)
+    fused = any(layer.fused for layer in model.layers)
+    kinds = ("forward", "backward") if fused else ("forward", "backward", "weight")
+    for stage in stages:
+        for kind in kinds:
+            cp.Add(boundaries.stage_sum(f"timed {kind}", stage) >= 1)
     work = [sum(boundaries.stage_sum("time", stage) for stage in pipeline.stages_on(device))
             for device in range(pipeline.num_devices)]
-    longest = boundaries.model.NewIntVar(0, boundaries.horizon, "longest")
-    boundaries.model.AddMaxEquality(longest, work)
-    boundaries.model.Minimize(longest)
-    split = boundaries.solve(seconds=10.0)
+    longest = cp.NewIntVar(0, boundaries.horizon, "longest")
+    longest_stage = cp.NewIntVar(0, boundaries.horizon, "longest stage")
+    cp.AddMaxEquality(longest, work)
+    cp.AddMaxEquality(longest_stage, [boundaries.stage_sum("time", stage) for stage in stages])
+    cp.Minimize(longest * (boundaries.prefix["time"][-1] + 1) + longest_stage)
+    split = boundaries.solve(seconds)
     if split is None:
-        raise ZboptError("split rule 'device-balanced': no split found in 10 s")
+        raise ZboptError(f"split rule 'device-balanced': no split found in {seconds:.3g} s")
     return split

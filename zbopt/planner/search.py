@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+from zbopt import interrupt
 from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.model import Device, Model
 from zbopt.planner.certify import SplitFamily, least_memory, split_bound
@@ -31,6 +32,7 @@ from zbopt.solvers import solve
 SOLVE_SHARE = 1 / 12  # of the plan's time limit: one split's solve, at most
 FAMILY_S = 5.0  # the most one step of the split family's CP-SAT may take
 MIN_SOLVE_S = 0.5  # no split is solved with less time left than this
+FIRST_BOUND_SHARE = 0.1  # of a pipeline's time: the family's first bound, before any split is solved
 
 
 class _Clock:
@@ -69,6 +71,9 @@ class _Run:
                 problems[split] = self.problem(split)
             except ZboptError:
                 outcomes[split] = Outcome(split, None, split_bound(self.model, self.device, self.pipeline, split), "-")
+        if seconds < MIN_SOLVE_S:  # no time left: each keeps its closed-form bound
+            return {**outcomes, **{split: Outcome(split, None, split_bound(self.model, self.device, self.pipeline,
+                                                                            split), "-") for split in problems}}
         if self.executor is None:
             answers = {split: solved_split(problem, seconds, self.workers) for split, problem in problems.items()}
         else:
@@ -98,13 +103,7 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     `parallel` splits at a time there. A ZboptError in one line when a pipeline has more stages
     than the model has layers, or when no split of any pipeline runs in the device's memory."""
     pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
-    for name in schedules or ():
-        if name != OPTIMAL:
-            get(name)  # an unknown name: UnknownScheduleError, naming the close ones
-    for pipeline in pipelines:
-        if pipeline.num_stages > len(model.layers):
-            raise ZboptError(f"plan: {pipeline.num_devices} devices x {pipeline.chunks_per_device} chunks make "
-                             f"{pipeline.num_stages} virtual stages, more than the model's {len(model.layers)} layers")
+    _check_plan(model, pipelines, schedules, time_limit)
     began, answers = time.perf_counter(), []
     for number, pipeline in enumerate(pipelines):
         left = time_limit - (time.perf_counter() - began)
@@ -113,25 +112,53 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
         answers.append(_plan_one(run, schedules, rules))
     result = Plan(model, device, tuple(answers))
     if result.best.best is None:
-        least = min(least_memory(model, pipeline) for pipeline in pipelines)
-        raise ZboptError(f"plan: no split of the model runs in {device.memory_gb:g} GB per device (found in "
-                         f"{time_limit:g} s); every split needs at least {least:.4g} GB on its fullest device "
-                         "(parameters and one microbatch's activations)")
+        raise ZboptError(_nothing_found(model, device, pipelines, time.perf_counter() - began))
     return result
 
 
+def _check_plan(model: Model, pipelines: Sequence[Pipeline], schedules, time_limit: float) -> None:
+    """One line for what no search could fix: an unknown schedule, a time limit that is not a
+    positive number, a model mixing fused and split backwards, more stages than layers."""
+    for name in schedules or ():
+        if name != OPTIMAL:
+            get(name)  # an unknown name: UnknownScheduleError, naming the close ones
+    if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
+        raise ZboptError(f"plan: time_limit = {time_limit!r}: expected a number of seconds above 0")
+    if len({layer.fused for layer in model.layers}) > 1:
+        raise ZboptError("model: some layers give a weight time and some do not; give W for all or for none")
+    for pipeline in pipelines:
+        if pipeline.num_stages > len(model.layers):
+            raise ZboptError(f"plan: {pipeline.num_devices} devices x {pipeline.chunks_per_device} chunks make "
+                             f"{pipeline.num_stages} virtual stages, more than the model's {len(model.layers)} layers")
+
+
+def _nothing_found(model: Model, device: Device, pipelines: Sequence[Pipeline], seconds: float) -> str:
+    """Why no plan came: the device's memory (with the least any split needs, where CP-SAT proves
+    a positive amount in 2 s), else the time limit."""
+    needs = [least_memory(model, pipeline, seconds=2.0) for pipeline in pipelines]
+    least = min(needs)
+    if device.memory_gb is not None and least > device.memory_gb:
+        return (f"plan: no split of the model runs in {device.memory_gb:g} GB per device; every split needs at "
+                f"least {least:.4g} GB on its fullest device (parameters and one microbatch's activations)")
+    return f"plan: no schedule found for any split in {seconds:.3g} s; give more time (--time-limit)"
+
+
 def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
+    """One pipeline: the family's first bound (a bound on every split, before any is solved), the
+    rules' rows, then the search; the best of every schedule found, the optimizer's and the rows'."""
+    family = SplitFamily(run.model, run.device, run.pipeline)
+    family.next_split(min(FAMILY_S, FIRST_BOUND_SHARE * run.clock.left()))
     solved: dict[Split, Outcome] = {}
     rows = []
     for rule in rules:
         rows += _rule_rows(rule, run, schedules, solved)
-    family = SplitFamily(run.model, run.device, run.pipeline)
     for split in solved:
         family.exclude(split)
-    rest, pruned = _search(run, family, solved)
+    pruned = _search(run, family, solved)
     found = [outcome for outcome in solved.values() if outcome.simulation is not None]
+    found += [Outcome(row.split, row.simulation, 0.0, row.schedule) for row in rows if row.simulation is not None]
     best = min(found, key=lambda outcome: outcome.makespan) if found else None
-    lower = min([rest, *(outcome.lower_bound for outcome in solved.values())])
+    lower = min([family.floor, *(outcome.lower_bound for outcome in solved.values())])
     return PipelinePlan(run.pipeline, tuple(rows), best, lower, len(solved), pruned)
 
 
@@ -139,12 +166,16 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict) -> list[PlanRow]:
     """The rows of one rule: its split under each schedule (the optimizer's answer also recorded
     in `solved`)."""
     try:
-        split = split_by_rule(rule, run.model, run.pipeline)
+        split = split_by_rule(rule, run.model, run.pipeline, seconds=min(10.0, run.clock.left() / 4))
         problem = run.problem(split)
     except ZboptError as error:
         return [PlanRow(rule, "-", None, None, str(error))]
     rows = []
-    heuristics = _heuristics(problem, schedules)
+    try:
+        with interrupt.deadline_scope(run.clock.deadline):
+            heuristics = _heuristics(problem, schedules)
+    except interrupt.TimeUp:
+        heuristics = {}
     for name in (schedules or (*heuristics, OPTIMAL)):
         if name == OPTIMAL and split not in solved and run.clock.left() < MIN_SOLVE_S:
             rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached"))
@@ -158,7 +189,7 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict) -> list[PlanRow]:
             rows.append(PlanRow(rule, name, split, simulation if simulation.valid else None,
                                 None if simulation.valid else "over the memory limit"))
         else:
-            rows.append(PlanRow(rule, name, split, None, "not applicable"))
+            rows.append(PlanRow(rule, name, split, None, "not applicable, or not built in the time limit"))
     return rows
 
 
@@ -176,11 +207,10 @@ def _heuristics(problem: Problem, schedules: Sequence[str] | None) -> dict[str, 
     return built
 
 
-def _search(run: _Run, family: SplitFamily, solved: dict) -> tuple[float, bool]:
+def _search(run: _Run, family: SplitFamily, solved: dict) -> bool:
     """Solve splits in the family's order, `run.parallel` at a time, until the splits left cannot
-    beat the best found or time runs out; (a bound on every split not solved, whether they were
-    all pruned)."""
-    rest = 0.0
+    beat the best found or time runs out (`family.floor` then bounds every split not solved);
+    whether the splits left were all pruned."""
     while run.clock.left() > MIN_SOLVE_S:
         best = min((outcome.makespan for outcome in solved.values()), default=math.inf)
         batch: list[Split] = []
@@ -191,6 +221,6 @@ def _search(run: _Run, family: SplitFamily, solved: dict) -> tuple[float, bool]:
             family.exclude(split)
             batch.append(split)
         if not batch:
-            return rest, family.exhausted or rest >= best
+            return family.exhausted or family.floor >= best
         solved.update(run.solve_all(batch))
-    return rest, False
+    return False

@@ -31,7 +31,11 @@ class Pipeline:
     num_microbatches: int = 8
 
     def __post_init__(self):
-        """Refuse what no Problem could hold, naming the parameter (devices, chunks, placement, m)."""
+        """Refuse what no Problem could hold, naming the parameter (devices, chunks, placement, m),
+        and the bidirectional placement, whose microbatches take half the stages each (a split of
+        one model over both directions is not what a plan chooses)."""
+        if self.placement not in ("loop", "v"):
+            raise ZboptError(f"pipeline placement {self.placement!r}: a plan splits the model over 'loop' or 'v'")
         Problem(num_devices=self.num_devices, num_microbatches=self.num_microbatches,
                 chunks_per_device=self.chunks_per_device, placement=self.placement)
 

@@ -282,3 +282,23 @@ def test_ctrl_c_outside_a_deadline_leaves_generators_alone():
             interrupt.check()
     finally:
         interrupt.requested.clear()
+
+
+@pytest.mark.parametrize(("pipeline", "memory"), [(Pipeline(2, 1, "loop", 6), 11.0), (Pipeline(2, 1, "loop", 6), 14.0),
+                                                  (Pipeline(2, 2, "v", 4), 12.0), (Pipeline(3, 1, "loop", 6), 8.0)])
+def test_the_family_bound_of_each_split_alone_never_exceeds_its_optimum(pipeline, memory):
+    """The family's bound with its boundaries fixed to one split (the time terms and the memory
+    ones: each stage's activations held a round trip, as many as fit) is at most that split's
+    brute-force optimum, at memories where some splits do not fit and others are tight."""
+    device = Device(memory_gb=memory)
+    checked, raised = 0, 0
+    for split in every_split(7, pipeline.num_stages):
+        best = optimum(SMALL, device, pipeline, split)
+        family = SplitFamily(SMALL, device, pipeline)
+        for stage, start in enumerate(itertools.accumulate(split[:-1]), start=1):
+            family.boundaries.model.Add(family.boundaries.boundaries[stage] == start)
+        _, bound = family.next_split(seconds=10)
+        assert bound <= best + 1e-9, (split, bound, best)
+        checked += best < math.inf
+        raised += math.inf > bound > split_bound(SMALL, device, pipeline, split) + 1e-6  # the memory terms bind
+    assert checked >= 2 and raised >= 1

@@ -8,8 +8,10 @@ with stages first(d) < ... < last(d):
 - starts no B or W before the first microbatch's forward has gone through every stage and its
   backward back to last(d), then runs all its B's and W's:
   makespan >= ΣF + ΣB_{s>last(d)} + ℓ·(device changes on that path) + m·Σ_{s on d}(B_s + W_s).
-The split's bound is the largest over devices and both; a split whose parameters and one
-microbatch's activations do not fit a device cannot run. `SplitFamily` minimises this bound over
+With a device memory, each stage's activations are held for a round trip each, at most as many at
+once as fit beside the device's parameters (`SplitFamily._memory_terms`). The split's bound is the
+largest over devices of these; a split whose parameters and one microbatch's activations do not
+fit a device cannot run. `SplitFamily` minimises this bound over
 every split not yet excluded (CP-SAT, `split_model`): the least value is a bound on every split
 left, and the split reaching it is the most promising one to solve next.
 """
@@ -59,31 +61,57 @@ class SplitFamily:
 
     def __init__(self, model: Model, device: Device, pipeline: Pipeline):
         self.boundaries = BoundaryModel(model, pipeline)
-        cp, stages, m = self.boundaries.model, pipeline.num_stages, pipeline.num_microbatches
-        latency = math.floor(device.p2p_ms * SCALE)
-        total_forward = self.boundaries.prefix["forward"][-1]
-        terms = []
-        for index in range(pipeline.num_devices):
-            own = pipeline.stages_on(index)
-            first, last = own[0], own[-1]
-            work = sum(self.boundaries.stage_sum("time", stage) for stage in own)
-            gradients = sum(self.boundaries.stage_sum("gradient", stage) for stage in own)
-            head = self.boundaries.at("forward", first) + latency * _changes(pipeline, 0, first)
-            after = self.boundaries.prefix["backward"][-1] - self.boundaries.at("backward", last + 1)
-            turn = total_forward + after + latency * (_changes(pipeline, 0, stages - 1)
-                                                      + _changes(pipeline, last, stages - 1))
-            terms += [head + m * work, turn + m * gradients]
-            if device.memory_gb is not None:
-                held = sum(self.boundaries.stage_sum(quantity, stage) for stage in own
-                           for quantity in ("parameters", "activation"))
-                cp.Add(held <= math.floor(device.memory_gb * SCALE + MEMORY_SLACK))
+        self.device, self.pipeline = device, pipeline
+        self.latency = math.floor(device.p2p_ms * SCALE)
         # above every term: the work counted m + 1 times over, and every latency on both paths
-        upper = self.boundaries.horizon * 4 + latency * 4 * stages
-        self.objective = cp.NewIntVar(0, upper, "bound")
-        cp.AddMaxEquality(self.objective, terms)
-        cp.Minimize(self.objective)
+        upper = self.boundaries.horizon * 4 + self.latency * 4 * pipeline.num_stages
+        self.upper = upper
+        self.objective = self.boundaries.model.NewIntVar(0, upper, "bound")
+        for index in range(pipeline.num_devices):
+            for term in self._time_terms(index):
+                self.boundaries.model.Add(self.objective >= term)
+            if device.memory_gb is not None:
+                self._memory_terms(index)
+        self.boundaries.model.Minimize(self.objective)
         self.exhausted = False
         self.floor = 0.0  # a bound on every split left: each step's holds for the fewer left after it
+
+    def _time_terms(self, index: int) -> list:
+        """Device `index`'s two bounds of the module docstring (head + all work, turn + B and W)."""
+        boundaries, pipeline, m = self.boundaries, self.pipeline, self.pipeline.num_microbatches
+        stages, own = pipeline.num_stages, pipeline.stages_on(index)
+        first, last = own[0], own[-1]
+        work = sum(boundaries.stage_sum("time", stage) for stage in own)
+        gradients = sum(boundaries.stage_sum("gradient", stage) for stage in own)
+        head = boundaries.at("forward", first) + self.latency * _changes(pipeline, 0, first)
+        after = boundaries.prefix["backward"][-1] - boundaries.at("backward", last + 1)
+        turn = (boundaries.prefix["forward"][-1] + after
+                + self.latency * (_changes(pipeline, 0, stages - 1) + _changes(pipeline, last, stages - 1)))
+        return [head + m * work, turn + m * gradients]
+
+    def _memory_terms(self, index: int) -> None:
+        """Device `index` holds its parameters and one microbatch's activations, and its memory
+        bounds the makespan: stage s's activation of a microbatch (M_B) is held from its F to its
+        B at least, a round trip R_s = Σ_{s' >= s}(F + B) + latency; at most k = floor(L / M_B) are
+        held at once (L: the device's memory less its parameters), so makespan >= m·R_s / k."""
+        boundaries, pipeline, m = self.boundaries, self.pipeline, self.pipeline.num_microbatches
+        cp, stages, own = boundaries.model, pipeline.num_stages, pipeline.stages_on(index)
+        memory = math.floor(self.device.memory_gb * SCALE + MEMORY_SLACK)
+        room = memory - sum(boundaries.stage_sum("parameters", stage) for stage in own)
+        cp.Add(room >= sum(boundaries.stage_sum("activation", stage) for stage in own))
+        for stage in own:
+            activation = cp.NewIntVar(0, boundaries.prefix["activation"][-1], f"activation{stage}")
+            cp.Add(activation == boundaries.stage_sum("activation", stage))
+            held = cp.NewIntVar(1, max(m, 1), f"held{stage}")  # activations of this stage held at once
+            used = cp.NewIntVar(0, max(m, 1) * boundaries.prefix["activation"][-1], f"used{stage}")
+            cp.AddMultiplicationEquality(used, [held, activation])
+            cp.Add(used <= room)
+            trip = (boundaries.prefix["forward"][-1] - boundaries.at("forward", stage)
+                    + boundaries.prefix["backward"][-1] - boundaries.at("backward", stage)
+                    + 2 * self.latency * _changes(pipeline, stage, stages - 1))
+            spent = cp.NewIntVar(0, self.upper * max(m, 1), f"spent{stage}")
+            cp.AddMultiplicationEquality(spent, [self.objective, held])
+            cp.Add(spent >= m * trip)
 
     def next_split(self, seconds: float) -> tuple[Split | None, float]:
         """(the split with the least bound among those left, a bound in ms on every split left):

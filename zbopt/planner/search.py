@@ -27,11 +27,12 @@ from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules import applicable, generate, get
 from zbopt.simulation import Simulation, simulate
-from zbopt.solvers import solve
+from zbopt.solvers import lower_bounds, solve
 
 SOLVE_SHARE = 1 / 12  # of the plan's time limit: one split's solve, at most
 FAMILY_S = 5.0  # the most one step of the split family's CP-SAT may take
 MIN_SOLVE_S = 0.5  # no split is solved with less time left than this
+PRECHECK_SHARE = 0.1  # of a split's solve: its independent bounds, before any search
 FIRST_BOUND_SHARE = 0.1  # of a pipeline's time: the family's first bound, before any split is solved
 
 
@@ -62,9 +63,10 @@ class _Run:
     def problem(self, split: Split) -> Problem:
         return split_problem(self.model, self.device, self.pipeline, split)
 
-    def solve_all(self, splits: list[Split]) -> dict[Split, Outcome]:
-        """Each split solved, at once on the executor when there is one. A split outside zbopt's
-        Problem (a stage with no time) keeps its closed-form bound."""
+    def solve_all(self, splits: list[Split], incumbent: float = math.inf) -> dict[Split, Outcome]:
+        """Each split solved, at once on the executor when there is one (`solved_split`; one whose
+        bounds reach `incumbent` is not searched). A split outside zbopt's Problem (a stage with no
+        time) keeps its closed-form bound."""
         seconds, outcomes, problems = self.clock.share(), {}, {}
         for split in splits:
             try:
@@ -75,9 +77,10 @@ class _Run:
             return {**outcomes, **{split: Outcome(split, None, split_bound(self.model, self.device, self.pipeline,
                                                                             split), "-") for split in problems}}
         if self.executor is None:
-            answers = {split: solved_split(problem, seconds, self.workers) for split, problem in problems.items()}
+            answers = {split: solved_split(problem, seconds, self.workers, incumbent)
+                       for split, problem in problems.items()}
         else:
-            futures = {split: self.executor.submit(solved_split, problem, seconds, self.workers)
+            futures = {split: self.executor.submit(solved_split, problem, seconds, self.workers, incumbent)
                        for split, problem in problems.items()}
             answers = {split: future.result() for split, future in futures.items()}
         for split, (simulation, lower_bound, name) in answers.items():
@@ -85,10 +88,19 @@ class _Run:
         return outcomes
 
 
-def solved_split(problem: Problem, seconds: float, workers: int) -> tuple[Simulation | None, float, str]:
+def solved_split(problem: Problem, seconds: float, workers: int,
+                 incumbent: float = math.inf) -> tuple[Simulation | None, float, str]:
     """(the best schedule's simulation, the lower bound, the schedule's name) of one split's
-    Problem: zbopt's optimizer within `seconds` (a module-level function, so an executor can run it)."""
-    result = solve(problem, time_limit=seconds, workers=workers)
+    Problem: zbopt's optimizer within `seconds` (a module-level function, so an executor can run
+    it); first its independent lower bounds for a tenth of that, and no search when they already
+    reach `incumbent`, the best makespan of another split (with one chunk, the device DP proves
+    most splits worse in milliseconds)."""
+    began = time.perf_counter()
+    if incumbent < math.inf:
+        bound = lower_bounds(problem, began + seconds * PRECHECK_SHARE).best
+        if bound >= incumbent:
+            return None, bound, "-"
+    result = solve(problem, time_limit=max(seconds - (time.perf_counter() - began), MIN_SOLVE_S), workers=workers)
     name = result.simulation.schedule.name if result.simulation is not None else "-"
     return result.simulation, result.lower_bound, name or result.solver
 
@@ -222,5 +234,5 @@ def _search(run: _Run, family: SplitFamily, solved: dict) -> bool:
             batch.append(split)
         if not batch:
             return family.exhausted or family.floor >= best
-        solved.update(run.solve_all(batch))
+        solved.update(run.solve_all(batch, best))
     return False

@@ -2,7 +2,7 @@
 split, within the plan's time limit.
 
 Rows: the 32-layer model with heavy ends (examples/model_layers.yaml) on 4 devices, v = 1 and
-v = 2 (V), m = 16 and 32, at 80 GB and at a tight memory; the same layers 80 times on 8 devices,
+v = 2 (V), m = 16 and 32, at 80 GB and at two tight memories (36 and 30 GB); the same layers 80 times on 8 devices,
 v = 2, m = 64; Llama 3 70B (examples/model_llama3_70b.yaml) on 8 devices, v = 2, m = 64. For each:
 the even split's best schedule (the least makespan of its rows, the optimizer's included), the
 joint answer, how much shorter it is, the gap over every split, the seconds, the splits solved and
@@ -37,7 +37,7 @@ def cases():
     model, device = load_model(EXAMPLES / "model_layers.yaml")
     for chunks, placement in ((1, "loop"), (2, "v")):
         for m in (16, 32):
-            for memory in (80.0, 36.0):
+            for memory in (80.0, 36.0, 30.0):
                 yield (f"32L p4 v{chunks} m{m} {memory:g}GB", model, replace(device, memory_gb=memory),
                        Pipeline(4, chunks, placement, m))
     yield "80L p8 v2 m64 80GB", _repeated(model, 80), device, Pipeline(8, 2, "v", 64)

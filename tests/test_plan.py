@@ -285,7 +285,7 @@ def test_ctrl_c_outside_a_deadline_leaves_generators_alone():
 
 
 @pytest.mark.parametrize(("pipeline", "memory"), [(Pipeline(2, 1, "loop", 6), 11.0), (Pipeline(2, 1, "loop", 6), 14.0),
-                                                  (Pipeline(2, 2, "v", 4), 12.0), (Pipeline(3, 1, "loop", 6), 8.0)])
+                                                  (Pipeline(2, 2, "v", 3), 12.0), (Pipeline(3, 1, "loop", 6), 8.0)])
 def test_the_family_bound_of_each_split_alone_never_exceeds_its_optimum(pipeline, memory):
     """The family's bound with its boundaries fixed to one split (the time terms and the memory
     ones: each stage's activations held a round trip, as many as fit) is at most that split's

@@ -302,3 +302,22 @@ def test_the_family_bound_of_each_split_alone_never_exceeds_its_optimum(pipeline
         checked += best < math.inf
         raised += math.inf > bound > split_bound(SMALL, device, pipeline, split) + 1e-6  # the memory terms bind
     assert checked >= 2 and raised >= 1
+
+
+def test_the_report_draws_every_split_and_the_best_schedule_in_ms_and_gb(tmp_path):
+    """The HTML report: one split panel per distinct rule split and the joint one, the best
+    schedule's section with its makespan, and the viewer told the units."""
+    import base64
+    import gzip
+    import re
+
+    from zbopt.plan_report import write_plan_report
+
+    answer = plan(SMALL, Device(memory_gb=11.0), Pipeline(2, 1, "loop", 4), schedules=[OPTIMAL], time_limit=20)
+    page = write_plan_report(tmp_path / "plan.html", answer).read_text()
+    rules = {row.split for row in answer.pipelines[0].rows if row.split is not None}
+    assert page.count("layers per virtual stage") == len(rules) + 1
+    assert f"makespan {answer.makespan:.5g} ms" in page
+    packed = re.search(r'class="schedule-data" data-encoding="gzip\+base64">([^<]+)<', page).group(1)
+    data = json.loads(gzip.decompress(base64.b64decode(packed)))
+    assert data["units"] == {"time": "ms", "memory": "GB"} and data["makespan"] == pytest.approx(answer.makespan)

@@ -176,6 +176,9 @@ def test_the_plan_command_prints_the_best_split_its_bound_and_its_exports(tmp_pa
     (["--microbatches", "0"], "zbopt: --microbatches 0: expected a whole number, at least 1\n"),
     (["--device-memory", "80"], "zbopt: --device-memory = '80': write the unit, e.g. '80 GB'\n"),
     (["--schedule", "1f1c"], "zbopt: unknown schedule '1f1c'; did you mean '1f1b'? (known: "),
+    (["--global-batch", "50", "--micro-batch-size", "2", "--data-parallel", "4"],
+     "zbopt: --global-batch: 50 is not a multiple of micro_batch_size × data_parallel = 2 × 4 (from "
+     "--micro-batch-size and --data-parallel)\n"),
 ])
 def test_bad_plan_flags_are_one_line_and_exit_2(tmp_path, flags, message):
     path = tmp_path / "model.yaml"
@@ -321,3 +324,13 @@ def test_the_report_draws_every_split_and_the_best_schedule_in_ms_and_gb(tmp_pat
     packed = re.search(r'class="schedule-data" data-encoding="gzip\+base64">([^<]+)<', page).group(1)
     data = json.loads(gzip.decompress(base64.b64decode(packed)))
     assert data["units"] == {"time": "ms", "memory": "GB"} and data["makespan"] == pytest.approx(answer.makespan)
+
+
+def test_the_microbatches_of_a_plan_can_come_from_a_global_batch(tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_text("model:\n  layers:\n    - {name: decoder, repeat: 4, forward: 1 ms, backward: 1 ms, weight: 1 ms, "
+                    "activation: 1 GB, parameters: 1 GB}\n")
+    run = subprocess.run([sys.executable, "-m", "zbopt", "plan", str(path), "--devices", "2", "--global-batch", "48",
+                          "--micro-batch-size", "2", "--data-parallel", "4", "--schedule", "1f1b", "--time-limit", "5",
+                          "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(run.stdout)["pipelines"][0]["microbatches"] == 48 // (2 * 4)

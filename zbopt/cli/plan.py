@@ -22,6 +22,10 @@ def add_commands(commands) -> None:
     planning.add_argument("--placement", default="v", choices=["loop", "v"],
                           help="placement of two or more chunks (default v; one chunk is always loop)")
     planning.add_argument("--microbatches", type=int, help="microbatches per step m (default 4 per device)")
+    planning.add_argument("--global-batch", type=int, help="m from a global batch: global / (micro-batch size x "
+                                                           "data-parallel ranks), instead of --microbatches")
+    planning.add_argument("--micro-batch-size", type=int, help="with --global-batch (default 1)")
+    planning.add_argument("--data-parallel", type=int, help="with --global-batch (default 1)")
     planning.add_argument("--device-memory", metavar="GB", help="each device's memory, with its unit (e.g. 80GB); "
                                                                "default: the model file's device memory")
     planning.add_argument("--schedule", action="append", metavar="NAME",
@@ -58,8 +62,9 @@ def _command_plan(args: argparse.Namespace) -> int:
         from zbopt.io.export import check_export
 
         check_export(args.export)
-    pipelines = [Pipeline(args.devices, chunks, "loop" if chunks == 1 else args.placement,
-                          args.microbatches or 4 * args.devices) for chunks in _chunks(args.chunks)]
+    microbatches = _microbatches(args)
+    pipelines = [Pipeline(args.devices, chunks, "loop" if chunks == 1 else args.placement, microbatches)
+                 for chunks in _chunks(args.chunks)]
     with contextlib.ExitStack() as stack:
         executor, parallel = None, 1
         if args.dask is not None:
@@ -93,6 +98,21 @@ def _export(path: str, answer, quiet: bool) -> None:
     written = write_export(path, answer.best.best.simulation, with_times=True, split=split)
     if not quiet:
         print(f"\n{EXPORT_FORMATS[written]} written to {path}")
+
+
+def _microbatches(args: argparse.Namespace) -> int:
+    """m: --microbatches, or from --global-batch (`cli.batch`'s rule and its messages), else 4 per device."""
+    from zbopt.cli.batch import BATCH_FLAGS, batch_microbatches
+
+    values = {key: getattr(args, key if key != "global_batch_size" else "global_batch")
+              for key in BATCH_FLAGS}
+    values = {key: value for key, value in values.items() if value is not None}
+    if args.microbatches is not None:
+        values["num_microbatches"] = args.microbatches
+    counted = batch_microbatches(values, lambda key: BATCH_FLAGS.get(key, "--microbatches"))
+    if counted is not None:
+        return counted[0]
+    return args.microbatches or 4 * args.devices
 
 
 def _chunks(text: str) -> list[int]:

@@ -34,7 +34,7 @@ def add_commands(commands) -> None:
     planning.add_argument("--time-limit", type=float, default=120.0, help="seconds for the whole plan (default 120)")
     planning.add_argument("--workers", type=int, default=2, help="solver threads per split (default 2)")
     planning.add_argument("--dask", metavar="ADDRESS", help="solve splits on a dask.distributed cluster, as many at a "
-                                                         "time as it has threads, e.g. tcp://host:8786")
+                                                         "time as its threads hold --workers each, e.g. tcp://host:8786")
     planning.add_argument("--json", action="store_true", help="print one JSON object: best, pipelines, rows")
     planning.add_argument("-o", "--output", metavar="report.html", help="write the HTML report")
     planning.add_argument("--export", metavar="FILE", help="write the best schedule: .csv torch CSV, .json zbopt JSON "
@@ -69,7 +69,8 @@ def _command_plan(args: argparse.Namespace) -> int:
         executor, parallel = None, 1
         if args.dask is not None:
             client = stack.enter_context(dask_client(args.dask))
-            executor, parallel = client.get_executor(), max(1, sum(client.nthreads().values()))
+            # each split's solve runs --workers threads: as many splits at once as the cluster holds
+            executor, parallel = client.get_executor(), max(1, sum(client.nthreads().values()) // args.workers)
         answer = plan(model, device, pipelines, schedules=args.schedule, time_limit=args.time_limit,
                       workers=args.workers, executor=executor, parallel=parallel)
     if args.json:

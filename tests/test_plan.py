@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -334,3 +335,20 @@ def test_the_microbatches_of_a_plan_can_come_from_a_global_batch(tmp_path):
                           "--micro-batch-size", "2", "--data-parallel", "4", "--schedule", "1f1b", "--time-limit", "5",
                           "--json"], capture_output=True, text=True, check=True)
     assert json.loads(run.stdout)["pipelines"][0]["microbatches"] == 48 // (2 * 4)
+
+
+def test_ctrl_c_prints_the_plan_so_far_and_exits_130():
+    """The first Ctrl-C stops the plan (the split family's CP-SAT leaves SIGINT to zbopt): the
+    best plan found so far is printed, then one line, exit status 130."""
+    import signal
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "zbopt", "plan", "examples/model_layers.yaml", "--devices", "4",
+                                "--chunks", "2", "--time-limit", "60", "--schedule", "zb-v", "--schedule", "optimal"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               cwd=Path(__file__).resolve().parent.parent)
+    time.sleep(5)  # past start-up and the rules' heuristics, inside the optimizer's solves
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert (process.returncode, err) == (130, "zbopt: interrupted\n")
+    assert any(line.startswith("best: 2 chunks (v)") for line in out.splitlines())

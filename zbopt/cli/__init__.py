@@ -2,7 +2,7 @@
 
 Exit status: 0 done; 1 the schedule ran but breaks the problem's memory limit (or, for run-torch
 and profile-torch, its gradients differ from the reference); 2 bad input; 130 interrupted (Ctrl-C:
-solve, compare, block and frontier first stop, print and write the best answer so far; see
+solve, compare, block, frontier and plan first stop, print and write the best answer so far; see
 `zbopt.interrupt`); 141 the reader of stdout left (`zbopt ... | head`).
 
 The grammar is `parser`'s; each family of commands is a module (`simulate`, `solve`, `compare`,

@@ -8,6 +8,7 @@ import contextlib
 import json
 import math
 
+from zbopt import interrupt
 from zbopt.cli.flags import dask_client
 from zbopt.errors import ZboptError
 
@@ -71,8 +72,9 @@ def _command_plan(args: argparse.Namespace) -> int:
             client = stack.enter_context(dask_client(args.dask))
             # each split's solve runs --workers threads: as many splits at once as the cluster holds
             executor, parallel = client.get_executor(), max(1, sum(client.nthreads().values()) // args.workers)
-        answer = plan(model, device, pipelines, schedules=args.schedule, time_limit=args.time_limit,
-                      workers=args.workers, executor=executor, parallel=parallel)
+        answer, stop = interrupt.answer_of(lambda: plan(model, device, pipelines, schedules=args.schedule,
+                                                        time_limit=args.time_limit, workers=args.workers,
+                                                        executor=executor, parallel=parallel))
     if args.json:
         print(json.dumps(answer.to_dict()))
     else:
@@ -87,6 +89,8 @@ def _command_plan(args: argparse.Namespace) -> int:
         write_plan_report(args.output, answer)
         if not args.json:
             print(f"\nreport written to {args.output}")
+    if stop is not None:  # Ctrl-C: the plan so far is printed and written, then exit 130
+        raise stop
     return 0
 
 

@@ -100,7 +100,12 @@ def solved_split(problem: Problem, seconds: float, workers: int,
         bound = lower_bounds(problem, began + seconds * PRECHECK_SHARE).best
         if bound >= incumbent:
             return None, bound, "-"
-    result = solve(problem, time_limit=max(seconds - (time.perf_counter() - began), MIN_SOLVE_S), workers=workers)
+    try:
+        result = solve(problem, time_limit=max(seconds - (time.perf_counter() - began), MIN_SOLVE_S), workers=workers)
+    except interrupt.Interrupted as stop:  # Ctrl-C: the solve's best so far, if any; the plan stops after it
+        if stop.partial is None:
+            return None, 0.0, "-"
+        result = stop.partial
     name = result.simulation.schedule.name if result.simulation is not None else "-"
     return result.simulation, result.lower_bound, name or result.solver
 
@@ -117,12 +122,17 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
     _check_plan(model, pipelines, schedules, time_limit)
     began, answers = time.perf_counter(), []
-    for number, pipeline in enumerate(pipelines):
-        left = time_limit - (time.perf_counter() - began)
-        run = _Run(model, device, pipeline, _Clock(left / (len(pipelines) - number)), workers, executor,
-                   max(1, parallel))
-        answers.append(_plan_one(run, schedules, rules))
-    result = Plan(model, device, tuple(answers))
+    with interrupt.stoppable():
+        for number, pipeline in enumerate(pipelines):
+            left = time_limit - (time.perf_counter() - began)
+            run = _Run(model, device, pipeline, _Clock(left / (len(pipelines) - number)), workers, executor,
+                       max(1, parallel))
+            answers.append(_plan_one(run, schedules, rules))
+            if interrupt.requested.is_set():
+                break
+        result = Plan(model, device, tuple(answers))
+        if interrupt.requested.is_set():  # Ctrl-C: the plan so far, for the caller to show
+            raise interrupt.Interrupted(result if result.best.best is not None else None)
     if result.best.best is None:
         raise ZboptError(_nothing_found(model, device, pipelines, time.perf_counter() - began))
     return result
@@ -189,8 +199,8 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict) -> list[PlanRow]:
     except interrupt.TimeUp:
         heuristics = {}
     for name in (schedules or (*heuristics, OPTIMAL)):
-        if name == OPTIMAL and split not in solved and run.clock.left() < MIN_SOLVE_S:
-            rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached"))
+        if name == OPTIMAL and split not in solved and (run.clock.left() < MIN_SOLVE_S or interrupt.requested.is_set()):
+            rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached, or Ctrl-C"))
         elif name == OPTIMAL:
             if split not in solved:
                 solved.update(run.solve_all([split]))
@@ -223,7 +233,7 @@ def _search(run: _Run, family: SplitFamily, solved: dict) -> bool:
     """Solve splits in the family's order, `run.parallel` at a time, until the splits left cannot
     beat the best found or time runs out (`family.floor` then bounds every split not solved);
     whether the splits left were all pruned."""
-    while run.clock.left() > MIN_SOLVE_S:
+    while run.clock.left() > MIN_SOLVE_S and not interrupt.requested.is_set():
         best = min((outcome.makespan for outcome in solved.values()), default=math.inf)
         batch: list[Split] = []
         while len(batch) < run.parallel:

@@ -22,10 +22,9 @@ Each of the four fill variants is rerun with the previous run's idle per device 
 (a device that idled less may fill more) while that shortens the worst device's idle; of the four
 rebalanced runs zbopt keeps the shortest by simulated makespan. Costs, latency and memory are each
 op's own (the authors' code takes one F, B, W for all stages). Where their code would stop on an
-op whose input is not placed yet or that does not fit (unequal costs per stage, small m), zbopt
-passes that device by for the round (on the equal-cost problems tried, p <= 6, m <= 3p + 1, and
-the benchmark grid, it never had to).
-"""
+op whose input is not placed yet or that does not fit (unequal costs or memory per stage, small
+m), zbopt passes that device by for the round, and its warm-up leaves each device room for its
+chunk-1 F (on the equal-cost problems tried, p <= 6, m <= 3p + 1, it never had to)."""
 
 from __future__ import annotations
 
@@ -208,7 +207,7 @@ class _GreedyRun:
             room = (2 * device + 2) * max(self._memory(FORWARD, device, chunk) for chunk in (0, 1))
             while (self.held[device] + room <= memory_ceiling(self.caps[device]) and self.done[device][FORWARD, 0] < m
                    and self.clock[device] + self._cost(FORWARD, device, 0) <= turn
-                   and all(self.fits(upper, FORWARD, 0) for upper in range(device))):  # unequal chunks' memory
+                   and all(self._room_for_both(upper) for upper in range(device))):
                 for upper in range(device + 1):
                     self.put(upper, FORWARD, 0)
             self.put(device, FORWARD, 1)
@@ -225,6 +224,12 @@ class _GreedyRun:
                 chunk = 1 - chunk
                 if idle_sweeps == 2:  # no F can start: the steady phase takes over
                     break
+
+    def _room_for_both(self, device: int) -> bool:
+        """Room for one more chunk-0 F and the chunk-1 F still to come in the warm-up (the authors'
+        count assumes equal chunk memory: a larger first stage's chunk-0 F's could fill it)."""
+        both = self._memory(FORWARD, device, 0) + self._memory(FORWARD, device, 1)
+        return self.held[device] + both <= memory_ceiling(self.caps[device])
 
     def backward_chunk(self, device: int) -> int:
         """Chunk 0's B once its input from the device below is there (the last device makes its

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from zbopt.model import Device, Model
-from zbopt.planner.split import Pipeline, Split
+from zbopt.planner.split import Pipeline, Split, stage_layers
 from zbopt.planner.split_model import MEMORY_SLACK, SCALE, BoundaryModel
 
 
@@ -33,10 +33,8 @@ def _changes(pipeline: Pipeline, first: int, last: int) -> int:
 def split_bound(model: Model, device: Device, pipeline: Pipeline, split: Split) -> float:
     """The module docstring's bound of one split, in ms (exact sums, no rounding)."""
     sums = {"forward": [], "backward": [], "time": [], "gradient": []}
-    start = 0
-    for count in split:
-        layers = model.layers[start:start + count]
-        start += count
+    for indices in stage_layers(split):
+        layers = [model.layers[index] for index in indices]
         forward, backward = sum(x.forward_ms for x in layers), sum(x.backward_ms for x in layers)
         weight = sum(x.weight_ms or 0.0 for x in layers)
         for key, value in (("forward", forward), ("backward", backward), ("time", forward + backward + weight),

@@ -22,7 +22,7 @@ from functools import cache
 
 from zbopt.errors import ZboptError
 from zbopt.model import Layer, Model
-from zbopt.planner.split import Pipeline, Split
+from zbopt.planner.split import Pipeline, Split, stage_layers
 
 RULES = ("even", "first-last", "stage-balanced", "device-balanced")
 
@@ -98,12 +98,13 @@ def first_last_split(model: Model, pipeline: Pipeline) -> Split:
     return min(candidates, key=lambda split: (_longest_stage(model, split), split))
 
 
+def stage_times(model: Model, split: Split) -> list[float]:
+    """Each virtual stage's F + B + W per microbatch (ms)."""
+    return [sum(layer_time(model.layers[index]) for index in layers) for layers in stage_layers(split)]
+
+
 def _longest_stage(model: Model, split: Split) -> float:
-    times, start = [], 0
-    for count in split:
-        times.append(sum(layer_time(layer) for layer in model.layers[start:start + count]))
-        start += count
-    return max(times)
+    return max(stage_times(model, split))
 
 
 def stage_balanced_split(model: Model, pipeline: Pipeline) -> Split:

@@ -17,15 +17,14 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from zbopt import interrupt
-from zbopt.errors import NotApplicableError, ZboptError
+from zbopt.errors import ZboptError
 from zbopt.model import Device, Model
 from zbopt.planner.certify import SplitFamily, least_memory, split_bound
 from zbopt.planner.result import OPTIMAL, Outcome, PipelinePlan, Plan, PlanRow
 from zbopt.planner.rules import RULES, split_by_rule
-from zbopt.planner.split import Pipeline, Split, split_problem
+from zbopt.planner.split import Pipeline, Split, split_problem, splits_backward
 from zbopt.problem import Problem
-from zbopt.schedule import Schedule
-from zbopt.schedules import applicable, generate, get
+from zbopt.schedules import applicable, get
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers import lower_bounds, solve
 
@@ -63,6 +62,10 @@ class _Run:
     def problem(self, split: Split) -> Problem:
         return split_problem(self.model, self.device, self.pipeline, split)
 
+    def unsolved(self, split: Split) -> Outcome:
+        """A split not searched: no schedule, its closed-form bound (`certify.split_bound`)."""
+        return Outcome(split, None, split_bound(self.model, self.device, self.pipeline, split), "-")
+
     def solve_all(self, splits: list[Split], incumbent: float = math.inf) -> dict[Split, Outcome]:
         """Each split solved, at once on the executor when there is one (`solved_split`; one whose
         bounds reach `incumbent` is not searched). A split outside zbopt's Problem (a stage with no
@@ -72,10 +75,9 @@ class _Run:
             try:
                 problems[split] = self.problem(split)
             except ZboptError:
-                outcomes[split] = Outcome(split, None, split_bound(self.model, self.device, self.pipeline, split), "-")
+                outcomes[split] = self.unsolved(split)
         if seconds < MIN_SOLVE_S:  # no time left: each keeps its closed-form bound
-            return {**outcomes, **{split: Outcome(split, None, split_bound(self.model, self.device, self.pipeline,
-                                                                            split), "-") for split in problems}}
+            return {**outcomes, **{split: self.unsolved(split) for split in problems}}
         if self.executor is None:
             answers = {split: solved_split(problem, seconds, self.workers, incumbent)
                        for split, problem in problems.items()}
@@ -146,8 +148,7 @@ def _check_plan(model: Model, pipelines: Sequence[Pipeline], schedules, time_lim
             get(name)  # an unknown name: UnknownScheduleError, naming the close ones
     if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise ZboptError(f"plan: time_limit = {time_limit!r}: expected a number of seconds above 0")
-    if len({layer.fused for layer in model.layers}) > 1:
-        raise ZboptError("model: some layers give a weight time and some do not; give W for all or for none")
+    splits_backward(model)
     for pipeline in pipelines:
         if pipeline.num_stages > len(model.layers):
             raise ZboptError(f"plan: {pipeline.num_devices} devices x {pipeline.chunks_per_device} chunks make "
@@ -171,9 +172,10 @@ def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
     family = SplitFamily(run.model, run.device, run.pipeline)
     family.next_split(min(FAMILY_S, FIRST_BOUND_SHARE * run.clock.left()))
     solved: dict[Split, Outcome] = {}
+    simulated: dict[Split, dict[str, Simulation]] = {}
     rows = []
     for rule in rules:
-        rows += _rule_rows(rule, run, schedules, solved)
+        rows += _rule_rows(rule, run, schedules, solved, simulated)
     for split in solved:
         family.exclude(split)
     pruned = _search(run, family, solved)
@@ -184,20 +186,18 @@ def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
     return PipelinePlan(run.pipeline, tuple(rows), best, lower, len(solved), pruned)
 
 
-def _rule_rows(rule: str, run: _Run, schedules, solved: dict) -> list[PlanRow]:
-    """The rows of one rule: its split under each schedule (the optimizer's answer also recorded
-    in `solved`)."""
+def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict) -> list[PlanRow]:
+    """The rows of one rule: its split under each schedule (the optimizer's answer recorded in
+    `solved`, the heuristics' simulations in `simulated`, both by split)."""
     try:
         split = split_by_rule(rule, run.model, run.pipeline, seconds=min(10.0, run.clock.left() / 4))
         problem = run.problem(split)
     except ZboptError as error:
         return [PlanRow(rule, "-", None, None, str(error))]
     rows = []
-    try:
-        with interrupt.deadline_scope(run.clock.deadline):
-            heuristics = _heuristics(problem, schedules)
-    except interrupt.TimeUp:
-        heuristics = {}
+    if split not in simulated:  # several rules often give one split: its heuristics once
+        simulated[split] = _simulated_heuristics(problem, schedules, run.clock.deadline)
+    heuristics = simulated[split]
     for name in (schedules or (*heuristics, OPTIMAL)):
         if name == OPTIMAL and split not in solved and (run.clock.left() < MIN_SOLVE_S or interrupt.requested.is_set()):
             rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached, or Ctrl-C"))
@@ -207,7 +207,7 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict) -> list[PlanRow]:
             simulation = solved[split].simulation
             rows.append(PlanRow(rule, OPTIMAL, split, simulation, None if simulation else "no schedule found in time"))
         elif name in heuristics:
-            simulation = simulate(problem, heuristics[name])
+            simulation = heuristics[name]
             rows.append(PlanRow(rule, name, split, simulation if simulation.valid else None,
                                 None if simulation.valid else "over the memory limit"))
         else:
@@ -215,17 +215,18 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict) -> list[PlanRow]:
     return rows
 
 
-def _heuristics(problem: Problem, schedules: Sequence[str] | None) -> dict[str, Schedule]:
-    """The heuristics asked for (every applicable one when None) that apply to `problem`."""
-    if schedules is None:
-        return dict(applicable(problem))
-    built = {}
-    for name in schedules:
-        if name != OPTIMAL:
-            try:
-                built[name] = generate(name, problem)
-            except NotApplicableError:
-                continue
+def _simulated_heuristics(problem: Problem, schedules: Sequence[str] | None,
+                          deadline: float) -> dict[str, Simulation]:
+    """The heuristics asked for (every applicable one when None) that apply to `problem`, simulated,
+    those built by `deadline` (the plan's)."""
+    names = None if schedules is None else [name for name in schedules if name != OPTIMAL]
+    built: dict[str, Simulation] = {}
+    try:
+        with interrupt.deadline_scope(deadline):
+            for name, schedule in applicable(problem, names=names):
+                built[name] = simulate(problem, schedule)
+    except interrupt.TimeUp:
+        pass  # the ones built so far
     return built
 
 

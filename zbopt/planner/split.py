@@ -64,6 +64,15 @@ def check_split(model: Model, pipeline: Pipeline, split: Sequence[int]) -> Split
     return split
 
 
+def splits_backward(model: Model) -> bool:
+    """Whether the model's layers give B and W apart; a ZboptError when some do and some do not
+    (one Problem has one backward kind)."""
+    fused = {layer.fused for layer in model.layers}
+    if len(fused) > 1:
+        raise ZboptError("model: some layers give a weight time and some do not; give W for all or for none")
+    return not fused.pop()
+
+
 def stage_layers(split: Split) -> list[range]:
     """The layer indices of each virtual stage."""
     bounds, start = [], 0
@@ -87,10 +96,7 @@ def split_problem(model: Model, device: Device, pipeline: Pipeline, split: Seque
     memory). A ZboptError in one line names the device whose parameters alone do not fit, or a
     stage whose layers take no time (zbopt's Problem needs every F, B and W time above 0)."""
     split = check_split(model, pipeline, split)
-    fused = {layer.fused for layer in model.layers}
-    if len(fused) > 1:
-        raise ZboptError("model: some layers give a weight time and some do not; give W for all or for none")
-    split_backward = not fused.pop()
+    split_backward = splits_backward(model)
     sums = {key: [] for key in ("forward", "backward", "weight", "activation", "kept")}
     for stage, layers in enumerate(stage_layers(split)):
         chosen = [model.layers[index] for index in layers]
@@ -139,7 +145,8 @@ def stage_names(model: Model, split: Split) -> list[str]:
 
 def _names(model: Model, layers: range) -> str:
     """The layers' labels, runs of one repeated layer shortened: "decoder 0-7"."""
-    labels = [model.labels[index] for index in layers]
+    every = model.labels  # a property that counts the names: once, not once per layer
+    labels = [every[index] for index in layers]
     parts: list[list[str]] = []
     for label in labels:
         base = label.rsplit(" ", 1)[0] if label[-1:].isdigit() and " " in label else None

@@ -20,8 +20,8 @@ def plot_split(plan, path: str | Path | None = None, *, title: str | None = None
 
     Returns the matplotlib Figure.
     """
-    from zbopt.planner.rules import layer_time
-    from zbopt.planner.split import stage_layers, stage_names
+    from zbopt.planner.rules import stage_times
+    from zbopt.planner.split import stage_names
 
     path = _output_path(path)
     chosen, model = plan.best, plan.model
@@ -35,7 +35,7 @@ def plot_split(plan, path: str | Path | None = None, *, title: str | None = None
     figure, axes_list = plt.subplots(len(panels), 1, sharex=True, squeeze=False, dpi=DPI, layout="constrained",
                                      figsize=(11.0, 0.9 + len(panels) * (0.35 * pipeline.num_devices + 0.6)))
     for axes, (label, split) in zip(axes_list[:, 0], panels, strict=True):
-        times = [sum(layer_time(model.layers[index]) for index in layers) for layers in stage_layers(split)]
+        times = stage_times(model, split)
         names = stage_names(model, split)
         totals = []
         for device in range(pipeline.num_devices):

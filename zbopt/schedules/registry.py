@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from zbopt.deferred import load_deferred
@@ -106,18 +106,19 @@ def generate(name: str, problem: Problem, **options) -> Schedule:
     return dataclasses.replace(schedule, name=name)
 
 
-def applicable(problem: Problem, reasons: dict[str, str] | None = None) -> Iterator[tuple[str, Schedule]]:
-    """(name, schedule) of every registered schedule that applies to `problem`, built one at a time
-    in registry order (a caller may stop early); the reason each other one does not apply goes into
-    `reasons` when given."""
-    for entry in registered():
+def applicable(problem: Problem, reasons: dict[str, str] | None = None,
+               names: Iterable[str] | None = None) -> Iterator[tuple[str, Schedule]]:
+    """(name, schedule) of every registered schedule (or of `names`, in their order) that applies to
+    `problem`, built one at a time (a caller may stop early); the reason each other one does not
+    apply goes into `reasons` when given."""
+    for name in (entry.name for entry in registered()) if names is None else names:
         try:
-            schedule = generate(entry.name, problem)
+            schedule = generate(name, problem)
         except NotApplicableError as error:
             if reasons is not None:
-                reasons[entry.name] = str(error)
+                reasons[name] = str(error)
             continue
-        yield entry.name, schedule
+        yield name, schedule
 
 
 def generate_applicable(problem: Problem) -> tuple[dict[str, Schedule], dict[str, str]]:

@@ -104,20 +104,21 @@ class _Device:
             if change > 0 and max(held for held, _ in self.states[earlier:slot]) + change > peak:
                 return False
             self.states[earlier:slot] = [(held + change, due) for held, due in self.states[earlier:slot]]
-        else:
-            del self.by_slot[slot]
-            self.by_slot[earlier] = step
-            held, due = self.states[earlier - 1] if earlier else (0, 0)
-            tail = _walk(self.by_slot, earlier, self.last, held, due, False)
-            if max(held for held, _ in tail) > peak:
-                del self.by_slot[earlier]
-                self.by_slot[slot] = step
-                return False
-            self.states[earlier:] = tail
-        self.by_slot.pop(slot, None)
-        self.by_slot[earlier] = step
-        self.own[step] = earlier
+            self._relocate(step, slot, earlier)
+            return True
+        self._relocate(step, slot, earlier)
+        held, due = self.states[earlier - 1] if earlier else (0, 0)
+        tail = _walk(self.by_slot, earlier, self.last, held, due, False)
+        if max(held for held, _ in tail) > peak:
+            self._relocate(step, earlier, slot)
+            return False
+        self.states[earlier:] = tail
         return True
+
+    def _relocate(self, step: Pass, old: int, new: int) -> None:
+        del self.by_slot[old]
+        self.by_slot[new] = step
+        self.own[step] = new
 
 
 def _inputs(plan: Plan, device: int, step: Pass) -> list[int]:

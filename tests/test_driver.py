@@ -297,3 +297,21 @@ def test_an_answer_proven_by_a_bound_names_the_bound_its_device_and_the_schedule
     figure = plot_gantt(result.simulation)
     assert figure.axes[0].get_title().startswith(f"{result.warm_start}: ")
     assert chrome_trace(result.simulation)["otherData"]["schedule"] == result.warm_start
+
+
+@pytest.mark.parametrize("overrun", [False, True])
+def test_bounds_are_incomplete_when_a_device_method_uses_up_its_share(overrun):
+    """A device's method (its DP, its relaxation) still running when its share of the time ran out
+    was cut short: the bounds are then not complete, though every device had its turn."""
+    from zbopt.solvers.bounds import _share_by_gain
+
+    def method(device, best, seconds):
+        if overrun:
+            time.sleep(seconds + 0.01)
+        return best + 1.0
+
+    bound, finished = _share_by_gain("device_sequencing", [20.0, 20.0], [5.0, 6.0], 10.0,
+                                     time.perf_counter() + 0.2, method)
+    assert finished is not overrun
+    if not overrun:  # device 1 (the larger one-machine bound) first proves 11, then device 0 12
+        assert (bound.value, bound.devices) == (12.0, (0,))

@@ -299,7 +299,7 @@ def _linked_devices(problem: Problem, scores: list[float], best: float, until: f
 
 def _share_by_gain(name: str, reach: list[float], preemptive: list[float], best: float, ends: float,
                    method) -> tuple[Bound, bool]:
-    """(the bound, whether every device that could raise it had its turn) of `method(device, best,
+    """(the bound, whether every device that could raise it had its whole turn) of `method(device, best,
     seconds)` run on the devices that can still raise `best` (`reach` above it), in decreasing order
     of their `preemptive` one-machine bound (which put the binding device first in every case
     measured: V shapes at V-Min's memory, the last device; interleaved, the first; where the
@@ -309,6 +309,7 @@ def _share_by_gain(name: str, reach: list[float], preemptive: list[float], best:
     has meanwhile passed is skipped."""
     began = time.perf_counter()
     value, where = 0.0, ()
+    finished = True
 
     def gain(device: int) -> float:  # what the device can still add to the best bound
         return min(reach[device] - best, _UNKNOWN_GAIN * max(1.0, best))
@@ -324,8 +325,11 @@ def _share_by_gain(name: str, reach: list[float], preemptive: list[float], best:
         seconds = (ends - time.perf_counter()) * max(0.5 if waiting else 1.0, gains[0] / sum(gains))
         if seconds <= 0.01 or interrupt.requested.is_set():
             return Bound(name, value, time.perf_counter() - began, where), False
+        share_ends = time.perf_counter() + seconds
         found = method(device, best, seconds)
+        # still running when its share ran out: cut short, it may have proved less than it could
+        finished = finished and not interrupt.past(share_ends)
         if found > value and not meets(found, best):  # a relaxation started from `best` proved more
             value, where = found, (device,)
         best = max(best, found)
-    return Bound(name, value, time.perf_counter() - began, where), True
+    return Bound(name, value, time.perf_counter() - began, where), finished

@@ -1,7 +1,7 @@
 import pytest
 
 from zbopt import Problem, ProblemError
-from zbopt.problem import MAX_OPS
+from zbopt.checks import MAX_OPS
 
 
 def test_loop_placement_puts_stage_s_on_device_s_mod_p():

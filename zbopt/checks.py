@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from numbers import Real
 
-from zbopt.errors import ProblemError
+from zbopt.errors import ProblemError, clip
 
 
 def is_number(value: object) -> bool:
@@ -86,3 +86,21 @@ def known_parameters(data: object, fields) -> None:
     missing = [field.name for field in fields if field.default is dataclasses.MISSING and field.name not in data]
     if missing:
         raise ProblemError(missing[0], None, "missing: a problem needs it")
+
+
+# The most ops a problem may have. A simulated op costs about 400 bytes (generator's Op, the
+# simulator's arrays: measured on zb-h1, p = 32, m = 4096), so 20M ops fill some 8 GB; larger ones
+# would end in a MemoryError (or an OverflowError) instead of a message. The largest documented
+# workload (the benchmarks' p = 64, m = 4096, v = 2, split backward: ~1.6M ops) is 12x below it.
+MAX_OPS = 20_000_000
+
+def check_op_count(problem) -> None:
+    """Refuse a problem of more than MAX_OPS ops before anything is allocated for its stages,
+    naming its largest count (the likeliest typo)."""
+    if problem.num_ops > MAX_OPS:
+        counts = {"num_devices": problem.num_devices, "chunks_per_device": problem.chunks_per_device,
+                  "num_microbatches": problem.num_microbatches, "iterations": problem.iterations}
+        key = max(counts, key=counts.__getitem__)
+        ops = clip(f"{problem.num_ops:,}")
+        raise ProblemError(key, counts[key], f"the problem has {ops} ops, more than zbopt holds "
+                                             f"(MAX_OPS = {MAX_OPS:,})")

@@ -9,27 +9,42 @@ from __future__ import annotations
 from zbopt.errors import ProblemError
 
 
+def _largest(problem, floor) -> tuple[float, ...]:
+    """Per device, the most `floor(activation, checkpoint)` gives over the microbatches (per
+    stage, one microbatch's values: each must run; all of one class cost the same)."""
+    def values(microbatch, key):
+        rows = problem.per_microbatch[key] if problem.per_microbatch and key in problem.per_microbatch else None
+        return getattr(problem, key) if rows is None else tuple(row[microbatch] for row in rows)
+
+    firsts = sorted(set(problem.microbatch_classes))
+    floors = [floor(values(j, "activation_memory"), values(j, "checkpoint_memory")) for j in firsts]
+    return tuple(max(device) for device in zip(*floors, strict=True))
+
+
 def one_microbatch_memory(problem) -> tuple[float, ...]:
     """Per device, one microbatch's activations on all its stages (with the bidirectional
-    placement, on those of its route: the larger of the two ways, not their sum): the least
-    memory a schedule that keeps every activation needs. A microbatch's forward on a device's
-    last stage runs while its earlier stages there still hold their activations (their
-    backwards come later); running one microbatch at a time needs no more."""
-    return tuple(max(sum(problem.activation_memory[s] for s in stages if s in route) for route, _ in problem.routes)
-                 for stages in problem.stages_of_device)
+    placement, on those of its route: the larger of the two ways, not their sum), the largest
+    microbatch's where they differ: the least memory a schedule that keeps every activation
+    needs. A microbatch's forward on a device's last stage runs while its earlier stages there
+    still hold their activations (their backwards come later); running one microbatch at a time
+    needs no more."""
+    return _largest(problem, lambda activation, _: tuple(
+        max(sum(activation[s] for s in stages if s in route) for route, _ in problem.routes)
+        for stages in problem.stages_of_device))
 
 
 def recomputation_floor(problem) -> tuple[float, ...]:
     """Per device, the least memory a schedule that keeps or recomputes needs: the most, over
-    the device's stages s, of stage s's whole activation plus the checkpoints of its earlier
-    stages there on the same route. When a microbatch's R (or kept F) on s starts, those
-    earlier stages have run their forwards and not yet their backwards, so each holds at least
-    its checkpoint. One microbatch at a time, every activation recomputed and each W right
-    after its B, needs no more. Only with allow_recompute (it needs checkpoint_memory)."""
+    the device's stages s (and the microbatches), of stage s's whole activation plus the
+    checkpoints of its earlier stages there on the same route. When a microbatch's R (or kept F)
+    on s starts, those earlier stages have run their forwards and not yet their backwards, so
+    each holds at least its checkpoint. One microbatch at a time, every activation recomputed
+    and each W right after its B, needs no more. Only with allow_recompute (it needs
+    checkpoint_memory)."""
     route = problem.route_of_stage
-    return tuple(max(problem.activation_memory[s] + sum(problem.checkpoint_memory[e] for e in stages
-                                                        if e < s and route(e) == route(s))
-                     for s in stages) for stages in problem.stages_of_device)
+    return _largest(problem, lambda activation, checkpoint: tuple(
+        max(activation[s] + sum(checkpoint[e] for e in stages if e < s and route(e) == route(s)) for s in stages)
+        for stages in problem.stages_of_device))
 
 
 def min_memory_limit(problem) -> tuple[float, ...]:
@@ -41,7 +56,8 @@ def min_memory_limit(problem) -> tuple[float, ...]:
     forward, needs no more). With one stage per device all are the activation.
     """
     if problem.allow_offload:
-        return tuple(max(problem.activation_memory[s] for s in stages) for stages in problem.stages_of_device)
+        return _largest(problem, lambda activation, _: tuple(max(activation[s] for s in stages)
+                                                             for stages in problem.stages_of_device))
     return problem.recomputation_floor if problem.allow_recompute else problem.one_microbatch_memory
 
 

@@ -162,9 +162,17 @@ class OpTable:
     def kind(self) -> list[str]:
         return self._per_op(lambda kind, stage: kind)
 
+    def _per_microbatch_op(self, value_of) -> list:
+        """A list over all ops of `value_of(kind, stage, microbatch)`: `_per_op`'s runs where every
+        microbatch costs the same, else one op at a time."""
+        if self.problem.microbatches_equal:
+            return self._per_op(value_of)
+        return [value_of(op.kind, op.stage, op.microbatch) for op in self.ops()]
+
     @cached_property
     def duration(self) -> list[float]:
-        return self._per_op(self.problem.cost)
+        """Per op, how long it runs: its own microbatch's cost (`Problem.cost`)."""
+        return self._per_microbatch_op(self.problem.cost)
 
     @cached_property
     def device(self) -> list[int]:
@@ -174,10 +182,11 @@ class OpTable:
     def memory_delta(self) -> list[float]:
         """Per op, its memory change (`Problem.memory_delta`): a recomputed activation's F holds
         only the checkpoint."""
-        deltas = self._per_op(self.problem.memory_delta)
+        deltas = self._per_microbatch_op(lambda kind, stage, microbatch=None:
+                                         self.problem.memory_delta(kind, stage, microbatch=microbatch))
         for stage, microbatch in self.recomputed:
             forward = self.index(Op(FORWARD, stage, microbatch))
-            deltas[forward] = self.problem.memory_delta(FORWARD, stage, recomputed=True)
+            deltas[forward] = self.problem.memory_delta(FORWARD, stage, recomputed=True, microbatch=microbatch)
         return deltas
 
     @cached_property
@@ -308,8 +317,9 @@ def one_per_route(problem: Problem) -> Problem:
 
 def critical_path(problem: Problem) -> float:
     """Length of the longest microbatch's dependency chain, latencies included: a lower bound on
-    any schedule's makespan. Computed on the DAG of `one_per_route`."""
-    return max(earliest_finish(op_graph(one_per_route(problem))).values())
+    any schedule's makespan. Computed on the DAG of `one_per_route`, or where microbatches
+    differ on the whole DAG (every microbatch's chain)."""
+    return max(earliest_finish(op_graph(one_per_route(problem) if problem.microbatches_equal else problem)).values())
 
 
 def device_work(problem: Problem) -> list[float]:
@@ -317,7 +327,9 @@ def device_work(problem: Problem) -> list[float]:
     work = [0.0] * problem.num_devices
     for kind in problem.kinds:
         for stage in range(problem.num_stages):
-            work[problem.device_of(stage)] += problem.cost(kind, stage) * len(problem.microbatches_of(stage))
+            microbatches = problem.microbatches_of(stage)
+            work[problem.device_of(stage)] += problem.cost(kind, stage) * len(microbatches) \
+                if problem.microbatches_equal else sum(problem.cost(kind, stage, j) for j in microbatches)
     return work
 
 

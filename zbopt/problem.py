@@ -13,48 +13,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from zbopt import memory_floor
+from zbopt import checks, memory_floor, microbatches, problem_form
 from zbopt.checks import boolean, is_number, known_parameters, per_device, per_stage, plain, positive_int
-from zbopt.errors import ProblemError, clip
-from zbopt.kinds import (
-    BACKWARD,
-    FORWARD,
-    FUSED_BACKWARD,
-    FUSED_KINDS,
-    OFFLOAD,
-    RECOMPUTE,
-    RELOAD,
-    SPLIT_KINDS,
-    WEIGHT,
-)
+from zbopt.errors import ProblemError
+from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, FUSED_KINDS, OFFLOAD, RECOMPUTE, RELOAD, SPLIT_KINDS, WEIGHT
 from zbopt.mechanisms import offload, overlap, recomputation, split_backward
 from zbopt.placement import check_placement, device_stage, stage_device
 from zbopt.tolerance import check_ranges
-
-# The most ops a problem may have. A simulated op costs about 400 bytes (generator's Op, the
-# simulator's arrays: measured on zb-h1, p = 32, m = 4096), so 20M ops fill some 8 GB; larger ones
-# would end in a MemoryError (or an OverflowError) instead of a message. The largest documented
-# workload (the benchmarks' p = 64, m = 4096, v = 2, split backward: ~1.6M ops) is 12x below it.
-MAX_OPS = 20_000_000
 
 PerStage = float | Sequence[float]
 _COST_KEYS = {FORWARD: "forward_times", BACKWARD: "backward_times", WEIGHT: "weight_times",
               FUSED_BACKWARD: "backward_times", RECOMPUTE: "recompute_times", OFFLOAD: "offload_times",
               RELOAD: "reload_times"}  # where each kind's duration per virtual stage is
-_MECHANISM_KEYS = {"allow_recompute": ("recompute_times", "checkpoint_memory"),
-                   "allow_offload": ("offload_times", "reload_times", "shared_host_link")}
-
-
-def _check_op_count(problem: Problem) -> None:
-    """Refuse a problem of more than MAX_OPS ops before anything is allocated for its stages,
-    naming its largest count (the likeliest typo)."""
-    if problem.num_ops > MAX_OPS:
-        counts = {"num_devices": problem.num_devices, "chunks_per_device": problem.chunks_per_device,
-                  "num_microbatches": problem.num_microbatches, "iterations": problem.iterations}
-        key = max(counts, key=counts.__getitem__)
-        ops = clip(f"{problem.num_ops:,}")
-        raise ProblemError(key, counts[key], f"the problem has {ops} ops, more than zbopt holds "
-                                             f"(MAX_OPS = {MAX_OPS:,})")
 
 
 @dataclass(frozen=True)
@@ -114,6 +84,11 @@ class Problem:
         run such a pair as one op of that cost, which starts once every member's input is ready
         and ends all of them (`Schedule`). None (default): no pairs; a pair kind not given cannot
         be used.
+    microbatch_tokens, attention_share, reference_tokens : microbatches that differ: each one's
+        tokens, the share of F's and B's time that grows with the square of the length, and the
+        length the per-stage costs are for (default the mean); see `zbopt.microbatches`. Or give
+        forward_times, backward_times, weight_times or activation_memory as rows, one per
+        virtual stage, of one value per microbatch (kept in `microbatch_tables`).
 
     Raises
     ------
@@ -141,6 +116,10 @@ class Problem:
     reload_times: PerStage | None = None
     shared_host_link: bool = False
     overlap_times: object = None  # a mapping as given; stored as ((pair kind, per-device costs), ...)
+    microbatch_tokens: Sequence[int] | None = None
+    attention_share: PerStage | None = None
+    reference_tokens: float | None = None
+    microbatch_tables: object = None  # ((key, rows), ...), from the cost keys given as rows
 
     def __post_init__(self) -> None:
         """Check every value, in the order of the fields, and store the normalised forms."""
@@ -151,28 +130,40 @@ class Problem:
         v = positive_int("chunks_per_device", self.chunks_per_device)
         positive_int("iterations", self.iterations)
         boolean("flush", self.flush)
-        _check_op_count(self)
+        checks.check_op_count(self)
         check_placement(self.placement, v, self.iterations, self.num_microbatches)
         stages = p * v
+        given, tables = microbatches.take_tables({key: getattr(self, key) for key in microbatches.TABLE_KEYS},
+                                                 self.microbatch_tables, stages, self.num_microbatches)
         normalized = {
-            "forward_times": per_stage("forward_times", self.forward_times, stages),
-            "backward_times": per_stage("backward_times", self.backward_times, stages),
-            "activation_memory": per_stage("activation_memory", self.activation_memory, stages, positive=False),
+            "forward_times": per_stage("forward_times", given["forward_times"], stages),
+            "backward_times": per_stage("backward_times", given["backward_times"], stages),
+            "activation_memory": per_stage("activation_memory", given["activation_memory"], stages, positive=False),
+            "microbatch_tables": tables,
         }
         if not is_number(self.p2p_time) or self.p2p_time < 0:
             raise ProblemError("p2p_time", self.p2p_time, "expected a number >= 0")
         normalized["p2p_time"] = float(self.p2p_time)
-        normalized.update(split_backward(self.weight_times, self.weight_memory, normalized["activation_memory"]))
+        normalized.update(split_backward(given["weight_times"], self.weight_memory, normalized["activation_memory"]))
         normalized.update(recomputation(self.allow_recompute, self.recompute_times, self.checkpoint_memory,
                                         normalized["forward_times"], normalized["activation_memory"]))
         normalized.update(offload(self.allow_offload, self.offload_times, self.reload_times, self.shared_host_link,
                                   stages))
         normalized["overlap_times"] = overlap(self.overlap_times, self.weight_times is not None, p)
+        normalized.update(microbatches.check_tokens(self.microbatch_tokens, self.attention_share,
+                                                    self.reference_tokens, stages, self.num_microbatches, tables))
         for key, value in normalized.items():
             object.__setattr__(self, key, value)
         if self.memory_limit is not None:
             object.__setattr__(self, "memory_limit", per_device("memory_limit", self.memory_limit, p, positive=False))
+        if self.overlap_times and not self.microbatches_equal:
+            raise ProblemError("overlap_times", dict(self.overlap_times), "overlapped pairs need microbatches "
+                                                                          "that cost the same (a pair's cost is one "
+                                                                          "per device)")
         check_ranges(self)
+        if not self.microbatches_equal:
+            largest = microbatches.stage_values(self, max)
+            check_ranges(self.replace(**largest, **microbatches.EQUAL_MICROBATCHES, memory_limit=None))
         if self.memory_limit is not None:
             memory_floor.check_memory_limit(self)
 
@@ -294,27 +285,58 @@ class Problem:
         """Per virtual stage, its chunk: its place among its device's stages in increasing order."""
         return tuple(stage // self.num_devices for stage in range(self.num_stages))
 
-    def cost(self, kind: str, stage: int) -> float:
-        """Duration of one op of `kind` on virtual stage `stage`."""
-        return getattr(self, _COST_KEYS[kind])[stage]
+    def _value(self, key: str, stage: int, microbatch: int | None) -> float:
+        """`key`'s value on `stage`: the stage's (microbatch None), or that microbatch's."""
+        if microbatch is None or self.per_microbatch is None:
+            return getattr(self, key)[stage]
+        return self.per_microbatch[key][stage][microbatch % self.num_microbatches]
 
-    def memory_delta(self, kind: str, stage: int, recomputed: bool = False) -> float:
+    def cost(self, kind: str, stage: int, microbatch: int | None = None) -> float:
+        """Duration of one op of `kind` on virtual stage `stage`: the stage's value (the mean of
+        its microbatches where they differ), or `microbatch`'s own."""
+        return self._value(_COST_KEYS[kind], stage, microbatch)
+
+    def memory_delta(self, kind: str, stage: int, recomputed: bool = False, microbatch: int | None = None) -> float:
         """Memory change an op causes: + at the start of F (only the checkpoint when the microbatch
         is `recomputed` on this stage), of R (the rest of the activation) and of L (all of it), - at
-        the end of O (all of it), B, W or BW."""
-        activation = self.activation_memory[stage]
+        the end of O (all of it), B, W or BW. The stage's value, or `microbatch`'s own."""
+        activation = self._value("activation_memory", stage, microbatch)
         if kind == RELOAD:
             return activation
         if kind == OFFLOAD:
             return -activation
         if kind == FORWARD:
-            return self.checkpoint_memory[stage] if recomputed else activation
+            return self._value("checkpoint_memory", stage, microbatch) if recomputed else activation
         if kind == RECOMPUTE:
-            return activation - self.checkpoint_memory[stage]
+            return activation - self._value("checkpoint_memory", stage, microbatch)
         if kind == FUSED_BACKWARD:
             return -activation
-        kept = self.weight_memory[stage]
+        kept = self._value("weight_memory", stage, microbatch)
         return -(activation - kept) if kind == BACKWARD else -kept
+
+    # ----------------------------------------------------------------- microbatches that differ
+    @cached_property
+    def per_microbatch(self) -> dict[str, tuple[tuple[float, ...], ...]] | None:
+        """Per varying key, per stage, per microbatch of one iteration; None: all cost the same."""
+        return microbatches.per_microbatch(self)
+
+    @cached_property
+    def microbatch_classes(self) -> tuple[int, ...]:
+        """Per microbatch of one iteration, the first that costs as it does: only one class's are interchangeable."""
+        return microbatches.classes(self.per_microbatch, self.num_microbatches)
+
+    @property
+    def microbatches_equal(self) -> bool:
+        """Every microbatch costs the same on every stage (today's problems)."""
+        return max(self.microbatch_classes) == 0
+
+    def uniform_relaxation(self) -> Problem:
+        """This problem with every microbatch costing, per key and stage, the least any does.
+        Every schedule of this problem, its start times kept, is one of the relaxation (each op no
+        longer, each activation no larger): its optimum is no longer, and its bounds hold here."""
+        if self.microbatches_equal:
+            return self
+        return self.replace(**microbatches.stage_values(self, min), **microbatches.EQUAL_MICROBATCHES)
 
     def releases(self, stage: int) -> tuple[tuple[str, float], ...]:
         """(kind, amount) of each op that frees part of one microbatch's activation on `stage`
@@ -344,28 +366,19 @@ class Problem:
         return (math.inf,) * self.num_devices if self.memory_limit is None else tuple(self.memory_limit)
 
     def replace(self, **changes) -> Problem:
-        """A copy with some parameters changed (validated again)."""
+        """A copy with some parameters changed (validated again); a cost key given anew replaces
+        its rows per microbatch, as do new tokens."""
+        if "microbatch_tables" not in changes and self.microbatch_tables:
+            kept = tuple((key, rows) for key, rows in self.microbatch_tables if key not in changes)
+            changes["microbatch_tables"] = None if changes.get("microbatch_tokens") else kept or None
+        if self.microbatch_tokens is not None and changes.get("microbatch_tables"):
+            changes.setdefault("microbatch_tokens", None)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        """The parameters as plain JSON-able values, with scalars where all stages agree."""
-
-        def compact(values):
-            if values is None or isinstance(values, (int, float, str)):
-                return values
-            return values[0] if len(set(values)) == 1 else list(values)
-
-        data = {field.name: compact(getattr(self, field.name)) for field in dataclasses.fields(self)}
-        if self.overlap_times is None:
-            del data["overlap_times"]
-        else:
-            data["overlap_times"] = {kind: compact(costs) for kind, costs in self.overlap_times}
-        # the keys of mechanisms not allowed stay out, as in the configs that predate them
-        for switch, keys in _MECHANISM_KEYS.items():
-            if not data[switch]:
-                for key in (switch, *keys):
-                    del data[key]
-        return data
+        """The parameters as plain JSON-able values, with scalars where all stages agree and rows
+        where microbatches differ (`zbopt.problem_form`)."""
+        return problem_form.as_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> Problem:
@@ -374,21 +387,5 @@ class Problem:
         return cls(**data)
 
     def describe(self) -> str:
-        """One line: p, m, v, placement, backward kind, iterations."""
-        backward = "split backward (F, B, W)" if self.split_backward else "fused backward (F, BW)"
-        text = (
-            f"p={self.num_devices} devices, m={self.num_microbatches} microbatches, "
-            f"v={self.chunks_per_device} chunk(s) ({self.placement} placement), {backward}"
-        )
-        if self.bidirectional:
-            (_, down), (_, up) = self.routes
-            text += f", {len(down)} down and {len(up)} up"
-        if self.iterations > 1:
-            text += f", {self.iterations} iterations" + ("" if self.flush else " without flush")
-        if self.allow_recompute:
-            text += ", recomputation allowed"
-        if self.allow_offload:
-            text += ", offload allowed" + (" (host link shared by device pairs)" if self.shared_host_link else "")
-        if self.overlap_times:
-            text += ", overlapped pairs " + " and ".join(kind for kind, _ in self.overlap_times)
-        return text
+        """One line: p, m, v, placement, backward kind, iterations (`zbopt.problem_form`)."""
+        return problem_form.describe(self)

@@ -41,6 +41,9 @@ PROBLEM_KEYS = {
     "reload_times": "reload_times",
     "shared_host_link": "shared_host_link",
     "overlap_times": "overlap_times",
+    "microbatch_tokens": "microbatch_tokens",
+    "attention_share": "attention_share",
+    "reference_tokens": "reference_tokens",
 }
 OPTION_KEYS = ("output_file",)
 # What a run uses when neither the config nor a flag says otherwise (the visualizer's example).

@@ -103,3 +103,16 @@ def test_config_keys():
     assert config.problem.cost("F", 0, 1) > 4 * config.problem.cost("F", 0, 0)
     with pytest.raises(ZboptError, match=r"^config: microbatch_tokens = \[512, 0\]: microbatch 1"):
         build_run_config({"num_devices": 2, "num_microbatches": 2, "microbatch_tokens": [512, 0]})
+
+
+def test_packed_documents_attend_to_themselves():
+    """Two documents of 100 and 300 tokens packed in one microbatch: tau = 400 / 200 = 2 for the
+    linear part, (100² + 300²) / 200² = 2.5 for attention, against 4 for one 400-token document."""
+    problem = Problem(**TWO, forward_times=2.0, microbatch_tokens=[[100, 300], 400], attention_share=0.5,
+                      reference_tokens=200)
+    assert problem.cost("F", 0, 0) == 2.0 * (0.5 * 2 + 0.5 * 2.5)
+    assert problem.cost("F", 0, 1) == 2.0 * (0.5 * 2 + 0.5 * 4)
+    assert problem.cost("W", 0, 0) == problem.cost("W", 0, 1) == 2.0
+    assert Problem.from_dict(problem.to_dict()) == problem
+    with pytest.raises(ProblemError, match=r"microbatch 0: expected a positive whole number of tokens \(or a list"):
+        Problem(**TWO, microbatch_tokens=[[100, 0], 400])

@@ -9,7 +9,9 @@ so their F, B, W times and activations differ several-fold. A `Problem` says so 
   the stage's `attention_share` (the part of the time causal attention takes at the reference
   length, which grows with the square of the length: ZB paper, Table 1, the 4bs²h and 8bs²h
   terms); W (matmuls only) and every memory amount and copy (bytes): cost · tau (linear, as with
-  flash attention: Korthikanti et al., 2022);
+  flash attention: Korthikanti et al., 2022). A microbatch packed from several documents, each
+  attending only to itself, is given as the list of their lengths: tau is their sum over the
+  reference, tau² becomes the sum of their squares over the reference's square;
 - explicit tables: forward_times, backward_times, weight_times or activation_memory given as rows,
   one per virtual stage, each with one value per microbatch. The Problem then keeps each row's
   mean as the stage's value (what a heuristic that plans by stage reads) and the rows themselves.
@@ -102,18 +104,32 @@ def check_tokens(tokens, attention_share, reference_tokens, stages: int, microba
         count = f", got {len(tokens)}" if isinstance(tokens, Sequence) else ""
         raise ProblemError("microbatch_tokens", tokens, f"expected one token count per microbatch "
                                                         f"({microbatches}){count}")
+    documents = []
     for index, count in enumerate(tokens):
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        packed = isinstance(count, Sequence) and not isinstance(count, str)
+        lengths = list(count) if packed else [count]
+        if not lengths or not all(_whole(length) for length in lengths):
             raise ProblemError("microbatch_tokens", tokens, f"microbatch {index}: expected a positive whole "
-                                                            f"number of tokens, got {count!r}")
+                                                            f"number of tokens (or a list, one per packed "
+                                                            f"document), got {count!r}")
+        documents.append(tuple(lengths) if packed else count)
     share = per_stage("attention_share", 0.0 if attention_share is None else attention_share, stages,
                       positive=False)
     if any(value > 1 for value in share):
         raise ProblemError("attention_share", attention_share, "expected values in [0, 1] (a share of the time)")
-    reference = sum(tokens) / len(tokens) if reference_tokens is None else reference_tokens
+    reference = sum(map(total_tokens, documents)) / len(documents) if reference_tokens is None else reference_tokens
     if not is_number(reference) or reference <= 0:
         raise ProblemError("reference_tokens", reference_tokens, "expected a number > 0")
-    return {"microbatch_tokens": tuple(tokens), "attention_share": share, "reference_tokens": float(reference)}
+    return {"microbatch_tokens": tuple(documents), "attention_share": share, "reference_tokens": float(reference)}
+
+
+def _whole(length: object) -> bool:
+    return isinstance(length, int) and not isinstance(length, bool) and length >= 1
+
+
+def total_tokens(tokens: int | tuple[int, ...]) -> int:
+    """A microbatch's tokens: its count, or its packed documents' together."""
+    return tokens if isinstance(tokens, int) else sum(tokens)
 
 
 def per_microbatch(problem) -> dict[str, Rows] | None:
@@ -149,13 +165,16 @@ def _following(value: float, mean: float, own: float) -> float:
     return value * own / mean if mean > 0 else value
 
 
-def _token_factor(problem, key: str, stage: int, tokens: int) -> float:
-    """What a microbatch of `tokens` costs relative to one of reference_tokens (module docstring)."""
-    tau = tokens / problem.reference_tokens
+def _token_factor(problem, key: str, stage: int, tokens: int | tuple[int, ...]) -> float:
+    """What a microbatch of `tokens` (or of packed documents of these lengths) costs relative to
+    one of reference_tokens (module docstring)."""
+    reference = problem.reference_tokens
+    tau = total_tokens(tokens) / reference
     if key not in WITH_ATTENTION:
         return tau
+    squares = tau * tau if isinstance(tokens, int) else sum(length * length for length in tokens) / reference ** 2
     share = problem.attention_share[stage]
-    return (1 - share) * tau + share * tau * tau
+    return (1 - share) * tau + share * squares
 
 
 def classes(values: dict[str, Rows] | None, microbatches: int) -> tuple[int, ...]:

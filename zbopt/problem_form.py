@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from zbopt.microbatches import total_tokens
+
 MECHANISM_KEYS = {"allow_recompute": ("recompute_times", "checkpoint_memory"),
                   "allow_offload": ("offload_times", "reload_times", "shared_host_link")}
 TOKEN_KEYS = ("microbatch_tokens", "attention_share", "reference_tokens")
@@ -37,7 +39,8 @@ def as_dict(problem) -> dict:
         for key in TOKEN_KEYS:
             del data[key]
     else:
-        data["microbatch_tokens"] = list(problem.microbatch_tokens)
+        data["microbatch_tokens"] = [list(count) if isinstance(count, tuple) else count
+                                     for count in problem.microbatch_tokens]
     return data
 
 
@@ -60,7 +63,7 @@ def describe(problem) -> str:
     if problem.overlap_times:
         text += ", overlapped pairs " + " and ".join(kind for kind, _ in problem.overlap_times)
     if problem.microbatch_tokens is not None:
-        tokens = problem.microbatch_tokens
+        tokens = [total_tokens(count) for count in problem.microbatch_tokens]
         text += f", microbatches of {min(tokens)} to {max(tokens)} tokens"
     elif problem.microbatch_tables:
         text += ", costs per microbatch (" + ", ".join(key for key, _ in problem.microbatch_tables) + ")"

@@ -32,6 +32,7 @@ FLOOR_OF_PREFIX = {  # the longest matching prefix decides
     "zbopt.blocks": "solving",
     "zbopt.comparison": "planning",
     "zbopt.frontier": "planning",
+    "zbopt.packing": "planning",
     "zbopt.planner": "planning",
     "zbopt.model": "planning",
     "zbopt.display": "presentation",

@@ -180,6 +180,8 @@ def test_the_plan_command_prints_the_best_split_its_bound_and_its_exports(tmp_pa
     (["--global-batch", "50", "--micro-batch-size", "2", "--data-parallel", "4"],
      "zbopt: --global-batch: 50 is not a multiple of micro_batch_size × data_parallel = 2 × 4 (from "
      "--micro-batch-size and --data-parallel)\n"),
+    (["--export", "x.txt"], "zbopt: 'x.txt': cannot tell the export format from '.txt' (.trace.json a trace, .csv "
+                            "torch CSV, .json zbopt JSON)\n"),  # plan has no --format to offer
 ])
 def test_bad_plan_flags_are_one_line_and_exit_2(tmp_path, flags, message):
     path = tmp_path / "model.yaml"

@@ -609,7 +609,8 @@ def test_cli_solve_exports_its_schedule(tmp_path, capsys):
     ("argv", "needle"),
     [
         (("export", "-s", 2, "-b", 2), "export needs -o FILE"),
-        (("export", "-s", 2, "-b", 2, "-o", "x.txt"), "cannot tell the export format from '.txt'"),
+        (("export", "-s", 2, "-b", 2, "-o", "x.txt"), "from '.txt' (.trace.json a trace, .csv torch CSV, .json zbopt "
+                                                     "JSON; or give --format)"),
         (("export", "-s", 2, "-b", 2, "--iterations", 2, "-o", "x.csv"), "iterations = 2 must be 1"),
         (("export", "-s", 2, "-b", 2, "-w", 1, "--format", "megatron", "-o", "x.json"), "no weight-gradient step"),
         (("export", "--schedule", "1f1b", "--schedule-file", "a.csv", "-o", "x.csv"),
@@ -620,7 +621,8 @@ def test_cli_solve_exports_its_schedule(tmp_path, capsys):
         (("simulate", "--schedule-file", "bad.csv"), "bad.csv row 2, column 3: unknown action '1Q1'"),
         (("simulate", "--schedule-file", "nowhere.csv"), "schedule file 'nowhere.csv' not found"),
         (("solve", "-s", 2, "-b", 2, "--iterations", 2, "--export", "x.csv"), "iterations = 2 must be 1"),
-        (("solve", "-s", 2, "-b", 2, "--export", "x.png"), "cannot tell the export format from '.png'"),
+        (("solve", "-s", 2, "-b", 2, "--export", "x.png"), "from '.png' (.trace.json a trace, .csv torch CSV, .json "
+                                                            "zbopt JSON)\n"),  # solve has no --format to offer
     ],
 )
 def test_cli_export_errors_are_one_line(tmp_path, monkeypatch, capsys, argv, needle):

@@ -77,7 +77,7 @@ def _command_export(args: argparse.Namespace) -> int:
     if target is None:
         raise ZboptError("export needs -o FILE")
     check_outputs(args, {"-o": target})
-    check_export(target, given=args.format)
+    check_export(target, given=args.format, flag="--format")
     run, schedule = _inputs(args)
     simulation = simulate(run.problem, schedule)  # a deadlock fails here, before anything is written
     written = write_export(target, simulation, args.format)

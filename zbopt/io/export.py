@@ -24,9 +24,10 @@ EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "js
 EXPORT_EXTENSIONS = {TRACE_EXTENSION: "chrome-trace", ".csv": "torch-csv", ".json": "json"}
 
 
-def export_format(path: str | Path, given: str | None = None) -> str:
+def export_format(path: str | Path, given: str | None = None, flag: str | None = None) -> str:
     """The export format: `given`, else from the file's name (.trace.json a trace, .csv torch CSV,
-    .json zbopt JSON)."""
+    .json zbopt JSON); a name that tells none is an error, which names `flag` (the command's
+    option that gives a format) where the command has one."""
     if given is not None:
         if given not in EXPORT_FORMATS:
             raise ZboptError(f"unknown export format '{given}' (known: {', '.join(EXPORT_FORMATS)})")
@@ -37,13 +38,14 @@ def export_format(path: str | Path, given: str | None = None) -> str:
             return chosen
     suffix = Path(path).suffix
     raise ZboptError(f"'{path}': cannot tell the export format from '{suffix or 'no extension'}' "
-                     f"(.trace.json a trace, .csv torch CSV, .json zbopt JSON; or give --format)")
+                     f"(.trace.json a trace, .csv torch CSV, .json zbopt JSON{f'; or give {flag}' if flag else ''})")
 
 
-def check_export(path: str | Path, problem: Problem | None = None, given: str | None = None) -> str:
+def check_export(path: str | Path, problem: Problem | None = None, given: str | None = None,
+                 flag: str | None = None) -> str:
     """The format `path` is to be written in (see `export_format`), once it can be created and
     `problem` (when known yet) can be written in it; a ZboptError naming the culprit otherwise."""
-    chosen = export_format(path, given)
+    chosen = export_format(path, given, flag)
     if problem is not None:
         check_exportable(problem, chosen)
     check_writable(path)

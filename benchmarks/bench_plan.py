@@ -8,7 +8,11 @@ the even split's best schedule (the least makespan of its rows, the optimizer's 
 joint answer, how much shorter it is, the gap over every split, the seconds, the splits solved and
 whether the rest were pruned.
 
-    python benchmarks/bench_plan.py [--time-limit 120] [--rows name,...]
+With --joint, each row also runs the one CP-SAT model of the split and the schedule together
+(`zbopt.planner.joint_model`), from the even split's 1F1B, for the same time: its answer, the bound
+it proves over every split, and its gap, beside the plan's.
+
+    python benchmarks/bench_plan.py [--time-limit 120] [--rows name,...] [--joint]
 """
 
 from __future__ import annotations
@@ -61,6 +65,24 @@ def measure(name, model, device, pipeline, time_limit: float) -> dict:
             "schedule": chosen.best.schedule, "splits_solved": chosen.explored, "rest_pruned": chosen.pruned}
 
 
+def joint_row(model, device, pipeline, time_limit: float) -> dict:
+    """The joint model's answer, bound and gap in `time_limit`, hinted with the even split's 1F1B."""
+    from zbopt.planner import split_by_rule, split_problem
+    from zbopt.planner.joint_model import joint_search
+    from zbopt.schedules import generate
+    from zbopt.simulation import simulate
+
+    even = split_by_rule("even", model, pipeline)
+    problem = split_problem(model, device, pipeline, even)
+    began = time.perf_counter()
+    hint = (even, simulate(problem, generate("1f1b", problem)))
+    answer = joint_search(model, device, pipeline, time_limit, hint=hint)
+    makespan = None if answer.simulation is None or not answer.simulation.valid else answer.simulation.makespan
+    return {"joint_model_ms": makespan, "joint_model_bound_ms": answer.lower_bound_ms,
+            "joint_model_gap": None if makespan is None else 1 - answer.lower_bound_ms / makespan,
+            "joint_model_s": time.perf_counter() - began}
+
+
 def split_costs(samples: int = 10) -> list[dict]:
     """What one split costs to look at, per step, averaged over the first `samples` splits the
     family ranks (32-layer model, 4 devices, v = 1 and 2, m = 16): its Problem, every heuristic
@@ -103,6 +125,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=120.0)
     parser.add_argument("--rows", help="comma-separated case names (default: all)")
+    parser.add_argument("--joint", action="store_true", help="also the joint CP-SAT model, for the same time")
+    parser.add_argument("--no-split-costs", action="store_true")
     args = parser.parse_args()
     wanted = None if args.rows is None else set(args.rows.split(","))
     rows = []
@@ -119,8 +143,18 @@ def main() -> None:
         even = "-" if row["even_best_ms"] is None else f"{row['even_best_ms']:.1f}"
         print(f"{name:26} {even:>9} {row['joint_ms']:9.1f} {shorter:>8} {row['lower_bound_ms']:9.1f} "
               f"{row['gap']:7.2%} {row['seconds']:6.1f} {row['splits_solved']:6} {row['rest_pruned']}", flush=True)
-    print("\ncost per split (mean of the first 10 the family ranks):")
-    write_results("bench_plan", time_limit=args.time_limit, rows=rows, split_costs=split_costs())
+        if args.joint:
+            row.update(joint_row(model, device, pipeline, args.time_limit))
+            found = "-" if row["joint_model_ms"] is None else f"{row['joint_model_ms']:.1f}"
+            gap = "-" if row["joint_model_gap"] is None else f"{row['joint_model_gap']:.2%}"
+            print(f"{'  joint CP-SAT model':26} {'':>9} {found:>9} {'':>8} {row['joint_model_bound_ms']:9.1f} "
+                  f"{gap:>7} {row['joint_model_s']:6.1f}", flush=True)
+    costs = []
+    if not args.no_split_costs:
+        print("\ncost per split (mean of the first 10 the family ranks):")
+        costs = split_costs()
+    write_results("bench_plan" + ("_joint" if args.joint else ""), time_limit=args.time_limit, rows=rows,
+                  split_costs=costs)
 
 
 if __name__ == "__main__":

@@ -354,3 +354,23 @@ def test_ctrl_c_prints_the_plan_so_far_and_exits_130():
     out, err = process.communicate(timeout=30)
     assert (process.returncode, err) == (130, "zbopt: interrupted\n")
     assert any(line.startswith("best: 2 chunks (v)") for line in out.splitlines())
+
+
+@pytest.mark.parametrize(("pipeline", "device"), [
+    (Pipeline(2, 1, "loop", 3), Device(memory_gb=None, p2p_ms=0.0)),
+    (Pipeline(2, 1, "loop", 3), Device(memory_gb=11.0, p2p_ms=0.5)),
+])
+def test_the_joint_model_is_bounded_by_and_bounds_the_best_split(pipeline, device):
+    """The one CP-SAT model of split and schedule (issue 31's alternative to the plan's search):
+    its answer is a real schedule no shorter than the brute-force best split's optimum, its bound
+    no longer, and an answer it proves optimal is that optimum."""
+    from zbopt.planner.joint_model import joint_search
+
+    best = min(optimum(SMALL, device, pipeline, split) for split in every_split(len(SMALL.layers), 2))
+    split = (3, 4)  # a split that fits both devices, with its 1F1B as the hint: an answer in any time
+    problem = split_problem(SMALL, device, pipeline, split)
+    answer = joint_search(SMALL, device, pipeline, 5.0, hint=(split, simulate(problem, generate("1f1b", problem))))
+    assert answer.simulation.valid and answer.simulation.makespan >= best - 1e-9
+    assert answer.lower_bound_ms <= best + 1e-9
+    if answer.proven:  # without a memory limit in about 1 s on a quiet machine
+        assert answer.simulation.makespan == pytest.approx(best)

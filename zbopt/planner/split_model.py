@@ -26,7 +26,8 @@ def _quantities(layer: Layer) -> dict[str, int]:
     weight = layer.weight_ms or 0.0
     amounts = {"forward": layer.forward_ms, "backward": layer.backward_ms, "weight": weight,
                "gradient": layer.backward_ms + weight, "time": layer.forward_ms + layer.backward_ms + weight,
-               "parameters": layer.parameters_gb, "activation": layer.activation_gb}
+               "parameters": layer.parameters_gb, "activation": layer.activation_gb,
+               "kept": layer.weight_activation_gb or 0.0}
     counts = {"timed forward": layer.forward_ms > 0, "timed backward": layer.backward_ms > 0,
               "timed weight": weight > 0}
     return {**{name: math.floor(value * SCALE) for name, value in amounts.items()},

@@ -43,7 +43,8 @@ def _inputs(args: argparse.Namespace):
     is the schedule file, so `-c CONFIG` can still give its costs."""
     if args.schedule_file is None and args.config and args.config_flag and is_schedule_file(args.config):
         args.schedule_file, args.config = args.config, None
-    return run_and_schedule(config_file(args), flag_values(args), args.schedule, dict(args.option), args.schedule_file)
+    return run_and_schedule(config_file(args), flag_values(args), args.schedule, dict(args.option), args.schedule_file,
+                            args.order)
 
 
 def _command_schedules(args: argparse.Namespace) -> int:

@@ -6,8 +6,10 @@ import itertools
 import pytest
 
 from zbopt import Problem, ProblemError, generate, simulate
+from zbopt.comparison import compare
 from zbopt.errors import NotApplicableError
 from zbopt.microbatch_order import entry_order, relabelled, reordered, sizes, sorted_order
+from zbopt.microbatches import EQUAL_MICROBATCHES
 from zbopt.schedules import registered
 from zbopt.schedules.ordering import clusters, dynapipe_candidates, resolve_order
 
@@ -131,3 +133,14 @@ def test_resolve_order_tells_the_permutation():
     build = lambda problem: generate("1f1b", problem)  # noqa: E731
     assert resolve_order(build, THREE, "dynapipe") == (0, 2, 1)
     assert resolve_order(build, THREE, None) == (0, 1, 2)
+
+
+def test_compare_adds_the_best_order_per_schedule():
+    rows = {row.name: row for row in compare(THREE, ["1f1b", "gpipe"], bounds=False).rows}
+    assert {name: row.makespan for name, row in rows.items() if "1f1b" in name} == \
+        {"1f1b": 12.5, "1f1b (dynapipe order)": 11.5}
+    assert rows["1f1b (dynapipe order)"].to_dict()["order"] == [0, 2, 1]
+    ordered = compare(THREE, ["1f1b"], bounds=False, order=[0, 2, 1]).rows
+    assert [(row.name, row.makespan) for row in ordered] == [("1f1b", 11.5)]
+    equal = compare(THREE.replace(**EQUAL_MICROBATCHES), ["1f1b"], bounds=False).rows
+    assert [row.name for row in equal] == ["1f1b"] and "order" not in equal[0].to_dict()

@@ -124,11 +124,11 @@ def applicable(problem: Problem, reasons: dict[str, str] | None = None,
         yield name, schedule
 
 
-def generate_applicable(problem: Problem) -> tuple[dict[str, Schedule], dict[str, str]]:
-    """Every registered schedule built for `problem`: those that apply, by name in registry order,
-    and for each of the others the reason it does not."""
+def generate_applicable(problem: Problem, order: Order = None) -> tuple[dict[str, Schedule], dict[str, str]]:
+    """Every registered schedule built for `problem` (in `order`, see `generate`): those that
+    apply, by name in registry order, and for each of the others the reason it does not."""
     reasons: dict[str, str] = {}
-    return dict(applicable(problem, reasons)), reasons
+    return dict(applicable(problem, reasons, order=order)), reasons
 
 
 def require(condition: bool, schedule: str, needs: str) -> None:

@@ -6,6 +6,7 @@ import itertools
 import pytest
 
 from zbopt import Problem, ProblemError, generate, simulate
+from zbopt.cli import main
 from zbopt.comparison import compare
 from zbopt.errors import NotApplicableError
 from zbopt.microbatch_order import entry_order, relabelled, reordered, sizes, sorted_order
@@ -144,3 +145,38 @@ def test_compare_adds_the_best_order_per_schedule():
     assert [(row.name, row.makespan) for row in ordered] == [("1f1b", 11.5)]
     equal = compare(THREE.replace(**EQUAL_MICROBATCHES), ["1f1b"], bounds=False).rows
     assert [row.name for row in equal] == ["1f1b"] and "order" not in equal[0].to_dict()
+
+
+CONFIG = "num_devices: 2\nnum_microbatches: 3\nforward_times: 1\nbackward_times: 2\nmicrobatch_tokens: [1, 2, 3]\n"
+
+
+def _run(capsys, *argv):
+    status = main([str(arg) for arg in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.mark.parametrize("order, needle", [
+    ("fastest", "argument --order: expected given, longest-first, shortest-first, dynapipe or the microbatches"),
+    ("1,x", "argument --order: expected"), ("2,2,0", "order = [2, 2, 0]: expected a permutation of 0..2"),
+])
+def test_cli_bad_order_is_one_line(tmp_path, capsys, order, needle):
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    for command in ("simulate", "compare"):
+        status, out, err = _run(capsys, command, tmp_path / "c.yaml", "--order", order)
+        assert (status, out) == (2, "") and len(err.strip().splitlines()) == 1 and needle in err
+
+
+def test_cli_order_simulates_and_exports(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    status, out, _ = _run(capsys, "simulate", tmp_path / "c.yaml", "--order", "dynapipe")
+    assert status == 0 and "makespan        11.5" in out and "order           0,2,1" in out
+    status, out, _ = _run(capsys, "export", tmp_path / "c.yaml", "--order", "0,2,1", "-o", tmp_path / "x.csv")
+    assert status == 0 and "microbatches enter in the order 0,2,1" in out and "must feed them in that order" in out
+    assert (tmp_path / "x.csv").read_text().splitlines()[0] == "0F0,0F2,0B0,0F1,0B2,0B1"
+    status, out, _ = _run(capsys, "export", tmp_path / "c.yaml", "--order", "0,2,1", "--format", "megatron",
+                          "-o", tmp_path / "x.json")
+    assert status == 0 and "must feed them in that order" in out  # no ids: numbered as they enter
+    status, _, err = _run(capsys, "simulate", "--schedule-file", tmp_path / "x.csv", "-c", tmp_path / "c.yaml",
+                          "--order", "given")
+    assert status == 2 and "a schedule file's order is its own" in err

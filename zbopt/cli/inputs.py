@@ -90,7 +90,8 @@ def run_and_schedule(config_file: str | Path | None, flags: dict, schedule: str 
     if schedule_file is None:
         run = run_config(config_file, flags)
         return run, named_schedule(schedule or DEFAULT_SCHEDULE, run.problem, order, **(options or {}))
-    if schedule is not None or options or order is not None:
-        raise ZboptError("--schedule-file: give it without --schedule, --option and --order (the file's order "
-                         "is its own)")
+    if schedule is not None or options:
+        raise ZboptError("--schedule-file: give it without --schedule and --option")
+    if order is not None:
+        raise ZboptError("--order orders a generated schedule (--schedule); a schedule file's order is its own")
     return schedule_from_file(schedule_file, config_file, flags)

@@ -180,3 +180,15 @@ def test_cli_order_simulates_and_exports(tmp_path, capsys):
     status, _, err = _run(capsys, "simulate", "--schedule-file", tmp_path / "x.csv", "-c", tmp_path / "c.yaml",
                           "--order", "given")
     assert status == 2 and "a schedule file's order is its own" in err
+
+
+def test_report_and_trace_say_a_microbatchs_tokens():
+    from zbopt.io.trace import chrome_trace
+    from zbopt.report import schedule_data
+
+    simulation = simulate(THREE, generate("1f1b", THREE, order=[0, 2, 1]))
+    assert schedule_data(simulation)["tokens"] == [1, 2, 3]
+    events = [event for event in chrome_trace(simulation)["traceEvents"] if event.get("name") == "0F2"]
+    assert events[0]["args"]["tokens"] == 3
+    equal = THREE.replace(**EQUAL_MICROBATCHES)
+    assert schedule_data(simulate(equal, generate("1f1b", equal)))["tokens"] is None

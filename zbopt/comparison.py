@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from zbopt import shown
 from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.interrupt import Interrupted
+from zbopt.microbatch_order import ORDER_RULES, entry_order
 from zbopt.problem import Problem
 from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
+from zbopt.schedules.ordering import Order
 from zbopt.shown import Shown
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers import SolveResult, lower_bounds, solve
 from zbopt.solvers.gap import gap_text, relative_gap
+from zbopt.tolerance import RELATIVE_TOLERANCE
 
 OPTIMAL_ROW = "cpsat"
 BOUNDS_S = 5.0  # the independent bounds' time in a comparison without the optimizer
@@ -93,7 +96,13 @@ class ComparisonRow:
                 "bubble_rate": self.bubble_rate, "zb_bubble_rate": self.zb_bubble_rate,
                 "peak_memory": self.peak_memory, "binding_device": self.binding_device,
                 "peak_memory_per_device": [float(peak) for peak in self.simulation.peak_memory],
-                "within_memory_limit": self.within_memory_limit, "lower_bound": self.lower_bound, "gap": self.gap}
+                "within_memory_limit": self.within_memory_limit, "lower_bound": self.lower_bound, "gap": self.gap,
+                **self._order()}
+
+    def _order(self) -> dict:
+        """{"order": the microbatches in the order they enter} where they differ; else nothing."""
+        problem = self.simulation.problem
+        return {} if problem.microbatches_equal else {"order": list(entry_order(problem, self.simulation.schedule))}
 
 
 @dataclass(frozen=True)
@@ -130,12 +139,18 @@ def row_order(row: ComparisonRow) -> tuple[bool, float]:
 
 
 def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
-            time_limit: float = 60.0, workers: int = 2, progress: bool = False, bounds: bool = True) -> Comparison:
+            time_limit: float = 60.0, workers: int = 2, progress: bool = False, bounds: bool = True,
+            order: Order = None) -> Comparison:
     """Simulate each schedule in `schedules` (default: every registered one that applies to
     `problem`; "torch:NAME" is torch's built-in NAME, see `zbopt.schedules.torch_builtin`) and, with
     `optimal`, the CP-SAT solver's answer within `time_limit` seconds. `bounds=False` skips the
     lower bounds (up to BOUNDS_S a problem, where simulating takes hundredths of a second: for
     sweeps over many problems); the comparison then has no bound and no gaps (None).
+
+    `order`: every schedule's microbatches enter in this order (`generate`). Left None on a problem
+    whose microbatches differ, each schedule has its row in the given order and, where one of the
+    other rules (`ORDER_RULES`) gives a shorter schedule (within the memory limit first), a row
+    "NAME (RULE order)" for the best of them: the order's worth per heuristic, one extra row each.
 
     Raises UnknownScheduleError for an unknown name, NotApplicableError naming a requested
     schedule whose preconditions do not hold, ZboptError for `optimal` without `bounds` (the
@@ -150,7 +165,9 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
     if optimal and not bounds:
         raise ZboptError("bounds=False (--no-bounds) with optimal=True (--optimal): the optimizer certifies its "
                          "answer with the lower bounds; give one of the two")
-    simulations, not_applicable = _simulate_schedules(problem, schedules)
+    simulations, not_applicable = _simulate_schedules(problem, schedules, order)
+    if order is None and not problem.microbatches_equal:
+        simulations += _best_orders(problem, simulations)
     stop = None
     if optimal:
         try:
@@ -174,11 +191,25 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
     return comparison
 
 
-def _simulate_schedules(problem: Problem, names: Sequence[str] | None):
-    """[(name, simulation, None)] for the requested schedules, and [(name, reason)] for the
-    registered ones skipped because they do not apply (only when none were requested)."""
+def _best_orders(problem: Problem, simulations: list) -> list:
+    """[("NAME (RULE order)", simulation, None)] per schedule of `simulations` (in the given order)
+    that another order rule makes shorter: the best rule's, within the memory limit first."""
+    rows = []
+    for name, given, _ in simulations:
+        best = (not given.valid, given.makespan * (1 - RELATIVE_TOLERANCE), None, None)  # shorter, not a rounding
+        for rule in ORDER_RULES[1:]:
+            simulation = simulate(problem, named_schedule(name, problem, rule))
+            best = min(best, (not simulation.valid, simulation.makespan, rule, simulation), key=lambda item: item[:2])
+        if best[2] is not None:
+            rows.append((f"{name} ({best[2]} order)", best[3], None))
+    return rows
+
+
+def _simulate_schedules(problem: Problem, names: Sequence[str] | None, order: Order = None):
+    """[(name, simulation, None)] for the requested schedules in `order`, and [(name, reason)] for
+    the registered ones skipped because they do not apply (only when none were requested)."""
     if names is None:
-        schedules, reasons = generate_applicable(problem)
+        schedules, reasons = generate_applicable(problem, order)
         simulations = [(name, simulate(problem, schedule), None) for name, schedule in schedules.items()]
         return simulations, list(reasons.items())
     names = list(dict.fromkeys(names))
@@ -188,7 +219,7 @@ def _simulate_schedules(problem: Problem, names: Sequence[str] | None):
     simulations = []
     for name in names:
         try:
-            schedule = named_schedule(name, problem)
+            schedule = named_schedule(name, problem, order)
         except NotApplicableError as error:
             raise NotApplicableError(f"schedule '{name}' does not apply to this problem: {error}") from None
         simulations.append((name, simulate(problem, schedule), None))

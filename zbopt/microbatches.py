@@ -27,6 +27,7 @@ order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from zbopt.checks import is_number, per_stage
@@ -67,7 +68,7 @@ def take_tables(given: dict[str, object], stored: object, stages: int, microbatc
         elif key in tables:
             tables[key] = _rows(key, tables[key], stages, microbatches, positive=key != "activation_memory")
         if key in tables:
-            values[key] = tuple(sum(row) / len(row) for row in tables[key])
+            values[key] = tuple(math.fsum(row) / len(row) for row in tables[key])  # exact, in any column order
     return values, tuple((key, tables[key]) for key in TABLE_KEYS if key in tables) or None
 
 

@@ -174,7 +174,7 @@ def schedule_data(simulation: Simulation) -> dict:
     holds after the op's allocation or release (`m`), its colour (an index into `palette`, the
     Gantt's colours), its lane (0 compute, 1 device-to-host, 2 host-to-device, 3 an overlapped
     pair's member) and, for a pair's member, its place in the pair and the pair's size; per device
-    its memory steps; the limits and the makespan."""
+    its memory steps; the limits, the makespan and each microbatch's tokens where given."""
     problem, table = simulation.problem, simulation.table
     origin = simulation.origin
     chunk_of = problem.chunk_of
@@ -194,6 +194,7 @@ def schedule_data(simulation: Simulation) -> dict:
         "kinds": [KINDS[kind].word for kind in kinds],
         "palette": [to_hex(chunk_color(kind, chunk, problem.chunks_per_device)) for kind, chunk in colours],
         "limit": None if problem.memory_limit is None else list(problem.memory_limit),
+        "tokens": None if problem.microbatch_tokens is None else list(problem.microbatch_tokens),  # per j % m
         "ops": {"name": [str(op) for op in ops], "d": list(table.device), "k": [kinds.index(op.kind) for op in ops],
                 "s": [op.stage for op in ops], "chunk": [chunk_of[op.stage] for op in ops],
                 "j": [op.microbatch for op in ops], "t0": times(simulation.start), "t1": times(simulation.end),

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 
 def format_simulation(simulation: Simulation) -> str:
     """The schedule's metrics, then one line per device: busy, idle, span, peak memory, limit."""
+    from zbopt.microbatch_order import entry_order
+
     problem = simulation.problem
     limit = problem.memory_limit
     lines = [
@@ -32,6 +34,8 @@ def format_simulation(simulation: Simulation) -> str:
           if problem.allow_recompute else []),
         *([f"offloaded       {len(simulation.table.offloaded)} of {problem.num_activations} activations"]
           if problem.allow_offload else []),
+        *([f"order           {','.join(map(str, entry_order(problem, simulation.schedule)))} (microbatches enter "
+           "in this order)"] if not problem.microbatches_equal else []),
         "",
         f"{'device':>6}  {'busy':>10}  {'idle':>10}  {'span':>10}  {'peak memory':>11}  {'limit':>8}",
     ]

@@ -167,13 +167,18 @@ class Viewer {
     return found;
   }
 
+  tokens(microbatch) {  // " (512 tokens)" where the problem gives each microbatch's tokens
+    const tokens = this.data.tokens;
+    return tokens ? ` (${tokens[microbatch % tokens.length]} tokens)` : "";
+  }
+
   describe(canvas, x, y) {
     if (canvas === this.gantt) {
       const index = this.opAt(x, y);
       if (index === null) return null;
       const { ops, kinds } = this.data, [ms, gb] = this.units();
       return `${ops.name[index]} · ${kinds[ops.k[index]]} · stage ${ops.s[index]} (chunk ${ops.chunk[index]}) · ` +
-        `microbatch ${ops.j[index]} · start ${format(ops.t0[index])}${ms} · end ${format(ops.t1[index])}${ms} · ` +
+        `microbatch ${ops.j[index]}${this.tokens(ops.j[index])} · start ${format(ops.t0[index])}${ms} · end ${format(ops.t1[index])}${ms} · ` +
         `memory after ${format(ops.m[index])}${gb}`;
     }
     const device = Math.floor(y / MEMORY_ROW);

@@ -7,6 +7,8 @@ problem's per-stage costs and latency (`zbopt.blocks.published`) and squeezes it
 its peak. With uniform costs this is NAME itself (1F1B, ZB-H1, interleaved 1F1B op for op; V-ZB
 in makespan and peak); with unequal costs it can be shorter than the hand-written order, whose
 warm-up counts assume equal ones. Peak: at most the block's steady-state peak. One iteration.
+Where microbatches differ, the block is built and squeezed at the per-stage values (what every
+heuristic plans with) and its orders are timed with each microbatch's own costs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from zbopt.blocks.build import block_schedule
 from zbopt.blocks.model import steady_peak
 from zbopt.blocks.published import PUBLISHED, published_block
+from zbopt.microbatches import EQUAL_MICROBATCHES
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.registry import get, register, registered, require
@@ -36,7 +39,10 @@ def _register(name: str, after: str) -> str:
 
     def build(problem: Problem) -> Schedule:
         require(problem.iterations == 1, f"{BLOCK_PREFIX}{name}", "iterations = 1 (a block schedule is one iteration)")
-        return block_schedule(published_block(name, problem))
+        if problem.microbatches_equal:
+            return block_schedule(published_block(name, problem))
+        planned = problem.replace(**EQUAL_MICROBATCHES)  # a block's offsets hold for equal costs only
+        return block_schedule(published_block(name, planned)).without_times()
 
     build.__doc__ = f"{name}'s building block at the problem's costs, repeated and squeezed."
     register(f"{BLOCK_PREFIX}{name}", f"{name} built from its building block at the problem's own costs "

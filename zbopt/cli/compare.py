@@ -8,7 +8,15 @@ import contextlib
 import json
 
 from zbopt import interrupt
-from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, config_file, dask_client, flag_values
+from zbopt.cli.flags import (
+    add_input_flags,
+    add_order_flag,
+    add_quiet_flag,
+    add_style_flag,
+    config_file,
+    dask_client,
+    flag_values,
+)
 from zbopt.cli.inputs import run_config
 from zbopt.cli.output import check_outputs, figure_path, figure_style, live, output_flag, talks
 from zbopt.errors import ZboptError
@@ -31,6 +39,7 @@ def add_commands(commands) -> None:
     comparing.add_argument("--verbose", action="store_true",
                            help="list each schedule that does not apply with its reason (default: their names)")
     comparing.add_argument("--json", action="store_true", help="print the rows as a JSON list")
+    add_order_flag(comparing)
     add_quiet_flag(comparing)
     add_input_flags(comparing, output_help="write an HTML report (.html) with every schedule's charts, every row's "
                                            "trace for Perfetto (.trace.json) or the comparison chart (.png, .svg, "
@@ -82,7 +91,8 @@ def _command_compare(args: argparse.Namespace) -> int:
     check_outputs(args, {"-o": output})
     limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
     comparison, stop = interrupt.answer_of(lambda: compare(run.problem, args.schedule, optimal=args.optimal,
-                                                 progress=live(args), bounds=args.bounds, **limit))
+                                                 progress=live(args), bounds=args.bounds, order=args.order,
+                                                 **limit))
     frontier = None
     if frontier_limits is not None and stop is None:
         frontier, stop = interrupt.answer_of(lambda: memory_frontier(run.problem, frontier_limits, progress=live(args),

@@ -9,6 +9,7 @@ from zbopt.cli.batch import BATCH_FLAGS
 from zbopt.cli.config import OPTION_KEYS, PROBLEM_KEYS
 from zbopt.errors import ZboptError, shorten
 from zbopt.io.read import parse_yaml
+from zbopt.microbatch_order import ORDER_RULES
 from zbopt.schedules import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES
 
 DASK_CONNECT_TIMEOUT_S = 10
@@ -41,6 +42,24 @@ def _schedule_option(text: str) -> tuple[str, object]:
         return key.strip(), parse_yaml(value, f"--option {key.strip()}")
     except ZboptError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _order(text: str) -> str | list[int]:
+    """--order: a rule's name, or the microbatches in the order they enter, e.g. 3,1,0,2."""
+    if text in ORDER_RULES:
+        return text
+    try:
+        return [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {', '.join(ORDER_RULES)} or the microbatches in the order "
+                                         f"they enter, e.g. 3,1,0,2; got {shorten(text)}") from None
+
+
+def add_order_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--order", type=_order, metavar="RULE|3,1,0,2",
+                        help=f"the order microbatches enter the pipeline: a rule ({', '.join(ORDER_RULES)}: "
+                             "as given, by total work, or DynaPipe's search over size clusters) or a permutation, "
+                             "the microbatch entering first first (default: as given)")
 
 
 def add_problem_flags(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +124,7 @@ def add_schedule_flags(parser: argparse.ArgumentParser) -> None:
                         help="a torch compute-only CSV (.csv; its ranks, stages and microbatches fill what the "
                              "config leaves out) or a zbopt schedule JSON (its stored problem fills what the "
                              "config and flags leave out)")
+    add_order_flag(parser)
 
 
 def add_input_flags(parser: argparse.ArgumentParser,

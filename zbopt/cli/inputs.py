@@ -80,16 +80,18 @@ def schedule_from_file(schedule_file: str | Path, config_file: str | Path | None
 
 
 def run_and_schedule(config_file: str | Path | None, flags: dict, schedule: str | None = None,
-                     options: dict | None = None,
-                     schedule_file: str | Path | None = None) -> tuple[RunConfig, Schedule]:
+                     options: dict | None = None, schedule_file: str | Path | None = None,
+                     order: str | list[int] | None = None) -> tuple[RunConfig, Schedule]:
     """The problem and the schedule of `zbopt simulate` and `zbopt export`: from `schedule_file`
     (or a schedule file given as `config_file`), or by name (default 1f1b) with its generator's
-    `options`; "torch:NAME" is torch's built-in NAME."""
+    `options`, its microbatches entering in `order`; "torch:NAME" is torch's built-in NAME."""
     if schedule_file is None and config_file and is_schedule_file(config_file):
         schedule_file, config_file = config_file, None
     if schedule_file is None:
         run = run_config(config_file, flags)
-        return run, named_schedule(schedule or DEFAULT_SCHEDULE, run.problem, **(options or {}))
+        return run, named_schedule(schedule or DEFAULT_SCHEDULE, run.problem, order, **(options or {}))
     if schedule is not None or options:
         raise ZboptError("--schedule-file: give it without --schedule and --option")
+    if order is not None:
+        raise ZboptError("--order orders a generated schedule (--schedule); a schedule file's order is its own")
     return schedule_from_file(schedule_file, config_file, flags)

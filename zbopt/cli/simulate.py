@@ -10,7 +10,7 @@ from zbopt.cli.flags import add_input_flags, add_schedule_flags, add_style_flag,
 from zbopt.cli.inputs import is_schedule_file, run_and_schedule
 from zbopt.cli.output import check_outputs, exit_status, figure_flag, figure_path, figure_style
 from zbopt.errors import ZboptError
-from zbopt.io.export import EXPORT_FORMATS, check_export, write_export
+from zbopt.io.export import EXPORT_FORMATS, check_export, order_note, write_export
 from zbopt.schedules import registered
 from zbopt.simulation import simulate
 from zbopt.tables import format_simulation
@@ -43,7 +43,8 @@ def _inputs(args: argparse.Namespace):
     is the schedule file, so `-c CONFIG` can still give its costs."""
     if args.schedule_file is None and args.config and args.config_flag and is_schedule_file(args.config):
         args.schedule_file, args.config = args.config, None
-    return run_and_schedule(config_file(args), flag_values(args), args.schedule, dict(args.option), args.schedule_file)
+    return run_and_schedule(config_file(args), flag_values(args), args.schedule, dict(args.option), args.schedule_file,
+                            args.order)
 
 
 def _command_schedules(args: argparse.Namespace) -> int:
@@ -82,4 +83,7 @@ def _command_export(args: argparse.Namespace) -> int:
     simulation = simulate(run.problem, schedule)  # a deadlock fails here, before anything is written
     written = write_export(target, simulation, args.format)
     print(f"{EXPORT_FORMATS[written]} written to {target}")
+    note = order_note(simulation, written)
+    if note is not None:
+        print(note)
     return exit_status(simulation)  # over the memory limit: written as asked, but said

@@ -10,7 +10,7 @@ from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, con
 from zbopt.cli.inputs import run_config
 from zbopt.cli.output import check_outputs, figure_flag, figure_path, figure_style, live, talks
 from zbopt.interrupt import answer_of
-from zbopt.io.export import EXPORT_FORMATS, check_export, write_export
+from zbopt.io.export import EXPORT_FORMATS, check_export, order_note, write_export
 from zbopt.schedules import get
 from zbopt.tables import format_solve
 
@@ -79,5 +79,6 @@ def _show(args: argparse.Namespace, result, figure: str | None) -> None:
             print(f"\nGantt chart written to {figure}")
     if args.export is not None:
         written = write_export(args.export, result.simulation, with_times=True)
+        note = order_note(result.simulation, written)
         if talks(args):
-            print(f"\n{EXPORT_FORMATS[written]} written to {args.export}")
+            print(f"\n{EXPORT_FORMATS[written]} written to {args.export}" + ("" if note is None else f"\n{note}"))

@@ -14,6 +14,7 @@ from zbopt.errors import ZboptError
 from zbopt.io.torch_format import check_exportable, write_megatron_order, write_torch_csv
 from zbopt.io.trace import TRACE_EXTENSION, write_chrome_trace
 from zbopt.io.write import check_writable, write_file
+from zbopt.microbatch_order import entry_order, relabelled
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.simulation import Simulation
@@ -64,13 +65,30 @@ def write_export(path: str | Path, simulation: Simulation, given: str | None = N
     schedule = simulation.timed_orders() if with_times else simulation.schedule
     if chosen == "torch-csv":
         write_torch_csv(path, problem, schedule)
-    elif chosen == "megatron":
-        write_megatron_order(path, problem, schedule)
+    elif chosen == "megatron":  # no microbatch ids: each chunk runs them as they come, so number them so
+        order = entry_order(problem, schedule)
+        inverse = sorted(range(len(order)), key=order.__getitem__)
+        write_megatron_order(path, problem, relabelled(schedule, inverse, problem.num_microbatches))
     elif chosen == "chrome-trace":
         write_chrome_trace(path, simulation, split)
     else:
         save_schedule(path, schedule, problem, split)
     return chosen
+
+
+def order_note(simulation: Simulation, chosen: str) -> str | None:
+    """What a runtime must know when the schedule's microbatches enter out of their order in the
+    problem (`entry_order`), for the export format `chosen`; None when they enter in order."""
+    order = entry_order(simulation.problem, simulation.schedule)
+    if order == tuple(range(len(order))):
+        return None
+    listed = ",".join(map(str, order))
+    if chosen == "megatron":
+        return (f"microbatches enter in the order {listed}: the runtime must feed them in that order (Megatron-LM's "
+                "order has no microbatch ids: the file numbers them as they enter)")
+    return (f"microbatches enter in the order {listed}: the file names each by its index in the problem (its tokens); "
+            "a runtime that takes microbatches one at a time must feed them in that order (torch's step() splits "
+            "its batch by index: give it the batch in the problem's order)")
 
 
 def save_schedule(path: str | Path, schedule: Schedule, problem: Problem | None = None,

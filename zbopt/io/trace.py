@@ -101,8 +101,8 @@ def _schedule_events(simulation: Simulation, scale: int, *, first_pid: int = 1, 
         events.append({"ph": "X", "name": str(op), "cat": KINDS[op.kind].word, "pid": table.device[index] + first_pid,
                        "tid": track_of[index] + 1, "ts": begin, "dur": end - begin,
                        "args": {"kind": op.kind, "stage": op.stage, "chunk": chunk_of[op.stage],
-                                "microbatch": op.microbatch, "start": float(simulation.start[index]),
-                                "end": float(simulation.end[index])}})
+                                "microbatch": op.microbatch, **_tokens(problem, op.microbatch),
+                                "start": float(simulation.start[index]), "end": float(simulation.end[index])}})
     for pair in simulation.pairs:
         head = pair.members[0]
         begin, end = ticks(simulation.start[head]), ticks(simulation.end[head])
@@ -182,3 +182,9 @@ def write_measured_trace(path: str | Path, report) -> None:
 
 def _write(path: str | Path, trace: dict) -> None:
     write_file(path, json.dumps(trace, separators=(",", ":")) + "\n")
+
+
+def _tokens(problem: Problem, microbatch: int) -> dict:
+    """{"tokens": the microbatch's tokens} where the problem gives them; else nothing."""
+    tokens = problem.microbatch_tokens
+    return {} if tokens is None else {"tokens": tokens[microbatch % problem.num_microbatches]}

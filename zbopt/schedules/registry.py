@@ -17,6 +17,7 @@ from zbopt.deferred import load_deferred
 from zbopt.errors import NotApplicableError, UnknownScheduleError, ZboptError
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
+from zbopt.schedules.ordering import Order, in_order
 
 Generator = Callable[..., Schedule]
 MemoryBound = Callable[[Problem], Sequence[float]]
@@ -90,9 +91,11 @@ def options_of(name: str) -> list[str]:
     return [parameter.name for parameter in parameters]
 
 
-def generate(name: str, problem: Problem, **options) -> Schedule:
+def generate(name: str, problem: Problem, order: Order = None, **options) -> Schedule:
     """Build the schedule `name` for `problem`, named after it; an option the generator does not
-    take is a ZboptError naming it."""
+    take is a ZboptError naming it. `order`: the microbatches enter the pipeline in this order, a
+    rule (given, longest-first, shortest-first, dynapipe) or a permutation, `order[k]` entering
+    k-th (`zbopt.schedules.ordering`); None: as the generator numbers them."""
     accepted = options_of(name)
     for option in options:
         if option not in accepted:
@@ -102,18 +105,18 @@ def generate(name: str, problem: Problem, **options) -> Schedule:
     if problem.bidirectional and not entry.bidirectional:
         raise NotApplicableError(f"{name} needs a placement other than 'bidirectional' (it sends every microbatch "
                                  "through every stage)")
-    schedule = entry.generator(problem, **options)
+    schedule = in_order(lambda planned: entry.generator(planned, **options), problem, order)
     return dataclasses.replace(schedule, name=name)
 
 
 def applicable(problem: Problem, reasons: dict[str, str] | None = None,
-               names: Iterable[str] | None = None) -> Iterator[tuple[str, Schedule]]:
+               names: Iterable[str] | None = None, order: Order = None) -> Iterator[tuple[str, Schedule]]:
     """(name, schedule) of every registered schedule (or of `names`, in their order) that applies to
-    `problem`, built one at a time (a caller may stop early); the reason each other one does not
-    apply goes into `reasons` when given."""
+    `problem`, built one at a time (a caller may stop early) in `order` (`generate`); the reason
+    each other one does not apply goes into `reasons` when given."""
     for name in (entry.name for entry in registered()) if names is None else names:
         try:
-            schedule = generate(name, problem)
+            schedule = generate(name, problem, order)
         except NotApplicableError as error:
             if reasons is not None:
                 reasons[name] = str(error)
@@ -121,11 +124,11 @@ def applicable(problem: Problem, reasons: dict[str, str] | None = None,
         yield name, schedule
 
 
-def generate_applicable(problem: Problem) -> tuple[dict[str, Schedule], dict[str, str]]:
-    """Every registered schedule built for `problem`: those that apply, by name in registry order,
-    and for each of the others the reason it does not."""
+def generate_applicable(problem: Problem, order: Order = None) -> tuple[dict[str, Schedule], dict[str, str]]:
+    """Every registered schedule built for `problem` (in `order`, see `generate`): those that
+    apply, by name in registry order, and for each of the others the reason it does not."""
     reasons: dict[str, str] = {}
-    return dict(applicable(problem, reasons)), reasons
+    return dict(applicable(problem, reasons, order=order)), reasons
 
 
 def require(condition: bool, schedule: str, needs: str) -> None:

@@ -14,6 +14,7 @@ from zbopt.errors import MissingSettingsError, NotApplicableError, ScheduleError
 from zbopt.io.torch_order import TorchOrder
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
+from zbopt.schedules.ordering import Order, in_order
 from zbopt.schedules.registry import generate
 
 
@@ -65,14 +66,15 @@ def _describe(settings: dict[str, object]) -> str:
     return clauses[0] if len(clauses) == 1 else f"{', '.join(clauses[:-1])} and {clauses[-1]}"
 
 
-def named_schedule(name: str, problem: Problem, **options) -> Schedule:
+def named_schedule(name: str, problem: Problem, order: Order = None, **options) -> Schedule:
     """A registered schedule with its `options`, or for "torch:NAME" torch's built-in NAME (which
-    takes no options): the one place a schedule name is resolved for the CLI and `compare`."""
+    takes no options), its microbatches entering in `order` (`generate`): the one place a schedule
+    name is resolved for the CLI and `compare`."""
     if not name.startswith(TORCH_PREFIX):
-        return generate(name, problem, **options)
+        return generate(name, problem, order, **options)
     if options:
         raise ZboptError(f"torch's schedules take no options ('{name}' given {', '.join(options)})")
-    return torch_schedule(name.removeprefix(TORCH_PREFIX), problem)
+    return in_order(lambda planned: torch_schedule(name.removeprefix(TORCH_PREFIX), planned), problem, order)
 
 
 def torch_schedule(name: str, problem: Problem) -> Schedule:

@@ -192,3 +192,14 @@ def test_report_and_trace_say_a_microbatchs_tokens():
     assert events[0]["args"]["tokens"] == 3
     equal = THREE.replace(**EQUAL_MICROBATCHES)
     assert schedule_data(simulate(equal, generate("1f1b", equal)))["tokens"] is None
+
+
+def test_packed_documents_show_their_total_tokens():
+    from zbopt.io.trace import chrome_trace
+    from zbopt.report import schedule_data
+
+    packed = Problem(num_devices=2, num_microbatches=2, microbatch_tokens=[[100, 300], 50])
+    simulation = simulate(packed, generate("1f1b", packed))
+    assert schedule_data(simulation)["tokens"] == [400, 50]
+    events = [event for event in chrome_trace(simulation)["traceEvents"] if event.get("name") == "0F0"]
+    assert events[0]["args"]["tokens"] == 400

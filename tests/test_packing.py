@@ -70,3 +70,48 @@ def test_packed_microbatches_make_a_problem():
 def test_bad_input_is_one_line(call, message):
     with pytest.raises(ZboptError, match=message):
         call()
+
+
+def test_a_config_packs_its_sequences():
+    from zbopt.cli.config import build_run_config
+
+    base = {"num_devices": 2, "sequence_lengths": [600, 500, 400, 500], "token_budget": 1000}
+    loader = build_run_config(base).problem  # the loader's way unless a rule is named
+    assert (loader.num_microbatches, loader.microbatch_tokens) == (3, ((600,), (500, 400), (500,)))
+    packed = build_run_config({**base, "packing": "first-fit-decreasing"}).problem
+    assert (packed.num_microbatches, packed.microbatch_tokens) == (2, ((600, 400), (500, 500)))
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"token_budget": 1000}, r"^token_budget \(config\): give sequence_lengths too, which packing needs$"),
+    ({"sequence_lengths": [5], "token_budget": 8, "num_microbatches": 4},
+     r"^sequence_lengths \(config\) and num_microbatches \(config\) both give the microbatches; give one$"),
+    ({"sequence_lengths": [5, 9], "token_budget": 8},
+     r"^sequence_lengths: sequence 1 has 9 tokens, above token_budget 8$"),
+])
+def test_bad_packing_keys_are_one_line(values, message):
+    from zbopt.cli.config import build_run_config
+
+    with pytest.raises(ZboptError, match=message):
+        build_run_config({"num_devices": 2, **values})
+
+
+def test_packing_gains_are_against_the_loaders_packing_in_its_order():
+    """Each row's gain is 1 - its best makespan / the loader's packing's given-order makespan (its
+    first row's), and the best order is no longer than the given one."""
+    from zbopt.packing import packing_gains
+
+    lengths = [600, 500, 400, 500, 100, 900, 200, 700]
+    rows = packing_gains(lengths, 1000, {"num_devices": 2, "weight_times": 1.0}, schedules=("1f1b",),
+                         attention_share=0.3, time_limit=5)
+    assert [row["packing"] for row in rows] == ["loader", "first-fit-decreasing", "balanced"]
+    base = rows[0]["given"]
+    for row in rows:
+        assert row["best"] <= row["given"] + 1e-9
+        assert row["gain"] == pytest.approx(1 - row["best"] / base)
+    tokens = packed_tokens(lengths, pack(lengths, 1000, "loader"))
+    loader = Problem(num_devices=2, weight_times=1.0, num_microbatches=len(tokens), microbatch_tokens=tokens,
+                     attention_share=0.3)
+    from zbopt import generate, simulate
+
+    assert base == simulate(loader, generate("1f1b", loader)).makespan

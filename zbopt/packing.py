@@ -137,3 +137,41 @@ def _balanced(lengths: Sequence[int], budget: int, attention_share: float, micro
 def packed_tokens(lengths: Sequence[int], packing: list[list[int]]) -> list[list[int]]:
     """The documents' lengths of each microbatch: what `Problem(microbatch_tokens=...)` takes."""
     return [[lengths[index] for index in microbatch] for microbatch in packing]
+
+
+def packing_gains(lengths: Sequence[int], budget: int, problem: dict, schedules: Sequence[str] = ("1f1b", "zb-h1"),
+                  attention_share: float = 0.0, time_limit: float = 10.0) -> list[dict]:
+    """What packing and order gain over the data loader: per packing rule (`RULES`) and schedule,
+    the makespan with the microbatches in the loader's order ("given") and in the best of the
+    order rules (`zbopt.microbatch_order.ORDER_RULES`), and how much shorter that is than the
+    loader's packing in its given order. `problem`: the Problem's other keys (devices, costs at
+    the mean microbatch, memory); a schedule that does not apply, or overruns the memory limit
+    in an order, has no value there (None)."""
+    from zbopt.errors import NotApplicableError
+    from zbopt.microbatch_order import ORDER_RULES
+    from zbopt.problem import Problem
+    from zbopt.schedules import generate
+    from zbopt.simulation import simulate
+
+    def makespan(chosen: Problem, name: str, order: str) -> float | None:
+        try:
+            result = simulate(chosen, generate(name, chosen, order=order))
+        except NotApplicableError:
+            return None
+        return result.makespan if result.valid else None
+
+    rows, baseline = [], {}
+    for rule in RULES:
+        tokens = packed_tokens(lengths, pack(lengths, budget, rule, attention_share, time_limit=time_limit))
+        chosen = Problem(**problem, num_microbatches=len(tokens), microbatch_tokens=tokens,
+                         attention_share=attention_share)
+        for name in schedules:
+            by_order = {order: makespan(chosen, name, order) for order in ORDER_RULES}
+            found = {order: value for order, value in by_order.items() if value is not None}
+            best_order = min(found, key=found.get) if found else None
+            baseline.setdefault(name, by_order["given"])
+            base, best = baseline[name], found.get(best_order)
+            rows.append({"packing": rule, "microbatches": len(tokens), "schedule": name, "given": by_order["given"],
+                         "best_order": best_order, "best": best,
+                         "gain": None if base is None or best is None else 1 - best / base})
+    return rows

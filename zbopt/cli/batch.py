@@ -1,6 +1,7 @@
 """The microbatch count from a global batch, as a training config states it: m = global_batch_size /
 (micro_batch_size · data_parallel), Megatron-LM's rule (its num_microbatches calculator), so a
-user need not divide by hand."""
+user need not divide by hand; or the microbatches packed from sequence lengths under a token
+budget (`zbopt.packing`), the count and each one's documents."""
 
 from __future__ import annotations
 
@@ -42,3 +43,30 @@ def batch_microbatches(values: dict, name: Callable[[str], str]) -> tuple[int, s
                          f"micro_batch_size × data_parallel = {micro} × {parallel}"
                          + (f" (from {' and '.join(factors)})" if factors else ""))
     return given["global_batch_size"] // (micro * parallel), "global_batch_size"
+
+
+# config keys that pack sequences into microbatches (config files only: lists make poor flags)
+PACKING_KEYS = ("sequence_lengths", "token_budget", "packing")
+
+
+def packed_microbatches(values: dict, name: Callable[[str], str]) -> tuple[int, list[list[int]]] | None:
+    """(m, each microbatch's document lengths) packed from `values`' sequence_lengths under its
+    token_budget by its packing rule (default "loader": the data loader's own way, nothing
+    reordered), or None when no packing key is given. Raises ZboptError naming the key for a
+    packing key without sequence_lengths and token_budget, or microbatches given another way too."""
+    from zbopt.packing import pack, packed_tokens
+
+    given = {key: values[key] for key in PACKING_KEYS if key in values}
+    if not given:
+        return None
+    missing = [key for key in ("sequence_lengths", "token_budget") if key not in given]
+    if missing:
+        raise ZboptError(f"{' and '.join(map(name, given))}: give {' and '.join(missing)} too, which packing needs")
+    taken = [key for key in (*COUNT_KEYS, "microbatch_tokens", *BATCH_FLAGS) if key in values]
+    if taken:
+        raise ZboptError(f"{name('sequence_lengths')} and {name(taken[0])} both give the microbatches; give one")
+    lengths = given["sequence_lengths"]
+    if not isinstance(lengths, list):
+        raise ZboptError(f"{name('sequence_lengths')}: {shorten(lengths)}: expected a list of token counts")
+    packing = pack(lengths, given["token_budget"], given.get("packing", "loader"))
+    return len(packing), packed_tokens(lengths, packing)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from zbopt.cli.batch import BATCH_FLAGS, batch_microbatches
+from zbopt.cli.batch import BATCH_FLAGS, PACKING_KEYS, batch_microbatches, packed_microbatches
 from zbopt.errors import ProblemError, ZboptError, clip, shorten
 from zbopt.io.config import read_config_file
 from zbopt.problem import Problem
@@ -70,10 +70,16 @@ def build_run_config(values: dict, source: str = "config", sources: Mapping[str,
     parameters: dict = {}
     written_as: dict[str, str] = {}
     options: dict = {}
-    if counted := batch_microbatches(values, lambda key: _key_name(key, (sources or {}).get(key, source))):
+    def name(key: str) -> str:
+        return _key_name(key, (sources or {}).get(key, source))
+
+    if counted := batch_microbatches(values, name):
         parameters["num_microbatches"], written_as["num_microbatches"] = counted
+    if packed := packed_microbatches(values, name):
+        parameters["num_microbatches"], parameters["microbatch_tokens"] = packed
+        written_as["num_microbatches"] = written_as["microbatch_tokens"] = "sequence_lengths"
     for key, value in values.items():
-        if key in BATCH_FLAGS:
+        if key in BATCH_FLAGS or key in PACKING_KEYS:
             continue
         if key in OPTION_KEYS:
             if value is not None and not isinstance(value, str):
@@ -82,7 +88,7 @@ def build_run_config(values: dict, source: str = "config", sources: Mapping[str,
             continue
         parameter = PROBLEM_KEYS.get(key)
         if parameter is None:
-            known = ", ".join([*PROBLEM_KEYS, *BATCH_FLAGS, *OPTION_KEYS])
+            known = ", ".join([*PROBLEM_KEYS, *BATCH_FLAGS, *PACKING_KEYS, *OPTION_KEYS])
             raise ZboptError(f"{source}: unknown key {shorten(key)} (known keys: {known})")
         if parameter in written_as:
             raise ZboptError(f"{source}: '{key}' and '{written_as[parameter]}' both set {parameter}; give one")

@@ -324,8 +324,10 @@ def earliest_finish(graph: nx.DiGraph) -> dict[Op, float]:
 
 def one_per_route(problem: Problem) -> Problem:
     """A copy with one microbatch on each route (`Problem.routes`), one iteration and no memory
-    limit: what one microbatch's chain is computed on."""
-    return problem.replace(num_microbatches=len(problem.routes), iterations=1, memory_limit=None)
+    limit: what one microbatch's chain is computed on. Where microbatches differ (or are slices),
+    of the uniform relaxation: each costs the least any does."""
+    return problem.uniform_relaxation().replace(num_microbatches=len(problem.routes), iterations=1,
+                                                memory_limit=None)
 
 
 def critical_path(problem: Problem) -> float:

@@ -16,7 +16,8 @@ from zbopt.kinds import FORWARD
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.common import backward_ops, iteration_microbatches
+from zbopt.schedules.classic import alternate
+from zbopt.schedules.common import iteration_microbatches
 from zbopt.schedules.registry import register, require
 
 
@@ -49,15 +50,9 @@ def seq1f1b(problem: Problem) -> Schedule:
     p = problem.num_devices
     orders = []
     for stage in range(p):
+        warmup = p - stage - 1 + k - 1
         order: list[Op] = []
         for microbatches in iteration_microbatches(problem):
-            forwards, backwards = list(microbatches), _backward_order(microbatches, k)
-            warmup = min(p - stage - 1 + k - 1, len(forwards))
-            order += [Op(FORWARD, stage, j) for j in forwards[:warmup]]
-            for step, j in enumerate(forwards[warmup:]):
-                order.append(Op(FORWARD, stage, j))
-                order += backward_ops(problem, stage, backwards[step])
-            for j in backwards[len(forwards) - warmup:]:
-                order += backward_ops(problem, stage, j)
+            order += alternate(problem, stage, list(microbatches), _backward_order(microbatches, k), warmup)
         orders.append(order)
     return Schedule(orders)

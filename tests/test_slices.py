@@ -129,6 +129,7 @@ def test_the_optimizer_schedules_slices_like_any_ops(solver):
     ({"microbatch_tokens": [9, 1]}, r"sequence_slices = 2: above the tokens of sequence 1 \(1\)"),
     ({"microbatch_tokens": [9, 9, 9, 9]}, r"microbatch_tokens.*one token count per sequence \(2\), got 4"),
     ({"reference_tokens": 4}, r"reference_tokens.*needs microbatch_tokens"),
+    ({"allow_recompute": True, "checkpoint_memory": 0.1}, r"sequence_slices = 2: not with allow_recompute"),
     ({"placement": "bidirectional", "chunks_per_device": 2, "num_microbatches": 6},
      r"sequence_slices = 2: with the bidirectional placement each route's microbatches must hold whole sequences"),
 ])

@@ -135,7 +135,8 @@ class Problem:
         boolean("flush", self.flush)
         checks.check_op_count(self)
         check_placement(self.placement, v, self.iterations, self.num_microbatches)
-        slices.check_slices(self.sequence_slices, self.num_microbatches, self.placement == "bidirectional")
+        slices.check_slices(self.sequence_slices, self.num_microbatches, self.placement == "bidirectional",
+                            self.allow_recompute is True or self.allow_offload is True)
         stages = p * v
         given, tables = microbatches.take_tables({key: getattr(self, key) for key in microbatches.TABLE_KEYS},
                                                  self.microbatch_tables, stages, self.num_microbatches)

@@ -28,14 +28,20 @@ from zbopt.errors import ProblemError
 Span = tuple[float, float]  # a slice's first and last token boundary, in reference lengths
 
 
-def check_slices(slices: object, microbatches: int, bidirectional: bool) -> int:
+def check_slices(slices: object, microbatches: int, bidirectional: bool, mechanisms: bool = False) -> int:
     """sequence_slices: a positive integer dividing num_microbatches (slices of one sequence stay
-    together, within one route of the bidirectional placement)."""
+    together, within one route of the bidirectional placement); not with recomputation or offload
+    (`mechanisms`): a slice's recompute and backward read the keys and values of the slices before
+    it, which a recomputed or offloaded earlier slice would not hold, and that is not modelled."""
     if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
         raise ProblemError("sequence_slices", slices, "expected a positive integer (slices per sequence)")
     if microbatches % slices:
         raise ProblemError("sequence_slices", slices, f"num_microbatches ({microbatches}) counts the slices: "
                                                       "expected a multiple of sequence_slices")
+    if slices > 1 and mechanisms:
+        raise ProblemError("sequence_slices", slices, "not with allow_recompute or allow_offload (a slice's "
+                                                      "backward reads the earlier slices' keys and values: not "
+                                                      "modelled)")
     if slices > 1 and bidirectional and ((microbatches + 1) // 2) % slices:
         raise ProblemError("sequence_slices", slices, "with the bidirectional placement each route's "
                                                       "microbatches must hold whole sequences")

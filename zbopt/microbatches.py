@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 from zbopt.checks import is_number, per_stage
 from zbopt.errors import ProblemError
+from zbopt.slices import Span, check_sequence_tokens, span_factor, spans
 
 TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "activation_memory")
 # every per-stage key whose value differs by microbatch, and the tabled key it follows
@@ -42,7 +43,7 @@ FOLLOWS = {"forward_times": "forward_times", "backward_times": "backward_times",
 WITH_ATTENTION = ("forward_times", "backward_times", "recompute_times")  # grow with the square of the length
 # what makes a Problem's microbatches all cost their stage's value (`Problem.replace(**EQUAL_MICROBATCHES)`)
 EQUAL_MICROBATCHES = {"microbatch_tokens": None, "attention_share": None, "reference_tokens": None,
-                      "microbatch_tables": None}
+                      "microbatch_tables": None, "sequence_slices": 1}
 
 Rows = tuple[tuple[float, ...], ...]  # per virtual stage, per microbatch of one iteration
 
@@ -90,34 +91,37 @@ def _rows(key: str, value, stages: int, microbatches: int, positive: bool) -> Ro
 
 
 def check_tokens(tokens, attention_share, reference_tokens, stages: int, microbatches: int,
-                 tables) -> dict:
-    """microbatch_tokens (positive integers, one per microbatch), attention_share (per stage, in
-    [0, 1], default 0) and reference_tokens (> 0, default the mean), or Nones without tokens."""
+                 tables, slices: int = 1) -> dict:
+    """microbatch_tokens (positive integers, one per microbatch, or per sequence of `slices`
+    microbatches), attention_share (per stage, in [0, 1], default 0) and reference_tokens (> 0,
+    default the mean), or Nones without tokens (attention_share may come with slices alone)."""
     if tokens is None:
-        for key, value in (("attention_share", attention_share), ("reference_tokens", reference_tokens)):
-            if value is not None:
-                raise ProblemError(key, value, "needs microbatch_tokens")
-        return {}
+        if reference_tokens is not None:
+            raise ProblemError("reference_tokens", reference_tokens, "needs microbatch_tokens")
+        if slices == 1 or tables:
+            if attention_share is not None:
+                raise ProblemError("attention_share", attention_share, "needs microbatch_tokens" +
+                                   ("" if tables else " or sequence_slices"))
+            return {}
+        return {"attention_share": _shares(attention_share, stages)}
     if tables:
         raise ProblemError("microbatch_tokens", tokens, f"give microbatch_tokens or rows per microbatch "
                                                         f"({tables[0][0]}), not both")
-    if not isinstance(tokens, Sequence) or isinstance(tokens, str) or len(tokens) != microbatches:
+    sequences, what = microbatches // slices, "microbatch" if slices == 1 else "sequence"
+    if not isinstance(tokens, Sequence) or isinstance(tokens, str) or len(tokens) != sequences:
         count = f", got {len(tokens)}" if isinstance(tokens, Sequence) else ""
-        raise ProblemError("microbatch_tokens", tokens, f"expected one token count per microbatch "
-                                                        f"({microbatches}){count}")
+        raise ProblemError("microbatch_tokens", tokens, f"expected one token count per {what} ({sequences}){count}")
     documents = []
     for index, count in enumerate(tokens):
         packed = isinstance(count, Sequence) and not isinstance(count, str)
         lengths = list(count) if packed else [count]
         if not lengths or not all(_whole(length) for length in lengths):
-            raise ProblemError("microbatch_tokens", tokens, f"microbatch {index}: expected a positive whole "
+            raise ProblemError("microbatch_tokens", tokens, f"{what} {index}: expected a positive whole "
                                                             f"number of tokens (or a list, one per packed "
                                                             f"document), got {count!r}")
         documents.append(tuple(lengths) if packed else count)
-    share = per_stage("attention_share", 0.0 if attention_share is None else attention_share, stages,
-                      positive=False)
-    if any(value > 1 for value in share):
-        raise ProblemError("attention_share", attention_share, "expected values in [0, 1] (a share of the time)")
+    check_sequence_tokens(documents, slices)
+    share = _shares(attention_share, stages)
     reference = sum(map(total_tokens, documents)) / len(documents) if reference_tokens is None else reference_tokens
     if not is_number(reference) or reference <= 0:
         raise ProblemError("reference_tokens", reference_tokens, "expected a number > 0")
@@ -133,21 +137,30 @@ def total_tokens(tokens: int | tuple[int, ...]) -> int:
     return tokens if isinstance(tokens, int) else sum(tokens)
 
 
+def _shares(attention_share, stages: int) -> tuple[float, ...]:
+    """attention_share per stage, each in [0, 1] (default 0)."""
+    share = per_stage("attention_share", 0.0 if attention_share is None else attention_share, stages,
+                      positive=False)
+    if any(value > 1 for value in share):
+        raise ProblemError("attention_share", attention_share, "expected values in [0, 1] (a share of the time)")
+    return share
+
+
 def per_microbatch(problem) -> dict[str, Rows] | None:
     """Per varying key the Problem has (`FOLLOWS`), its value per virtual stage and microbatch of
     one iteration; None when the problem gives no tokens and no tables (every microbatch costs
     its stage's value)."""
     tables = dict(problem.microbatch_tables or ())
-    if problem.microbatch_tokens is None and not tables:
+    covered = None if tables else spans(problem)
+    if covered is None and not tables:
         return None
     values = {}
     for key, source in FOLLOWS.items():
         stage_values = getattr(problem, key)
         if stage_values is None:
             continue
-        if problem.microbatch_tokens is not None:
-            values[key] = tuple(tuple(value * _token_factor(problem, key, stage, tokens)
-                                      for tokens in problem.microbatch_tokens)
+        if covered is not None:
+            values[key] = tuple(tuple(value * _token_factor(problem, key, stage, span) for span in covered)
                                 for stage, value in enumerate(stage_values))
         elif source in tables:
             means = getattr(problem, source)
@@ -166,21 +179,21 @@ def _following(value: float, mean: float, own: float) -> float:
     return value * own / mean if mean > 0 else value
 
 
-def _token_factor(problem, key: str, stage: int, tokens: int | tuple[int, ...]) -> float:
-    """What a microbatch of `tokens` (or of packed documents of these lengths) costs relative to
-    one of reference_tokens (module docstring)."""
-    reference = problem.reference_tokens
-    tau = total_tokens(tokens) / reference
+def _token_factor(problem, key: str, stage: int, covered: tuple[Span, ...]) -> float:
+    """What a microbatch costs relative to one of reference_tokens tokens (module docstring): the
+    parts of sequences it `covered` (`slices.spans`: one whole sequence, a slice of one, or each
+    packed document), their tokens for the linear keys, `slices.span_factor` for attention."""
     if key not in WITH_ATTENTION:
-        return tau
-    squares = tau * tau if isinstance(tokens, int) else sum(length * length for length in tokens) / reference ** 2
-    share = problem.attention_share[stage]
-    return (1 - share) * tau + share * squares
+        return sum(end - start for start, end in covered)
+    return sum(span_factor(span, problem.attention_share[stage]) for span in covered)
 
 
-def classes(values: dict[str, Rows] | None, microbatches: int) -> tuple[int, ...]:
+def classes(values: dict[str, Rows] | None, microbatches: int, slices: int = 1) -> tuple[int, ...]:
     """Per microbatch of one iteration, the first microbatch whose values equal its own on every
-    key and stage: microbatches of one class are interchangeable."""
+    key and stage: microbatches of one class are interchangeable. Slices never are (each is tied
+    to its sequence's others): each is a class of its own."""
+    if slices > 1:
+        return tuple(range(microbatches))
     if values is None:
         return (0,) * microbatches
     first: dict[tuple, int] = {}

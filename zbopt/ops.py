@@ -8,6 +8,8 @@ stages, or with the bidirectional placement p of them, one way):
     F(s, j) -> F(s+1, j);  F(z, j) -> B(z, j);  B(s+1, j) -> B(s, j);  B(s, j) -> W(s, j)
     fused:  F(z, j) -> BW(z, j);  BW(s+1, j) -> BW(s, j)
 A recomputed activation adds R(s, j) (same device): F(s, j) -> R(s, j) -> B(s, j) (or BW).
+Sequence slices (`zbopt.slices`) add, on one stage, F(s, j-1) -> F(s, j) and B(s, j+1) -> B(s, j)
+(or BW) between slices j-1, j, j+1 of one sequence.
 An offloaded one adds O(s, j) and L(s, j) on the device's copy lanes: F(s, j) -> O(s, j) -> L(s, j)
 -> B(s, j) (or BW).
 Every edge between ops on different devices carries the latency p2p_time.
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from zbopt.errors import ScheduleError, shorten
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
 from zbopt.problem import Problem
+from zbopt.slices import neighbour
 
 if TYPE_CHECKING:
     import networkx as nx  # imported where a graph is built: it takes some 0.4 s to load
@@ -230,15 +233,23 @@ class OpTable:
         return result
 
     @cached_property
-    def restore_of(self) -> list[int]:
-        """Per op, the op that brings its activation back, which it also waits for (same device, no
-        latency): for the input gradient (B or BW) of a recomputed activation its R, of an
-        offloaded one its L; else -1."""
-        result = [-1] * self.size
+    def same_device_inputs(self) -> list[tuple[int, ...]]:
+        """Per op, the ops on its device it also waits for besides `predecessor` (no latency): for
+        the input gradient (B or BW) of a recomputed activation its R, of an offloaded one its L;
+        with sequence slices (`zbopt.slices`), for a forward the slice before it on its stage, for
+        an input gradient the slice after it."""
+        result: list[tuple[int, ...]] = [()] * self.size
         backward = self.problem.input_gradient_kind
         for kind, (stage, microbatch) in self._optional:
             if kind != OFFLOAD:
-                result[self.index(Op(backward, stage, microbatch))] = self.index(Op(kind, stage, microbatch))
+                result[self.index(Op(backward, stage, microbatch))] = (self.index(Op(kind, stage, microbatch)),)
+        if self.problem.sequence_slices > 1:
+            for index in range(self.core_size):
+                kind, stage, microbatch = self.op(index)
+                if kind in (FORWARD, backward):
+                    other = neighbour(self.problem, kind == FORWARD, microbatch)
+                    if other is not None:
+                        result[index] += (self.index(Op(kind, stage, other)),)
         return result
 
     @cached_property
@@ -288,6 +299,8 @@ def op_graph(problem: Problem) -> nx.DiGraph:
     for index, source in enumerate(table.predecessor):
         if source >= 0:
             graph.add_edge(table.op(source), table.op(index), latency=table.latency[index])
+        for other in table.same_device_inputs[index]:  # the table has no R or L: only slices
+            graph.add_edge(table.op(other), table.op(index), latency=0.0)
     m = problem.num_microbatches
     for iteration in range(1, table.barrier_count + 1):
         for stage in range(problem.num_stages):
@@ -311,8 +324,10 @@ def earliest_finish(graph: nx.DiGraph) -> dict[Op, float]:
 
 def one_per_route(problem: Problem) -> Problem:
     """A copy with one microbatch on each route (`Problem.routes`), one iteration and no memory
-    limit: what one microbatch's chain is computed on."""
-    return problem.replace(num_microbatches=len(problem.routes), iterations=1, memory_limit=None)
+    limit: what one microbatch's chain is computed on. Where microbatches differ (or are slices),
+    of the uniform relaxation: each costs the least any does."""
+    return problem.uniform_relaxation().replace(num_microbatches=len(problem.routes), iterations=1,
+                                                memory_limit=None)
 
 
 def critical_path(problem: Problem) -> float:

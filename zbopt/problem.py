@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from zbopt import checks, memory_floor, microbatches, problem_form
+from zbopt import checks, memory_floor, microbatches, problem_form, slices
 from zbopt.checks import boolean, is_number, known_parameters, per_device, per_stage, plain, positive_int
 from zbopt.errors import ProblemError
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, FUSED_KINDS, OFFLOAD, RECOMPUTE, RELOAD, SPLIT_KINDS, WEIGHT
@@ -89,6 +89,8 @@ class Problem:
         length the per-stage costs are for (default the mean); see `zbopt.microbatches`. Or give
         forward_times, backward_times, weight_times or activation_memory as rows, one per
         virtual stage, of one value per microbatch (kept in `microbatch_tables`).
+    sequence_slices : k > 1 splits each sequence into k slices (Seq1F1B), which are the microbatches:
+        m counts slices, microbatch_tokens sequences; see `zbopt.slices`. Default 1.
 
     Raises
     ------
@@ -120,6 +122,7 @@ class Problem:
     attention_share: PerStage | None = None
     reference_tokens: float | None = None
     microbatch_tables: object = None  # ((key, rows), ...), from the cost keys given as rows
+    sequence_slices: int = 1
 
     def __post_init__(self) -> None:
         """Check every value, in the order of the fields, and store the normalised forms."""
@@ -132,6 +135,8 @@ class Problem:
         boolean("flush", self.flush)
         checks.check_op_count(self)
         check_placement(self.placement, v, self.iterations, self.num_microbatches)
+        slices.check_slices(self.sequence_slices, self.num_microbatches, self.placement == "bidirectional",
+                            self.allow_recompute is True or self.allow_offload is True)
         stages = p * v
         given, tables = microbatches.take_tables({key: getattr(self, key) for key in microbatches.TABLE_KEYS},
                                                  self.microbatch_tables, stages, self.num_microbatches)
@@ -151,7 +156,8 @@ class Problem:
                                   stages))
         normalized["overlap_times"] = overlap(self.overlap_times, self.weight_times is not None, p)
         normalized.update(microbatches.check_tokens(self.microbatch_tokens, self.attention_share,
-                                                    self.reference_tokens, stages, self.num_microbatches, tables))
+                                                    self.reference_tokens, stages, self.num_microbatches, tables,
+                                                    self.sequence_slices))
         for key, value in normalized.items():
             object.__setattr__(self, key, value)
         if self.memory_limit is not None:
@@ -259,8 +265,8 @@ class Problem:
         """Whether any schedule can be relabelled so that the ops of each kind and stage run in
         microbatch order (see the CP-SAT module): not once some activation may be recomputed or
         offloaded (microbatches then differ in what they hold), nor with overlapped pairs (a pair's
-        B and W must stay one microbatch's)."""
-        return not (self.mechanisms_matter or self.overlap_times)
+        B and W must stay one microbatch's), nor with sequence slices (tied to their sequence)."""
+        return not (self.mechanisms_matter or self.overlap_times or self.sequence_slices > 1)
 
     @property
     def num_ops(self) -> int:
@@ -323,7 +329,7 @@ class Problem:
     @cached_property
     def microbatch_classes(self) -> tuple[int, ...]:
         """Per microbatch of one iteration, the first that costs as it does: only one class's are interchangeable."""
-        return microbatches.classes(self.per_microbatch, self.num_microbatches)
+        return microbatches.classes(self.per_microbatch, self.num_microbatches, self.sequence_slices)
 
     @property
     def microbatches_equal(self) -> bool:

@@ -35,9 +35,12 @@ def as_dict(problem) -> dict:
     for key, rows in problem.microbatch_tables or ():
         data[key] = [list(row) for row in rows]
     del data["microbatch_tables"]
+    if problem.sequence_slices == 1:
+        del data["sequence_slices"]
     if problem.microbatch_tokens is None:
         for key in TOKEN_KEYS:
-            del data[key]
+            if key != "attention_share" or problem.sequence_slices == 1:
+                del data[key]
     else:
         data["microbatch_tokens"] = [list(count) if isinstance(count, tuple) else count
                                      for count in problem.microbatch_tokens]
@@ -64,7 +67,10 @@ def describe(problem) -> str:
         text += ", overlapped pairs " + " and ".join(kind for kind, _ in problem.overlap_times)
     if problem.microbatch_tokens is not None:
         tokens = [total_tokens(count) for count in problem.microbatch_tokens]
-        text += f", microbatches of {min(tokens)} to {max(tokens)} tokens"
+        what = "sequences" if problem.sequence_slices > 1 else "microbatches"
+        text += f", {what} of {min(tokens)} to {max(tokens)} tokens"
     elif problem.microbatch_tables:
         text += ", costs per microbatch (" + ", ".join(key for key, _ in problem.microbatch_tables) + ")"
+    if problem.sequence_slices > 1:
+        text += f", {problem.num_microbatches // problem.sequence_slices} sequences of {problem.sequence_slices} slices"
     return text

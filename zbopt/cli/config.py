@@ -44,6 +44,7 @@ PROBLEM_KEYS = {
     "microbatch_tokens": "microbatch_tokens",
     "attention_share": "attention_share",
     "reference_tokens": "reference_tokens",
+    "sequence_slices": "sequence_slices",
 }
 OPTION_KEYS = ("output_file",)
 # What a run uses when neither the config nor a flag says otherwise (the visualizer's example).

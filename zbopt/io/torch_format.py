@@ -65,6 +65,10 @@ def require_one_step_one_route(problem: Problem, what: str, reading: bool = Fals
         advice = "read it into a problem of loop or v placement" if reading else "export it as zbopt JSON (.json)"
         raise ZboptError(f"{what} sends every microbatch through every stage, and placement 'bidirectional' sends "
                          f"half of them each way; {advice}")
+    if problem.sequence_slices > 1:
+        raise ZboptError(f"{what} has no sequence slices: its runtime would run the "
+                         f"{problem.sequence_slices} slices of a sequence as independent microbatches, without the "
+                         "keys and values each reads from the slices before it; export it as zbopt JSON (.json)")
 
 
 def _checked_orders(problem: Problem, schedule: Schedule, what: str,

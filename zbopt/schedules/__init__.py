@@ -8,6 +8,7 @@ from zbopt.schedules import (
     vshape_greedy,  # noqa: F401  (zb-v, v-half, v-zb, zb-v-auto)
     vshape,  # noqa: F401  (its rules list beside the authors' algorithms above)
     classic,  # noqa: F401  (registers gpipe, 1f1b)
+    seq1f1b,  # noqa: F401  (1F1B over sequence slices)
     interleaved,  # noqa: F401
     zero_bubble,  # noqa: F401
     dualpipe,  # noqa: F401

@@ -44,6 +44,19 @@ def _eager_warmup(device: int, devices: int) -> int:
     return 2 * (devices - device - 1)
 
 
+def alternate(problem: Problem, stage: int, forwards: list[int], backwards: list[int], warmup: int) -> list[Op]:
+    """One stage's 1F1B order: min(warmup, len) forwards, then a forward and a backward in turn,
+    then the remaining backwards; the forwards and the backwards each in their given order."""
+    count = min(warmup, len(forwards))
+    order = [Op(FORWARD, stage, j) for j in forwards[:count]]
+    for step, j in enumerate(forwards[count:]):
+        order.append(Op(FORWARD, stage, j))
+        order += backward_ops(problem, stage, backwards[step])
+    for j in backwards[len(backwards) - count:]:
+        order += backward_ops(problem, stage, j)
+    return order
+
+
 def warmup_then_alternate(problem: Problem, name: str, warmup: WarmupRule, streams: list[range]) -> Schedule:
     """Per stream of microbatches: `warmup(s, p)` forwards, then forward/backward pairs, then the
     remaining backwards."""
@@ -53,14 +66,7 @@ def warmup_then_alternate(problem: Problem, name: str, warmup: WarmupRule, strea
     for stage in range(p):
         order: list[Op] = []
         for stream in streams:
-            ids = list(stream)
-            count = min(warmup(stage, p), len(ids))
-            order += [Op(FORWARD, stage, j) for j in ids[:count]]
-            for step, j in enumerate(ids[count:]):
-                order.append(Op(FORWARD, stage, j))
-                order += backward_ops(problem, stage, ids[step])
-            for j in ids[len(ids) - count:]:
-                order += backward_ops(problem, stage, j)
+            order += alternate(problem, stage, list(stream), list(stream), warmup(stage, p))
         orders.append(order)
     return Schedule(orders)
 

@@ -240,7 +240,8 @@ class _Fitting:
         while self.position[device] < len(order):
             self.try_deferred(device)
             index = order[self.position[device]]
-            sources = [(table.predecessor[index], table.latency[index]), (table.restore_of[index], 0.0)]
+            sources = [(table.predecessor[index], table.latency[index]),
+                       *((other, 0.0) for other in table.same_device_inputs[index])]
             pending = next((source for source, _ in sources if source >= 0 and end[source] is None), None)
             if pending is not None:
                 if pending in self.deferred[device]:

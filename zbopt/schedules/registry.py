@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from zbopt.deferred import load_deferred
-from zbopt.errors import NotApplicableError, UnknownScheduleError, ZboptError
+from zbopt.errors import NotApplicableError, ProblemError, UnknownScheduleError, ZboptError
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.ordering import Order, in_order
@@ -33,6 +33,7 @@ class RegisteredSchedule:
     summary: str
     peak_memory_bound: MemoryBound | None = None
     bidirectional: bool = False  # builds schedules for the bidirectional placement (`Problem.routes`)
+    sliced: bool = False  # orders the slices of a sequence as `zbopt.slices` requires
 
 
 _REGISTRY: dict[str, RegisteredSchedule] = {}
@@ -40,18 +41,19 @@ _REGISTRY: dict[str, RegisteredSchedule] = {}
 
 def register(
     name: str, summary: str, peak_memory_bound: MemoryBound | None = None, bidirectional: bool = False,
-    after: str | None = None,
+    after: str | None = None, sliced: bool = False,
 ) -> Callable[[Generator], Generator]:
     """Decorator: register a generator under `name` with a one-line `summary` and optionally
     `peak_memory_bound(problem) -> per-device bound` on the peak memory its schedules reach.
     Only a generator registered `bidirectional` is asked for problems with that placement: the
-    others send every microbatch through every stage. It is listed last, or right after the
-    schedule named `after`."""
+    others send every microbatch through every stage; likewise only one registered `sliced` is
+    asked for problems with sequence slices. It is listed last, or right after the schedule named
+    `after`."""
 
     def decorate(generator: Generator) -> Generator:
         if name in _REGISTRY:
             raise RuntimeError(f"schedule {name!r} is registered twice")
-        entry = RegisteredSchedule(name, generator, summary, peak_memory_bound, bidirectional)
+        entry = RegisteredSchedule(name, generator, summary, peak_memory_bound, bidirectional, sliced)
         entries = list(_REGISTRY.values())
         entries.insert(len(entries) if after is None else list(_REGISTRY).index(after) + 1, entry)
         _REGISTRY.clear()
@@ -105,6 +107,12 @@ def generate(name: str, problem: Problem, order: Order = None, **options) -> Sch
     if problem.bidirectional and not entry.bidirectional:
         raise NotApplicableError(f"{name} needs a placement other than 'bidirectional' (it sends every microbatch "
                                  "through every stage)")
+    if problem.sequence_slices > 1 and not entry.sliced:
+        raise NotApplicableError(f"{name} needs sequence_slices = 1 (it does not run a sequence's slices in the "
+                                 "order their attention needs: forwards first to last, backwards last to first)")
+    if problem.sequence_slices > 1 and order is not None:
+        raise ProblemError("order", order, "not with sequence_slices (a sequence's slices enter together, in "
+                                           "their order)")
     schedule = in_order(lambda planned: entry.generator(planned, **options), problem, order)
     return dataclasses.replace(schedule, name=name)
 

@@ -102,6 +102,8 @@ def torch_schedule(name: str, problem: Problem) -> Schedule:
     except ImportError:
         raise ZboptError("torch schedules need torch.distributed.pipelining: pip install 'zbopt[torch]'") from None
     cls = schedules.get_schedule_class(key)
+    if problem.sequence_slices > 1:
+        raise NotApplicableError(f"torch's {cls.__name__} needs sequence_slices = 1 (it knows no slices)")
     missing = _missing_settings(TORCH_NEEDS[spelled[key.lower()]], problem)
     if missing:
         raise MissingSettingsError(f"torch's {cls.__name__} needs {_describe(missing)}", missing)

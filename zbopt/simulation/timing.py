@@ -12,6 +12,12 @@ from zbopt.schedule import pair_text
 from zbopt.simulation.result import Pair
 
 
+def same_device_input_name(table: OpTable, index: int, other: int) -> str:
+    """How a message names an op's same-device input: "its recompute 0R1", "its slice 0F2"."""
+    word = "slice" if table.kind[other] == table.kind[index] else KINDS[table.kind[other]].word
+    return f"its {word} {table.op(other)}"
+
+
 def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
     """Iteration barriers as (group each forward waits for, group each gradient op feeds, count);
     -1 where none. Group g = stage · barrier_count + iteration."""
@@ -48,10 +54,10 @@ class _Sweep:
     """The sweep's state: per op its start and end (None until timed), per device its place in its
     order and when its compute and copy lanes are free, and who waits on what.
 
-    Besides its predecessor an op waits on at most one input (`other_input`): the restore (R or L)
-    of its activation, for an input gradient, or its iteration's barrier, for a forward. A barrier
-    is timed as one more entry of `end` (number size + group): it ends when its group's last
-    gradient op does.
+    Besides its predecessor an op waits on its other inputs (`other_inputs`): those on its device
+    (`OpTable.same_device_inputs`: a restore, a neighbouring slice) and, for a forward, its
+    iteration's barrier. A barrier is timed as one more entry of `end` (number size + group): it
+    ends when its group's last gradient op does.
 
     `run` is one loop on purpose: its body runs once per op, where a function call per op would
     cost several percent of the simulator's time (benchmarks/bench_simulator.py); what runs once,
@@ -60,10 +66,10 @@ class _Sweep:
     def __init__(self, table: OpTable, orders: list[list[int]], pairs: tuple[Pair, ...]):
         self.table, self.orders, self.pairs = table, orders, pairs
         self.waits, self.feeds, groups = barrier_groups(table)
-        self.other_input = table.restore_of  # a forward has no restore: its barrier, if any, takes its place
+        self.other_inputs = table.same_device_inputs
         if groups:
-            barrier = np.asarray(self.waits)
-            self.other_input = np.where(barrier >= 0, table.size + barrier, table.restore_of).tolist()
+            self.other_inputs = [(*inputs, table.size + group) if group >= 0 else inputs
+                                 for inputs, group in zip(table.same_device_inputs, self.waits, strict=True)]
         self.gradients_left = [table.problem.num_microbatches] * groups  # per barrier, its ops still to end
         self.latest = [0.0] * groups  # per barrier, the latest end of its gradient ops so far
         self.start = [0.0] * table.size
@@ -80,7 +86,7 @@ class _Sweep:
         (or barrier); a copy (O, L) waits for its lane, not holding up compute."""
         table, size = self.table, self.table.size
         duration, predecessor, latency, lane = table.duration, table.predecessor, table.latency, table.lane
-        other_input, feeds, gradients_left, latest = self.other_input, self.feeds, self.gradients_left, self.latest
+        other_inputs, feeds, gradients_left, latest = self.other_inputs, self.feeds, self.gradients_left, self.latest
         orders, start, end, position, free = self.orders, self.start, self.end, self.position, self.free
         copy_free, waiting, ready, pair_of = self.copy_free, self.waiting, self.ready, self.pair_of
         while ready:
@@ -111,13 +117,16 @@ class _Sweep:
                         finish += latency[op]
                         if finish > begin:
                             begin = finish
-                    other = other_input[op]
-                    if other >= 0:
+                    awaited = -1
+                    for other in other_inputs[op]:
                         if end[other] is None:
-                            waiting.setdefault(other, []).append(device)
+                            awaited = other
                             break
                         if end[other] > begin:
                             begin = end[other]
+                    if awaited >= 0:
+                        waiting.setdefault(awaited, []).append(device)
+                        break
                     members, finish = (op,), begin + duration[op]
                     if copy_lane:
                         copy_free[device][copy_lane] = finish
@@ -143,16 +152,15 @@ class _Sweep:
     def pair_start(self, pair: Pair, t: float) -> tuple[float, int | None]:
         """The pair's start given its device is free at `t`, or (t, the number in `end` of what it
         waits for)."""
-        predecessor, latency, other_input, end = (self.table.predecessor, self.table.latency, self.other_input,
-                                                  self.end)
+        predecessor, latency, other_inputs, end = (self.table.predecessor, self.table.latency, self.other_inputs,
+                                                   self.end)
         for member in pair.members:
             source = predecessor[member]
             if source >= 0 and source not in pair.members:
                 if end[source] is None:
                     return t, source
                 t = max(t, end[source] + latency[member])
-            other = other_input[member]
-            if other >= 0:
+            for other in other_inputs[member]:
                 if end[other] is None:
                     return t, other
                 t = max(t, end[other])
@@ -168,9 +176,10 @@ class _Sweep:
             index = self.orders[device][self.position[device]]
             members = pair_of.get(index, (index,))
             for member in members:
-                source, restore, barrier = table.predecessor[member], table.restore_of[member], waits[member]
-                if restore >= 0 and end[restore] is None:
-                    awaited = f"its {KINDS[table.kind[restore]].word} {table.op(restore)} (device {device})"
+                source, barrier = table.predecessor[member], waits[member]
+                local = next((other for other in table.same_device_inputs[member] if end[other] is None), None)
+                if local is not None:
+                    awaited = f"{same_device_input_name(table, member, local)} (device {device})"
                 elif source >= 0 and source not in members and end[source] is None:
                     awaited = f"{table.op(source)} (device {table.device[source]})"
                 elif barrier >= 0:

@@ -8,11 +8,10 @@ from itertools import pairwise
 import numpy as np
 
 from zbopt.errors import ScheduleError
-from zbopt.kinds import KINDS
 from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, OpTable
 from zbopt.schedule import pair_text
 from zbopt.simulation.result import Pair
-from zbopt.simulation.timing import barrier_groups
+from zbopt.simulation.timing import barrier_groups, same_device_input_name
 from zbopt.tolerance import RELATIVE_TOLERANCE
 
 
@@ -48,9 +47,9 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
     has_source = (predecessor >= 0) & ((pair_of < 0) | (pair_of[predecessor] != pair_of))  # W after its B in a pair
     ready = np.full(table.size, -np.inf)
     ready[has_source] = end[predecessor[has_source]] + np.asarray(table.latency)[has_source]
-    restore_of = np.asarray(table.restore_of)
-    restored = restore_of >= 0
-    ready[restored] = np.maximum(ready[restored], end[restore_of[restored]])
+    for index, inputs in enumerate(table.same_device_inputs):
+        for other in inputs:
+            ready[index] = max(ready[index], end[other])
     waits, _, _ = barrier_groups(table)
     for index in np.flatnonzero(np.asarray(waits) >= 0):
         stage, iteration = divmod(waits[index], table.barrier_count)
@@ -60,10 +59,10 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
         index = int(early[0])
         source = table.predecessor[index]
         op = table.op(index)
-        restore = table.restore_of[index]
-        if restore >= 0 and start[index] < end[restore] - tolerance:
-            raise ScheduleError(f"{op} starts at {start[index]:g}, before its {KINDS[table.kind[restore]].word} "
-                                f"{table.op(restore)} ends at {end[restore]:g}")
+        for other in table.same_device_inputs[index]:
+            if start[index] < end[other] - tolerance:
+                raise ScheduleError(f"{op} starts at {start[index]:g}, before "
+                                    f"{same_device_input_name(table, index, other)} ends at {end[other]:g}")
         if source >= 0 and start[index] < end[source] + table.latency[index] - tolerance:
             latency = f" plus latency {table.latency[index]:g}" if table.latency[index] else ""
             raise ScheduleError(

@@ -31,7 +31,10 @@ def symmetric_successors(problem: Problem, ops) -> list[tuple[Op, Op]]:
     Where the columns are not interchangeable (`Problem.columns_interchangeable`: recomputation,
     offload or overlapped pairs allowed), only the forwards of each route's first stage:
     relabelling each column apart is no longer a symmetry, relabelling whole microbatches of one
-    route still is, and sorts one column."""
+    route still is, and sorts one column. None with sequence slices: a slice is tied to its
+    sequence, and a sequence's slices may interleave with another's."""
+    if problem.sequence_slices > 1:
+        return []
     present = set(ops)
     firsts = {stages[0] for stages, _ in problem.routes}
     return [(op, following) for op in ops

@@ -10,7 +10,8 @@ so their F, B, W times and activations differ several-fold. A `Problem` says so 
   length, which grows with the square of the length: ZB paper, Table 1, the 4bs²h and 8bs²h
   terms); W (matmuls only) and every memory amount and copy (bytes): cost · tau (linear, as with
   flash attention: Korthikanti et al., 2022);
-- explicit tables: forward_times, backward_times, weight_times or activation_memory given as rows,
+- explicit tables: forward_times, backward_times, weight_times, activation_memory (or recompute_times,
+  offload_times, reload_times, e.g. a solver's integer ticks per microbatch) given as rows,
   one per virtual stage, each with one value per microbatch. The Problem then keeps each row's
   mean as the stage's value (what a heuristic that plans by stage reads) and the rows themselves.
   What derives from a tabled key follows it per microbatch: R the forward (times the stage's
@@ -30,7 +31,8 @@ from collections.abc import Sequence
 from zbopt.checks import is_number, per_stage
 from zbopt.errors import ProblemError
 
-TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "activation_memory")
+TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "recompute_times", "offload_times", "reload_times",
+              "activation_memory")
 # every per-stage key whose value differs by microbatch, and the tabled key it follows
 FOLLOWS = {"forward_times": "forward_times", "backward_times": "backward_times", "weight_times": "weight_times",
            "recompute_times": "forward_times", "activation_memory": "activation_memory",
@@ -128,7 +130,9 @@ def per_microbatch(problem) -> dict[str, Rows] | None:
         stage_values = getattr(problem, key)
         if stage_values is None:
             continue
-        if problem.microbatch_tokens is not None:
+        if key in tables:
+            values[key] = tables[key]
+        elif problem.microbatch_tokens is not None:
             values[key] = tuple(tuple(value * _token_factor(problem, key, stage, tokens)
                                       for tokens in problem.microbatch_tokens)
                                 for stage, value in enumerate(stage_values))

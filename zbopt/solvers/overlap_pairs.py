@@ -30,7 +30,7 @@ class PairChoice(NamedTuple):
 def least_duration(problem: Problem, op: Op) -> int:
     """The least time `op` can take: its own cost, or less in a pair of a cheaper cost (where the
     problem has pairs, `Problem.overlap_times`)."""
-    size = int(problem.cost(op.kind, op.stage))
+    size = int(problem.cost(op.kind, op.stage, op.microbatch))
     if op.kind not in problem.kinds or not problem.overlap_times:
         return size
     device = problem.device_of(op.stage)
@@ -117,7 +117,7 @@ def _alone_or_paired(model, problem: Problem, op: Op, start, options: list, hori
     in `options` (literal, end), its end a variable."""
     alone = model.NewBoolVar(f"alone_{op}")
     model.AddExactlyOne([alone, *(chosen for chosen, _ in options)])
-    size = int(problem.cost(op.kind, op.stage))
+    size = int(problem.cost(op.kind, op.stage, op.microbatch))
     finish = model.NewIntVar(0, horizon, f"end_{op}")
     model.Add(finish == start + size).OnlyEnforceIf(alone)
     for chosen, pair_end in options:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from zbopt.errors import ScheduleError, shorten
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
+from zbopt.microbatches import EQUAL_MICROBATCHES
 from zbopt.problem import Problem
 
 if TYPE_CHECKING:
@@ -311,8 +312,10 @@ def earliest_finish(graph: nx.DiGraph) -> dict[Op, float]:
 
 def one_per_route(problem: Problem) -> Problem:
     """A copy with one microbatch on each route (`Problem.routes`), one iteration and no memory
-    limit: what one microbatch's chain is computed on."""
-    return problem.replace(num_microbatches=len(problem.routes), iterations=1, memory_limit=None)
+    limit: what one microbatch's chain is computed on, where microbatches cost the same (rows per
+    microbatch, all equal, become their stage's value)."""
+    return problem.replace(num_microbatches=len(problem.routes), iterations=1, memory_limit=None,
+                           **EQUAL_MICROBATCHES)
 
 
 def critical_path(problem: Problem) -> float:

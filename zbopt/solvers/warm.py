@@ -34,7 +34,7 @@ def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = m
                 schedule = generate(entry.name, planned)
         except (NotApplicableError, interrupt.TimeUp):
             continue
-        result = simulate(problem, schedule if planned is problem else schedule.without_times())
+        result = simulate(problem, schedule if problem.microbatches_equal else schedule.without_times())
         needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
         if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
             best = (entry.name, result)
@@ -42,13 +42,13 @@ def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = m
 
 
 def planning_problem(problem: Problem) -> Problem:
-    """What a heuristic plans with: the problem, or where microbatches differ its per-stage values
+    """What a heuristic plans with: the problem, or where it has costs per microbatch its per-stage values
     (every microbatch costing its stage's value: some generators build a one-microbatch copy of
     the problem, which rows per microbatch do not fit); its schedule is then simulated with each
     microbatch's own costs (its orders: the times it planned are the stage values'), and kept
     only where it stays within the memory limit. (A stand-in
     until the registry itself plans so: then this goes.)"""
-    return problem if problem.microbatches_equal else problem.replace(**EQUAL_MICROBATCHES)
+    return problem if problem.per_microbatch is None else problem.replace(**EQUAL_MICROBATCHES)
 
 
 def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:

@@ -320,28 +320,30 @@ def timed_search_optimum(problem: Problem) -> float:
         frees = {op: 0.0 for op in graph}  # memory given back at the end
         for (stage, microbatch), how in way.items():
             device = problem.device_of(stage)
-            activation = problem.activation_memory[stage]
+            activation = problem.memory_delta("F", stage, microbatch=microbatch)  # each microbatch's own
+            checkpoint = problem.memory_delta("F", stage, recomputed=True, microbatch=microbatch) \
+                if problem.allow_recompute else 0.0
             forward = Op("F", stage, microbatch)
             gradient = Op(backward, stage, microbatch)
             grows[forward] = activation
             if problem.split_backward:
-                kept = problem.weight_memory[stage]
+                kept = -problem.memory_delta("W", stage, microbatch=microbatch)
                 frees[gradient], frees[Op("W", stage, microbatch)] = activation - kept, kept
             else:
                 frees[gradient] = activation
             if how == "R":
                 recompute = Op("R", stage, microbatch)
-                grows[forward] = problem.checkpoint_memory[stage]
-                grows[recompute], frees[recompute] = activation - problem.checkpoint_memory[stage], 0.0
-                lane[recompute], cost[recompute] = ("compute", device), problem.recompute_times[stage]
+                grows[forward] = checkpoint
+                grows[recompute], frees[recompute] = activation - checkpoint, 0.0
+                lane[recompute], cost[recompute] = ("compute", device), problem.cost("R", stage, microbatch)
                 needs[recompute] = [(forward, 0.0)]
                 needs[gradient] = needs[gradient] + [(recompute, 0.0)]
             elif how == "O":
                 offload, reload = Op("O", stage, microbatch), Op("L", stage, microbatch)
                 grows[offload], frees[offload] = 0.0, activation
                 grows[reload], frees[reload] = activation, 0.0
-                lane[offload], cost[offload] = ("out", link(device)), problem.offload_times[stage]
-                lane[reload], cost[reload] = ("in", link(device)), problem.reload_times[stage]
+                lane[offload], cost[offload] = ("out", link(device)), problem.cost("O", stage, microbatch)
+                lane[reload], cost[reload] = ("in", link(device)), problem.cost("L", stage, microbatch)
                 needs[offload], needs[reload] = [(forward, 0.0)], [(offload, 0.0)]
                 needs[gradient] = needs[gradient] + [(reload, 0.0)]
         device_of = {op: problem.device_of(op.stage) for op in cost}

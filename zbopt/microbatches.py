@@ -12,7 +12,8 @@ so their F, B, W times and activations differ several-fold. A `Problem` says so 
   flash attention: Korthikanti et al., 2022). A microbatch packed from several documents, each
   attending only to itself, is given as the list of their lengths: tau is their sum over the
   reference, tau² becomes the sum of their squares over the reference's square;
-- explicit tables: forward_times, backward_times, weight_times or activation_memory given as rows,
+- explicit tables: forward_times, backward_times, weight_times, activation_memory (or recompute_times,
+  offload_times, reload_times, e.g. a solver's integer ticks per microbatch) given as rows,
   one per virtual stage, each with one value per microbatch. The Problem then keeps each row's
   mean as the stage's value (what a heuristic that plans by stage reads) and the rows themselves.
   What derives from a tabled key follows it per microbatch: R the forward (times the stage's
@@ -34,7 +35,8 @@ from zbopt.checks import is_number, per_stage
 from zbopt.errors import ProblemError
 from zbopt.slices import Span, check_sequence_tokens, span_factor, spans
 
-TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "activation_memory")
+TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "recompute_times", "offload_times", "reload_times",
+              "activation_memory")
 # every per-stage key whose value differs by microbatch, and the tabled key it follows
 FOLLOWS = {"forward_times": "forward_times", "backward_times": "backward_times", "weight_times": "weight_times",
            "recompute_times": "forward_times", "activation_memory": "activation_memory",
@@ -159,7 +161,9 @@ def per_microbatch(problem) -> dict[str, Rows] | None:
         stage_values = getattr(problem, key)
         if stage_values is None:
             continue
-        if covered is not None:
+        if key in tables:
+            values[key] = tables[key]
+        elif covered is not None:
             values[key] = tuple(tuple(value * _token_factor(problem, key, stage, span) for span in covered)
                                 for stage, value in enumerate(stage_values))
         elif source in tables:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from zbopt.errors import ScheduleError, shorten
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
+from zbopt.microbatches import EQUAL_MICROBATCHES
 from zbopt.problem import Problem
 from zbopt.slices import neighbour
 
@@ -325,9 +326,9 @@ def earliest_finish(graph: nx.DiGraph) -> dict[Op, float]:
 def one_per_route(problem: Problem) -> Problem:
     """A copy with one microbatch on each route (`Problem.routes`), one iteration and no memory
     limit: what one microbatch's chain is computed on. Where microbatches differ (or are slices),
-    of the uniform relaxation: each costs the least any does."""
+    of the uniform relaxation: each costs the least any does (rows that all agree: their value)."""
     return problem.uniform_relaxation().replace(num_microbatches=len(problem.routes), iterations=1,
-                                                memory_limit=None)
+                                                memory_limit=None, **EQUAL_MICROBATCHES)
 
 
 def critical_path(problem: Problem) -> float:

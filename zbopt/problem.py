@@ -150,10 +150,10 @@ class Problem:
             raise ProblemError("p2p_time", self.p2p_time, "expected a number >= 0")
         normalized["p2p_time"] = float(self.p2p_time)
         normalized.update(split_backward(given["weight_times"], self.weight_memory, normalized["activation_memory"]))
-        normalized.update(recomputation(self.allow_recompute, self.recompute_times, self.checkpoint_memory,
+        normalized.update(recomputation(self.allow_recompute, given["recompute_times"], self.checkpoint_memory,
                                         normalized["forward_times"], normalized["activation_memory"]))
-        normalized.update(offload(self.allow_offload, self.offload_times, self.reload_times, self.shared_host_link,
-                                  stages))
+        normalized.update(offload(self.allow_offload, given["offload_times"], given["reload_times"],
+                                  self.shared_host_link, stages))
         normalized["overlap_times"] = overlap(self.overlap_times, self.weight_times is not None, p)
         normalized.update(microbatches.check_tokens(self.microbatch_tokens, self.attention_share,
                                                     self.reference_tokens, stages, self.num_microbatches, tables,
@@ -344,11 +344,12 @@ class Problem:
             return self
         return self.replace(**microbatches.stage_values(self, min), **microbatches.EQUAL_MICROBATCHES)
 
-    def releases(self, stage: int) -> tuple[tuple[str, float], ...]:
+    def releases(self, stage: int, microbatch: int | None = None) -> tuple[tuple[str, float], ...]:
         """(kind, amount) of each op that frees part of one microbatch's activation on `stage`
-        (B and W when split, BW when fused), amount > 0: what every memory model holds per op."""
-        return tuple((kind, -self.memory_delta(kind, stage)) for kind in self.kinds
-                     if self.memory_delta(kind, stage) < 0)
+        (B and W when split, BW when fused), amount > 0: what every memory model holds per op.
+        The stage's values, or `microbatch`'s own."""
+        return tuple((kind, -self.memory_delta(kind, stage, microbatch=microbatch)) for kind in self.kinds
+                     if self.memory_delta(kind, stage, microbatch=microbatch) < 0)
 
     @cached_property
     def one_microbatch_memory(self) -> tuple[float, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from zbopt.microbatches import EQUAL_MICROBATCHES
 from zbopt.problem import Problem
 
 MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
@@ -40,9 +41,7 @@ def whole_at(values, scale: int) -> bool:
 def tick_scale(problem: Problem) -> TickScale:
     """The smallest power of ten that makes every cost and the latency whole ticks, capped so the
     longest op stays within MAX_TICKS_PER_OP ticks (beyond that, costs are rounded)."""
-    values = [*problem.forward_times, *problem.backward_times, *(problem.weight_times or ()),
-              *(problem.recompute_times or ()), *(problem.offload_times or ()), *(problem.reload_times or ()),
-              *(cost for _, costs in problem.overlap_times or () for cost in costs), problem.p2p_time]
+    values = [*cost_values(problem), problem.p2p_time]
     longest = max(values)
     scale = 1
     while True:
@@ -83,13 +82,40 @@ def tick_problem(problem: Problem, scale: TickScale) -> Problem:
     until an offload has freed room), which only its times say, and the model's times stay valid
     for the real costs only if no op really ends later than in the model."""
     whole = (lambda ticks: math.ceil(ticks - 1e-9)) if problem.mechanisms_matter else round
+    return scaled_costs(problem, lambda value: max(1, whole(value * scale.ticks_per_unit)))
 
-    def ticks(values):
-        return None if values is None else [max(1, whole(v * scale.ticks_per_unit)) for v in values]
 
-    return problem.replace(forward_times=ticks(problem.forward_times), backward_times=ticks(problem.backward_times),
-                           weight_times=ticks(problem.weight_times), recompute_times=ticks(problem.recompute_times),
-                           offload_times=ticks(problem.offload_times), reload_times=ticks(problem.reload_times),
-                           overlap_times=None if problem.overlap_times is None else
-                           {kind: ticks(costs) for kind, costs in problem.overlap_times},
-                           p2p_time=ticks([problem.p2p_time])[0] if problem.p2p_time > 0 else 0)
+TIME_KEYS = ("forward_times", "backward_times", "weight_times", "recompute_times", "offload_times", "reload_times")
+
+
+def cost_values(problem: Problem) -> list[float]:
+    """Every cost the problem has: per virtual stage, or per stage and microbatch where they differ
+    (`Problem.per_microbatch`), and the overlapped pairs'."""
+    rows = problem.per_microbatch
+    if rows is None:
+        values = [value for key in TIME_KEYS for value in getattr(problem, key) or ()]
+    else:
+        values = [value for key in TIME_KEYS for row in rows.get(key, ()) for value in row]
+    return values + [cost for _, costs in problem.overlap_times or () for cost in costs]
+
+
+def scaled_costs(problem: Problem, ticks) -> Problem:
+    """The problem with every cost turned into `ticks(cost)` and the latency too (0 stays 0).
+    Where microbatches differ, each microbatch's own costs, as rows per microbatch (the memory
+    too, as rows of the activations with the kept parts following them: not scaled)."""
+
+    def scaled(values):
+        return None if values is None else [ticks(value) for value in values]
+
+    latency = ticks(problem.p2p_time) if problem.p2p_time > 0 else 0
+    if problem.per_microbatch is None:
+        return problem.replace(**{key: scaled(getattr(problem, key)) for key in TIME_KEYS}, p2p_time=latency,
+                               overlap_times=None if problem.overlap_times is None else
+                               {kind: scaled(costs) for kind, costs in problem.overlap_times})
+    rows = problem.per_microbatch
+    changes = {key: [scaled(row) for row in rows[key]] if key in rows else None for key in TIME_KEYS}
+    changes["activation_memory"] = [list(row) for row in rows["activation_memory"]]
+    for key in ("weight_memory", "checkpoint_memory"):  # following the activations' rows by their means
+        if key in rows:
+            changes[key] = [sum(row) / len(row) for row in rows[key]]
+    return problem.replace(**changes, **EQUAL_MICROBATCHES, p2p_time=latency)

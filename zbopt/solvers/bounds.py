@@ -58,7 +58,7 @@ from zbopt.problem import Problem
 from zbopt.solvers.cross_device import cross_device_bound, device_groups
 from zbopt.solvers.gap import meets
 from zbopt.solvers.implied import heads_and_tails, implied_graph
-from zbopt.solvers.memory_bounds import activation_lifetimes, memory_bound
+from zbopt.solvers.memory_bounds import activation_lifetimes, memory_bound, microbatch_memory_bound
 from zbopt.solvers.pair_relaxation import pair_count_bound, pair_relaxed
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive, order_value
 from zbopt.solvers.span_bound import span_bound
@@ -170,7 +170,8 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
                             _on_device("device_load", device_work(problem), 0.0)), complete=False)
     graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
-    found = _graph_bounds(problem, graph, heads, tails, began)
+    uniform = _Uniform.of(problem, graph, heads, tails)
+    found = _graph_bounds(problem, graph, heads, tails, began, uniform)
     paired = _pair_count(original)
     if paired is not None:
         found = found._replace(bounds=(*found.bounds, paired))
@@ -183,8 +184,35 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
         # their whole budget on small problems, where CP-SAT rarely closes them
         return LowerBounds(found.bounds)
     if problem.chunks_per_device == 1:
-        return _sequenced_devices(problem, heads, tails, found, deadline)
-    return _device_relaxations(problem, graph, heads, tails, found, deadline)
+        return _sequenced_devices(uniform.problem, uniform.heads, uniform.tails, found, deadline)
+    return _device_relaxations(problem, graph, heads, tails, found, deadline, uniform)
+
+
+class _Uniform(NamedTuple):
+    """The problem the bounds that take interchangeable microbatches read (the memory bound's
+    lifetimes and prices, the device sequencing dynamic program): the problem itself, or where
+    microbatches differ its `uniform_relaxation`, whose bounds hold for it; with its implied graph,
+    heads and tails."""
+
+    problem: Problem
+    graph: nx.DiGraph
+    heads: dict[Op, float]
+    tails: dict[Op, float]
+
+    @classmethod
+    def of(cls, problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float]) -> _Uniform:
+        if problem.microbatches_equal:
+            return cls(problem, graph, heads, tails)
+        relaxed = problem.uniform_relaxation()
+        relaxed_graph = implied_graph(relaxed)
+        return cls(relaxed, relaxed_graph, *heads_and_tails(relaxed_graph))
+
+    def device_load(self) -> list[float]:
+        """Per device, its least head + its work + its least tail (the device load bound's values)."""
+        per_device: list[list[tuple[float, float, float]]] = [[] for _ in range(self.problem.num_devices)]
+        for op, data in self.graph.nodes(data=True):
+            per_device[data["device"]].append((self.heads[op], data["duration"], self.tails[op]))
+        return [min(j[0] for j in jobs) + sum(j[1] for j in jobs) + min(j[2] for j in jobs) for jobs in per_device]
 
 
 def _pair_count(problem: Problem) -> Bound | None:
@@ -212,8 +240,10 @@ def span_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
 
 
 def _graph_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float],
-                  began: float) -> _GraphBounds:
-    """The critical path, device load, one-machine and memory bounds (see the module docstring)."""
+                  began: float, uniform: _Uniform) -> _GraphBounds:
+    """The critical path, device load, one-machine and memory bounds (see the module docstring);
+    the memory bound's lifetimes and prices on `uniform`, and where microbatches differ also
+    each microbatch's own (`memory_bounds.microbatch_memory_bound`)."""
     critical = max(heads[op] + graph.nodes[op]["duration"] + tails[op] for op in graph)
     graph_done = time.perf_counter()
     per_device: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
@@ -223,7 +253,10 @@ def _graph_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], t
     load_done = time.perf_counter()
     preemptive = [jackson_preemptive(jobs) for jobs in per_device]
     preemptive_done = time.perf_counter()
-    memory = memory_bound(problem, activation_lifetimes(problem), device_load)
+    memory = memory_bound(uniform.problem, activation_lifetimes(uniform.problem),
+                          device_load if uniform.problem is problem else uniform.device_load())
+    if uniform.problem is not problem:
+        memory = max(memory, microbatch_memory_bound(problem))
     return _GraphBounds((Bound("critical_path", critical, graph_done - began),
                          _on_device("device_load", device_load, load_done - graph_done),
                          _on_device("one_machine", preemptive, preemptive_done - load_done),
@@ -255,28 +288,30 @@ def _sequenced_devices(problem: Problem, heads: dict[Op, float], tails: dict[Op,
 
 
 def _device_relaxations(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], tails: dict[Op, float],
-                        found: _GraphBounds, deadline: float) -> LowerBounds:
-    """The device sequencing (SEQUENCING_SHARE of the time), the CP-SAT relaxation of each device
-    alone, then that of two linked devices (CROSS_SHARE), sharing the time left (at most
-    RELAXATION_MAX_S; see `lower_bounds`)."""
+                        found: _GraphBounds, deadline: float, uniform: _Uniform) -> LowerBounds:
+    """The device sequencing (SEQUENCING_SHARE of the time, on `uniform`), the CP-SAT relaxation of
+    each device alone, then that of two linked devices (CROSS_SHARE), sharing the time left (at
+    most RELAXATION_MAX_S; see `lower_bounds`)."""
     until = min(time.perf_counter() + RELAXATION_MAX_S, deadline)
-    # what a device's single-device bounds can reach at most: one order of its ops (`order_value`)
-    reach = [order_value(problem, device, heads, tails) if not interrupt.past(until) else math.inf
-             for device in range(problem.num_devices)]
+    # what a device's single-device bounds can reach at most: one order of its ops (`order_value`;
+    # not known where microbatches differ: the CP-SAT relaxations read each one's own costs)
+    reach = [order_value(uniform.problem, device, uniform.heads, uniform.tails) if not interrupt.past(until)
+             else math.inf for device in range(problem.num_devices)]
+    relaxation_reach = reach if uniform.problem is problem else [math.inf] * problem.num_devices
     bounds = list(found.bounds)
     complete = True
 
     def relaxed(devices: tuple[int, ...], best: float, seconds: float) -> float:
         return cross_device_bound(problem, devices, graph, heads, tails, seconds, floor=best)
 
-    phases = (("device_sequencing", SEQUENCING_SHARE,
-               lambda device, best, seconds: device_sequencing(problem, device, heads, tails, best,
-                                                               time.perf_counter() + seconds)),
-              ("device_relaxation", 1.0 - CROSS_SHARE / (1.0 - SEQUENCING_SHARE),
+    phases = (("device_sequencing", SEQUENCING_SHARE, reach,
+               lambda device, best, seconds: device_sequencing(uniform.problem, device, uniform.heads, uniform.tails,
+                                                               best, time.perf_counter() + seconds)),
+              ("device_relaxation", 1.0 - CROSS_SHARE / (1.0 - SEQUENCING_SHARE), relaxation_reach,
                lambda device, best, seconds: relaxed((device,), best, seconds)))
-    for name, share, method in phases:
+    for name, share, reaches, method in phases:
         ends = time.perf_counter() + share * (until - time.perf_counter())
-        bound, finished = _share_by_gain(name, reach, found.preemptive, max(bound.value for bound in bounds), ends,
+        bound, finished = _share_by_gain(name, reaches, found.preemptive, max(bound.value for bound in bounds), ends,
                                          method)
         bounds.append(bound)
         complete = complete and finished

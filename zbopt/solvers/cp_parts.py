@@ -76,7 +76,7 @@ def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, a
         stage, microbatch = forward.stage, forward.microbatch
         device = problem.device_of(stage)
         choice = None if choices is None else choices[stage, microbatch]
-        for kind, freed in problem.releases(stage):
+        for kind, freed in problem.releases(stage, microbatch):
             release = Op(kind, stage, microbatch)
             hold(device, start[forward], end[release], freed, release, None if choice is None else choice.kept)
             if choice is not None and choice.recomputed is not None:
@@ -86,10 +86,12 @@ def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, a
                 hold(device, start[Op(RELOAD, stage, microbatch)], end[release], freed, f"{release}_reloaded",
                      choice.offloaded)
         if choice is not None and choice.recomputed is not None:
-            hold(device, start[forward], start[Op(RECOMPUTE, stage, microbatch)], problem.checkpoint_memory[stage],
+            checkpoint = problem.memory_delta(FORWARD, stage, recomputed=True, microbatch=microbatch)
+            hold(device, start[forward], start[Op(RECOMPUTE, stage, microbatch)], checkpoint,
                  f"checkpoint_{forward}", choice.recomputed)
         if choice is not None and choice.offloaded is not None:
-            hold(device, start[forward], end[Op(OFFLOAD, stage, microbatch)], problem.activation_memory[stage],
+            whole = problem.memory_delta(FORWARD, stage, microbatch=microbatch)
+            hold(device, start[forward], end[Op(OFFLOAD, stage, microbatch)], whole,
                  f"offloading_{forward}", choice.offloaded)
     return per_device
 

@@ -54,7 +54,7 @@ from zbopt.solvers.model_memory import activation_choice_literals
 from zbopt.solvers.overlap_pairs import PairChoice, candidate_window, least_duration, pair_choices
 from zbopt.solvers.pair_relaxation import pair_relaxed
 from zbopt.solvers.sequencing import chain_lags
-from zbopt.ticks import memory_scale, tick_scale
+from zbopt.ticks import cost_values, memory_scale, scaled_costs, tick_scale
 
 # two workers that prove these models fast together (measured on the single device: p = 4, v = 2, V-Min's
 # memory: optima proven in 2-7 s, where the default search's bound stalls ~10% lower after 20 s)
@@ -178,26 +178,15 @@ def _floor_scale(problem: Problem) -> int:
     """Ticks per unit: the solvers' (`tick_scale`), finer while some cost would round down to
     nothing (a rounded-down problem keeps every cost positive)."""
     scale = tick_scale(problem).ticks_per_unit
-    costs = [*problem.forward_times, *problem.backward_times, *(problem.weight_times or ()),
-             *(problem.recompute_times or ()), *(problem.offload_times or ()), *(problem.reload_times or ()),
-             *(cost for _, costs in problem.overlap_times or () for cost in costs)]
-    while min(costs) * scale < 1:
+    least = min(cost_values(problem))
+    while least * scale < 1:
         scale *= 10
     return scale
 
 
 def _floored(problem: Problem, scale: int) -> Problem:
-    """The problem with every cost and the latency in ticks, rounded down."""
-
-    def ticks(values):
-        return None if values is None else [math.floor(value * scale + 1e-6) for value in values]
-
-    return problem.replace(forward_times=ticks(problem.forward_times), backward_times=ticks(problem.backward_times),
-                           weight_times=ticks(problem.weight_times), recompute_times=ticks(problem.recompute_times),
-                           offload_times=ticks(problem.offload_times), reload_times=ticks(problem.reload_times),
-                           overlap_times=None if problem.overlap_times is None else
-                           {kind: ticks(costs) for kind, costs in problem.overlap_times},
-                           p2p_time=ticks([problem.p2p_time])[0])
+    """The problem with every cost and the latency in ticks, rounded down (each microbatch's own)."""
+    return scaled_costs(problem, lambda value: math.floor(value * scale + 1e-6))
 
 
 def _group(problem: Problem, devices: frozenset[int], graph: nx.DiGraph, heads: dict[Op, float],
@@ -218,10 +207,11 @@ def _group(problem: Problem, devices: frozenset[int], graph: nx.DiGraph, heads: 
     precedences += [(earlier, later, round(lag)) for earlier, later, lag in chain_lags(floored, devices, least)
                     if (earlier, later) not in linked]
     head = {op: ticks(heads[op]) for op in mine}
-    work = sum(floored.cost(op.kind, op.stage) for op in mine)
+    work = sum(floored.cost(*op) for op in mine)
     if floored.mechanisms_matter:  # room for an R, O and L per activation
         kinds = [RECOMPUTE] * floored.recomputation_matters + [OFFLOAD, RELOAD] * floored.offload_matters
-        work += sum(floored.cost(kind, op.stage) for op in mine if op.kind == floored.kinds[0] for kind in kinds)
+        work += sum(floored.cost(kind, op.stage, op.microbatch) for op in mine if op.kind == floored.kinds[0]
+                    for kind in kinds)
     horizon = max(head.values()) + int(work) + sum(max(0, lag) for *_, lag in precedences)
     return _Group(floored, devices, mine, head, {op: ticks(tails[op]) for op in mine}, precedences, horizon)
 
@@ -233,7 +223,7 @@ def _intervals(model, group: _Group) -> tuple[dict[Op, OpVars], list[PairChoice]
     floored, horizon = group.problem, group.horizon
     ops = {}
     for op in group.ops:
-        size = int(floored.cost(op.kind, op.stage))
+        size = int(floored.cost(*op))
         start = model.NewIntVar(group.head[op], horizon, f"s_{op}")
         ops[op] = OpVars(start, start + size, model.NewFixedSizeIntervalVar(start, size, f"i_{op}"))
     pairs: list[PairChoice] = []

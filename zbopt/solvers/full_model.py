@@ -168,10 +168,9 @@ def _frame(problem: Problem, task: SearchTask, symmetry_breaking: bool) -> _Fram
     graph = implied_graph(integral) if symmetry_breaking else op_graph(integral)
     heads, tails = heads_and_tails(as_paired(graph, integral) if integral.overlap_times else graph)
     # without a limit a recompute only adds work and an offload saves nothing
-    optional_work = sum(len(integral.microbatches_of(stage)) * sum(
-        [*((integral.recompute_times[stage],) if problem.recomputation_matters else ()),
-         *((integral.offload_times[stage], integral.reload_times[stage]) if problem.offload_matters else ())])
-        for stage in range(integral.num_stages))
+    optional = [RECOMPUTE] * problem.recomputation_matters + [OFFLOAD, RELOAD] * problem.offload_matters
+    optional_work = sum(integral.cost(kind, stage, microbatch) for kind in optional
+                        for stage in range(integral.num_stages) for microbatch in integral.microbatches_of(stage))
     horizon = int(sum(table.duration) + sum(table.latency) + optional_work)
     hint = warm_goal = None
     if task.warm is not None:

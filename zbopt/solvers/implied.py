@@ -1,5 +1,6 @@
 """The implied graph: the op DAG plus the precedences every schedule with ops of one kind and stage
-in microbatch order obeys, read by the CP-SAT model, the MILP and the lower bounds.
+in microbatch order obeys, read by the CP-SAT model, the MILP and the lower bounds. Where
+microbatches differ, the order is only among equal ones (`order_runs`).
 
 Some optimal schedule has that order (see `full_model`'s Notes): same-device order per kind and
 stage (`symmetric_successors`), and the memory precedences and disjunctions that the memory limit
@@ -18,43 +19,63 @@ from zbopt.ops import Op, earliest_finish, op_graph
 from zbopt.problem import Problem
 
 
-def _same_order_group(problem: Problem, microbatch: int, other: int) -> bool:
-    """Whether symmetry breaking orders the two microbatches: within an iteration when iterations
-    are separated by a flush, across all of them otherwise."""
-    m = problem.num_microbatches
-    return not problem.flush or microbatch // m == other // m
+def order_runs(problem: Problem) -> dict[int, tuple[tuple[int, ...], int]]:
+    """Per microbatch, (the microbatches symmetry breaking orders with it, in increasing order;
+    its place among them): those of its class of equal microbatches (`Problem.microbatch_classes`,
+    all of them where microbatches cost the same) on its route, within its iteration when
+    iterations are separated by a flush, across all of them otherwise."""
+    m, classes = problem.num_microbatches, problem.microbatch_classes
+    runs: dict[tuple[int, int, int], list[int]] = {}
+    for route, (_, microbatches) in enumerate(problem.routes):
+        for microbatch in microbatches:
+            group = microbatch // m if problem.flush else 0
+            runs.setdefault((route, group, classes[microbatch % m]), []).append(microbatch)
+    return {microbatch: (tuple(run), place) for run in runs.values() for place, microbatch in enumerate(run)}
+
+
+def _later(runs: dict[int, tuple[tuple[int, ...], int]], microbatch: int, distance: int) -> int | None:
+    """The microbatch `distance` places after `microbatch` in its run (`order_runs`), or None."""
+    run, place = runs[microbatch]
+    return run[place + distance] if place + distance < len(run) else None
 
 
 def symmetric_successors(problem: Problem, ops) -> list[tuple[Op, Op]]:
-    """Pairs (op, the same kind and stage on the next microbatch) that symmetry breaking orders.
+    """Pairs (op, the same kind and stage on the next microbatch of its run, `order_runs`) that
+    symmetry breaking orders: only equal microbatches are interchangeable.
 
     Where the columns are not interchangeable (`Problem.columns_interchangeable`: recomputation,
     offload or overlapped pairs allowed), only the forwards of each route's first stage:
     relabelling each column apart is no longer a symmetry, relabelling whole microbatches of one
-    route still is, and sorts one column. None with sequence slices: a slice is tied to its
-    sequence, and a sequence's slices may interleave with another's."""
+    route (and one class) still is, and sorts one column. None with sequence slices: a slice is
+    tied to its sequence, and a sequence's slices may interleave with another's."""
     if problem.sequence_slices > 1:
         return []
     present = set(ops)
+    runs = order_runs(problem)
     firsts = {stages[0] for stages, _ in problem.routes}
-    return [(op, following) for op in ops
-            if (following := Op(op.kind, op.stage, op.microbatch + 1)) in present
-            and _same_order_group(problem, op.microbatch, following.microbatch)
-            and (problem.columns_interchangeable or (op.kind == FORWARD and op.stage in firsts))]
+    pairs = []
+    for op in ops:
+        if not (problem.columns_interchangeable or (op.kind == FORWARD and op.stage in firsts)):
+            continue
+        later = _later(runs, op.microbatch, 1)
+        if later is not None and (following := Op(op.kind, op.stage, later)) in present:
+            pairs.append((op, following))
+    return pairs
 
 
 def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
     """Pairs (gradient op, forward) where the gradient op must end before the forward starts, in
-    every valid schedule whose ops of one kind and stage run in microbatch order.
+    every valid schedule whose ops of one kind and stage run in the order of `order_runs`.
 
     Notes
     -----
     M_B is a microbatch's activation memory on stage s and M_W the part of it that W keeps after
     B, as in Table 1 of the Zero Bubble paper [1]_. On a device with limit L, if B(s, i) (or BW)
-    has not ended when F(s, i+k) starts, then B(s, j) has not ended for any j >= i, so
-    microbatches i..i+k of stage s all hold their activation M_B: too much once (k+1)·M_B > L. If
-    W(s, i) has not ended, they hold at least M_W each and the new one M_B: too much once
-    k·M_W + M_B > L. Each k is rounded up (a larger k is a weaker claim).
+    has not ended when F(s, i+k) starts (i+k the k-th microbatch after i in its run of equal
+    microbatches), then B(s, j) has not ended for any j of the run from i on, so microbatches
+    i..i+k of the run all hold their activation M_B: too much once (k+1)·M_B > L (the other
+    microbatches hold >= 0). If W(s, i) has not ended, they hold at least M_W each and the new one
+    M_B: too much once k·M_W + M_B > L. Each k is rounded up (a larger k is a weaker claim).
 
     References
     ----------
@@ -65,14 +86,15 @@ def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
     if problem.memory_limit is None or not problem.columns_interchangeable:
         return []
     present = set(ops)
+    runs = order_runs(problem)
     pairs = []
     for op in ops:
         if op.kind == FORWARD:
             continue
         limit = problem.memory_limit[problem.device_of(op.stage)]
-        activation = problem.activation_memory[op.stage]
+        activation = problem.memory_delta(FORWARD, op.stage, microbatch=op.microbatch)
         if op.kind == WEIGHT:
-            kept = problem.weight_memory[op.stage]
+            kept = -problem.memory_delta(WEIGHT, op.stage, microbatch=op.microbatch)
             if kept <= 0:
                 continue
             distance = math.floor((limit - activation) / kept + 1e-9) + 1
@@ -80,42 +102,45 @@ def memory_precedences(problem: Problem, ops) -> list[tuple[Op, Op]]:
             distance = math.floor(limit / activation + 1e-9)
         else:
             continue  # a stage that holds nothing never fills the memory
-        forward = Op(FORWARD, op.stage, op.microbatch + distance)
-        if forward in present and _same_order_group(problem, op.microbatch, forward.microbatch):
+        later = _later(runs, op.microbatch, distance)
+        if later is not None and (forward := Op(FORWARD, op.stage, later)) in present:
             pairs.append((op, forward))
     return pairs
 
 
 def memory_disjunctions(problem: Problem, ops) -> list[tuple[Op, Op, Op]]:
-    """Triples (B(s, j), W(s, i), F(s, n)), i < j < n, where at least one of the first two must end
-    before the forward starts, in every valid microbatch-ordered schedule with a split backward.
+    """Triples (B(s, j), W(s, i), F(s, n)), i < j < n in one run (`order_runs`), where at least one
+    of the first two must end before the forward starts, in every valid schedule in that order
+    with a split backward.
 
     Notes
     -----
-    The reasoning of `memory_precedences`: were neither ended, microbatches j..n of stage s would
-    hold M_B each and i..j-1 at least M_W each: too much once (n-j+1)·M_B + (j-i)·M_W > L. For each
-    j the latest such i is given (the strongest claim); j = n - k with (k+1)·M_B > L is a memory
-    precedence instead. None where the columns are not in microbatch order (`memory_precedences`).
+    The reasoning of `memory_precedences`, counted in places of the run: were neither ended,
+    microbatches j..n would hold M_B each and i..j-1 at least M_W each: too much once
+    (n-j+1)·M_B + (j-i)·M_W > L. For each j the latest such i is given (the strongest claim);
+    j = n - k with (k+1)·M_B > L is a memory precedence instead. None where the columns are not in
+    microbatch order (`memory_precedences`).
     """
     if problem.memory_limit is None or not problem.split_backward or not problem.columns_interchangeable:
         return []
     present = set(ops)
+    runs = order_runs(problem)
     triples = []
     for forward in ops:
-        stage, newest = forward.stage, forward.microbatch
-        kept = problem.weight_memory[stage]
+        stage = forward.stage
+        kept = -problem.memory_delta(WEIGHT, stage, microbatch=forward.microbatch)
         if forward.kind != FORWARD or kept <= 0:
             continue
         limit = problem.memory_limit[problem.device_of(stage)]
-        activation = problem.activation_memory[stage]
+        activation = problem.memory_delta(FORWARD, stage, microbatch=forward.microbatch)
+        run, newest = runs[forward.microbatch]
         for pending in range(newest - 1, -1, -1):
             room = limit - (newest - pending + 1) * activation
             if room < 0:
                 break
             oldest = pending - math.floor(room / kept + 1e-9) - 1
-            weight = Op(WEIGHT, stage, oldest)
-            if oldest >= 0 and weight in present and _same_order_group(problem, oldest, newest):
-                triples.append((Op(BACKWARD, stage, pending), weight, forward))
+            if oldest >= 0 and (weight := Op(WEIGHT, stage, run[oldest])) in present:
+                triples.append((Op(BACKWARD, stage, run[pending]), weight, forward))
     return triples
 
 

@@ -8,8 +8,8 @@ from typing import NamedTuple
 
 import networkx as nx
 
-from zbopt.kinds import FORWARD
-from zbopt.ops import Op, earliest_finish, one_per_route, op_graph
+from zbopt.kinds import FORWARD, WEIGHT
+from zbopt.ops import Op, earliest_finish, one_per_route, op_graph, op_table
 from zbopt.problem import Problem
 from zbopt.tolerance import memory_ceiling
 
@@ -27,6 +27,46 @@ def activation_lifetimes(problem: Problem) -> list[tuple[float, float]]:
         input_end = by_kind.get("B", by_kind.get("BW"))
         lifetimes.append((input_end, by_kind.get("W", input_end)))
     return lifetimes
+
+
+def microbatch_memory_bound(problem: Problem) -> float:
+    """`memory_bound` where microbatches differ and every activation is kept: per device, the
+    memory-time of each microbatch's own activations over its own least lifetimes (`_chain_ends`),
+    over its memory limit; 0 without limits or where recomputation or offload matter (their
+    prices are `memory_bound`'s, on `Problem.uniform_relaxation`). Each activation counts as much
+    as it holds, where the relaxation counts every one as the smallest."""
+    if problem.memory_limit is None or problem.mechanisms_matter:
+        return 0.0
+    table = op_table(problem)
+    integral = [0.0] * problem.num_devices
+    for stages, microbatches in problem.routes:
+        for microbatch in microbatches:
+            begins, ends = _chain_ends(problem, table, stages, microbatch)
+            for stage in stages:
+                activation = problem.memory_delta(FORWARD, stage, microbatch=microbatch)
+                kept = -problem.memory_delta(WEIGHT, stage, microbatch=microbatch) if problem.split_backward else 0.0
+                to_input = ends[stage] - begins[stage]
+                to_weight = to_input + (table.duration[table.index(Op(WEIGHT, stage, microbatch))] if kept else 0.0)
+                integral[problem.device_of(stage)] += (activation - kept) * to_input + kept * to_weight
+    return max((held / limit for held, limit in zip(integral, problem.memory_limit, strict=True) if held > 0),
+               default=0.0)
+
+
+def _chain_ends(problem: Problem, table, stages: range, microbatch: int) -> tuple[dict[int, float], dict[int, float]]:
+    """Per stage of the route, when the microbatch's forward starts and its input gradient ends
+    if its chain (forwards down the route, input gradients back up) runs without waiting."""
+    chain = [Op(FORWARD, stage, microbatch) for stage in stages] + \
+        [Op(problem.input_gradient_kind, stage, microbatch) for stage in reversed(stages)]
+    begins, ends, now = {}, {}, 0.0
+    for op in chain:
+        index = table.index(op)
+        now += table.latency[index]  # 0 for the first: it has no predecessor
+        if op.kind == FORWARD:
+            begins[op.stage] = now
+        now += table.duration[index]
+        if op.kind != FORWARD:
+            ends[op.stage] = now
+    return begins, ends
 
 
 def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_load: list[float]) -> float:

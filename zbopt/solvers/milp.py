@@ -206,8 +206,8 @@ def _memory_rows(model, problem: Problem, ops: list[Op], before: dict) -> None:
     for device, stages in enumerate(problem.stages_of_device):
         mine = [op for op in ops if op.stage in stages]
         for forward in (op for op in mine if op.kind == FORWARD):
-            level = problem.activation_memory[forward.stage] + pulp.lpSum(
-                before[other, forward] * problem.memory_delta(other.kind, other.stage)
+            level = problem.memory_delta(FORWARD, forward.stage, microbatch=forward.microbatch) + pulp.lpSum(
+                before[other, forward] * problem.memory_delta(*other[:2], microbatch=other.microbatch)
                 for other in mine if other != forward)
             model += level <= problem.memory_limit[device]
     for backward, weight, forward in memory_disjunctions(problem, ops):

@@ -22,7 +22,7 @@ def activation_choice_literals(model, problem: Problem, ops: dict[Op, OpVars],
 
     def run(kind, stage, microbatch, chosen, after: OpVars) -> OpVars:
         op = Op(kind, stage, microbatch)
-        size = int(problem.cost(kind, stage))
+        size = int(problem.cost(kind, stage, microbatch))
         start = model.NewIntVar(0, horizon, f"start_{op}")
         optional[op] = OpVars(start, start + size, model.NewOptionalFixedSizeIntervalVar(start, size, chosen,
                                                                                          f"op_{op}"))

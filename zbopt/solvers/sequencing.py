@@ -107,9 +107,10 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
     before it on the device (the round trip through the other devices, `_chain`), W after its B,
     every forward within the memory limit; for any number of stages per device.
 
-    0 for several iterations, 0 when one greedy order already reaches `needed` (the bound could
-    not exceed it; this skips most devices of a long pipeline), and 0 when
-    `time.perf_counter()` passes `deadline` before the dynamic program ends.
+    0 for several iterations or microbatches that differ (its states count the ops done per kind
+    and stage: run it on `Problem.uniform_relaxation`), 0 when one greedy order already reaches
+    `needed` (the bound could not exceed it; this skips most devices of a long pipeline), and 0
+    when `time.perf_counter()` passes `deadline` before the dynamic program ends.
 
     Notes
     -----
@@ -134,7 +135,7 @@ def device_sequencing(problem: Problem, device: int, heads: dict[Op, float], tai
     ----------
     .. [1] Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, Table 5.
     """
-    if problem.total_microbatches != problem.num_microbatches:
+    if problem.total_microbatches != problem.num_microbatches or not problem.microbatches_equal:
         return 0.0
     view = _device_view(problem, device, heads, tails)
     successors = _successors(view)
@@ -149,8 +150,9 @@ def order_value(problem: Problem, device: int, heads: dict[Op, float], tails: di
     """The objective of one order of `device`'s ops in `device_sequencing`'s relaxation (earliest
     start first), so at least that relaxation's optimum, and the single-device CP-SAT relaxation's
     (`cross_device` with the one device, whose constraints every such order meets): what a device's bounds can reach at
-    most. Infinite where the order deadlocks, or with several iterations (not modelled here)."""
-    if problem.total_microbatches != problem.num_microbatches:
+    most. Infinite where the order deadlocks, or with several iterations or microbatches that
+    differ (not modelled here)."""
+    if problem.total_microbatches != problem.num_microbatches or not problem.microbatches_equal:
         return math.inf
     view = _device_view(problem, device, heads, tails)
     return _one_order(_successors(view), (tuple(0 for _ in view.duration), (0.0, 0.0)), view.steps)

@@ -6,6 +6,7 @@ import math
 
 from zbopt import interrupt
 from zbopt.errors import NotApplicableError, ZboptError
+from zbopt.microbatches import EQUAL_MICROBATCHES
 from zbopt.problem import Problem
 from zbopt.schedules import generate, registered
 from zbopt.simulation import Simulation, simulate
@@ -24,19 +25,30 @@ def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = m
     `cutoff`. After Ctrl-C none runs on, so an interrupt under a limit no heuristic fits yet answers
     at once, with no warm start."""
     best: tuple[str, Simulation] | None = None
+    planned = planning_problem(problem)
     for entry in registered():
         if interrupt.requested.is_set() or (best is not None and interrupt.past(deadline)):
             break
         try:
             with interrupt.deadline_scope(cutoff if best is None else deadline):
-                schedule = generate(entry.name, problem)
+                schedule = generate(entry.name, planned)
         except (NotApplicableError, interrupt.TimeUp):
             continue
-        result = simulate(problem, schedule)
+        result = simulate(problem, schedule if problem.microbatches_equal else schedule.without_times())
         needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
         if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
             best = (entry.name, result)
     return best
+
+
+def planning_problem(problem: Problem) -> Problem:
+    """What a heuristic plans with: the problem, or where it has costs per microbatch its per-stage values
+    (every microbatch costing its stage's value: some generators build a one-microbatch copy of
+    the problem, which rows per microbatch do not fit); its schedule is then simulated with each
+    microbatch's own costs (its orders: the times it planned are the stage values'), and kept
+    only where it stays within the memory limit. (A stand-in
+    until the registry itself plans so: then this goes.)"""
+    return problem if problem.per_microbatch is None else problem.replace(**EQUAL_MICROBATCHES)
 
 
 def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:
@@ -56,12 +68,12 @@ def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str, d
         return best_heuristic(problem, kind, deadline, cutoff)
     try:
         with interrupt.deadline_scope(cutoff):
-            schedule = generate(warm_start, problem)
+            schedule = generate(warm_start, planning_problem(problem))
     except interrupt.TimeUp:
         if interrupt.requested.is_set():
             return None
         raise ZboptError(f"warm start '{warm_start}' did not finish within the time limit") from None
-    result = simulate(problem, schedule)
+    result = simulate(problem, schedule if problem.microbatches_equal else schedule.without_times())
     if not result.valid:
         raise ZboptError(f"warm start '{warm_start}' breaks the memory limit: {result.violations[0]}")
     return warm_start, result

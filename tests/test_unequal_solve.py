@@ -1,0 +1,104 @@
+"""Solvers and bounds where microbatches differ (issue 32): symmetry only among equal microbatches,
+each op's own costs in the models, and every bound below the brute-force optimum."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.reference import brute_force_optimum, timed_search_optimum
+from zbopt import Problem, solve
+from zbopt.ops import Op, op_graph
+from zbopt.solvers.bounds import lower_bounds
+from zbopt.solvers.cross_device import cross_device_bound, device_groups
+from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_precedences, symmetric_successors
+from zbopt.solvers.memory_bounds import microbatch_memory_bound
+
+CLASSES = Problem(num_devices=2, num_microbatches=3, forward_times=[[1, 3, 1], [1, 3, 1]])
+
+
+def test_symmetry_orders_only_equal_microbatches():
+    """Microbatches 0 and 2 cost the same, 1 differs: only 0 before 2 on each kind and stage."""
+    ops = list(op_graph(CLASSES))
+    assert sorted(symmetric_successors(CLASSES, ops)) == sorted(
+        (Op(kind, stage, 0), Op(kind, stage, 2)) for kind in ("F", "BW") for stage in (0, 1))
+    equal = CLASSES.replace(forward_times=1.0)
+    assert sorted(symmetric_successors(equal, list(op_graph(equal)))) == sorted(
+        (Op(kind, stage, j), Op(kind, stage, j + 1)) for kind in ("F", "BW") for stage in (0, 1) for j in (0, 1))
+
+
+def test_memory_precedences_count_places_in_the_run():
+    """Limit 2.5, activations 1 (microbatches 0, 2, 3) and 2 (microbatch 1): B(s, 0) must end before
+    the forward two places on in its run {0, 2, 3}, i.e. F(s, 3) (3 activations of 1 > 2.5); the
+    large microbatch 1 forms a run alone."""
+    problem = Problem(num_devices=1, num_microbatches=4, activation_memory=[[1, 2, 1, 1]], memory_limit=2.5)
+    assert memory_precedences(problem, list(op_graph(problem))) == [(Op("BW", 0, 0), Op("F", 0, 3))]
+
+
+def test_the_memory_bound_counts_each_microbatchs_own_memory_time():
+    """One device, F = 1 and BW = 2 per microbatch, activations 1 and 3, limit 3: each is held at
+    least F + BW = 3, so the memory-time is 1·3 + 3·3 = 12 and the makespan at least 12 / 3 = 4."""
+    problem = Problem(num_devices=1, num_microbatches=2, activation_memory=[[1, 3]], memory_limit=3)
+    assert microbatch_memory_bound(problem) == 4.0
+
+
+# tiny problems whose microbatches differ: integer costs (CP-SAT is then exact), a limit or none
+@st.composite
+def unequal_problems(draw):
+    p = draw(st.integers(1, 2))
+    split = draw(st.booleans())
+    m = draw(st.integers(2, 2 if split else 3))
+    chunks = 2 if p == 2 and not split and m == 2 and draw(st.booleans()) else 1
+    stages = p * chunks
+
+    def rows(values):
+        return [[draw(st.sampled_from(values)) for _ in range(m)] for _ in range(stages)]
+
+    parameters = dict(num_devices=p, num_microbatches=m, chunks_per_device=chunks,
+                      placement=draw(st.sampled_from(["loop", "v"])), forward_times=rows([1, 2, 3]),
+                      backward_times=rows([1, 2, 4]), activation_memory=rows([0.5, 1.0, 2.0]),
+                      p2p_time=draw(st.sampled_from([0, 1])))
+    if split:
+        parameters["weight_times"] = rows([1, 2])
+    problem = Problem(**parameters)
+    if draw(st.booleans()):
+        floor = max(problem.min_memory_limit)
+        problem = problem.replace(memory_limit=floor * draw(st.sampled_from([1.0, 1.3, 2.0])))
+    return problem
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(unequal_problems())
+def test_solve_meets_brute_force_and_every_bound_stays_below(problem):
+    optimum = brute_force_optimum(problem)
+    bounds = lower_bounds(problem)
+    for name, value in bounds.by_name().items():
+        assert value <= optimum + 1e-9, (name, value, optimum)
+    graph = implied_graph(problem)
+    heads, tails = heads_and_tails(graph)
+    for group in device_groups(problem, min(2, problem.num_devices)):
+        assert cross_device_bound(problem, group, graph, heads, tails, 2.0) <= optimum + 1e-9
+    result = solve(problem, time_limit=20, lower_peak=False)
+    assert (result.status, result.objective) == ("optimal", pytest.approx(optimum))
+
+
+@pytest.mark.parametrize("problem", [
+    CLASSES,
+    Problem(num_devices=2, num_microbatches=2, weight_times=[[1, 2], [1, 2]], forward_times=[[1, 3], [1, 3]],
+            backward_times=[[2, 4], [2, 4]]),
+    Problem(num_devices=2, num_microbatches=3, forward_times=[[1, 3, 2], [2, 1, 1]], memory_limit=2.5,
+            activation_memory=[[1, 1.5, 0.5], [1, 1, 1]]),
+], ids=lambda problem: problem.describe())
+def test_the_milp_meets_brute_force(problem):
+    result = solve(problem, "highs", time_limit=30)
+    assert (result.status, result.objective) == ("optimal", pytest.approx(brute_force_optimum(problem)))
+
+
+def test_recomputation_per_microbatch_meets_the_timed_search():
+    """Recomputing pays on the large microbatch only: the models price R, and its memory, per microbatch."""
+    problem = Problem(num_devices=2, num_microbatches=2, forward_times=[[1, 2], [1, 2]], backward_times=2,
+                      activation_memory=[[1, 3], [1, 3]], memory_limit=3.5, allow_recompute=True,
+                      checkpoint_memory=0.5)
+    optimum = timed_search_optimum(problem)
+    assert all(value <= optimum + 1e-9 for value in lower_bounds(problem).by_name().values())
+    result = solve(problem, time_limit=20, lower_peak=False)
+    assert (result.status, result.objective) == ("optimal", pytest.approx(optimum))

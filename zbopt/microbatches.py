@@ -44,8 +44,9 @@ FOLLOWS = {"forward_times": "forward_times", "backward_times": "backward_times",
            "offload_times": "activation_memory", "reload_times": "activation_memory"}
 WITH_ATTENTION = ("forward_times", "backward_times", "recompute_times")  # grow with the square of the length
 # what makes a Problem's microbatches all cost their stage's value (`Problem.replace(**EQUAL_MICROBATCHES)`)
+# (sequence slices stay: they are dependencies, not costs; `Problem.uniform_relaxation` drops them too)
 EQUAL_MICROBATCHES = {"microbatch_tokens": None, "attention_share": None, "reference_tokens": None,
-                      "microbatch_tables": None, "sequence_slices": 1}
+                      "microbatch_tables": None}
 
 Rows = tuple[tuple[float, ...], ...]  # per virtual stage, per microbatch of one iteration
 

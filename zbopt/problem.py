@@ -169,7 +169,8 @@ class Problem:
         check_ranges(self)
         if not self.microbatches_equal:
             largest = microbatches.stage_values(self, max)
-            check_ranges(self.replace(**largest, **microbatches.EQUAL_MICROBATCHES, memory_limit=None))
+            check_ranges(self.replace(**largest, **microbatches.EQUAL_MICROBATCHES, sequence_slices=1,
+                                      memory_limit=None))
         if self.memory_limit is not None:
             memory_floor.check_memory_limit(self)
 
@@ -339,15 +340,15 @@ class Problem:
     def uniform_relaxation(self) -> Problem:
         """This problem with every microbatch costing, per key and stage, the least any does.
         Every schedule of this problem, its start times kept, is one of the relaxation (each op no
-        longer, each activation no larger): its optimum is no longer, and its bounds hold here."""
+        longer, each activation no larger, slices unlinked): its optimum is no longer, its bounds hold."""
         if self.microbatches_equal:
             return self
-        return self.replace(**microbatches.stage_values(self, min), **microbatches.EQUAL_MICROBATCHES)
+        relaxed = microbatches.stage_values(self, min)
+        return self.replace(**relaxed, **microbatches.EQUAL_MICROBATCHES, sequence_slices=1)
 
     def releases(self, stage: int, microbatch: int | None = None) -> tuple[tuple[str, float], ...]:
-        """(kind, amount) of each op that frees part of one microbatch's activation on `stage`
-        (B and W when split, BW when fused), amount > 0: what every memory model holds per op.
-        The stage's values, or `microbatch`'s own."""
+        """(kind, amount > 0) of each op that frees part of one microbatch's activation on `stage`
+        (B and W, or BW), the stage's or `microbatch`'s own: what every memory model holds per op."""
         return tuple((kind, -self.memory_delta(kind, stage, microbatch=microbatch)) for kind in self.kinds
                      if self.memory_delta(kind, stage, microbatch=microbatch) < 0)
 

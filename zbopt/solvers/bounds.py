@@ -175,13 +175,11 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     paired = _pair_count(original)
     if paired is not None:
         found = found._replace(bounds=(*found.bounds, paired))
-    if problem.mechanisms_matter or problem.bidirectional or not problem.microbatches_equal:
-        # microbatches that differ (or slices): the device bounds below plan with per-stage values
-        # and interchangeable microbatches, so only the graph's bounds hold (issue 32: helper A's
-        # branch makes them microbatch-aware). The relaxations hold with the mechanisms and the
-        # bidirectional placement (`cross_device`), but proved nothing above these bounds at
-        # issue 30's sizes (recomputation p = 4, m = 8, limit 1.5: 491.0 either way) while costing
-        # their whole budget on small problems, where CP-SAT rarely closes them
+    if problem.mechanisms_matter or problem.bidirectional:
+        # the relaxations hold with the mechanisms and the bidirectional placement (`cross_device`),
+        # but proved nothing above these bounds at issue 30's sizes (recomputation p = 4, m = 8,
+        # limit 1.5: 491.0 either way) while costing their whole budget on small problems, where
+        # CP-SAT rarely closes them
         return LowerBounds(found.bounds)
     if problem.chunks_per_device == 1:
         return _sequenced_devices(uniform.problem, uniform.heads, uniform.tails, found, deadline)

@@ -46,9 +46,11 @@ def planning_problem(problem: Problem) -> Problem:
     (every microbatch costing its stage's value: some generators build a one-microbatch copy of
     the problem, which rows per microbatch do not fit); its schedule is then simulated with each
     microbatch's own costs (its orders: the times it planned are the stage values'), and kept
-    only where it stays within the memory limit. (A stand-in
-    until the registry itself plans so: then this goes.)"""
-    return problem if problem.per_microbatch is None else problem.replace(**EQUAL_MICROBATCHES)
+    only where it stays within the memory limit. Sequence slices stay (a schedule of the
+    unsliced problem is no schedule of the sliced one)."""
+    if problem.per_microbatch is None:
+        return problem
+    return problem.replace(**EQUAL_MICROBATCHES)
 
 
 def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:

@@ -90,7 +90,7 @@ def one_f_one_b_overlap(problem: Problem) -> Schedule:
     backwards. With p = 1 this is Megatron-LM's combined 1F1B without pipelining [1]_: F0,
     (F1&B0), ..., (F(m-1)&B(m-2)), B(m-1). Needs v = 1 and overlap_times; a pair is FBW when
     given (a full backward, as the sources pair), else FB with W right after it. Holds at most
-    min(2(p-s) , m) microbatches on device s.
+    min(2(p-s), m) microbatches on device s.
 
     Unlike the visualizer (whose loop needs m >= 2p - 1), the warm-up is capped at m, as Megatron
     caps its own: with fewer microbatches the first devices run every forward before any pair.
@@ -108,7 +108,8 @@ def one_f_one_b_overlap(problem: Problem) -> Schedule:
 
 @register("interleaved-1f1b-overlap", "Megatron-LM combined 1F1B, interleaved: interleaved-1f1b with one more "
                                       "warm-up forward and F&B pairs", memory_bound(extra=1))
-def interleaved_one_f_one_b_overlap(problem: Problem, microbatch_group_size_per_vp_stage: int | None = None) -> Schedule:
+def interleaved_one_f_one_b_overlap(problem: Problem,
+                                    microbatch_group_size_per_vp_stage: int | None = None) -> Schedule:
     """Interleaved 1F1B with overlapped F&B, as Megatron-LM runs it with
     overlap_moe_expert_parallel_comm [2]_ and the visualizer's 1f1b_interleave_overlap [3]_:
     interleaved-1f1b's schedule table, 2(p-r-1) + (v-1)·group + 1 warm-up forwards on device r

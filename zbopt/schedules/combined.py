@@ -38,7 +38,7 @@ from zbopt.schedules.registry import register, require
 Passes = Callable[[int, range], tuple[list[Op], list[list[Op]]]]  # (device, microbatches) -> forwards, backwards
 
 
-def pair_kind(problem: Problem, name: str) -> str:
+def _pair_kind(problem: Problem, name: str) -> str:
     """The pair the steady state runs: FBW (a forward with a full backward) when `overlap_times`
     gives it, as both sources pair; else FB (with the input-gradient B, W right after the pair)."""
     given = [kind for kind, _ in problem.overlap_times or ()]
@@ -64,7 +64,7 @@ def combine(forwards: list[Op], backwards: list[list[Op]], warmup: int, kind: st
 
 def _build(problem: Problem, name: str, passes: Passes, warmup: Callable[[int], int]) -> Schedule:
     """Per device and iteration, `passes` combined after `warmup(device)` forwards alone."""
-    kind = pair_kind(problem, name)
+    kind = _pair_kind(problem, name)
     orders, pairs = [], []
     for device in range(problem.num_devices):
         order: list[Op] = []

@@ -44,7 +44,8 @@ def test_looped_bfs_runs_any_number_of_chunks_and_placement(problem):
 # The registered schedules the random problems below cannot reach, and where they are tested instead.
 ELSEWHERE = {"dualpipe": "bidirectional placement (test_dualpipe.py)", "pipeoffload": "offload (test_offload.py)",
              "serial-offload": "offload (test_offload.py)", "full-offload": "offload (test_offload.py)",
-             "seq1f1b": "sequence slices (test_slices.py)"}
+             "seq1f1b": "sequence slices (test_slices.py)", "1f1b-overlap": "overlapped pairs (test_combined.py)",
+             "interleaved-1f1b-overlap": "overlapped pairs (test_combined.py)"}
 RANDOMLY_CHECKED = (  # the other 31
     "gpipe", "looped-bfs", "1f1b", "eager-1f1b", "1f1b-2bw", "eager-1f1b-2bw", "interleaved-1f1b",
     "zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p", "zb-v", "zb-v-rule", "v-min", "v-half", "v-half-squeezed", "v-zb",

@@ -33,10 +33,11 @@ from zbopt.schedules import TORCH_REFUSED, TORCH_SCHEDULES, generate_applicable,
 from zbopt.schedules.torch_builtin import TORCH_NEEDS
 
 SPLIT = dict(backward_times=1, weight_times=1)
+PAIRS = dict(overlap_times={"FBW": 2.5})  # the combined 1F1B schedules need them; the others do not pair
 LAYOUTS = [  # p = 4, m = 8; between them every registered schedule applies to one
-    dict(),
+    dict(PAIRS),
     dict(SPLIT, p2p_time=0.25),
-    dict(chunks_per_device=2),
+    dict(PAIRS, chunks_per_device=2),
     dict(SPLIT, chunks_per_device=2),
     dict(chunks_per_device=2, placement="v"),
     dict(SPLIT, chunks_per_device=2, placement="v", p2p_time=0.25),

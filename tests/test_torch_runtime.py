@@ -110,7 +110,8 @@ EXPECTED = {
 # The check: every registered schedule that fits p=4, m=8 (v=2 where it needs it), and
 # CP-SAT optima of small problems, run for real with gradients equal to the reference.
 REGISTRY_PROBLEMS = [Problem(num_devices=4, num_microbatches=8, **layout) for layout in (
-    {}, {"weight_times": 1}, {"chunks_per_device": 2}, {"chunks_per_device": 2, "weight_times": 1},
+    {"overlap_times": {"FBW": 2.5}}, {"weight_times": 1}, {"chunks_per_device": 2, "overlap_times": {"FBW": 2.5}},
+    {"chunks_per_device": 2, "weight_times": 1},
     {"chunks_per_device": 2, "placement": "v", "weight_times": 1})]
 OPTIMA_PROBLEMS = [Problem(num_devices=3, num_microbatches=4, weight_times=1, memory_limit=2),
                    Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="v", weight_times=1,

@@ -24,7 +24,7 @@ def _all_microbatches(problem: Problem) -> list[float]:
             for stages in problem.stages_of_device]
 
 
-def _in_flight_bound(warmup: WarmupRule) -> Callable[[Problem], list[float]]:
+def in_flight_bound(warmup: WarmupRule) -> Callable[[Problem], list[float]]:
     """Peak memory of a one-stage-per-device schedule: warm-up + 1 microbatches of its stage
     (capped by the microbatches of one stream: an iteration, or all of them without a flush)."""
 
@@ -117,7 +117,7 @@ def looped_bfs(problem: Problem) -> Schedule:
 
 
 @register("1f1b", "1F1B (PipeDream-Flush, Narayanan et al., 2021): p-s-1 warm-up forwards, then F/B alternating",
-          _in_flight_bound(_standard_warmup))
+          in_flight_bound(_standard_warmup))
 def one_f_one_b(problem: Problem) -> Schedule:
     """1F1B / PipeDream-Flush (Narayanan et al., SC 2021): device s runs min(p-s-1, m) warm-up
     forwards, then alternates one forward and one backward, then drains the remaining backwards.
@@ -126,7 +126,7 @@ def one_f_one_b(problem: Problem) -> Schedule:
 
 
 @register("eager-1f1b", "1F1B with 2(p-s-1) warm-up forwards: earlier sends, more overlap of latency",
-          _in_flight_bound(_eager_warmup))
+          in_flight_bound(_eager_warmup))
 def eager_one_f_one_b(problem: Problem) -> Schedule:
     """Eager 1F1B: as 1F1B, but device s runs min(2(p-s-1), m) warm-up forwards, so each forward
     is sent before the device needs the matching backward and p2p latency overlaps compute (the
@@ -135,7 +135,7 @@ def eager_one_f_one_b(problem: Problem) -> Schedule:
 
 
 @register("1f1b-2bw", "PipeDream-2BW (Narayanan et al., 2021): 1F1B streaming all iterations without flushes",
-          _in_flight_bound(_standard_warmup))
+          in_flight_bound(_standard_warmup))
 def one_f_one_b_2bw(problem: Problem) -> Schedule:
     """PipeDream-2BW (Narayanan et al., ICML 2021): 1F1B over all m·iterations microbatches as one
     stream, with no flush between iterations; needs `flush = false` when iterations > 1. The model
@@ -145,7 +145,7 @@ def one_f_one_b_2bw(problem: Problem) -> Schedule:
 
 
 @register("eager-1f1b-2bw", "PipeDream-2BW with eager 1F1B's 2(p-s-1) warm-up forwards, without flushes",
-          _in_flight_bound(_eager_warmup))
+          in_flight_bound(_eager_warmup))
 def eager_one_f_one_b_2bw(problem: Problem) -> Schedule:
     """Eager 1F1B streaming all iterations without flushes (see 1f1b-2bw and eager-1f1b)."""
     return warmup_then_alternate(problem, "eager-1f1b-2bw", _eager_warmup,

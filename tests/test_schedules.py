@@ -45,8 +45,9 @@ def test_looped_bfs_runs_any_number_of_chunks_and_placement(problem):
 ELSEWHERE = {"dualpipe": "bidirectional placement (test_dualpipe.py)", "pipeoffload": "offload (test_offload.py)",
              "serial-offload": "offload (test_offload.py)", "full-offload": "offload (test_offload.py)",
              "seq1f1b": "sequence slices (test_slices.py)"}
-RANDOMLY_CHECKED = (  # the other 31
+RANDOMLY_CHECKED = (  # the other 32
     "gpipe", "looped-bfs", "1f1b", "eager-1f1b", "1f1b-2bw", "eager-1f1b-2bw", "interleaved-1f1b",
+    "torch-zb-interleaved",
     "zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p", "zb-v", "zb-v-rule", "v-min", "v-half", "v-half-squeezed", "v-zb",
     "zb-v-auto", "dualpipe-v", "greedy",
     "block-1f1b", "block-zb-h1", "block-interleaved-1f1b", "block-v-min", "block-v-half", "block-v-zb",

@@ -1,9 +1,17 @@
-"""Megatron-LM's interleaved 1F1B (Narayanan et al., SC 2021, §2.2) for v >= 2 chunks per device."""
+"""Interleaved schedules, v >= 2 chunks per device in loop placement, every device walking one
+schedule table of (microbatch, chunk) pairs.
+
+- `interleaved-1f1b`: Megatron-LM's interleaved 1F1B (Narayanan et al., SC 2021, §2.2), with
+  torch's flexible group (torch 2.13 `ScheduleInterleaved1F1B`): m need not be a multiple of p.
+- `torch-zb-interleaved`: torch's `ScheduleInterleavedZeroBubble` (its ZB1P for v chunks, after
+  "Zero Bubble Pipeline Parallelism", Qi et al., ICLR 2024): the same table with p-r-1 fewer
+  warm-up forwards and device r's W's r backwards late, as ZB-H1 delays them.
+"""
 
 from __future__ import annotations
 
 from zbopt.errors import ZboptError
-from zbopt.kinds import FORWARD
+from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
@@ -26,15 +34,64 @@ def schedule_table(microbatches: int, chunks: int, group_size: int) -> list[tupl
     return table
 
 
-def warmup_count(problem: Problem, device: int, group_size: int) -> int:
-    """Megatron's warm-up forwards on a device: 2(p-r-1) + (v-1)·group, at most all m·v of them."""
+def flexible_group(problem: Problem) -> int:
+    """torch's group size (its `microbatches_per_round`): m split into max(1, m // p) rounds, so
+    p when p divides m, all m microbatches when m < p."""
+    m = problem.num_microbatches
+    return m // max(1, m // problem.num_devices)
+
+
+def warmup_count(problem: Problem, device: int, group: int, hops: int = 2) -> int:
+    """Warm-up forwards on a device: (v-1)·group + hops·(p-r-1), at most all m·v of them (Megatron
+    and torch's interleaved 1F1B: 2 per hop to the last device; torch's zero bubble: 1)."""
     p, v = problem.num_devices, problem.chunks_per_device
-    return min(2 * (p - device - 1) + (v - 1) * group_size, problem.num_microbatches * v)
+    return min((v - 1) * group + hops * (p - device - 1), problem.num_microbatches * v)
+
+
+def _group(problem: Problem, name: str, given: int | None = None) -> int:
+    """The group size asked for (or torch's flexible one) once the shape is one the table serves:
+    loop placement, v >= 2, m a multiple of the group and a group of at least p or of all m."""
+    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
+        raise ZboptError(f"{name} option microbatch_group_size_per_vp_stage = {given!r}: "
+                         "must be a positive whole number")
+    p, v, m = problem.num_devices, problem.chunks_per_device, problem.num_microbatches
+    group = given or flexible_group(problem)
+    require(v >= 2, name, "chunks_per_device >= 2 (use 1f1b for one chunk)")
+    require(problem.placement == "loop", name, "placement loop (chunk c of device r is stage c·p + r)")
+    require(m % group == 0 and (group >= p or group == m), name,
+            f"m a multiple of microbatch_group_size_per_vp_stage, a group >= p or of all m (got m = {m}, "
+            f"group = {group}, p = {p}; shorter groups can deadlock, e.g. p = 4, v = 3, m = 5, group = 4)")
+    return group
+
+
+def table_order(problem: Problem, device: int, group: int, warmup: int, weight_lag: int | None = None) -> list[Op]:
+    """Device `device`'s order, every iteration: `warmup` forwards in table order, then one forward /
+    one backward, then the remaining backwards; the backwards walk the table with the chunks
+    reversed. `weight_lag` None: each backward whole (`backward_ops`); k: each W runs after the
+    backward k later (ZB-H1's lag), the last k W's at the end."""
+    p, v = problem.num_devices, problem.chunks_per_device
+    table = schedule_table(problem.num_microbatches, v, group)
+    order: list[Op] = []
+    for microbatches in iteration_microbatches(problem):
+        forwards = [Op(FORWARD, chunk * p + device, microbatches[j]) for j, chunk in table]
+        backwards = [((v - 1 - chunk) * p + device, microbatches[j]) for j, chunk in table]
+        order += forwards[:warmup]
+        for k, (stage, microbatch) in enumerate(backwards):
+            order += forwards[warmup + k:warmup + k + 1]
+            if weight_lag is None:
+                order += backward_ops(problem, stage, microbatch)
+                continue
+            order.append(Op(BACKWARD, stage, microbatch))
+            if k >= weight_lag:
+                order.append(Op(WEIGHT, *backwards[k - weight_lag]))
+        if weight_lag is not None:
+            order += [Op(WEIGHT, *late) for late in backwards[max(len(backwards) - weight_lag, 0):]]
+    return order
 
 
 def _memory_bound(problem: Problem, microbatch_group_size_per_vp_stage: int | None = None) -> list[float]:
     """Warm-up + 1 (microbatch, chunk) activations in flight, each at most the device's largest."""
-    group = microbatch_group_size_per_vp_stage or problem.num_devices
+    group = microbatch_group_size_per_vp_stage or flexible_group(problem)
     return [min(warmup_count(problem, d, group) + 1, problem.num_microbatches * problem.chunks_per_device)
             * max(problem.activation_memory[s] for s in stages)
             for d, stages in enumerate(problem.stages_of_device)]
@@ -44,45 +101,44 @@ def _memory_bound(problem: Problem, microbatch_group_size_per_vp_stage: int | No
           _memory_bound)
 def interleaved_one_f_one_b(problem: Problem, microbatch_group_size_per_vp_stage: int | None = None) -> Schedule:
     """Interleaved 1F1B as Megatron-LM runs it: every device walks the schedule table (groups of
-    `microbatch_group_size_per_vp_stage` microbatches, default p, through chunk 0, 1, ...) for its
-    forwards, and the same table with chunks reversed for its backwards. Device r runs
-    2(p-r-1) + (v-1)·group warm-up forwards, then one forward / one backward, then the remaining
-    backwards. With m a multiple of p and uniform costs its bubble is (p-1)(F+B) per virtual stage
-    cost, 1/v of 1F1B's. Needs v >= 2, loop placement, p <= group and m a multiple of the group
-    (Megatron's original rule: with a short last group these orders can deadlock, e.g. p = 4,
-    v = 3, m = 5).
+    `microbatch_group_size_per_vp_stage` microbatches through chunk 0, 1, ...) for its forwards, and
+    the same table with chunks reversed for its backwards. Device r runs 2(p-r-1) + (v-1)·group
+    warm-up forwards, then one forward / one backward, then the remaining backwards. With m a
+    multiple of p and uniform costs its bubble is (p-1)(F+B) per virtual stage cost, 1/v of 1F1B's.
+
+    The default group is torch's flexible one (`flexible_group`: p when p divides m, m/⌊m/p⌋ when
+    that divides m, all m when m < p), so this is torch 2.13's ScheduleInterleaved1F1B op for op
+    wherever torch builds it. Needs v >= 2, loop placement, m a multiple of the group and a group of
+    at least p or of all m (with a short last group these orders can deadlock, e.g. p = 4, v = 3,
+    m = 5, group 4).
     """
-    p, v, m = problem.num_devices, problem.chunks_per_device, problem.num_microbatches
-    given = microbatch_group_size_per_vp_stage
-    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
-        raise ZboptError(f"interleaved-1f1b option microbatch_group_size_per_vp_stage = {given!r}: "
-                         "must be a positive whole number")
-    group = given or p
-    require(v >= 2, "interleaved-1f1b", "chunks_per_device >= 2 (use 1f1b for one chunk)")
-    require(problem.placement == "loop", "interleaved-1f1b", "placement loop (chunk c of device r is stage c·p + r)")
-    require(p <= group and m % group == 0, "interleaved-1f1b",
-            f"m a multiple of microbatch_group_size_per_vp_stage >= p (got m = {m}, group = {group}, p = {p})")
-    table = schedule_table(m, v, group)
-    orders = []
-    for device in range(p):
-        warmup = warmup_count(problem, device, group)
-        order: list[Op] = []
-        for microbatches in iteration_microbatches(problem):
-            first = microbatches.start
+    group = _group(problem, "interleaved-1f1b", microbatch_group_size_per_vp_stage)
+    return Schedule([table_order(problem, d, group, warmup_count(problem, d, group))
+                     for d in range(problem.num_devices)])
 
-            def forward(k: int, device=device, first=first) -> Op:
-                j, chunk = table[k]
-                return Op(FORWARD, chunk * p + device, first + j)
 
-            def backward(k: int, device=device, first=first) -> list[Op]:
-                j, chunk = table[k]
-                return backward_ops(problem, (v - 1 - chunk) * p + device, first + j)
+def _zero_bubble_memory(problem: Problem) -> list[float]:
+    """Device r: at most its warm-up + 1 activations between F and B and r pending W's, each at most
+    the device's largest M_B / M_W (torch's ZB1P, like ZB-H1, keeps 1F1B's in-flight count)."""
+    group, total = flexible_group(problem), problem.num_microbatches * problem.chunks_per_device
+    return [min(warmup_count(problem, d, group, hops=1) + 1, total) * max(problem.activation_memory[s] for s in stages)
+            + min(d, total) * max(problem.weight_memory[s] for s in stages)
+            for d, stages in enumerate(problem.stages_of_device)]
 
-            order += [forward(k) for k in range(warmup)]
-            for k in range(len(table) - warmup):
-                order.append(forward(warmup + k))
-                order += backward(k)
-            for k in range(len(table) - warmup, len(table)):
-                order += backward(k)
-        orders.append(order)
-    return Schedule(orders)
+
+@register("torch-zb-interleaved", "torch's ScheduleInterleavedZeroBubble (ZB1P for v chunks): interleaved table, "
+          "(v-1)·group + p-r-1 warm-up, W's r backwards late", _zero_bubble_memory, after="interleaved-1f1b")
+def torch_zb_interleaved(problem: Problem) -> Schedule:
+    """torch 2.13's ScheduleInterleavedZeroBubble ("ZB1P" of Qi et al., ICLR 2024, §3, on torch's
+    interleaved table), in zbopt's words: device r walks the table of `interleaved-1f1b` with
+    torch's flexible group g, runs (v-1)·g + p-r-1 warm-up forwards (one per hop where Megatron
+    has two: B is shorter than a fused backward), then one forward / one B, then the remaining
+    B's; the W of its k-th backward runs after its (k+r)-th, the last r W's at the end (ZB-H1's
+    delay on device r). Device r holds at most its warm-up + 1 activations and r pending W's.
+    Needs a split backward, v >= 2 (with one chunk this is `zb-h1`), loop placement and m a
+    multiple of g (torch's rule: e.g. not p = 4, m = 9).
+    """
+    require(problem.split_backward, "torch-zb-interleaved", "a split backward (weight_times given)")
+    group = _group(problem, "torch-zb-interleaved")
+    return Schedule([table_order(problem, d, group, warmup_count(problem, d, group, hops=1), weight_lag=d)
+                     for d in range(problem.num_devices)])

@@ -129,7 +129,7 @@ PAPER_PEAKS = {
     "zb-1p": (False, lambda problem: [problem.num_devices * max(problem.activation_memory)] * problem.num_devices),
     "zb-2p": (False, lambda problem: [2 * problem.num_devices * max(problem.activation_memory)] * problem.num_devices),
     "zb-v": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
-    "zb-v-rule": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
+    "torch-zbv": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
     "v-zb": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
     "block-v-zb": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
     "v-min": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 4) // 3))),

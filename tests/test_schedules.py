@@ -48,7 +48,7 @@ ELSEWHERE = {"dualpipe": "bidirectional placement (test_dualpipe.py)", "pipeoffl
 RANDOMLY_CHECKED = (  # the other 32
     "gpipe", "looped-bfs", "1f1b", "eager-1f1b", "1f1b-2bw", "eager-1f1b-2bw", "interleaved-1f1b",
     "torch-zb-interleaved",
-    "zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p", "zb-v", "zb-v-rule", "v-min", "v-half", "v-half-squeezed", "v-zb",
+    "zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p", "zb-v", "torch-zbv", "v-min", "v-half", "v-half-squeezed", "v-zb",
     "zb-v-auto", "dualpipe-v", "greedy",
     "block-1f1b", "block-zb-h1", "block-interleaved-1f1b", "block-v-min", "block-v-half", "block-v-zb",
     "1f1b-recompute", "interleaved-1f1b-recompute", "mario-1f1b", "serial-recompute",

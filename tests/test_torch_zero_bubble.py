@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import require_extra
 from zbopt import NotApplicableError, Problem, UnknownScheduleError, ZboptError, generate, simulate
-from zbopt.schedules import registered
+from zbopt.schedules import get, registered
 from zbopt.schedules.interleaved import flexible_group
 
 SPLIT = dict(forward_times=1, backward_times=1, weight_times=1)
@@ -45,6 +45,27 @@ def test_equal_to_torch_op_for_op_and_refused_where_torch_refuses(torch_schedule
     ours = generate(name, problem)
     assert ours.orders == theirs.orders
     assert simulate(problem, ours).valid
+
+
+@pytest.mark.parametrize("name", TORCH_NAMES)
+def test_valid_within_the_promised_memory_on_the_grid(name):
+    """Without torch: on every grid shape served, with unequal costs and memory per stage, the
+    order is valid and each device stays within the generator's promised peak."""
+    served = 0
+    for _, p, v, m in (case for case in GRID if case[0] == name):
+        stages = p * v
+        problem = grid_problem(name, p, v, m).replace(
+            forward_times=[1 + (s % 3) / 2 for s in range(stages)], backward_times=1.5, p2p_time=0.1,
+            activation_memory=[1 + (s % 2) for s in range(stages)], weight_memory=[0.5] * stages)
+        try:
+            result = simulate(problem, generate(name, problem))
+        except NotApplicableError:
+            continue
+        served += 1
+        promised = get(name).peak_memory_bound(problem)
+        assert result.valid and all(peak <= bound + 1e-9 for peak, bound in zip(result.peak_memory, promised,
+                                                                                strict=True)), (p, v, m)
+    assert served >= 60  # of 65 (torch-zbv) or 195 shapes
 
 
 def test_torch_refuses_exactly_m_not_a_multiple_of_its_rounds(torch_schedule):

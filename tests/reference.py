@@ -99,6 +99,11 @@ def _in_flight(count, across_iterations: bool = False):
     return peaks
 
 
+def _torch_group(problem: Problem) -> int:
+    """torch 2.13's microbatches_per_round (ScheduleInterleaved1F1B): m over max(1, m // p) rounds."""
+    return problem.num_microbatches // max(1, problem.num_microbatches // problem.num_devices)
+
+
 # Peak memory per device from the papers: (exact, per-device value), exact False for an upper bound.
 # GPipe (Huang et al., 2019, sec. 2.2) and breadth-first looped (Lamy-Poirier, 2023) run every forward
 # of an iteration before its backwards: m activations of every stage. 1F1B (PipeDream-Flush, Narayanan
@@ -109,7 +114,7 @@ def _in_flight(count, across_iterations: bool = False):
 # V shapes (Qi et al., ICLR 2024, sec. 6; Controllable Memory, NeurIPS 2024, Table 1): ZB-V / V-ZB 2p
 # chunk activations (1F1B's p·M_B), V-Min 2·floor((p + 4)/3), V-Half 2·floor((p + 2)/2). Megatron's
 # interleaved 1F1B (Narayanan et al., SC 2021, sec. 2.2): 2(p - d - 1) + (v - 1)p warm-up chunk
-# forwards plus one, at most all m·v.
+# forwards plus one, at most all m·v; p is torch's group (`_torch_group`) when p does not divide m.
 PAPER_PEAKS = {
     "gpipe": (True, _everything),
     "looped-bfs": (True, _everything),
@@ -124,7 +129,7 @@ PAPER_PEAKS = {
     "zb-1p": (False, lambda problem: [problem.num_devices * max(problem.activation_memory)] * problem.num_devices),
     "zb-2p": (False, lambda problem: [2 * problem.num_devices * max(problem.activation_memory)] * problem.num_devices),
     "zb-v": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
-    "zb-v-rule": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
+    "torch-zbv": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
     "v-zb": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
     "block-v-zb": (False, lambda problem: _per_device(problem, lambda d: 2 * problem.num_devices)),
     "v-min": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 4) // 3))),
@@ -133,7 +138,7 @@ PAPER_PEAKS = {
     "v-half-squeezed": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 2) // 2))),
     "block-v-half": (False, lambda problem: _per_device(problem, lambda d: 2 * ((problem.num_devices + 2) // 2))),
     "interleaved-1f1b": (False, lambda problem: _per_device(problem, lambda d: min(
-        2 * (problem.num_devices - d - 1) + (problem.chunks_per_device - 1) * problem.num_devices + 1,
+        2 * (problem.num_devices - d - 1) + (problem.chunks_per_device - 1) * _torch_group(problem) + 1,
         problem.num_microbatches * problem.chunks_per_device))),
 }
 

@@ -225,9 +225,9 @@ def test_comparison_chart_of_one_row_without_a_limit():
 
 
 def test_compare_takes_torchs_built_ins_by_name():
-    """torch's ZBVZeroBubble builds zbopt's zb-v-rule order op for op, so both rows have one makespan."""
+    """torch's ZBVZeroBubble builds zbopt's torch-zbv order op for op, so both rows have one makespan."""
     require_extra("torch", "torch's built-in schedules need the optional extra zbopt[torch]")
     problem = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, placement="v", weight_times=1)
-    rows = {row.name: row for row in compare(problem, ["zb-v-rule", "torch:ZBVZeroBubble"]).rows}
-    zb_v = simulate(problem, generate("zb-v-rule", problem)).makespan
-    assert rows["torch:ZBVZeroBubble"].makespan == rows["zb-v-rule"].makespan == zb_v
+    rows = {row.name: row for row in compare(problem, ["torch-zbv", "torch:ZBVZeroBubble"]).rows}
+    zb_v = simulate(problem, generate("torch-zbv", problem)).makespan
+    assert rows["torch:ZBVZeroBubble"].makespan == rows["torch-zbv"].makespan == zb_v

@@ -261,7 +261,7 @@ def test_a_warm_start_cut_by_the_time_limit_is_skipped_or_named():
     its end (the fixed rule, after the cut greedy) is the warm start; a named warm start that
     cannot finish is an error naming it."""
     problem = V_SHAPE.replace(p2p_time=0.25)
-    assert best_heuristic(problem, deadline=0.0, cutoff=0.0)[0] == "zb-v-rule"
+    assert best_heuristic(problem, deadline=0.0, cutoff=0.0)[0] == "torch-zbv"
     with pytest.raises(ZboptError, match=r"^warm start 'zb-v' did not finish within the time limit$"):
         warm_start_simulation(problem, "zb-v", "makespan", 0.0, 0.0)
     assert best_heuristic(problem, deadline=0.0)[0] == "zb-v"

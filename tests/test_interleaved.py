@@ -44,15 +44,15 @@ def test_larger_groups_hold_more_but_keep_the_order_valid():
 
 
 @pytest.mark.parametrize(
-    ("changes", "needs"),
-    [({"chunks_per_device": 1}, "chunks_per_device >= 2"), ({"placement": "v"}, "placement loop"),
-     ({"num_microbatches": 3}, "m a multiple of microbatch_group_size_per_vp_stage >= p"),
-     ({"num_microbatches": 10}, r"m a multiple of .* \(got m = 10, group = 4, p = 4\)")],
+    ("changes", "options", "needs"),
+    [({"chunks_per_device": 1}, {}, "chunks_per_device >= 2"), ({"placement": "v"}, {}, "placement loop"),
+     ({"num_microbatches": 9}, {}, r"m a multiple of .* \(got m = 9, group = 4, p = 4"),
+     ({}, {"microbatch_group_size_per_vp_stage": 2}, r".*, a group >= p or of all m \(got m = 8, group = 2, p = 4")],
 )
-def test_preconditions(changes, needs):
+def test_preconditions(changes, options, needs):
     problem = Problem(**{"num_devices": 4, "num_microbatches": 8, "chunks_per_device": 2, **changes})
     with pytest.raises(NotApplicableError, match=f"interleaved-1f1b needs {needs}"):
-        generate("interleaved-1f1b", problem)
+        generate("interleaved-1f1b", problem, **options)
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2", "true", "1.5"])

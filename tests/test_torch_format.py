@@ -195,9 +195,9 @@ def test_a_full_backward_on_a_split_problem_is_b_then_w_and_overlap_runs_f_first
 
 def test_torch_dumps_of_its_built_ins_import_and_simulate(pipelining, tmp_path):
     for cls, problem, zbopt_name in [
-        (pipelining.ScheduleZBVZeroBubble, PROBLEMS[5], "zb-v-rule"),
+        (pipelining.ScheduleZBVZeroBubble, PROBLEMS[5], "torch-zbv"),
         (pipelining.ScheduleDualPipeV, PROBLEMS[5], "dualpipe-v"),
-        (pipelining.ScheduleInterleavedZeroBubble, PROBLEMS[3], None),
+        (pipelining.ScheduleInterleavedZeroBubble, PROBLEMS[3], "torch-zb-interleaved"),
         (pipelining.ScheduleInterleaved1F1B, PROBLEMS[2], "interleaved-1f1b"),
     ]:
         path = tmp_path / f"{cls.__name__}.csv"
@@ -209,8 +209,7 @@ def test_torch_dumps_of_its_built_ins_import_and_simulate(pipelining, tmp_path):
         imported = order.problem(**costs, p2p_time=problem.p2p_time)
         simulation = simulate(imported, order.to_schedule(imported))
         assert simulation.valid
-        if zbopt_name is not None:
-            assert simulation.makespan == simulate(problem, generate(zbopt_name, problem)).makespan
+        assert simulation.makespan == simulate(problem, generate(zbopt_name, problem)).makespan
 
 
 # ---------------------------------------------------------------------------- torch's built-ins
@@ -223,7 +222,8 @@ def test_torch_dumps_of_its_built_ins_import_and_simulate(pipelining, tmp_path):
         ("Interleaved1F1B", "eager-1f1b", PROBLEMS[0]),  # one chunk: warm-up 2(p - r - 1)
         ("Interleaved1F1B", "interleaved-1f1b", PROBLEMS[2]),
         ("InterleavedZeroBubble", "zb-h1", PROBLEMS[1]),
-        ("ZBVZeroBubble", "zb-v-rule", PROBLEMS[5]),
+        ("InterleavedZeroBubble", "torch-zb-interleaved", PROBLEMS[3]),
+        ("ZBVZeroBubble", "torch-zbv", PROBLEMS[5]),
         ("DualPipeV", "dualpipe-v", PROBLEMS[5]),
         ("dualpipev", "dualpipe-v", PROBLEMS[5].replace(num_microbatches=12)),
     ],

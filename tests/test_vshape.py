@@ -1,4 +1,4 @@
-"""V-shape schedules: zb-v (the authors' greedy) and zb-v-rule ("Zero Bubble Pipeline Parallelism",
+"""V-shape schedules: zb-v (the authors' greedy) and torch-zbv ("Zero Bubble Pipeline Parallelism",
 Qi et al., ICLR 2024, section 6), v-min / v-half (the authors' reordering) / v-half-squeezed / v-zb
 ("Pipeline Parallelism with Controllable Memory", Qi et al., NeurIPS 2024).
 
@@ -17,7 +17,7 @@ from tests.reference import problems
 from zbopt import NotApplicableError, Op, Problem, critical_path, device_work, generate, simulate
 from zbopt.schedules import get
 
-NAMES = ("zb-v", "zb-v-rule", "v-min", "v-half", "v-half-squeezed", "v-zb")
+NAMES = ("zb-v", "torch-zbv", "v-min", "v-half", "v-half-squeezed", "v-zb")
 
 # The authors' table (Hugging Face playground sail/pipeline-parallelism-with-controllable-memory):
 # activation memory "by #micro-batch", one microbatch on a device = its two chunks; the paper's
@@ -56,7 +56,7 @@ def test_needs_v_placement_and_two_chunks(name, placement, chunks):
 # ----------------------------------------------------------------------------------------- ZB-V
 
 
-@pytest.mark.parametrize("name", ["zb-v", "zb-v-rule"])
+@pytest.mark.parametrize("name", ["zb-v", "torch-zbv"])
 @pytest.mark.parametrize("p", range(1, 7))
 @pytest.mark.parametrize("extra", [0, 1, 5])
 @pytest.mark.parametrize("t", [1.0, 0.5])
@@ -72,7 +72,7 @@ def test_zb_v_has_zero_bubble_when_f_b_w_are_equal(name, p, extra, t):
     assert result.zb_bubble_rate == pytest.approx(0.0)
 
 
-@pytest.mark.parametrize("name", ["zb-v", "zb-v-rule"])
+@pytest.mark.parametrize("name", ["zb-v", "torch-zbv"])
 @pytest.mark.parametrize("p", range(1, 8))
 def test_zb_v_peak_memory_is_1f1b_s(name, p):
     """ZB paper, section 6: ZB-V's peak activation memory equals 1F1B's, p full stages = 2p chunk
@@ -85,7 +85,7 @@ def test_zb_v_peak_memory_is_1f1b_s(name, p):
         assert peak == max(simulate(one_f_one_b, generate("1f1b", one_f_one_b)).peak_memory) == 2 * min(p, m)
 
 
-@pytest.mark.parametrize("name", ["zb-v", "zb-v-rule"])
+@pytest.mark.parametrize("name", ["zb-v", "torch-zbv"])
 @pytest.mark.parametrize("p", range(1, 7))
 def test_zb_v_stable_phase_is_the_v_zb_building_block(name, p):
     """ZB-V's stable phase is a V-shape building block repeated every T = 6. Device d first runs
@@ -220,16 +220,16 @@ def test_greedy_zb_v_is_never_longer_than_the_rule_at_unequal_costs(p, m):
     """At F > B > W (the 1.5B model's costs) the authors' greedy puts the W's where the waits are:
     zb-v is no longer than the fixed rule, both at 1F1B's memory (p chunk pairs of 0.5 each)."""
     problem = v_problem(p, m, **HALVED)
-    greedy, rule = (simulate(problem, generate(name, problem)) for name in ("zb-v", "zb-v-rule"))
+    greedy, rule = (simulate(problem, generate(name, problem)) for name in ("zb-v", "torch-zbv"))
     assert greedy.makespan <= rule.makespan + 1e-9
     assert max(greedy.peak_memory) <= p * 2 * 0.5 + 1e-9
 
 
 def test_the_rule_is_kept_because_it_is_sometimes_shorter():
-    """p = 4 at the same costs: the rule is shorter than the greedy, so zb-v-rule keeps its name
-    (and the warm start tries both)."""
+    """p = 4 at the same costs: the rule is shorter than the greedy, so the rule is kept (as
+    torch-zbv) and the warm start tries both."""
     problem = v_problem(4, 8, **HALVED)
-    greedy, rule = (simulate(problem, generate(name, problem)).makespan for name in ("zb-v", "zb-v-rule"))
+    greedy, rule = (simulate(problem, generate(name, problem)).makespan for name in ("zb-v", "torch-zbv"))
     assert rule < greedy
 
 

@@ -1,4 +1,12 @@
-"""Megatron-LM's interleaved 1F1B (Narayanan et al., SC 2021, §2.2) for v >= 2 chunks per device."""
+"""Interleaved schedules, v >= 2 chunks per device in loop placement, every device walking one
+schedule table of (microbatch, chunk) pairs.
+
+- `interleaved-1f1b`: Megatron-LM's interleaved 1F1B (Narayanan et al., SC 2021, §2.2), with
+  torch's flexible group (torch 2.13 `ScheduleInterleaved1F1B`): m need not be a multiple of p.
+- `torch-zb-interleaved`: torch's `ScheduleInterleavedZeroBubble` (its ZB1P for v chunks, after
+  "Zero Bubble Pipeline Parallelism", Qi et al., ICLR 2024): the same table with p-r-1 fewer
+  warm-up forwards and device r's W's r backwards late, as ZB-H1 delays them.
+"""
 
 from __future__ import annotations
 
@@ -28,11 +36,19 @@ def schedule_table(microbatches: int, chunks: int, group_size: int) -> list[tupl
     return table
 
 
-def warmup_count(problem: Problem, device: int, group_size: int, extra: int = 0) -> int:
-    """Megatron's warm-up forwards on a device: 2(p-r-1) + (v-1)·group (+ `extra`, one with its
-    combined 1F1B), at most all m·v of them."""
+def flexible_group(problem: Problem) -> int:
+    """torch's group size (its `microbatches_per_round`): m split into max(1, m // p) rounds, so
+    p when p divides m, all m microbatches when m < p."""
+    m = problem.num_microbatches
+    return m // max(1, m // problem.num_devices)
+
+
+def warmup_count(problem: Problem, device: int, group: int, hops: int = 2, extra: int = 0) -> int:
+    """Warm-up forwards on a device: (v-1)·group + hops·(p-r-1) (+ `extra`, one with Megatron's
+    combined 1F1B), at most all m·v of them (Megatron and torch's interleaved 1F1B: 2 per hop to
+    the last device; torch's zero bubble: 1)."""
     p, v = problem.num_devices, problem.chunks_per_device
-    return min(2 * (p - device - 1) + (v - 1) * group_size + extra, problem.num_microbatches * v)
+    return min((v - 1) * group + hops * (p - device - 1) + extra, problem.num_microbatches * v)
 
 
 def memory_bound(extra: int = 0) -> Callable[..., list[float]]:
@@ -40,26 +56,27 @@ def memory_bound(extra: int = 0) -> Callable[..., list[float]]:
     chunk) activations in flight, each at most the device's largest."""
 
     def bound(problem: Problem, microbatch_group_size_per_vp_stage: int | None = None) -> list[float]:
-        group = microbatch_group_size_per_vp_stage or problem.num_devices
-        return [min(warmup_count(problem, d, group, extra) + 1, problem.num_microbatches * problem.chunks_per_device)
-                * max(problem.activation_memory[s] for s in stages)
-                for d, stages in enumerate(problem.stages_of_device)]
+        group = microbatch_group_size_per_vp_stage or flexible_group(problem)
+        total = problem.num_microbatches * problem.chunks_per_device
+        return [min(warmup_count(problem, d, group, extra=extra) + 1, total)
+                * max(problem.activation_memory[s] for s in stages) for d, stages in enumerate(problem.stages_of_device)]
 
     return bound
 
 
-def checked_group(problem: Problem, name: str, given: object) -> int:
-    """The microbatch group size (default p) of a table schedule, once the problem is one it serves:
-    v >= 2, loop placement, p <= group and m a multiple of the group."""
+def checked_group(problem: Problem, name: str, given: object = None) -> int:
+    """The group size asked for (or torch's flexible one) once the shape is one the table serves:
+    loop placement, v >= 2, m a multiple of the group and a group of at least p or of all m."""
     if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
         raise ZboptError(f"{name} option microbatch_group_size_per_vp_stage = {given!r}: "
                          "must be a positive whole number")
     p, v, m = problem.num_devices, problem.chunks_per_device, problem.num_microbatches
-    group = given or p
+    group = given or flexible_group(problem)
     require(v >= 2, name, "chunks_per_device >= 2 (use 1f1b for one chunk)")
     require(problem.placement == "loop", name, "placement loop (chunk c of device r is stage c·p + r)")
-    require(p <= group and m % group == 0, name,
-            f"m a multiple of microbatch_group_size_per_vp_stage >= p (got m = {m}, group = {group}, p = {p})")
+    require(m % group == 0 and (group >= p or group == m), name,
+            f"m a multiple of microbatch_group_size_per_vp_stage, a group >= p or of all m (got m = {m}, "
+            f"group = {group}, p = {p}; shorter groups can deadlock, e.g. p = 4, v = 3, m = 5, group = 4)")
     return group
 
 
@@ -73,29 +90,69 @@ def table_passes(problem: Problem, device: int, group: int, microbatches: range)
     return forwards, backwards
 
 
+def table_order(problem: Problem, device: int, group: int, warmup: int, weight_lag: int | None = None) -> list[Op]:
+    """Device `device`'s order, every iteration: `warmup` forwards in table order, then one forward /
+    one backward, then the remaining backwards (`table_passes`). `weight_lag` None: each backward
+    whole; k: each W runs after the backward k later (ZB-H1's lag), the last k W's at the end."""
+    order: list[Op] = []
+    for microbatches in iteration_microbatches(problem):
+        forwards, backwards = table_passes(problem, device, group, microbatches)
+        order += forwards[:warmup]
+        for k, ops in enumerate(backwards):
+            order += forwards[warmup + k:warmup + k + 1]
+            if weight_lag is None:
+                order += ops
+                continue
+            order.append(ops[0])
+            if k >= weight_lag:
+                order.append(backwards[k - weight_lag][1])
+        if weight_lag is not None:
+            order += [ops[1] for ops in backwards[max(len(backwards) - weight_lag, 0):]]
+    return order
+
+
 @register("interleaved-1f1b", "Megatron-LM interleaved 1F1B (Narayanan et al., 2021): v chunks, depth-first groups",
           memory_bound())
 def interleaved_one_f_one_b(problem: Problem, microbatch_group_size_per_vp_stage: int | None = None) -> Schedule:
     """Interleaved 1F1B as Megatron-LM runs it: every device walks the schedule table (groups of
-    `microbatch_group_size_per_vp_stage` microbatches, default p, through chunk 0, 1, ...) for its
-    forwards, and the same table with chunks reversed for its backwards. Device r runs
-    2(p-r-1) + (v-1)·group warm-up forwards, then one forward / one backward, then the remaining
-    backwards. With m a multiple of p and uniform costs its bubble is (p-1)(F+B) per virtual stage
-    cost, 1/v of 1F1B's. Needs v >= 2, loop placement, p <= group and m a multiple of the group
-    (Megatron's original rule: with a short last group these orders can deadlock, e.g. p = 4,
-    v = 3, m = 5).
+    `microbatch_group_size_per_vp_stage` microbatches through chunk 0, 1, ...) for its forwards, and
+    the same table with chunks reversed for its backwards. Device r runs 2(p-r-1) + (v-1)·group
+    warm-up forwards, then one forward / one backward, then the remaining backwards. With m a
+    multiple of p and uniform costs its bubble is (p-1)(F+B) per virtual stage cost, 1/v of 1F1B's.
+
+    The default group is torch's flexible one (`flexible_group`: p when p divides m, m/⌊m/p⌋ when
+    that divides m, all m when m < p), so this is torch 2.13's ScheduleInterleaved1F1B op for op
+    wherever torch builds it. Needs v >= 2, loop placement, m a multiple of the group and a group of
+    at least p or of all m (with a short last group these orders can deadlock, e.g. p = 4, v = 3,
+    m = 5, group 4).
     """
     group = checked_group(problem, "interleaved-1f1b", microbatch_group_size_per_vp_stage)
-    orders = []
-    for device in range(problem.num_devices):
-        warmup = warmup_count(problem, device, group)
-        order: list[Op] = []
-        for microbatches in iteration_microbatches(problem):
-            forwards, backwards = table_passes(problem, device, group, microbatches)
-            order += forwards[:warmup]
-            for forward, backward in zip(forwards[warmup:], backwards, strict=False):
-                order += [forward, *backward]
-            for backward in backwards[len(backwards) - warmup:]:
-                order += backward
-        orders.append(order)
-    return Schedule(orders)
+    return Schedule([table_order(problem, d, group, warmup_count(problem, d, group))
+                     for d in range(problem.num_devices)])
+
+
+def _zero_bubble_memory(problem: Problem) -> list[float]:
+    """Device r: at most its warm-up + 1 activations between F and B and r pending W's, each at most
+    the device's largest M_B / M_W (torch's ZB1P, like ZB-H1, keeps 1F1B's in-flight count)."""
+    group, total = flexible_group(problem), problem.num_microbatches * problem.chunks_per_device
+    return [min(warmup_count(problem, d, group, hops=1) + 1, total) * max(problem.activation_memory[s] for s in stages)
+            + min(d, total) * max(problem.weight_memory[s] for s in stages)
+            for d, stages in enumerate(problem.stages_of_device)]
+
+
+@register("torch-zb-interleaved", "torch's ScheduleInterleavedZeroBubble (ZB1P for v chunks): interleaved table, "
+          "(v-1)·group + p-r-1 warm-up, W's r backwards late", _zero_bubble_memory, after="interleaved-1f1b")
+def torch_zb_interleaved(problem: Problem) -> Schedule:
+    """torch 2.13's ScheduleInterleavedZeroBubble ("ZB1P" of Qi et al., ICLR 2024, §3, on torch's
+    interleaved table), in zbopt's words: device r walks the table of `interleaved-1f1b` with
+    torch's flexible group g, runs (v-1)·g + p-r-1 warm-up forwards (one per hop where Megatron
+    has two: B is shorter than a fused backward), then one forward / one B, then the remaining
+    B's; the W of its k-th backward runs after its (k+r)-th, the last r W's at the end (ZB-H1's
+    delay on device r). Device r holds at most its warm-up + 1 activations and r pending W's.
+    Needs a split backward, v >= 2 (with one chunk this is `zb-h1`), loop placement and m a
+    multiple of g (torch's rule: e.g. not p = 4, m = 9).
+    """
+    require(problem.split_backward, "torch-zb-interleaved", "a split backward (weight_times given)")
+    group = checked_group(problem, "torch-zb-interleaved")
+    return Schedule([table_order(problem, d, group, warmup_count(problem, d, group, hops=1), weight_lag=d)
+                     for d in range(problem.num_devices)])

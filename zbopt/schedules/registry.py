@@ -37,6 +37,8 @@ class RegisteredSchedule:
 
 
 _REGISTRY: dict[str, RegisteredSchedule] = {}
+# Former names -> the name the same generator has now (an error naming it, not a second entry).
+RENAMED = {"zb-v-rule": "torch-zbv"}
 
 
 def register(
@@ -80,6 +82,8 @@ def get(name: str) -> RegisteredSchedule:
     try:
         return known[name]
     except KeyError:
+        if name in RENAMED:
+            raise UnknownScheduleError(f"schedule '{name}' is now '{RENAMED[name]}' (the same order)") from None
         close = difflib.get_close_matches(str(name), known, n=1)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise UnknownScheduleError(

@@ -4,10 +4,12 @@ Device d holds virtual stage d (its *chunk 0*) and stage 2p-1-d (its *chunk 1*),
 forward goes down the devices on chunk 0 and back up on chunk 1, and its backward the other way: a
 device's chunk c is `problem.stages_of_device[d][c]`, read off the one placement map.
 
-- `zb-v-rule`: ZB-V as a fixed rule after Figure 8 of "Zero Bubble Pipeline Parallelism" (Qi et
-  al., ICLR 2024), section 6 (torch's ZBVZeroBubble builds the same order). `zb-v` is the authors'
-  cost-aware greedy (`zbopt.schedules.vshape_greedy`); the rule is kept because on some problems
-  it is the shorter of the two (p = 4 at the 1.5B model's costs, benchmarks/bench_authors.py).
+- `torch-zbv`: ZB-V as a fixed rule after Figure 8 of "Zero Bubble Pipeline Parallelism" (Qi et
+  al., ICLR 2024), section 6, which torch 2.13's ScheduleZBVZeroBubble builds op for op (tested on
+  every p, m torch takes); named after torch, where users meet it (it was `zb-v-rule`). `zb-v` is
+  the authors' cost-aware greedy (`zbopt.schedules.vshape_greedy`); the rule is kept because on
+  some problems it is the shorter of the two (p = 4 at the 1.5B model's costs,
+  benchmarks/bench_authors.py).
 - `v-min`, `v-half-squeezed`: "Pipeline Parallelism with Controllable Memory" (Qi et al.,
   NeurIPS 2024): one microbatch's passes laid out as a *building block*, repeated every T = 6
   slots, squeezed, and reordered in the warm-up and cool-down without raising the peak memory
@@ -87,11 +89,12 @@ def _zero_bubble_v_memory(problem: Problem) -> list[float]:
     return bounds
 
 
-@register("zb-v-rule", "ZB-V as a fixed rule (Qi et al., ICLR 2024, Fig. 8; torch's ZBVZeroBubble): zero bubble "
-          "when F = B = W", _zero_bubble_v_memory, after="zb-v")
+@register("torch-zbv", "torch's ScheduleZBVZeroBubble: ZB-V as a fixed rule (Qi et al., ICLR 2024, Fig. 8), "
+          "zero bubble when F = B = W", _zero_bubble_v_memory, after="zb-v")
 def zero_bubble_v_rule(problem: Problem) -> Schedule:
     """ZB-V as a fixed rule after "Zero Bubble Pipeline Parallelism" (Qi et al., ICLR 2024),
-    section 6, Figure 8 (torch's ScheduleZBVZeroBubble runs the same order).
+    section 6, Figure 8. torch 2.13's ScheduleZBVZeroBubble builds this order op for op (the same
+    counts per phase), so it has one implementation, under torch's name.
 
     Device d (chunk 0 = stage d, chunk 1 = stage 2p-1-d) runs
       warm-up:   2(p-d)-1 chunk-0 F; d times (chunk-1 F, chunk-0 F); p-d times (F1, B1, W1);
@@ -99,9 +102,10 @@ def zero_bubble_v_rule(problem: Problem) -> Schedule:
       cool-down: d times (B0, B1); p-d times (B0, oldest W0); then the remaining W1, then W0.
     With F = B = W and no latency every device then works without a gap from its first forward
     (zero bubble, for m >= 2p-1) while holding at most 2p chunk activations, 1F1B's memory.
-    A fused backward runs the same order with BW in B's place. Needs placement v and v = 2.
+    A fused backward runs the same order with BW in B's place, and several iterations repeat it
+    (torch takes neither: a split backward, one step). Needs placement v and v = 2.
     """
-    require_v_shape(problem, "zb-v-rule")
+    require_v_shape(problem, "torch-zbv")
     p, m = problem.num_devices, problem.num_microbatches
     return passes_to_schedule(problem, [_zero_bubble_v_passes(p, device, m) for device in range(p)])
 
@@ -115,7 +119,7 @@ def _controllable_memory_schedule(problem: Problem, name: str, block: PassSlots,
 
 
 @register("v-min", "V-Min (Qi et al., NeurIPS 2024): V-shape building block, about 1/3 of 1F1B's activation memory",
-          block_memory(v_min_peak), after="zb-v-rule")
+          block_memory(v_min_peak), after="torch-zbv")
 def v_min(problem: Problem) -> Schedule:
     """V-Min, "Pipeline Parallelism with Controllable Memory" (Qi et al., NeurIPS 2024).
 

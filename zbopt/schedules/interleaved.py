@@ -59,7 +59,8 @@ def memory_bound(extra: int = 0) -> Callable[..., list[float]]:
         group = microbatch_group_size_per_vp_stage or flexible_group(problem)
         total = problem.num_microbatches * problem.chunks_per_device
         return [min(warmup_count(problem, d, group, extra=extra) + 1, total)
-                * max(problem.activation_memory[s] for s in stages) for d, stages in enumerate(problem.stages_of_device)]
+                * max(problem.activation_memory[s] for s in stages)
+                for d, stages in enumerate(problem.stages_of_device)]
 
     return bound
 

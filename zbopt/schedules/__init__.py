@@ -12,6 +12,7 @@ from zbopt.schedules import (
     interleaved,  # noqa: F401
     zero_bubble,  # noqa: F401
     dualpipe,  # noqa: F401
+    chimera,  # noqa: F401  (bidirectional, after dualpipe)
     greedy,  # noqa: F401  (the fallback for any memory limit)
     offload,  # noqa: F401  (registers pipeoffload after the bases it adds copies to)
     recompute,  # noqa: F401  (registers the full-recomputation variants after their bases)

@@ -115,21 +115,25 @@ def test_dualpipe_peak_memory_is_the_readme_pp_plus_one(p, extra):
     assert list(get("dualpipe").peak_memory_bound(problem)) == list(result.peak_memory)
 
 
-@given(st.sampled_from([2, 4, 6]), st.integers(0, 3), st.data())
+@pytest.mark.parametrize(("name", "microbatches"), [
+    ("dualpipe", lambda p, extra: 2 * p + 2 * extra),  # even, at least 2p
+    ("chimera", lambda p, extra: (extra + 1) * p),  # whole basic units of p
+])
+@given(p=st.sampled_from([2, 4, 6]), extra=st.integers(0, 3), data=st.data())
 @settings(max_examples=25, deadline=None)
-def test_dualpipe_valid_on_random_costs(p, extra, data):
+def test_bidirectional_schedules_valid_on_random_costs(name, microbatches, p, extra, data):
     """Heterogeneous costs and memory, latency, split or fused: no deadlock, each device does its
     work, the makespan respects both bounds and the peak its promise."""
     costs = st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]), min_size=2 * p, max_size=2 * p)
     split = data.draw(st.booleans())
-    problem = bidirectional(p, 2 * p + 2 * extra, f=data.draw(costs), b=data.draw(costs),
+    problem = bidirectional(p, microbatches(p, extra), f=data.draw(costs), b=data.draw(costs),
                             w=data.draw(costs) if split else None, p2p_time=data.draw(st.sampled_from([0, 0.3])),
                             activation_memory=data.draw(costs))
-    result = simulate(problem, generate("dualpipe", problem))
+    result = simulate(problem, generate(name, problem))
     assert list(result.busy) == pytest.approx(device_work(problem))
     assert result.makespan >= max(critical_path(problem), max(device_work(problem))) - 1e-9
     assert all(peak <= bound + 1e-9 for peak, bound in
-               zip(result.peak_memory, get("dualpipe").peak_memory_bound(problem), strict=True))
+               zip(result.peak_memory, get(name).peak_memory_bound(problem), strict=True))
 
 
 @pytest.mark.parametrize(("problem", "message"), [
@@ -137,10 +141,13 @@ def test_dualpipe_valid_on_random_costs(p, extra, data):
     (bidirectional(4, 6), r"dualpipe needs an even num_microbatches >= 2 \* num_devices \(m >= 8, got m = 6\)"),
     (bidirectional(4, 9), r"dualpipe needs an even num_microbatches"),
     (bidirectional(4, 8).replace(placement="v"), "dualpipe needs placement 'bidirectional'"),
+    (bidirectional(3, 6), r"chimera needs an even num_devices \(got p = 3\)"),
+    (bidirectional(4, 6), r"chimera needs num_microbatches a multiple of num_devices"),
+    (bidirectional(4, 8).replace(placement="v"), "chimera needs placement 'bidirectional'"),
 ])
-def test_dualpipe_preconditions(problem, message):
+def test_bidirectional_schedule_preconditions(problem, message):
     with pytest.raises(NotApplicableError, match=message):
-        generate("dualpipe", problem)
+        generate(message.split()[0], problem)  # the schedule the message names
 
 
 def test_only_bidirectional_schedules_apply_to_the_placement():
@@ -281,31 +288,6 @@ def test_chimera_peak_memory_is_between_half_plus_one_and_d(p):
     plain = problem.replace(activation_memory=1.0)
     plain = simulate(plain, generate("chimera", plain))
     assert (min(plain.peak_memory), max(plain.peak_memory)) == (p // 2 + 1, p)
-
-
-@given(st.sampled_from([2, 4, 6]), st.integers(1, 3), st.data())
-@settings(max_examples=25, deadline=None)
-def test_chimera_valid_on_random_costs(p, units, data):
-    costs = st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]), min_size=2 * p, max_size=2 * p)
-    split = data.draw(st.booleans())
-    problem = bidirectional(p, units * p, f=data.draw(costs), b=data.draw(costs),
-                            w=data.draw(costs) if split else None, p2p_time=data.draw(st.sampled_from([0, 0.3])),
-                            activation_memory=data.draw(costs))
-    result = simulate(problem, generate("chimera", problem))
-    assert list(result.busy) == pytest.approx(device_work(problem))
-    assert result.makespan >= max(critical_path(problem), max(device_work(problem))) - 1e-9
-    assert all(peak <= bound + 1e-9 for peak, bound in
-               zip(result.peak_memory, get("chimera").peak_memory_bound(problem), strict=True))
-
-
-@pytest.mark.parametrize(("problem", "message"), [
-    (bidirectional(3, 6), r"chimera needs an even num_devices \(got p = 3\)"),
-    (bidirectional(4, 6), r"chimera needs num_microbatches a multiple of num_devices"),
-    (bidirectional(4, 8).replace(placement="v"), "chimera needs placement 'bidirectional'"),
-])
-def test_chimera_preconditions(problem, message):
-    with pytest.raises(NotApplicableError, match=message):
-        generate("chimera", problem)
 
 
 def test_chimera_is_no_alias_of_dualpipe_or_greedy():

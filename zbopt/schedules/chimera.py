@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from zbopt.kinds import FORWARD
+from zbopt.kinds import BACKWARD, FORWARD
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
@@ -41,6 +41,12 @@ class _Streams:
     def backward(self, stage: int) -> None:
         self.order += backward_ops(self.problem, stage, next(self._backwards[stage]))
 
+    def run(self, count: int, *steps: tuple[str, int]) -> None:
+        """`count` times the (kind, stage) steps in turn, kind F or B (the full backward)."""
+        for _ in range(count):
+            for kind, stage in steps:
+                (self.forward if kind == FORWARD else self.backward)(stage)
+
 
 def chimera_roles(problem: Problem, device: int) -> tuple[int, int, int]:
     """(first, second, h) of `device`: its stage in the pipeline where it sits in the first half
@@ -60,21 +66,11 @@ def _chimera_order(problem: Problem, device: int) -> list[Op]:
     a = p // 2 - h
     streams = _Streams(problem, (first, second))
     for unit in range(m // p):
-        for _ in range(a):
-            if unit:
-                streams.backward(first)
-            streams.forward(first)
-        for _ in range(h):
-            streams.forward(second)
-            streams.forward(first)
-        for _ in range(a):
-            streams.forward(second)
-            streams.backward(second)
-        for _ in range(h):
-            streams.backward(first)
-            streams.backward(second)
-    for _ in range(a):
-        streams.backward(first)
+        streams.run(a, *([(BACKWARD, first)] if unit else []), (FORWARD, first))
+        streams.run(h, (FORWARD, second), (FORWARD, first))
+        streams.run(a, (FORWARD, second), (BACKWARD, second))
+        streams.run(h, (BACKWARD, first), (BACKWARD, second))
+    streams.run(a, (BACKWARD, first))
     return streams.order
 
 

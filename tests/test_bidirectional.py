@@ -115,21 +115,25 @@ def test_dualpipe_peak_memory_is_the_readme_pp_plus_one(p, extra):
     assert list(get("dualpipe").peak_memory_bound(problem)) == list(result.peak_memory)
 
 
-@given(st.sampled_from([2, 4, 6]), st.integers(0, 3), st.data())
+@pytest.mark.parametrize(("name", "microbatches"), [
+    ("dualpipe", lambda p, extra: 2 * p + 2 * extra),  # even, at least 2p
+    ("chimera", lambda p, extra: (extra + 1) * p),  # whole basic units of p
+])
+@given(p=st.sampled_from([2, 4, 6]), extra=st.integers(0, 3), data=st.data())
 @settings(max_examples=25, deadline=None)
-def test_dualpipe_valid_on_random_costs(p, extra, data):
+def test_bidirectional_schedules_valid_on_random_costs(name, microbatches, p, extra, data):
     """Heterogeneous costs and memory, latency, split or fused: no deadlock, each device does its
     work, the makespan respects both bounds and the peak its promise."""
     costs = st.lists(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]), min_size=2 * p, max_size=2 * p)
     split = data.draw(st.booleans())
-    problem = bidirectional(p, 2 * p + 2 * extra, f=data.draw(costs), b=data.draw(costs),
+    problem = bidirectional(p, microbatches(p, extra), f=data.draw(costs), b=data.draw(costs),
                             w=data.draw(costs) if split else None, p2p_time=data.draw(st.sampled_from([0, 0.3])),
                             activation_memory=data.draw(costs))
-    result = simulate(problem, generate("dualpipe", problem))
+    result = simulate(problem, generate(name, problem))
     assert list(result.busy) == pytest.approx(device_work(problem))
     assert result.makespan >= max(critical_path(problem), max(device_work(problem))) - 1e-9
     assert all(peak <= bound + 1e-9 for peak, bound in
-               zip(result.peak_memory, get("dualpipe").peak_memory_bound(problem), strict=True))
+               zip(result.peak_memory, get(name).peak_memory_bound(problem), strict=True))
 
 
 @pytest.mark.parametrize(("problem", "message"), [
@@ -137,15 +141,18 @@ def test_dualpipe_valid_on_random_costs(p, extra, data):
     (bidirectional(4, 6), r"dualpipe needs an even num_microbatches >= 2 \* num_devices \(m >= 8, got m = 6\)"),
     (bidirectional(4, 9), r"dualpipe needs an even num_microbatches"),
     (bidirectional(4, 8).replace(placement="v"), "dualpipe needs placement 'bidirectional'"),
+    (bidirectional(3, 6), r"chimera needs an even num_devices \(got p = 3\)"),
+    (bidirectional(4, 6), r"chimera needs num_microbatches a multiple of num_devices"),
+    (bidirectional(4, 8).replace(placement="v"), "chimera needs placement 'bidirectional'"),
 ])
-def test_dualpipe_preconditions(problem, message):
+def test_bidirectional_schedule_preconditions(problem, message):
     with pytest.raises(NotApplicableError, match=message):
-        generate("dualpipe", problem)
+        generate(message.split()[0], problem)  # the schedule the message names
 
 
 def test_only_bidirectional_schedules_apply_to_the_placement():
     built, reasons = generate_applicable(bidirectional(4, 8))
-    assert list(built) == ["dualpipe", "greedy"]
+    assert list(built) == ["dualpipe", "chimera", "greedy"]
     assert reasons["1f1b"] == "1f1b needs a placement other than 'bidirectional' (it sends every microbatch " \
                               "through every stage)"
 
@@ -238,3 +245,52 @@ def test_runtime_formats_refuse_both_ways(export):
     with pytest.raises(ZboptError, match="sends every microbatch through every stage, and placement 'bidirectional' "
                                          "sends half of them each way; export it as zbopt JSON"):
         getattr(torch_format, export)(problem, generate("dualpipe", problem))
+
+
+# ------------------------------------------------------------------------------------- Chimera
+# Fig. 3's example (D = 4 devices, N = 4 microbatches, 0 and 1 down, 2 and 3 up): the orders the
+# authors' runtime issues (main_with_runtime_direct.py: rank r's schedule numbers a = 2 - h and
+# b = h, h = min(r, 3 - r)), redrawn by hand. Device r holds down stage r and up stage 7 - r.
+CHIMERA_FIG3 = [order.split() for order in (
+    "0F0 0F1 7F2 7BW2 7F3 7BW3 0BW0 0BW1",
+    "1F0 6F2 1F1 6F3 6BW2 1BW0 6BW3 1BW1",
+    "5F2 2F0 5F3 2F1 2BW0 5BW2 2BW1 5BW3",
+    "4F2 4F3 3F0 3BW0 3F1 3BW1 4BW2 4BW3",
+)]
+
+
+def test_chimera_order_is_the_runtime_s_on_fig3_example():
+    schedule = generate("chimera", bidirectional(4, 4, w=None))
+    assert [[str(op) for op in order] for order in schedule.orders] == CHIMERA_FIG3
+
+
+@pytest.mark.parametrize("p", [2, 4, 6, 8])
+@pytest.mark.parametrize("units", [1, 2, 3])
+def test_chimera_bubble_is_the_paper_s_d_minus_2_slots(p, units):
+    """Table 2 of the paper: with F = B (one slot each) Chimera idles D - 2 slots per device, the
+    ratio (D-2)/(2N+D-2); direct concatenation of whole units adds none when F = B."""
+    problem = bidirectional(p, units * p, w=None)
+    result = simulate(problem, generate("chimera", problem))
+    assert result.makespan == 2 * units * p + p - 2
+    assert result.bubble_rate == pytest.approx((p - 2) / (2 * units * p + p - 2))
+
+
+@pytest.mark.parametrize("p", [2, 4, 6, 8])
+def test_chimera_peak_memory_is_between_half_plus_one_and_d(p):
+    """Table 2: activation memory from (D/2 + 1)·Ma to D·Ma; per device p/2 microbatches of its
+    first-half stage and h + 1 of the other (told apart by activations 1 and 1000)."""
+    activation = [1.0 if s % p < p // 2 else 1000.0 for s in range(2 * p)]  # first half of a route: 1
+    problem = bidirectional(p, 2 * p, activation_memory=activation, weight_memory=0.0)
+    result = simulate(problem, generate("chimera", problem))
+    expected = [p // 2 + 1000 * (min(r, p - 1 - r) + 1) for r in range(p)]
+    assert list(result.peak_memory) == expected
+    assert list(get("chimera").peak_memory_bound(problem)) == expected
+    plain = problem.replace(activation_memory=1.0)
+    plain = simulate(plain, generate("chimera", plain))
+    assert (min(plain.peak_memory), max(plain.peak_memory)) == (p // 2 + 1, p)
+
+
+def test_chimera_is_no_alias_of_dualpipe_or_greedy():
+    problem = bidirectional(4, 8)
+    built, _ = generate_applicable(problem)
+    assert built["chimera"].orders not in [schedule.orders for name, schedule in built.items() if name != "chimera"]

@@ -238,3 +238,17 @@ def test_zb_v_auto_at_zb_v_s_memory_is_zb_v(p, m):
     """Under a memory limit equal to ZB-V's target the greedy with the problem's limit builds ZB-V."""
     problem = v_problem(p, m, **HALVED).replace(memory_limit=p * 2 * 0.5)
     assert generate("zb-v-auto", problem).orders == generate("zb-v", problem).orders
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5])
+@pytest.mark.parametrize("waves", [1, 2, 3])
+def test_v_placement_with_2w_chunks_is_hanayos_wave(p, waves):
+    """Hanayo (Liu et al., SC'23, §3): W waves, the model cut into 2W·p stages, each wave one
+    stage down the devices and one back up; device d holds stages 2kp + d and 2kp + 2p-1-d for each
+    wave k, every stage once (no weight copies, unlike Chimera). zbopt's placement v with
+    chunks_per_device = 2W is that map."""
+    problem = Problem(num_devices=p, num_microbatches=p, chunks_per_device=2 * waves, placement="v")
+    wave = [sorted(s for k in range(waves) for s in (2 * k * p + d, 2 * k * p + 2 * p - 1 - d)) for d in range(p)]
+    assert [list(stages) for stages in problem.stages_of_device] == wave
+    devices = [problem.device_of(s) for s in range(problem.num_stages)]
+    assert devices == (list(range(p)) + list(range(p - 1, -1, -1))) * waves

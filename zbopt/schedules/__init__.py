@@ -13,6 +13,7 @@ from zbopt.schedules import (
     combined,  # noqa: F401  (1F1B and interleaved 1F1B with overlapped F&B pairs)
     zero_bubble,  # noqa: F401
     dualpipe,  # noqa: F401
+    chimera,  # noqa: F401  (bidirectional, after dualpipe)
     greedy,  # noqa: F401  (the fallback for any memory limit)
     offload,  # noqa: F401  (registers pipeoffload after the bases it adds copies to)
     recompute,  # noqa: F401  (registers the full-recomputation variants after their bases)

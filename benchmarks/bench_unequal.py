@@ -5,8 +5,8 @@ p = 4 and 8, v = 1 (loop) and 2 (V), split backward (F = B = W = 1 per stage at 
 halved per chunk with v = 2), tokens drawn log-uniform over [512, 4096] (seeded, then the smallest
 set to 512 and the largest to 4096 so they span exactly 8x), attention_share 0.3; no memory limit,
 or a limit of L mean activations per chunk (`--memory L`). Per case: 1F1B and ZB-H1 (with v = 2 the
-V schedules `torch-zbv` and `zb-v`) in the loader's order and in their best order rule, `solve`'s makespan, lower bound, gap and status within the time limit, the
-binding bound.
+V schedules `torch-zbv` and `zb-v`) in the loader's order and in their best order rule, `solve`'s
+makespan, lower bound, gap and status within the time limit, the binding bound.
 
 Prints a table and writes benchmarks/results/bench_unequal.json. Wall times on a shared machine
 (CP-SAT with two workers).

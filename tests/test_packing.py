@@ -111,7 +111,7 @@ def test_packing_gains_are_against_the_loaders_packing_in_its_order():
         assert row["gain"] == pytest.approx(1 - row["best"] / base)
     tokens = packed_tokens(lengths, pack(lengths, 1000, "loader"))
     loader = Problem(num_devices=2, weight_times=1.0, num_microbatches=len(tokens), microbatch_tokens=tokens,
-                     attention_share=0.3)
+                     attention_share=0.3, reference_tokens=1000)  # costs at the budget for every packing
     from zbopt import generate, simulate
 
     assert base == simulate(loader, generate("1f1b", loader)).makespan

@@ -166,7 +166,7 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
         raise ZboptError("bounds=False (--no-bounds) with optimal=True (--optimal): the optimizer certifies its "
                          "answer with the lower bounds; give one of the two")
     simulations, not_applicable = _simulate_schedules(problem, schedules, order)
-    if order is None and not problem.microbatches_equal:
+    if order is None and not problem.microbatches_equal and problem.sequence_slices == 1:  # slices keep theirs
         simulations += _best_orders(problem, simulations)
     stop = None
     if optimal:
@@ -198,7 +198,10 @@ def _best_orders(problem: Problem, simulations: list) -> list:
     for name, given, _ in simulations:
         best = (not given.valid, given.makespan * (1 - RELATIVE_TOLERANCE), None, None)  # shorter, not a rounding
         for rule in ORDER_RULES[1:]:
-            simulation = simulate(problem, named_schedule(name, problem, rule))
+            try:
+                simulation = simulate(problem, named_schedule(name, problem, rule))
+            except NotApplicableError:  # e.g. a greedy that no candidate of fits the limit in this order
+                continue
             best = min(best, (not simulation.valid, simulation.makespan, rule, simulation), key=lambda item: item[:2])
         if best[2] is not None:
             rows.append((f"{name} ({best[2]} order)", best[3], None))

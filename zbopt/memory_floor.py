@@ -11,12 +11,20 @@ from zbopt.errors import ProblemError
 
 def _largest(problem, floor) -> tuple[float, ...]:
     """Per device, the most `floor(activation, checkpoint)` gives over the microbatches (per
-    stage, one microbatch's values: each must run; all of one class cost the same)."""
-    def values(microbatch, key):
-        rows = problem.per_microbatch[key] if problem.per_microbatch and key in problem.per_microbatch else None
-        return getattr(problem, key) if rows is None else tuple(row[microbatch] for row in rows)
+    stage, one microbatch's values: each must run; all of one class cost the same). With sequence
+    slices, over the sequences, each stage's values summed over the sequence's slices: a slice's
+    forward waits for the earlier slices' and their backwards for its own, so all of a sequence's
+    slices on a stage are held at once."""
+    slices = problem.sequence_slices
 
-    firsts = sorted(set(problem.microbatch_classes))
+    def values(first, key):
+        rows = problem.per_microbatch[key] if problem.per_microbatch and key in problem.per_microbatch else None
+        if rows is None:
+            stage_values = getattr(problem, key)
+            return None if stage_values is None else tuple(value * slices for value in stage_values)
+        return tuple(sum(row[first:first + slices]) for row in rows)
+
+    firsts = sorted(set(problem.microbatch_classes)) if slices == 1 else range(0, problem.num_microbatches, slices)
     floors = [floor(values(j, "activation_memory"), values(j, "checkpoint_memory")) for j in firsts]
     return tuple(max(device) for device in zip(*floors, strict=True))
 
@@ -76,4 +84,6 @@ def _floor_reason(problem) -> str:
         return "its largest stage's activation, with offload"
     if problem.allow_recompute:
         return "one stage's activation and the checkpoints of its earlier stages, with recomputation"
+    if problem.sequence_slices > 1:
+        return "one sequence's activations (all its slices) on its stages"
     return "one microbatch's activations on its stages" + (" (of one route)" if problem.bidirectional else "")

@@ -131,6 +131,17 @@ def check_tokens(tokens, attention_share, reference_tokens, stages: int, microba
     return {"microbatch_tokens": tuple(documents), "attention_share": share, "reference_tokens": float(reference)}
 
 
+def tokens_of(problem, microbatch: int) -> int | None:
+    """Microbatch `microbatch`'s tokens (of any iteration): its count, its packed documents'
+    together, or with sequence slices its slice's share of its sequence; None without tokens."""
+    if problem.microbatch_tokens is None:
+        return None
+    k, place = problem.sequence_slices, microbatch % problem.num_microbatches
+    length = total_tokens(problem.microbatch_tokens[place // k])
+    slice_ = place % k
+    return (slice_ + 1) * length // k - slice_ * length // k
+
+
 def _whole(length: object) -> bool:
     return isinstance(length, int) and not isinstance(length, bool) and length >= 1
 
@@ -204,6 +215,13 @@ def classes(values: dict[str, Rows] | None, microbatches: int, slices: int = 1) 
     first: dict[tuple, int] = {}
     columns = [tuple(row[j] for rows in values.values() for row in rows) for j in range(microbatches)]
     return tuple(first.setdefault(column, j) for j, column in enumerate(columns))
+
+
+def at_stage_values(problem) -> bool:
+    """Whether every microbatch costs exactly its stage's value on every key (or none differs)."""
+    values = problem.per_microbatch
+    return values is None or all(value == stage for key, rows in values.items()
+                                 for stage, row in zip(getattr(problem, key), rows, strict=True) for value in row)
 
 
 def stage_values(problem, pick) -> dict[str, tuple[float, ...]]:

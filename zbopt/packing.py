@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from zbopt.errors import ZboptError
+from zbopt.slices import span_factor
 
 RULES = ("loader", "first-fit-decreasing", "balanced")
 WORK_SCALE = 1000  # CP-SAT takes integers: each document's work in thousandths of the largest's
@@ -39,8 +40,7 @@ def check_lengths(lengths: Sequence[int], budget: int) -> None:
 
 def document_work(length: int, attention_share: float, reference: float) -> float:
     """One document's work relative to a document of `reference` tokens (the tokens rule)."""
-    tau = length / reference
-    return (1 - attention_share) * tau + attention_share * tau * tau
+    return span_factor((0.0, length / reference), attention_share)
 
 
 def pack(lengths: Sequence[int], budget: int, rule: str = "first-fit-decreasing", attention_share: float = 0.0,
@@ -144,9 +144,10 @@ def packing_gains(lengths: Sequence[int], budget: int, problem: dict, schedules:
     """What packing and order gain over the data loader: per packing rule (`RULES`) and schedule,
     the makespan with the microbatches in the loader's order ("given") and in the best of the
     order rules (`zbopt.microbatch_order.ORDER_RULES`), and how much shorter that is than the
-    loader's packing in its given order. `problem`: the Problem's other keys (devices, costs at
-    the mean microbatch, memory); a schedule that does not apply, or overruns the memory limit
-    in an order, has no value there (None)."""
+    loader's packing in its given order. `problem`: the Problem's other keys (devices, costs,
+    memory), its costs those of a microbatch of `budget` tokens unless it gives reference_tokens
+    (one reference for every packing, so each holds the same work); a schedule that does not
+    apply, or overruns the memory limit in an order, has no value there (None)."""
     from zbopt.errors import NotApplicableError
     from zbopt.microbatch_order import ORDER_RULES
     from zbopt.problem import Problem
@@ -163,8 +164,8 @@ def packing_gains(lengths: Sequence[int], budget: int, problem: dict, schedules:
     rows, baseline = [], {}
     for rule in RULES:
         tokens = packed_tokens(lengths, pack(lengths, budget, rule, attention_share, time_limit=time_limit))
-        chosen = Problem(**problem, num_microbatches=len(tokens), microbatch_tokens=tokens,
-                         attention_share=attention_share)
+        chosen = Problem(**{"reference_tokens": budget, **problem}, num_microbatches=len(tokens),
+                         microbatch_tokens=tokens, attention_share=attention_share)
         for name in schedules:
             by_order = {order: makespan(chosen, name, order) for order in ORDER_RULES}
             found = {order: value for order, value in by_order.items() if value is not None}

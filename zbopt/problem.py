@@ -332,10 +332,11 @@ class Problem:
         """Per microbatch of one iteration, the first that costs as it does: only one class's are interchangeable."""
         return microbatches.classes(self.per_microbatch, self.num_microbatches, self.sequence_slices)
 
-    @property
+    @cached_property
     def microbatches_equal(self) -> bool:
-        """Every microbatch costs the same on every stage (today's problems)."""
-        return max(self.microbatch_classes) == 0
+        """Every microbatch costs the stage's value (today's problems): one class, at the stage values
+        (equal tokens off `reference_tokens` cost the same as each other, not the stage's value)."""
+        return max(self.microbatch_classes) == 0 and microbatches.at_stage_values(self)
 
     def uniform_relaxation(self) -> Problem:
         """This problem with every microbatch costing, per key and stage, the least any does.

@@ -27,7 +27,7 @@ from zbopt.comparison import COLUMNS, Comparison, ComparisonRow
 from zbopt.errors import ZboptError
 from zbopt.io.write import write_file
 from zbopt.kinds import KINDS
-from zbopt.microbatches import total_tokens
+from zbopt.microbatches import tokens_of
 from zbopt.plot.style import chunk_color
 from zbopt.simulation import Simulation
 
@@ -195,8 +195,8 @@ def schedule_data(simulation: Simulation) -> dict:
         "kinds": [KINDS[kind].word for kind in kinds],
         "palette": [to_hex(chunk_color(kind, chunk, problem.chunks_per_device)) for kind, chunk in colours],
         "limit": None if problem.memory_limit is None else list(problem.memory_limit),
-        "tokens": None if problem.microbatch_tokens is None else  # per j % m, packed documents summed
-        [total_tokens(count) for count in problem.microbatch_tokens],
+        "tokens": None if problem.microbatch_tokens is None else  # per j % m (`tokens_of`)
+        [tokens_of(problem, j) for j in range(problem.num_microbatches)],
         "ops": {"name": [str(op) for op in ops], "d": list(table.device), "k": [kinds.index(op.kind) for op in ops],
                 "s": [op.stage for op in ops], "chunk": [chunk_of[op.stage] for op in ops],
                 "j": [op.microbatch for op in ops], "t0": times(simulation.start), "t1": times(simulation.end),

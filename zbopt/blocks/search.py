@@ -147,6 +147,9 @@ def _check_searchable(problem: Problem, time_limit: float) -> None:
                          "microbatches two ways; use zbopt solve")
     if problem.overlap_times:
         raise ZboptError("the block search does not model overlapped pairs (overlap_times); use zbopt solve")
+    if not problem.microbatches_equal:
+        raise ZboptError("the block search repeats one microbatch's block, and these microbatches differ "
+                         "(microbatch_tokens, rows per microbatch or sequence_slices); use zbopt solve")
     if problem.iterations != 1:
         raise NotApplicableError(f"a block schedule needs iterations = 1 (got {problem.iterations})")
 

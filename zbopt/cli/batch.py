@@ -52,7 +52,8 @@ PACKING_KEYS = ("sequence_lengths", "token_budget", "packing")
 def packed_microbatches(values: dict, name: Callable[[str], str]) -> tuple[int, list[list[int]]] | None:
     """(m, each microbatch's document lengths) packed from `values`' sequence_lengths under its
     token_budget by its packing rule (default "loader": the data loader's own way, nothing
-    reordered), or None when no packing key is given. Raises ZboptError naming the key for a
+    reordered; "balanced" weighs attention by the config's attention_share where it is one
+    number), or None when no packing key is given. Raises ZboptError naming the key for a
     packing key without sequence_lengths and token_budget, or microbatches given another way too."""
     from zbopt.packing import pack, packed_tokens
 
@@ -68,5 +69,7 @@ def packed_microbatches(values: dict, name: Callable[[str], str]) -> tuple[int, 
     lengths = given["sequence_lengths"]
     if not isinstance(lengths, list):
         raise ZboptError(f"{name('sequence_lengths')}: {shorten(lengths)}: expected a list of token counts")
-    packing = pack(lengths, given["token_budget"], given.get("packing", "loader"))
+    share = values.get("attention_share", 0.0)
+    packing = pack(lengths, given["token_budget"], given.get("packing", "loader"),
+                   share if isinstance(share, (int, float)) and not isinstance(share, bool) else 0.0)
     return len(packing), packed_tokens(lengths, packing)

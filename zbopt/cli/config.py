@@ -79,6 +79,8 @@ def build_run_config(values: dict, source: str = "config", sources: Mapping[str,
     if packed := packed_microbatches(values, name):
         parameters["num_microbatches"], parameters["microbatch_tokens"] = packed
         written_as["num_microbatches"] = written_as["microbatch_tokens"] = "sequence_lengths"
+        if "reference_tokens" not in values:  # costs at the budget: every packing holds the same work
+            parameters["reference_tokens"], written_as["reference_tokens"] = values["token_budget"], "token_budget"
     for key, value in values.items():
         if key in BATCH_FLAGS or key in PACKING_KEYS:
             continue

@@ -26,7 +26,7 @@ from pathlib import Path
 from zbopt.io.torch_format import TORCH_KIND
 from zbopt.io.write import write_file
 from zbopt.kinds import KINDS
-from zbopt.microbatches import total_tokens
+from zbopt.microbatches import tokens_of
 from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE
 from zbopt.problem import Problem
 from zbopt.schedule import pair_text
@@ -187,5 +187,5 @@ def _write(path: str | Path, trace: dict) -> None:
 
 def _tokens(problem: Problem, microbatch: int) -> dict:
     """{"tokens": the microbatch's tokens} where the problem gives them; else nothing."""
-    tokens = problem.microbatch_tokens
-    return {} if tokens is None else {"tokens": total_tokens(tokens[microbatch % problem.num_microbatches])}
+    tokens = tokens_of(problem, microbatch)
+    return {} if tokens is None else {"tokens": tokens}

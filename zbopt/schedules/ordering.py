@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
+from zbopt.errors import ProblemError
 from zbopt.microbatch_order import (
     SEARCHED_RULES,
     check_order,
@@ -42,8 +43,12 @@ Order = Sequence[int] | str | None
 def in_order(build: Build, problem: Problem, order: Order) -> Schedule:
     """`build(problem)` with the microbatches entering in `order`: None (as `build` numbers them),
     a rule name (`ORDER_RULES`) or a permutation (`order[k]` enters k-th, in every iteration)."""
-    if order is None:
-        return build(problem)
+    if order is None or order == "given" or (isinstance(order, Sequence) and not isinstance(order, str)
+                                             and list(order) == list(range(problem.num_microbatches))):
+        return build(problem)  # the identity
+    if problem.sequence_slices > 1:
+        raise ProblemError("order", order, "not with sequence_slices (a sequence's slices enter together, in "
+                                           "their order)")
     if isinstance(order, str) and order in SEARCHED_RULES:
         return _searched(build, problem)[1]
     chosen = sorted_order(problem, order) if isinstance(order, str) else check_order(problem, order)

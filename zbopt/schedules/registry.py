@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from zbopt.deferred import load_deferred
-from zbopt.errors import NotApplicableError, ProblemError, UnknownScheduleError, ZboptError
+from zbopt.errors import NotApplicableError, UnknownScheduleError, ZboptError
+from zbopt.microbatches import EQUAL_MICROBATCHES, stage_values
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.ordering import Order, in_order
@@ -55,7 +56,8 @@ def register(
     def decorate(generator: Generator) -> Generator:
         if name in _REGISTRY:
             raise RuntimeError(f"schedule {name!r} is registered twice")
-        entry = RegisteredSchedule(name, generator, summary, peak_memory_bound, bidirectional, sliced)
+        bound = peak_memory_bound if peak_memory_bound is None or sliced else _at_largest(peak_memory_bound)
+        entry = RegisteredSchedule(name, generator, summary, bound, bidirectional, sliced)
         entries = list(_REGISTRY.values())
         entries.insert(len(entries) if after is None else list(_REGISTRY).index(after) + 1, entry)
         _REGISTRY.clear()
@@ -63,6 +65,18 @@ def register(
         return generator
 
     return decorate
+
+
+def _at_largest(bound: MemoryBound) -> MemoryBound:
+    """`bound` where microbatches differ: taken as if every microbatch held the largest activation
+    of each stage (a promise counts activations in flight; each is at most that large)."""
+
+    def largest(problem: Problem, **options) -> Sequence[float]:
+        if problem.microbatches_equal:
+            return bound(problem, **options)
+        return bound(problem.replace(**stage_values(problem, max), **EQUAL_MICROBATCHES), **options)
+
+    return largest
 
 
 def _loaded() -> dict[str, RegisteredSchedule]:
@@ -114,10 +128,9 @@ def generate(name: str, problem: Problem, order: Order = None, **options) -> Sch
     if problem.sequence_slices > 1 and not entry.sliced:
         raise NotApplicableError(f"{name} needs sequence_slices = 1 (it does not run a sequence's slices in the "
                                  "order their attention needs: forwards first to last, backwards last to first)")
-    if problem.sequence_slices > 1 and order is not None:
-        raise ProblemError("order", order, "not with sequence_slices (a sequence's slices enter together, in "
-                                           "their order)")
     schedule = in_order(lambda planned: entry.generator(planned, **options), problem, order)
+    if schedule.start_times is not None and not problem.microbatches_equal:
+        schedule = schedule.without_times()  # planned with the stage values: the simulator times each microbatch
     return dataclasses.replace(schedule, name=name)
 
 

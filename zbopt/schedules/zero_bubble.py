@@ -14,7 +14,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from zbopt.errors import ProblemError, ZboptError
+from zbopt.errors import NotApplicableError, ProblemError, ZboptError
 from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.ops import Op
 from zbopt.problem import Problem
@@ -293,8 +293,8 @@ def _best_greedy_schedule(problem: Problem, limits: tuple[float, ...], name: str
         key = (max(result.span), result.makespan)
         if best_key is None or key < best_key:
             best, best_key = schedule, key
-    if best is None:
-        raise ZboptError(f"{name}: no greedy candidate fits the memory limit {list(limits)}")
+    if best is None:  # a heuristic that cannot serve this limit: not applicable, as any other's precondition
+        raise NotApplicableError(f"{name}: no greedy candidate fits the memory limit {list(limits)}")
     return best
 
 
@@ -306,9 +306,10 @@ def _auto_memory(problem: Problem) -> list[float]:
 
 
 def _scaled_limits(problem: Problem, microbatches: int) -> tuple[float, ...]:
-    """`microbatches` · M_B per device, M_B the largest activation_memory of a stage; never above
-    the problem's own limit."""
-    limit = microbatches * max(problem.activation_memory)
+    """`microbatches` · M_B per device, M_B the largest activation_memory of a stage (of any
+    microbatch, where they differ); never above the problem's own limit."""
+    rows = (problem.per_microbatch or {}).get("activation_memory")
+    limit = microbatches * max(problem.activation_memory if rows is None else (max(row) for row in rows))
     return tuple(min(limit, cap) for cap in problem.memory_caps)
 
 

@@ -116,3 +116,27 @@ def test_packed_documents_attend_to_themselves():
     assert Problem.from_dict(problem.to_dict()) == problem
     with pytest.raises(ProblemError, match=r"microbatch 0: expected a positive whole number of tokens \(or a list"):
         Problem(**TWO, microbatch_tokens=[[100, 0], 400])
+
+
+def test_equal_tokens_off_the_reference_cost_their_own_values():
+    """Review finding: two microbatches of 8192 tokens with costs given at 4096 each cost twice the
+    stage value; they are one class (interchangeable) but not 'equal microbatches' (the stage
+    values). 1F1B on p = 2, m = 2, fused, F = 2, BW = 4: (m + p - 1)(F + BW) = 18."""
+    problem = Problem(num_devices=2, num_microbatches=2, microbatch_tokens=[8192, 8192], reference_tokens=4096)
+    assert problem.microbatch_classes == (0, 0) and not problem.microbatches_equal
+    assert simulate(problem, generate("1f1b", problem)).makespan == 18.0
+    from zbopt import solve
+
+    assert solve(problem, time_limit=10).objective == 18.0
+
+
+def test_compare_on_unequal_microbatches_reports_heuristics_that_do_not_fit():
+    """Review finding: zb-1p's greedy fits no candidate under p·M_B here; compare goes on."""
+    from zbopt.comparison import compare
+
+    problem = Problem(num_devices=4, num_microbatches=8, weight_times=1.0, attention_share=0.3,
+                      microbatch_tokens=[512, 1024, 4096, 700, 800, 2048, 300, 1500])
+    comparison = compare(problem, bounds=False)
+    names = {row.name for row in comparison.rows} | {name for name, _ in comparison.not_applicable}
+    assert {"1f1b", "zb-h1", "zb-1p", "zb-2p"} <= names
+    assert all(row.simulation.makespan >= critical_path(problem) - 1e-9 for row in comparison.rows)

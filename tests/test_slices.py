@@ -155,3 +155,19 @@ def test_slices_keep_their_order_and_refuse_packed_documents():
         generate("seq1f1b", sliced, order=[1, 0, 2, 3])
     with pytest.raises(ProblemError, match=r"sequence_slices.*not with packed documents \(sequence 0: \[2, 2\]\)"):
         Problem(num_devices=2, num_microbatches=4, sequence_slices=2, microbatch_tokens=[[2, 2], 8])
+
+
+def test_a_sequences_slices_are_held_together_and_named_by_their_tokens():
+    """Review findings: the floor holds every slice of a sequence at once (a limit below it is
+    refused, one at it fits a schedule: brute force), and traces name each slice's own tokens."""
+    from zbopt.io.trace import chrome_trace
+
+    problem = Problem(num_devices=2, num_microbatches=2, sequence_slices=2)
+    assert problem.min_memory_limit == (1.0, 1.0)
+    with pytest.raises(ProblemError, match="one sequence's activations"):
+        problem.replace(memory_limit=0.6)
+    assert brute_force_optimum(problem.replace(memory_limit=1.0)) < float("inf")
+    tokened = Problem(num_devices=2, num_microbatches=4, sequence_slices=2, microbatch_tokens=[5, 8])
+    events = chrome_trace(simulate(tokened, generate("seq1f1b", tokened)))["traceEvents"]
+    tokens = {event["name"]: event["args"]["tokens"] for event in events if event.get("name", "").startswith("0F")}
+    assert tokens == {"0F0": 2, "0F1": 3, "0F2": 4, "0F3": 4}

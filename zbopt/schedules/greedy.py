@@ -129,10 +129,12 @@ class _ListSchedule:
         """Whether the device may take in the next microbatch of its route's first stage `stage`
         there (see the module docstring)."""
         footprint, done, microbatches = self.footprint[device], self.done, self.microbatches
-        room = self.ceiling[device] - self.timeline.held[device] - self.reserved[device] - footprint[stage]
+        taken = microbatches[stage][done[FORWARD, stage]]
+        room = self.ceiling[device] - self.timeline.held[device] - self.reserved[device] - \
+            footprint[stage][taken % self.problem.num_microbatches]
         pending = [microbatches[entry][done[FORWARD, entry]] for entry in footprint
                    if done[FORWARD, entry] < len(microbatches[entry])]
-        lowest = microbatches[stage][done[FORWARD, stage]] == min(pending)
+        lowest = taken == min(pending)
         return room >= 0 and (lowest or room >= self.spare[device])
 
     def place(self, device: int, op: Op, now: float) -> None:
@@ -140,7 +142,8 @@ class _ListSchedule:
         it holds; the device wakes when free, each op waiting on this one when it is ready."""
         index = self.first_index[op.kind, op.stage] + self.done[op.kind, op.stage]
         if op.kind == FORWARD:
-            self.reserved[device] += self.footprint[device].get(op.stage, 0.0)
+            if op.stage in self.footprint[device]:
+                self.reserved[device] += self.footprint[device][op.stage][op.microbatch % self.problem.num_microbatches]
             self.reserved[device] -= self.table.memory_delta[index]
         self.timeline.append(op, now)
         self.done[op.kind, op.stage] += 1
@@ -152,13 +155,15 @@ class _ListSchedule:
         heapq.heappush(self.wake, (time, next(self.turns), device))
 
 
-def _footprints(problem: Problem, stages: list[list[int]]) -> list[dict[int, float]]:
-    """Per device, its route's first stage there -> the activations a microbatch of that route
-    holds on the device."""
-    footprint: list[dict[int, float]] = [{} for _ in range(problem.num_devices)]
+def _footprints(problem: Problem, stages: list[list[int]]) -> list[dict[int, tuple[float, ...]]]:
+    """Per device, its route's first stage there -> per microbatch of one iteration, the
+    activations it holds on the device (its own, where microbatches differ)."""
+    footprint: list[dict[int, tuple[float, ...]]] = [{} for _ in range(problem.num_devices)]
     for device, device_stages in enumerate(stages):
         for route, _ in problem.routes:
             mine = [stage for stage in device_stages if stage in route]
             if mine:
-                footprint[device][mine[0]] = sum(problem.activation_memory[stage] for stage in mine)
+                footprint[device][mine[0]] = tuple(
+                    sum(problem.memory_delta(FORWARD, stage, microbatch=j) for stage in mine)
+                    for j in range(problem.num_microbatches))
     return footprint

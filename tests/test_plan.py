@@ -369,7 +369,7 @@ def test_the_joint_model_is_bounded_by_and_bounds_the_best_split(pipeline, devic
     best = min(optimum(SMALL, device, pipeline, split) for split in every_split(len(SMALL.layers), 2))
     split = (3, 4)  # a split that fits both devices, with its 1F1B as the hint: an answer in any time
     problem = split_problem(SMALL, device, pipeline, split)
-    answer = joint_search(SMALL, device, pipeline, 5.0, hint=(split, simulate(problem, generate("1f1b", problem))))
+    answer = joint_search(SMALL, device, pipeline, 2.0, hint=(split, simulate(problem, generate("1f1b", problem))))
     assert answer.simulation.valid and answer.simulation.makespan >= best - 1e-9
     assert answer.lower_bound_ms <= best + 1e-9
     if answer.proven:  # without a memory limit in about 1 s on a quiet machine

@@ -14,8 +14,9 @@ SPLIT = dict(forward_times=1, backward_times=1, weight_times=1)
 # zbopt's name -> torch's, and the layouts torch's class builds orders for
 TORCH_NAMES = {"interleaved-1f1b": "Interleaved1F1B", "torch-zb-interleaved": "InterleavedZeroBubble",
                "torch-zbv": "ZBVZeroBubble"}
-GRID = [(name, p, v, m) for name in TORCH_NAMES for p in range(1, 6) for m in range(1, 14)
-        for v in ((2,) if name == "torch-zbv" else (2, 3, 4))]
+# every p to 5 and m to 10, and m = 13 (not a multiple of 2..5: torch's flexible groups and refusals)
+GRID = [(name, p, v, m) for name in TORCH_NAMES for p in range(1, 6) for m in (*range(1, 11), 13)
+        for v in ((2,) if name == "torch-zbv" else (2, 3))]
 
 
 def grid_problem(name: str, p: int, v: int, m: int) -> Problem:
@@ -65,7 +66,7 @@ def test_valid_within_the_promised_memory_on_the_grid(name):
         promised = get(name).peak_memory_bound(problem)
         assert result.valid and all(peak <= bound + 1e-9 for peak, bound in zip(result.peak_memory, promised,
                                                                                 strict=True)), (p, v, m)
-    assert served >= 60  # of 65 (torch-zbv) or 195 shapes
+    assert served >= 50  # of 55 (torch-zbv) or 110 shapes
 
 
 def test_torch_refuses_exactly_m_not_a_multiple_of_its_rounds(torch_schedule):

@@ -9,8 +9,8 @@ joint answer, how much shorter it is, the gap over every split, the seconds, the
 whether the rest were pruned.
 
 With --joint, each row also runs the one CP-SAT model of the split and the schedule together
-(`zbopt.planner.joint_model`), from the even split's 1F1B, for the same time: its answer, the bound
-it proves over every split, and its gap, beside the plan's.
+(`zbopt.planner.joint_model`), from the even split's 1F1B (greedy with two chunks), for the same
+time: its answer, the bound it proves over every split, and its gap, beside the plan's.
 
     python benchmarks/bench_plan.py [--time-limit 120] [--rows name,...] [--joint]
 """
@@ -66,7 +66,8 @@ def measure(name, model, device, pipeline, time_limit: float) -> dict:
 
 
 def joint_row(model, device, pipeline, time_limit: float) -> dict:
-    """The joint model's answer, bound and gap in `time_limit`, hinted with the even split's 1F1B."""
+    """The joint model's answer, bound and gap in `time_limit`, hinted with the even split's 1F1B
+    (with two chunks, its `greedy`)."""
     from zbopt.planner import split_by_rule, split_problem
     from zbopt.planner.joint_model import joint_search
     from zbopt.schedules import generate
@@ -75,7 +76,7 @@ def joint_row(model, device, pipeline, time_limit: float) -> dict:
     even = split_by_rule("even", model, pipeline)
     problem = split_problem(model, device, pipeline, even)
     began = time.perf_counter()
-    hint = (even, simulate(problem, generate("1f1b", problem)))
+    hint = (even, simulate(problem, generate("1f1b" if pipeline.chunks_per_device == 1 else "greedy", problem)))
     answer = joint_search(model, device, pipeline, time_limit, hint=hint)
     makespan = None if answer.simulation is None or not answer.simulation.valid else answer.simulation.makespan
     return {"joint_model_ms": makespan, "joint_model_bound_ms": answer.lower_bound_ms,

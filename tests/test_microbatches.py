@@ -44,7 +44,9 @@ def test_tokens_give_costs_by_the_rule():
     assert problem.cost("B", 1, 1) == 2.0 * (0.5 * 1.5 + 0.5 * 2.25)
     assert problem.cost("W", 0, 1) == 1.5
     assert problem.memory_delta("F", 0, microbatch=0) == 0.5
-    assert Problem(**TWO, microbatch_tokens=[100, 300]).reference_tokens == 200.0
+    default = Problem(**TWO, forward_times=2.0, microbatch_tokens=[100, 300])  # the mean, 200
+    assert (default.reference_tokens, default.cost("F", 0, 1)) == (None, 3.0)
+    assert default.replace(microbatch_tokens=[400, 1200]).cost("F", 0, 1) == 3.0  # their own mean, 800
 
 
 def test_sums_and_chains_read_every_microbatch():

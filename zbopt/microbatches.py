@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from zbopt.checks import is_number, per_stage
 from zbopt.errors import ProblemError
-from zbopt.slices import Span, check_sequence_tokens, span_factor, spans
+from zbopt.slices import Span, check_sequence_tokens, span_factor, spans, total_tokens
 
 TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "recompute_times", "offload_times", "reload_times",
               "activation_memory")
@@ -125,10 +125,11 @@ def check_tokens(tokens, attention_share, reference_tokens, stages: int, microba
         documents.append(tuple(lengths) if packed else count)
     check_sequence_tokens(documents, slices)
     share = _shares(attention_share, stages)
-    reference = sum(map(total_tokens, documents)) / len(documents) if reference_tokens is None else reference_tokens
-    if not is_number(reference) or reference <= 0:
+    if reference_tokens is not None and (not is_number(reference_tokens) or reference_tokens <= 0):
         raise ProblemError("reference_tokens", reference_tokens, "expected a number > 0")
-    return {"microbatch_tokens": tuple(documents), "attention_share": share, "reference_tokens": float(reference)}
+    # None stays None (the mean, `slices.spans`): a copy with other tokens takes their mean
+    reference = None if reference_tokens is None else float(reference_tokens)
+    return {"microbatch_tokens": tuple(documents), "attention_share": share, "reference_tokens": reference}
 
 
 def tokens_of(problem, microbatch: int) -> int | None:
@@ -144,11 +145,6 @@ def tokens_of(problem, microbatch: int) -> int | None:
 
 def _whole(length: object) -> bool:
     return isinstance(length, int) and not isinstance(length, bool) and length >= 1
-
-
-def total_tokens(tokens: int | tuple[int, ...]) -> int:
-    """A microbatch's tokens: its count, or its packed documents' together."""
-    return tokens if isinstance(tokens, int) else sum(tokens)
 
 
 def _shares(attention_share, stages: int) -> tuple[float, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from zbopt.microbatches import total_tokens
+from zbopt.slices import total_tokens
 
 MECHANISM_KEYS = {"allow_recompute": ("recompute_times", "checkpoint_memory"),
                   "allow_offload": ("offload_times", "reload_times", "shared_host_link")}
@@ -44,6 +44,8 @@ def as_dict(problem) -> dict:
     else:
         data["microbatch_tokens"] = [list(count) if isinstance(count, tuple) else count
                                      for count in problem.microbatch_tokens]
+        if problem.reference_tokens is None:  # the default (the mean) stays the default
+            del data["reference_tokens"]
     return data
 
 

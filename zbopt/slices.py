@@ -67,11 +67,12 @@ def spans(problem) -> tuple[tuple[Span, ...], ...] | None:
     k, tokens = problem.sequence_slices, problem.microbatch_tokens
     if tokens is None and k == 1:
         return None
+    if tokens is not None:  # the length the costs are for: as given, else the mean microbatch's
+        reference = problem.reference_tokens or sum(map(total_tokens, tokens)) / len(tokens)
     if k == 1:
-        reference = problem.reference_tokens
         return tuple(((0.0, count / reference),) if isinstance(count, int) else
                      tuple((0.0, length / reference) for length in count) for count in tokens)
-    reference = 1.0 if tokens is None else problem.reference_tokens
+    reference = 1.0 if tokens is None else reference
     lengths = [1.0] * (problem.num_microbatches // k) if tokens is None else tokens
     result = []
     for length in lengths:
@@ -95,3 +96,8 @@ def neighbour(problem, forward: bool, microbatch: int) -> int | None:
     if forward:
         return microbatch - 1 if place > 0 else None
     return microbatch + 1 if place < k - 1 else None
+
+
+def total_tokens(tokens: int | tuple[int, ...]) -> int:
+    """A microbatch's tokens: its count, or its packed documents' together."""
+    return tokens if isinstance(tokens, int) else sum(tokens)

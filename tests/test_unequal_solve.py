@@ -102,3 +102,15 @@ def test_recomputation_per_microbatch_meets_the_timed_search():
     assert all(value <= optimum + 1e-9 for value in lower_bounds(problem).by_name().values())
     result = solve(problem, time_limit=20, lower_peak=False)
     assert (result.status, result.objective) == ("optimal", pytest.approx(optimum))
+
+
+def test_an_answer_under_a_limit_with_token_memory_is_within_the_limit():
+    """Review after merge: with tokens the stage's activation is the reference's (here exactly 1),
+    so a memory unit chosen from the stage values rounded each microbatch's own activation (0.6,
+    1.4, ...) to 1 and the model's answer overran the limit (3.18 held against 3: a
+    MemoryLimitError from solve). The unit now reads every microbatch's amounts, rounding up
+    where none makes them whole."""
+    problem = Problem(num_devices=4, num_microbatches=8, weight_times=1.0, attention_share=0.3, memory_limit=3,
+                      microbatch_tokens=[512, 1024, 4096, 700, 800, 2048, 300, 1500])
+    result = solve(problem, time_limit=3, lower_peak=False)
+    assert result.simulation.valid and max(result.simulation.peak_memory) <= 3 + 1e-9

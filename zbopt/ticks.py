@@ -58,11 +58,28 @@ def tick_scale(problem: Problem) -> TickScale:
     return TickScale(scale, False, per_op * chain / scale)
 
 
+def _memory_amounts(problem: Problem) -> list[float]:
+    """Every memory amount and limit the problem has, each microbatch's where they differ."""
+    rows = problem.per_microbatch or {}
+    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.checkpoint_memory or ()),
+               *(problem.memory_limit or ())]
+    return amounts + [value for key in ("activation_memory", "weight_memory", "checkpoint_memory")
+                      for row in rows.get(key, ()) for value in row]
+
+
+def memory_rounding(problem: Problem):
+    """How a model turns an amount in `memory_scale` units into a whole one: exactly where the
+    scale makes every amount whole, else up (the model then holds at least what the simulator
+    counts, so an answer within its capacity is within the limit)."""
+    if whole_at(_memory_amounts(problem), memory_scale(problem)):
+        return round
+    return lambda scaled: math.ceil(scaled - 1e-9 * max(1.0, scaled))
+
+
 def memory_scale(problem: Problem) -> int:
     """A power of ten making every memory amount whole (up to 1e6), for cumulative demands; no
     larger than keeps a device's whole memory an exact integer (2^53) in these units."""
-    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.checkpoint_memory or ()),
-               *(problem.memory_limit or ())]
+    amounts = _memory_amounts(problem)
     most = max(amounts) * problem.total_microbatches * problem.chunks_per_device
     exponents = [exponent for exponent in range(7) if 10**exponent * most <= 2**53] or [0]
     return next((10**exponent for exponent in exponents if whole_at(amounts, 10**exponent)), 10**exponents[-1])

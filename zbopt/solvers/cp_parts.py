@@ -16,7 +16,7 @@ from zbopt.kinds import FORWARD, OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.solvers.task import SearchTask
-from zbopt.ticks import memory_scale
+from zbopt.ticks import memory_rounding, memory_scale
 
 STOP_POLL_S = 0.05  # how often a running solve checks for the deadline and Ctrl-C
 
@@ -52,7 +52,7 @@ class Choice(NamedTuple):
     offloaded: object = None
 
 
-def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, amount=round,
+def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, amount=None,
                        choices: dict | None = None) -> list[list[Lifetime]]:
     """Per device, the `Lifetime` of every part of an activation among `ops`: F allocates its
     stage's activation, each op with a negative `Problem.memory_delta` frees its part (B and W
@@ -60,8 +60,9 @@ def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, a
     microbatch) gives a choice: then the kept lifetimes hold when kept; when recomputed, the
     checkpoint from F's start to R's and each part from R's start; when offloaded, the activation
     from F's start to O's end and each part from L's start. `amount` turns a memory amount in
-    `memory_scale` units into a whole number (the relaxation rounds down)."""
+    `memory_scale` units into a whole number (default `memory_rounding`; the relaxation rounds down)."""
     unit = memory_scale(problem)
+    amount = memory_rounding(problem) if amount is None else amount
     per_device: list[list[Lifetime]] = [[] for _ in range(problem.num_devices)]
 
     def hold(device, allocated, released, memory, name, presence=None):

@@ -114,3 +114,18 @@ def test_an_answer_under_a_limit_with_token_memory_is_within_the_limit():
                       microbatch_tokens=[512, 1024, 4096, 700, 800, 2048, 300, 1500])
     result = solve(problem, time_limit=3, lower_peak=False)
     assert result.simulation.valid and max(result.simulation.peak_memory) <= 3 + 1e-9
+
+
+def test_the_warm_start_tries_the_sorting_orders_where_microbatches_differ():
+    """The warm start is no longer than 1F1B, ZB-H1 and GPipe in the given, longest-first and
+    shortest-first orders (these plan alike whatever the costs); here shortest-first wins and the
+    warm start says so in its name."""
+    from zbopt import generate, simulate
+    from zbopt.solvers.warm import best_heuristic
+
+    problem = Problem(num_devices=4, num_microbatches=8, weight_times=1.0, attention_share=0.3,
+                      microbatch_tokens=[512, 1024, 4096, 700, 800, 2048, 300, 1500])
+    name, warm = best_heuristic(problem)
+    direct = min(simulate(problem, generate(schedule, problem, order=rule)).makespan
+                 for schedule in ("1f1b", "zb-h1", "gpipe") for rule in ("given", "longest-first", "shortest-first"))
+    assert warm.makespan <= direct + 1e-9 and name.endswith("order)")

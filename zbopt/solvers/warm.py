@@ -6,6 +6,7 @@ import math
 
 from zbopt import interrupt
 from zbopt.errors import NotApplicableError, ZboptError
+from zbopt.microbatch_order import sorted_order
 from zbopt.microbatches import EQUAL_MICROBATCHES
 from zbopt.problem import Problem
 from zbopt.schedules import generate, registered
@@ -26,19 +27,36 @@ def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = m
     at once, with no warm start."""
     best: tuple[str, Simulation] | None = None
     planned = planning_problem(problem)
-    for entry in registered():
+    for name, order in _candidates(problem):
         if interrupt.requested.is_set() or (best is not None and interrupt.past(deadline)):
             break
         try:
             with interrupt.deadline_scope(cutoff if best is None else deadline):
-                schedule = generate(entry.name, planned)
+                schedule = generate(name, planned, order=None if order is None else order[1])
         except (NotApplicableError, interrupt.TimeUp):
             continue
         result = simulate(problem, schedule if problem.microbatches_equal else schedule.without_times())
         needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
         if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
-            best = (entry.name, result)
+            best = (name if order is None else f"{name} ({order[0]} order)", result)
     return best
+
+
+def _candidates(problem: Problem):
+    """(registered name, None or (rule, order)) in registry order: each heuristic as numbered and,
+    where microbatches differ, in the sorting rules' orders too (computed on the problem itself:
+    the heuristics plan with stage values, where every order looks alike)."""
+    rules = []
+    if not problem.microbatches_equal and problem.sequence_slices == 1:
+        given = tuple(range(problem.num_microbatches))
+        for rule in ("longest-first", "shortest-first"):
+            order = sorted_order(problem, rule)
+            if order != given and order not in [chosen for _, chosen in rules]:
+                rules.append((rule, order))
+    for entry in registered():
+        yield entry.name, None
+        for rule in rules:
+            yield entry.name, rule
 
 
 def planning_problem(problem: Problem) -> Problem:

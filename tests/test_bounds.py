@@ -172,6 +172,7 @@ def heuristics_within_their_own_peak(problem):
         yield name, result, limited
 
 
+@settings(max_examples=50)
 @given(problems(max_devices=3, max_microbatches=5, chunks=(1, 2), recompute=True))
 def test_memory_bound_holds_for_schedules_within_the_limit(problem):
     """The memory bound is one of the graph's: 0.1 s leaves the device relaxations (up to 20 s on
@@ -237,7 +238,7 @@ def test_device_sequencing_is_as_tolerant_as_the_simulator_in_large_memory_units
     assert lower_bounds(tighter).best <= best.makespan + 1e-9
 
 
-@settings(max_examples=25)
+@settings(max_examples=15)
 @given(problems(max_devices=2, max_microbatches=2, chunks=(2,)), st.sampled_from([0.0, 0.5, 1.0, None]))
 def test_single_device_bounds_never_exceed_the_brute_force_optimum(problem, extra_memory):
     """Fused backward (F, BW), or one device split: small enough to try every order."""

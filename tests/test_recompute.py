@@ -229,5 +229,5 @@ def test_serial_recompute_fits_the_least_limit_and_gives_the_optimizer_a_start()
                   checkpoint_memory=0.03, memory_limit=0.53)
     serial = simulate(vee, generate("serial-recompute", vee))
     assert serial.valid and max(serial.peak_memory) == pytest.approx(0.53)
-    answer = solve(vee, time_limit=10)
+    answer = solve(vee, time_limit=4)  # it proves nothing here: the assertions hold at any time
     assert answer.warm_start == "serial-recompute" and answer.objective <= serial.makespan

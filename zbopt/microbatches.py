@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from zbopt.checks import is_number, per_stage
 from zbopt.errors import ProblemError
-from zbopt.slices import Span, check_sequence_tokens, span_factor, spans, total_tokens
+from zbopt.slices import Span, check_sequence_tokens, slice_bounds, span_factor, spans, total_tokens
 
 TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "recompute_times", "offload_times", "reload_times",
               "activation_memory")
@@ -138,9 +138,8 @@ def tokens_of(problem, microbatch: int) -> int | None:
     if problem.microbatch_tokens is None:
         return None
     k, place = problem.sequence_slices, microbatch % problem.num_microbatches
-    length = total_tokens(problem.microbatch_tokens[place // k])
-    slice_ = place % k
-    return (slice_ + 1) * length // k - slice_ * length // k
+    bounds = slice_bounds(total_tokens(problem.microbatch_tokens[place // k]), k)
+    return bounds[place % k + 1] - bounds[place % k]
 
 
 def _whole(length: object) -> bool:
@@ -220,7 +219,9 @@ def at_stage_values(problem) -> bool:
                                  for stage, row in zip(getattr(problem, key), rows, strict=True) for value in row)
 
 
-def stage_values(problem, pick) -> dict[str, tuple[float, ...]]:
-    """Per varying key, one value per stage: `pick` (min, max) over the microbatches, for a Problem
-    whose microbatches all cost the same (`Problem.uniform_relaxation`)."""
-    return {key: tuple(pick(row) for row in rows) for key, rows in problem.per_microbatch.items()}
+def every_microbatch_at(problem, pick, **changes):
+    """`problem` with every microbatch costing, per key and stage, `pick` (min, max) of what they
+    cost: the one Problem the relaxation (`Problem.uniform_relaxation`, min), the range check and
+    the promised peaks (max: each microbatch at most that large) read where microbatches differ."""
+    values = {key: tuple(pick(row) for row in rows) for key, rows in problem.per_microbatch.items()}
+    return problem.replace(**values, **EQUAL_MICROBATCHES, **changes)

@@ -168,9 +168,7 @@ class Problem:
                                                                           "per device)")
         check_ranges(self)
         if not self.microbatches_equal:
-            largest = microbatches.stage_values(self, max)
-            check_ranges(self.replace(**largest, **microbatches.EQUAL_MICROBATCHES, sequence_slices=1,
-                                      memory_limit=None))
+            check_ranges(microbatches.every_microbatch_at(self, max, sequence_slices=1, memory_limit=None))
         if self.memory_limit is not None:
             memory_floor.check_memory_limit(self)
 
@@ -344,8 +342,7 @@ class Problem:
         longer, each activation no larger, slices unlinked): its optimum is no longer, its bounds hold."""
         if self.microbatches_equal:
             return self
-        relaxed = microbatches.stage_values(self, min)
-        return self.replace(**relaxed, **microbatches.EQUAL_MICROBATCHES, sequence_slices=1)
+        return microbatches.every_microbatch_at(self, min, sequence_slices=1)
 
     def releases(self, stage: int, microbatch: int | None = None) -> tuple[tuple[str, float], ...]:
         """(kind, amount > 0) of each op that frees part of one microbatch's activation on `stage`

@@ -76,9 +76,14 @@ def spans(problem) -> tuple[tuple[Span, ...], ...] | None:
     lengths = [1.0] * (problem.num_microbatches // k) if tokens is None else tokens
     result = []
     for length in lengths:
-        bounds = [i * length // k if tokens is not None else i / k for i in range(k + 1)]
+        bounds = slice_bounds(length, k) if tokens is not None else [i / k for i in range(k + 1)]
         result += [((bounds[i] / reference, bounds[i + 1] / reference),) for i in range(k)]
     return tuple(result)
+
+
+def slice_bounds(tokens: int, k: int) -> list[int]:
+    """Where a sequence of `tokens` tokens is cut into `k` slices: whole tokens, as even as they go."""
+    return [i * tokens // k for i in range(k + 1)]
 
 
 def span_factor(span: Span, attention_share: float) -> float:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from zbopt.deferred import load_deferred
 from zbopt.errors import NotApplicableError, UnknownScheduleError, ZboptError
-from zbopt.microbatches import EQUAL_MICROBATCHES, stage_values
+from zbopt.microbatches import every_microbatch_at
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.ordering import Order, in_order
@@ -74,7 +74,7 @@ def _at_largest(bound: MemoryBound) -> MemoryBound:
     def largest(problem: Problem, **options) -> Sequence[float]:
         if problem.microbatches_equal:
             return bound(problem, **options)
-        return bound(problem.replace(**stage_values(problem, max), **EQUAL_MICROBATCHES), **options)
+        return bound(every_microbatch_at(problem, max), **options)
 
     return largest
 

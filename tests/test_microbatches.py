@@ -161,3 +161,14 @@ def test_the_greedy_keeps_any_limit_from_the_floor_with_unequal_activations(seed
         limited = problem.replace(memory_limit=factor * max(problem.min_memory_limit))
         result = simulate(limited, generate("greedy", limited))
         assert result.valid, (factor, result.violations)
+
+
+def test_the_zero_bubble_greedy_plans_each_microbatchs_own_activations():
+    """zb-auto takes a forward in when that microbatch's own activations fit (0.25, 0.25, 2, 2 here):
+    planned with the stage mean (1.125), none of its candidates kept the limit 4, and it was not
+    applicable."""
+    problem = Problem(num_devices=2, num_microbatches=4, forward_times=1, backward_times=1, weight_times=1,
+                      activation_memory=1, weight_memory=0.5, microbatch_tokens=[1, 1, 8, 8], reference_tokens=4,
+                      memory_limit=4)
+    result = simulate(problem, generate("zb-auto", problem))
+    assert result.valid and max(result.peak_memory) <= 4

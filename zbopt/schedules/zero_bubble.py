@@ -164,8 +164,14 @@ class _AutoGreedy:
             device.idle += start - free
         device.placed[kind] += 1
 
-    def fits_forward(self, stage: int, held: float) -> bool:
-        return held + self.problem.activation_memory[stage] <= memory_ceiling(self.limits[stage])
+    def fits_forward(self, stage: int, held: float, ahead: int = 0) -> bool:
+        """Whether the forward `ahead` after the next one fits: each microbatch's own activations."""
+        activation = self.problem.memory_delta(FORWARD, stage, microbatch=self.devices[stage].placed[FORWARD] + ahead)
+        return held + activation <= memory_ceiling(self.limits[stage])
+
+    def weight_frees(self, stage: int, ahead: int = 0) -> float:
+        """What the pending W `ahead` after the next one frees (its microbatch's M_W)."""
+        return -self.problem.memory_delta(WEIGHT, stage, microbatch=self.devices[stage].placed[WEIGHT] + ahead)
 
     def budget(self, stage: int) -> float:
         """Idle a device may still accept: the worst idle so far minus its own."""
@@ -200,10 +206,11 @@ class _AutoGreedy:
             forward = self.problem.cost(FORWARD, stage)
             arrival = backward_end + c
             time, held = self.free_at(stage), self.timeline.held[stage]
-            while 1 + extra[stage] < m and self.fits_forward(stage, held):
+            while 1 + extra[stage] < m and self.fits_forward(stage, held, extra[stage]):
                 if time >= arrival or (not self.choices.overfill_warmup and time + forward > arrival):
                     break
-                time, held = time + forward, held + self.problem.activation_memory[stage]
+                time += forward
+                held += self.problem.memory_delta(FORWARD, stage, microbatch=1 + extra[stage])
                 extra[stage] += 1
             backward_end = max(time, arrival) + self.problem.cost(BACKWARD, stage)
         for stage in range(1, p):
@@ -225,10 +232,10 @@ class _AutoGreedy:
                           + problem.p2p_time)
         if self.free_at(stage) >= backward_ready:
             return True
-        held, weights, work = self.timeline.held[stage], device.pending_weights, problem.cost(FORWARD, stage)
-        while weights and not self.fits_forward(stage, held):
-            held -= problem.weight_memory[stage]
-            weights -= 1
+        held, freed, work = self.timeline.held[stage], 0, problem.cost(FORWARD, stage)
+        while freed < device.pending_weights and not self.fits_forward(stage, held):
+            held -= self.weight_frees(stage, freed)
+            freed += 1
             work += problem.cost(WEIGHT, stage)
         if self.free_at(stage) + work <= backward_ready:
             return False

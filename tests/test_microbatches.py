@@ -172,3 +172,13 @@ def test_the_zero_bubble_greedy_plans_each_microbatchs_own_activations():
                       memory_limit=4)
     result = simulate(problem, generate("zb-auto", problem))
     assert result.valid and max(result.peak_memory) <= 4
+
+
+def test_the_v_greedy_plans_each_microbatchs_own_activations():
+    """zb-v-auto takes each pass's own memory change (activations 0.25, 0.25, 0.25, 2 here): planned
+    with the stage value (1), every variant got stuck within the limit 4 and it was not applicable."""
+    problem = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="v", forward_times=1,
+                      backward_times=1, weight_times=1, activation_memory=1, weight_memory=0.5,
+                      microbatch_tokens=[1, 1, 1, 8], reference_tokens=4, memory_limit=4)
+    result = simulate(problem, generate("zb-v-auto", problem))
+    assert result.valid and max(result.peak_memory) <= 4

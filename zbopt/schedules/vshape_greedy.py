@@ -45,8 +45,6 @@ from zbopt.simulation import simulate
 from zbopt.tolerance import memory_ceiling
 
 _LANES = ((FORWARD, 0), (FORWARD, 1), (BACKWARD, 1), (BACKWARD, 0), (WEIGHT, 1), (WEIGHT, 0))
-
-
 # the pass on a device before each lane's pass of the same microbatch (a W follows its own B)
 _LANE_BEFORE = {lane: (BACKWARD, lane[1]) if lane[0] == WEIGHT else (_LANES[index - 1] if index else None)
                 for index, lane in enumerate(_LANES)}
@@ -54,20 +52,20 @@ _LANE_BEFORE = {lane: (BACKWARD, lane[1]) if lane[0] == WEIGHT else (_LANES[inde
 
 class _LaneTables:
     """Each lane's cost and memory change per device, looked up once per problem rather than per
-    pass (the greedy places ~10^6 passes at p = 32, m = 256): keys (kind, device, chunk). A fused
-    backward costs BW in B's lane, its W nothing."""
+    pass (~10^6 passes at p = 32, m = 256): keys (kind, device, chunk); memory per microbatch where
+    they differ (each takes its own room). A fused backward costs BW in B's lane, its W nothing."""
 
     def __init__(self, problem: Problem):
         self.costs: dict[tuple[str, int, int], float] = {}
-        self.deltas: dict[tuple[str, int, int], float] = {}
+        self.deltas: dict[tuple[str, int, int], tuple[float, ...]] = {}
+        microbatches = [None] if problem.microbatches_equal else range(problem.num_microbatches)
         for device, stages in enumerate(problem.stages_of_device):
             for chunk, stage in enumerate(stages):
                 for kind in (FORWARD, BACKWARD, WEIGHT):
-                    own = kind if problem.split_backward or kind == FORWARD else \
-                        {BACKWARD: FUSED_BACKWARD, WEIGHT: None}[kind]
-                    known = own is not None
-                    self.costs[kind, device, chunk] = problem.cost(own, stage) if known else 0.0
-                    self.deltas[kind, device, chunk] = problem.memory_delta(own, stage) if known else 0.0
+                    own = kind if problem.split_backward else {BACKWARD: FUSED_BACKWARD, WEIGHT: None}.get(kind, kind)
+                    self.costs[kind, device, chunk] = 0.0 if own is None else problem.cost(own, stage)
+                    self.deltas[kind, device, chunk] = tuple(0.0 if own is None else problem.memory_delta(
+                        own, stage, microbatch=microbatch) for microbatch in microbatches)
 
 
 @functools.lru_cache(maxsize=8)
@@ -100,7 +98,9 @@ class _GreedyRun:
         return self.tables.costs[kind, device, chunk]
 
     def _memory(self, kind: str, device: int, chunk: int) -> float:
-        return self.tables.deltas[kind, device, chunk]
+        """The memory change of the lane's next pass (its microbatch's own)."""
+        row = self.tables.deltas[kind, device, chunk]
+        return row[min(self.done[device][kind, chunk], len(row) - 1)]
 
     def _input(self, kind: str, device: int, chunk: int, microbatch: int) -> tuple | None:
         """The op on another device whose output this pass waits for (F0, B1 from the device above,

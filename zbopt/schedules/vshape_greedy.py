@@ -100,7 +100,7 @@ class _GreedyRun:
     def _memory(self, kind: str, device: int, chunk: int) -> float:
         """The memory change of the lane's next pass (its microbatch's own)."""
         row = self.tables.deltas[kind, device, chunk]
-        return row[min(self.done[device][kind, chunk], len(row) - 1)]
+        return row[0] if len(row) == 1 else row[min(self.done[device][kind, chunk], len(row) - 1)]
 
     def _input(self, kind: str, device: int, chunk: int, microbatch: int) -> tuple | None:
         """The op on another device whose output this pass waits for (F0, B1 from the device above,

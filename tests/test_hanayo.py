@@ -13,7 +13,7 @@ from zbopt.ops import Op
 from zbopt.schedule import Schedule
 from zbopt.schedules import registered
 from zbopt.schedules.hanayo import wave_table, wave_warmup
-from zbopt.schedules.interleaved import table_order
+from zbopt.schedules.interleaved import schedule_table, table_order
 
 
 def wave(p: int, waves: int, m: int, **costs) -> Problem:
@@ -126,3 +126,16 @@ def test_no_alias(p, waves, m):
     assert others >= (7 if waves == 1 else 2)
     loop = problem.replace(placement="loop")
     assert _by_chunk(loop, generate("interleaved-1f1b", loop)) != _by_chunk(problem, ours)
+
+
+def test_megatrons_table_stalls_on_the_wave():
+    """Why the wave gets its own table: p = 2, one wave, m = 4, F = B = 1. Megatron's table (one
+    microbatch entering per slot) on placement v takes at least 22 whatever the warm-ups; the
+    wave's table takes 18, the lower bound m·v(F+B) + (p-1)(F+B)."""
+    problem = wave(2, 1, 4, backward_times=1)
+    table = schedule_table(4, 2, 2)
+    for warmups in itertools.product(range(6), repeat=2):
+        orders = Schedule([table_order(problem, d, table, warmups[d]) for d in range(2)])
+        with contextlib.suppress(DeadlockError):
+            assert simulate(problem, orders).makespan >= 22
+    assert simulate(problem, generate("hanayo", problem)).makespan == 18

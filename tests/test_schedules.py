@@ -47,9 +47,9 @@ ELSEWHERE = {"dualpipe": "bidirectional placement (test_dualpipe.py)",
              "serial-offload": "offload (test_offload.py)", "full-offload": "offload (test_offload.py)",
              "seq1f1b": "sequence slices (test_slices.py)", "1f1b-overlap": "overlapped pairs (test_combined.py)",
              "interleaved-1f1b-overlap": "overlapped pairs (test_combined.py)"}
-RANDOMLY_CHECKED = (  # the other 32
+RANDOMLY_CHECKED = (  # the other 33
     "gpipe", "looped-bfs", "1f1b", "eager-1f1b", "1f1b-2bw", "eager-1f1b-2bw", "interleaved-1f1b",
-    "torch-zb-interleaved",
+    "torch-zb-interleaved", "hanayo",
     "zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p", "zb-v", "torch-zbv", "v-min", "v-half", "v-half-squeezed", "v-zb",
     "zb-v-auto", "dualpipe-v", "greedy",
     "block-1f1b", "block-zb-h1", "block-interleaved-1f1b", "block-v-min", "block-v-half", "block-v-zb",

@@ -10,6 +10,7 @@ from zbopt.schedules import (
     classic,  # noqa: F401  (registers gpipe, 1f1b)
     seq1f1b,  # noqa: F401  (1F1B over sequence slices)
     interleaved,  # noqa: F401
+    hanayo,  # noqa: F401  (the wave on placement v, after the interleaved schedules)
     combined,  # noqa: F401  (1F1B and interleaved 1F1B with overlapped F&B pairs)
     zero_bubble,  # noqa: F401
     dualpipe,  # noqa: F401

@@ -32,7 +32,7 @@ from zbopt.problem import Problem
 from zbopt.schedule import Schedule
 from zbopt.schedules.classic import in_flight_bound
 from zbopt.schedules.common import backward_ops, iteration_microbatches
-from zbopt.schedules.interleaved import checked_group, memory_bound, table_passes, warmup_count
+from zbopt.schedules.interleaved import checked_group, memory_bound, schedule_table, table_passes, warmup_count
 from zbopt.schedules.registry import register, require
 
 Passes = Callable[[int, range], tuple[list[Op], list[list[Op]]]]  # (device, microbatches) -> forwards, backwards
@@ -120,5 +120,6 @@ def interleaved_one_f_one_b_overlap(problem: Problem,
     """
     name = "interleaved-1f1b-overlap"
     group = checked_group(problem, name, microbatch_group_size_per_vp_stage)
-    return _build(problem, name, lambda device, microbatches: table_passes(problem, device, group, microbatches),
+    table = schedule_table(problem.num_microbatches, problem.chunks_per_device, group)
+    return _build(problem, name, lambda device, microbatches: table_passes(problem, device, table, microbatches),
                   lambda device: warmup_count(problem, device, group, extra=1))

@@ -57,12 +57,17 @@ def memory_bound(extra: int = 0) -> Callable[..., list[float]]:
 
     def bound(problem: Problem, microbatch_group_size_per_vp_stage: int | None = None) -> list[float]:
         group = microbatch_group_size_per_vp_stage or flexible_group(problem)
-        total = problem.num_microbatches * problem.chunks_per_device
-        return [min(warmup_count(problem, d, group, extra=extra) + 1, total)
-                * max(problem.activation_memory[s] for s in stages)
-                for d, stages in enumerate(problem.stages_of_device)]
+        return table_memory(problem, [warmup_count(problem, d, group, extra=extra) for d in range(problem.num_devices)])
 
     return bound
+
+
+def table_memory(problem: Problem, warmups: list[int]) -> list[float]:
+    """Peak bound of a table order with `warmups[d]` warm-up forwards on device d: warm-up + 1
+    (microbatch, chunk) activations in flight (at most all m·v), each at most the device's largest."""
+    total = problem.num_microbatches * problem.chunks_per_device
+    return [min(warmup + 1, total) * max(problem.activation_memory[s] for s in stages)
+            for warmup, stages in zip(warmups, problem.stages_of_device, strict=True)]
 
 
 def checked_group(problem: Problem, name: str, given: object = None) -> int:
@@ -81,23 +86,25 @@ def checked_group(problem: Problem, name: str, given: object = None) -> int:
     return group
 
 
-def table_passes(problem: Problem, device: int, group: int, microbatches: range) -> tuple[list[Op], list[list[Op]]]:
-    """One iteration's forwards on `device` in schedule-table order, and its backwards (each one's
-    ops) in the same table with the chunks reversed."""
-    p, v = problem.num_devices, problem.chunks_per_device
-    table = schedule_table(len(microbatches), v, group)
-    forwards = [Op(FORWARD, chunk * p + device, microbatches[j]) for j, chunk in table]
-    backwards = [backward_ops(problem, (v - 1 - chunk) * p + device, microbatches[j]) for j, chunk in table]
+def table_passes(problem: Problem, device: int, table: list[tuple[int, int]],
+                 microbatches: range) -> tuple[list[Op], list[list[Op]]]:
+    """One iteration's forwards on `device` in the order of `table` ((microbatch, device-local
+    chunk) pairs, e.g. `schedule_table`), and its backwards (each one's ops) in the same table
+    with the chunks reversed."""
+    stages, v = problem.stages_of_device[device], problem.chunks_per_device
+    forwards = [Op(FORWARD, stages[chunk], microbatches[j]) for j, chunk in table]
+    backwards = [backward_ops(problem, stages[v - 1 - chunk], microbatches[j]) for j, chunk in table]
     return forwards, backwards
 
 
-def table_order(problem: Problem, device: int, group: int, warmup: int, weight_lag: int | None = None) -> list[Op]:
-    """Device `device`'s order, every iteration: `warmup` forwards in table order, then one forward /
-    one backward, then the remaining backwards (`table_passes`). `weight_lag` None: each backward
+def table_order(problem: Problem, device: int, table: list[tuple[int, int]], warmup: int,
+                weight_lag: int | None = None) -> list[Op]:
+    """Device `device`'s order, every iteration: `warmup` forwards in `table` order, then one forward
+    / one backward, then the remaining backwards (`table_passes`). `weight_lag` None: each backward
     whole; k: each W runs after the backward k later (ZB-H1's lag), the last k W's at the end."""
     order: list[Op] = []
     for microbatches in iteration_microbatches(problem):
-        forwards, backwards = table_passes(problem, device, group, microbatches)
+        forwards, backwards = table_passes(problem, device, table, microbatches)
         order += forwards[:warmup]
         for k, ops in enumerate(backwards):
             order += forwards[warmup + k:warmup + k + 1]
@@ -128,7 +135,8 @@ def interleaved_one_f_one_b(problem: Problem, microbatch_group_size_per_vp_stage
     m = 5, group 4).
     """
     group = checked_group(problem, "interleaved-1f1b", microbatch_group_size_per_vp_stage)
-    return Schedule([table_order(problem, d, group, warmup_count(problem, d, group))
+    table = schedule_table(problem.num_microbatches, problem.chunks_per_device, group)
+    return Schedule([table_order(problem, d, table, warmup_count(problem, d, group))
                      for d in range(problem.num_devices)])
 
 
@@ -155,5 +163,6 @@ def torch_zb_interleaved(problem: Problem) -> Schedule:
     """
     require(problem.split_backward, "torch-zb-interleaved", "a split backward (weight_times given)")
     group = checked_group(problem, "torch-zb-interleaved")
-    return Schedule([table_order(problem, d, group, warmup_count(problem, d, group, hops=1), weight_lag=d)
+    table = schedule_table(problem.num_microbatches, problem.chunks_per_device, group)
+    return Schedule([table_order(problem, d, table, warmup_count(problem, d, group, hops=1), weight_lag=d)
                      for d in range(problem.num_devices)])

@@ -66,7 +66,8 @@ def test_an_op_off_its_microbatch_route_is_named():
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"chunks_per_device": 1}, "chunks_per_device = 1: placement 'bidirectional' holds two stage copies"),
+    ({"chunks_per_device": 1}, "chunks_per_device = 1: placement 'bidirectional' holds as many chunks of the up"),
+    ({"chunks_per_device": 3}, "chunks_per_device = 3: .* expected an even number"),
     ({"iterations": 2}, "iterations = 2: placement 'bidirectional' models one step"),
     ({"num_microbatches": 1}, "num_microbatches = 1: placement 'bidirectional' sends microbatches both ways"),
 ])

@@ -111,6 +111,8 @@ def chimera(problem: Problem) -> Schedule:
     """
     name = "chimera"
     require(problem.bidirectional, name, "placement 'bidirectional' (two pipelines in opposite directions)")
+    require(problem.chunks_per_device == 2, name, "chunks_per_device = 2 (one stage of each pipeline per device; "
+                                                  f"got {problem.chunks_per_device})")
     p, m = problem.num_devices, problem.num_microbatches
     require(p % 2 == 0, name, f"an even num_devices (got p = {p})")
     require(m % p == 0, name, f"num_microbatches a multiple of num_devices (basic units of p; got m = {m}, p = {p})")

@@ -84,6 +84,7 @@ class _Template:
         self.orders: list[list[Op]] = [[] for _ in range(p)]
 
     def run(self) -> list[list[Op]]:
+        """Slot by slot, each free device starts what the rule says, until every op has run."""
         p, slot = self.problem.num_devices, 0
         free, position = [0] * p, [0] * p  # per device: the slot it is free, its next forward
         while any(left for device in self.ops_left for left in device):
@@ -91,6 +92,8 @@ class _Template:
                 if free[device] <= slot:
                     free[device] = slot + self._start(device, slot, position)
             slot += 1
+            if slot > 3 * self.problem.num_activations:  # every op one after another: stuck
+                raise AssertionError(f"bitpipe's template is stuck at slot {slot}")
         return self.orders
 
     def _start(self, device: int, slot: int, position: list[int]) -> int:
@@ -113,28 +116,28 @@ class _Template:
         return self._run(device, op, slot, _FORWARD_SLOTS)
 
     def _arrival(self, op: Op) -> int | None:
-        """When `op`'s input is there: its predecessor's end (slot 0 on the route's first stage)."""
-        stages = self.problem.routes[self.problem.route_of_stage(op.stage)][0]
-        if op.kind == FORWARD:
-            return 0 if op.stage == stages[0] else self.done.get(Op(FORWARD, op.stage - 1, op.microbatch))
-        if op.stage == stages[-1]:
-            return self.done.get(Op(FORWARD, op.stage, op.microbatch))
-        return self.done.get(Op(BACKWARD, op.stage + 1, op.microbatch))
+        """When forward `op`'s input is there (slot 0 on its route's first stage), None if not yet."""
+        first = self.problem.routes[self.problem.route_of_stage(op.stage)][0][0]
+        return 0 if op.stage == first else self.done.get(Op(FORWARD, op.stage - 1, op.microbatch))
 
     def _run(self, device: int, op: Op, slot: int, length: int) -> int:
+        """Run `op` from `slot` for `length` slots; the backward it enables is ready at its end
+        (that of the same stage after the route's last forward, else of the stage before)."""
         self.orders[device].append(op)
         self.done[op] = slot + length
-        number = self._round_of(op.microbatch)
-        self.ops_left[device][number] -= 1
+        self.ops_left[device][self._round_of(op.microbatch)] -= 1
         stages = self.problem.routes[self.problem.route_of_stage(op.stage)][0]
-        following = op.stage if op.kind == FORWARD and op.stage == stages[-1] else \
-            (op.stage - 1 if op.kind != FORWARD and op.stage > stages[0] else None)
-        if following is not None:
+        if op.kind == FORWARD:
+            following = op.stage if op.stage == stages[-1] else None
+        else:
+            following = op.stage - 1 if op.stage > stages[0] else None
+        if following is not None:  # ready backwards: the earliest first, on a tie the lower stage
             backward = Op(BACKWARD, following, op.microbatch)
             heapq.heappush(self.ready[self.problem.device_of(following)], (slot + length, following, backward))
         return length
 
     def _round_of(self, microbatch: int) -> int:
+        """Its round: p/2 microbatches of each way per round, in microbatch order."""
         (_, down), (_, up) = self.problem.routes
         way = down if microbatch in down else up
         return (microbatch - way.start) // (self.problem.num_devices // 2)

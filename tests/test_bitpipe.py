@@ -104,7 +104,7 @@ def test_bitpipe_peak_is_the_figure_s():
 @pytest.mark.parametrize(("problem", "message"), [
     (two_vs(3, 6), r"bitpipe needs an even num_devices \(got p = 3\)"),
     (two_vs(4, 6), r"bitpipe needs num_microbatches a multiple of num_devices"),
-    (bidirectional(4, 8), r"bitpipe needs chunks_per_device = 4 .*got 2"),
+    (bidirectional(4, 8), r"bitpipe needs chunks_per_device = 4 \(2 of each pipeline per device; got 2\)"),
     (two_vs(4, 8).replace(placement="v"), "bitpipe needs placement 'bidirectional'"),
     (two_vs(4, 8), r"dualpipe needs chunks_per_device = 2 .*got 4"),
     (two_vs(4, 8), r"chimera needs chunks_per_device = 2 .*got 4"),

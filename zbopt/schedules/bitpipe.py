@@ -39,8 +39,8 @@ from zbopt.kinds import BACKWARD, FORWARD
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.common import backward_ops
-from zbopt.schedules.registry import register, require
+from zbopt.schedules.common import backward_ops, require_two_ways
+from zbopt.schedules.registry import register
 
 _FORWARD_SLOTS, _BACKWARD_SLOTS = 1, 2  # the figures' widths: a backward twice a forward
 
@@ -178,13 +178,7 @@ def bitpipe(problem: Problem) -> Schedule:
     Peak memory: the activations the order holds at once on each device (the orders fix it at
     any costs); with p = 4 and m = 4, 7 on the end devices and 8 in the middle (BitPipe-v.svg).
     """
-    name = "bitpipe"
-    require(problem.bidirectional, name, "placement 'bidirectional' (two pipelines in opposite directions)")
-    require(problem.chunks_per_device == 4, name, "chunks_per_device = 4 (two V's: two chunks of each pipeline "
-                                                  f"per device; got {problem.chunks_per_device})")
-    p, m = problem.num_devices, problem.num_microbatches
-    require(p % 2 == 0, name, f"an even num_devices (got p = {p})")
-    require(m % p == 0, name, f"num_microbatches a multiple of num_devices (rounds of p; got m = {m}, p = {p})")
+    require_two_ways(problem, "bitpipe", 4, "rounds")
     orders = [[each for op in order for each in ([op] if op.kind == FORWARD else
                                                   backward_ops(problem, op.stage, op.microbatch))]
               for order in bitpipe_orders(problem)]

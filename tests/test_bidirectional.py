@@ -145,6 +145,11 @@ def test_bidirectional_schedules_valid_on_random_costs(name, microbatches, p, ex
     (bidirectional(3, 6), r"chimera needs an even num_devices \(got p = 3\)"),
     (bidirectional(4, 6), r"chimera needs num_microbatches a multiple of num_devices"),
     (bidirectional(4, 8).replace(placement="v"), "chimera needs placement 'bidirectional'"),
+    (bidirectional(4, 8, chunks_per_device=4), r"chimera needs chunks_per_device = 2 .*got 4"),
+    (bidirectional(4, 8, chunks_per_device=4), r"dualpipe needs chunks_per_device = 2 .*got 4"),
+    (bidirectional(3, 6, chunks_per_device=4), r"bitpipe needs an even num_devices \(got p = 3\)"),
+    (bidirectional(4, 6, chunks_per_device=4), r"bitpipe needs num_microbatches a multiple of num_devices"),
+    (bidirectional(4, 8), r"bitpipe needs chunks_per_device = 4 \(2 of each pipeline per device; got 2\)"),
 ])
 def test_bidirectional_schedule_preconditions(problem, message):
     with pytest.raises(NotApplicableError, match=message):

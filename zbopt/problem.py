@@ -205,7 +205,7 @@ class Problem:
     @property
     def route_length(self) -> int:
         """The stages one microbatch visits: S, or S/2 with the bidirectional placement."""
-        return len(self.routes[0][0])
+        return self.num_stages // 2 if self.bidirectional else self.num_stages
 
     def route_of_stage(self, stage: int) -> int:
         """The number of the route that visits `stage` (0 unless bidirectional)."""

@@ -19,8 +19,11 @@ of p, then a flush). In unit slots, a forward one slot and a backward two:
   waits for is the last of its round (scale-moreb.svg: device 0 runs microbatches 5 and 6 in the
   two slots before microbatch 2's last backward; devices 1 and 2 start round two after round one).
 
-The orders come from that template; the problem's own costs then time them (`simulate`). With a
-split backward each W runs right after its B.
+The orders come from that template; the problem's own costs then time them (`simulate`): with
+F = 1 and B = 2, 28 slots for the first figure and 53 for the second (its "Flush" line). Only the
+orders are the figures'; where BitPipe-v.svg leaves device 0 idle in slot 1 (microbatch 2 enters
+at slot 2), the template and the simulator start it at once. With a split backward each W runs
+right after its B.
 
 References
 ----------

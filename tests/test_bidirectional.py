@@ -66,7 +66,8 @@ def test_an_op_off_its_microbatch_route_is_named():
 
 
 @pytest.mark.parametrize(("changes", "message"), [
-    ({"chunks_per_device": 1}, "chunks_per_device = 1: placement 'bidirectional' holds two stage copies"),
+    ({"chunks_per_device": 1}, "chunks_per_device = 1: placement 'bidirectional' holds as many chunks of the up"),
+    ({"chunks_per_device": 3}, "chunks_per_device = 3: .* expected an even number"),
     ({"iterations": 2}, "iterations = 2: placement 'bidirectional' models one step"),
     ({"num_microbatches": 1}, "num_microbatches = 1: placement 'bidirectional' sends microbatches both ways"),
 ])
@@ -144,6 +145,11 @@ def test_bidirectional_schedules_valid_on_random_costs(name, microbatches, p, ex
     (bidirectional(3, 6), r"chimera needs an even num_devices \(got p = 3\)"),
     (bidirectional(4, 6), r"chimera needs num_microbatches a multiple of num_devices"),
     (bidirectional(4, 8).replace(placement="v"), "chimera needs placement 'bidirectional'"),
+    (bidirectional(4, 8, chunks_per_device=4), r"chimera needs chunks_per_device = 2 .*got 4"),
+    (bidirectional(4, 8, chunks_per_device=4), r"dualpipe needs chunks_per_device = 2 .*got 4"),
+    (bidirectional(3, 6, chunks_per_device=4), r"bitpipe needs an even num_devices \(got p = 3\)"),
+    (bidirectional(4, 6, chunks_per_device=4), r"bitpipe needs num_microbatches a multiple of num_devices"),
+    (bidirectional(4, 8), r"bitpipe needs chunks_per_device = 4 \(2 of each pipeline per device; got 2\)"),
 ])
 def test_bidirectional_schedule_preconditions(problem, message):
     with pytest.raises(NotApplicableError, match=message):
@@ -159,14 +165,16 @@ def test_only_bidirectional_schedules_apply_to_the_placement():
 
 def _route_search_optimum(problem: Problem) -> float:
     """The least makespan of a bidirectional problem by exhaustive search in time (tests.reference),
-    its dependencies spelled out here from the documented routes, not from zbopt's op table."""
+    its dependencies spelled out here from the documented routes, not from zbopt's op table: with
+    v = 2 the down way runs devices 0..p-1, with v = 4 a V, 0..p-1 then p-1..0; the up way mirrored."""
     p, m = problem.num_devices, problem.num_microbatches
-    down = (m + 1) // 2
+    down, half = (m + 1) // 2, problem.num_stages // 2
+    down_devices = list(range(p)) + (list(range(p - 1, -1, -1)) if problem.chunks_per_device == 4 else [])
     kinds = problem.kinds
     cost, needs, lane, grows, frees, device_of = {}, {}, {}, {}, {}, {}
     for j in range(m):
-        route = list(range(p)) if j < down else list(range(p, 2 * p))
-        devices = list(range(p)) if j < down else list(range(p - 1, -1, -1))
+        route = list(range(half)) if j < down else list(range(half, 2 * half))
+        devices = down_devices if j < down else [p - 1 - d for d in down_devices]
         for position, stage in enumerate(route):
             for kind in kinds:
                 op = Op(kind, stage, j)
@@ -175,11 +183,13 @@ def _route_search_optimum(problem: Problem) -> float:
                 grows[op], frees[op] = 0.0, 0.0
             activation = problem.activation_memory[stage]
             grows[Op("F", stage, j)] = activation
-            forward_source = [] if position == 0 else [(Op("F", route[position - 1], j), problem.p2p_time)]
+            sends = [problem.p2p_time if devices[other] != devices[position] else 0.0  # a V's turn: none
+                     for other in (position - 1, min(position + 1, half - 1))]
+            forward_source = [] if position == 0 else [(Op("F", route[position - 1], j), sends[0])]
             needs[Op("F", stage, j)] = forward_source
-            last = position == p - 1
+            last = position == half - 1
             needs[Op(kinds[1], stage, j)] = [(Op("F", stage, j), 0.0)] if last else \
-                [(Op(kinds[1], route[position + 1], j), problem.p2p_time)]
+                [(Op(kinds[1], route[position + 1], j), sends[1])]
             if problem.split_backward:
                 kept = problem.weight_memory[stage]
                 needs[Op("W", stage, j)] = [(Op("B", stage, j), 0.0)]
@@ -294,3 +304,19 @@ def test_chimera_is_no_alias_of_dualpipe_or_greedy():
     problem = bidirectional(4, 8)
     built, _ = generate_applicable(problem)
     assert built["chimera"].orders not in [schedule.orders for name, schedule in built.items() if name != "chimera"]
+
+
+@pytest.mark.parametrize(("m", "w", "changes"), [
+    (2, None, {}), (2, 1.0, {}), (3, 1.0, {"p2p_time": 0.5}),
+    (3, None, {"p2p_time": 0.5, "forward_times": [1, 2, 1, 1, 2, 1, 1, 1]}),
+])
+def test_cpsat_agrees_with_an_exhaustive_search_on_two_vs(m, w, changes):
+    """BitPipe's placement (v = 4: each way a V over 2p stages, its turn on one device: no
+    latency), p = 2, unit costs and two cases with latency: CP-SAT's proven optimum is the
+    exhaustive search's, and every lower bound is at most it."""
+    from zbopt.solvers.bounds import lower_bounds
+
+    problem = bidirectional(2, m, w=w, chunks_per_device=4, **changes)
+    expected = _route_search_optimum(problem)
+    assert_cpsat_proves(problem, expected)
+    assert all(bound.value <= expected + 1e-9 for bound in lower_bounds(problem).bounds)

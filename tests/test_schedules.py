@@ -44,6 +44,7 @@ def test_looped_bfs_runs_any_number_of_chunks_and_placement(problem):
 # The registered schedules the random problems below cannot reach, and where they are tested instead.
 ELSEWHERE = {"dualpipe": "bidirectional placement (test_dualpipe.py)",
              "chimera": "bidirectional placement (test_bidirectional.py)", "pipeoffload": "offload (test_offload.py)",
+             "bitpipe": "bidirectional placement with two V's (test_bitpipe.py)",
              "serial-offload": "offload (test_offload.py)", "full-offload": "offload (test_offload.py)",
              "seq1f1b": "sequence slices (test_slices.py)", "1f1b-overlap": "overlapped pairs (test_combined.py)",
              "interleaved-1f1b-overlap": "overlapped pairs (test_combined.py)"}

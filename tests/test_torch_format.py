@@ -87,11 +87,11 @@ def crossings(problem: Problem) -> int:
 def test_every_registered_schedule_is_exported():
     """All but those that recompute or offload (torch has no such action) and DualPipe, which sends
     half the microbatches each way (torch runs every stage on every microbatch): their export is
-    refused (test_bidirectional); likewise Chimera."""
+    refused (test_bidirectional); likewise Chimera and BitPipe."""
     moving = mechanism_schedules()
     assert moving == {"1f1b-recompute", "interleaved-1f1b-recompute", "mario-1f1b", "serial-recompute",
                       "pipeoffload", "full-offload", "serial-offload"}
-    unexported = moving | {"dualpipe", "chimera", "seq1f1b"}  # both ways; sequence slices
+    unexported = moving | {"dualpipe", "chimera", "bitpipe", "seq1f1b"}  # both ways; sequence slices
     assert {name for _, name, _ in HEURISTICS} == {entry.name for entry in registered()} - unexported
 
 

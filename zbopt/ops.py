@@ -4,7 +4,7 @@ The dependencies are defined once, in `OpTable`; the networkx graph, the simulat
 solvers all read them from there.
 
 Within one microbatch j, through the stages a..z of its route (`Problem.routes`: all S virtual
-stages, or with the bidirectional placement p of them, one way):
+stages, or with the bidirectional placement half of them, one way):
     F(s, j) -> F(s+1, j);  F(z, j) -> B(z, j);  B(s+1, j) -> B(s, j);  B(s, j) -> W(s, j)
     fused:  F(z, j) -> BW(z, j);  BW(s+1, j) -> BW(s, j)
 A recomputed activation adds R(s, j) (same device): F(s, j) -> R(s, j) -> B(s, j) (or BW).

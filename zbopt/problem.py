@@ -18,7 +18,7 @@ from zbopt.checks import boolean, is_number, known_parameters, per_device, per_s
 from zbopt.errors import ProblemError
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, FUSED_KINDS, OFFLOAD, RECOMPUTE, RELOAD, SPLIT_KINDS, WEIGHT
 from zbopt.mechanisms import offload, overlap, recomputation, split_backward
-from zbopt.placement import check_placement, device_stage, stage_device
+from zbopt.placement import check_placement, device_stage, route_stages, stage_device
 from zbopt.tolerance import check_ranges
 
 PerStage = float | Sequence[float]
@@ -37,12 +37,11 @@ class Problem:
     num_microbatches : m, microbatches per iteration.
     chunks_per_device : v, model chunks each device holds; S = p·v virtual stages.
     placement : "loop", "v" or "bidirectional", see `zbopt.placement.stage_device`. Bidirectional (DeepSeek's
-        DualPipe) needs chunks_per_device = 2 and one iteration: microbatches 0..ceil(m/2)-1 go down
-        the pipeline, through virtual stages 0..p-1 on devices 0..p-1; the others go up, through
-        virtual stages p..2p-1 on devices p-1..0, so stage p+s is the up copy of the model's stage
-        s (give it the same costs) and each microbatch visits p of the 2p stage copies, one per
-        device. The second copy of the parameters is outside the memory model (it counts
-        activations), and so is the exchange of the two copies' gradients after the step.
+        DualPipe, Chimera; BitPipe with v = 4) needs an even v and one iteration: microbatches
+        0..ceil(m/2)-1 go down, through stages 0..S/2-1, the others up, through S/2..S-1 on the
+        mirrored devices: stage S/2+s is the up copy of the model's stage s (give it the same costs).
+        The second copy of the parameters is outside the memory model (it counts activations), and
+        so is the exchange of the two copies' gradients after the step.
     forward_times, backward_times : cost of F and of the backward per virtual stage (scalar = all).
         backward_times is the input-gradient B when weight_times is given, else the fused BW.
     weight_times : cost of the weight-gradient W per virtual stage; None means a fused backward.
@@ -187,28 +186,28 @@ class Problem:
 
     @property
     def bidirectional(self) -> bool:
-        """Microbatches go both ways (placement "bidirectional"): each visits p of the 2p stages."""
+        """Microbatches go both ways (placement "bidirectional"): each visits half the stages."""
         return self.placement == "bidirectional"
 
     @cached_property
     def routes(self) -> tuple[tuple[range, range], ...]:
-        """(stages, microbatches) of each way through the pipeline: one route through every stage,
-        or with the bidirectional placement the down route (stages 0..p-1, the first ceil(m/2)
-        microbatches) and the up route (stages p..2p-1, the rest). Each route's stages and
-        microbatches are consecutive numbers."""
+        """(stages, microbatches) of each way through the pipeline (`placement.route_stages`): one
+        route, or with the bidirectional placement the down route (the first half of the stages,
+        the first ceil(m/2) microbatches) and the up route (the rest). Consecutive numbers each."""
+        ways = route_stages(self.num_devices, self.chunks_per_device, self.placement)
         if not self.bidirectional:
-            return ((range(self.num_stages), range(self.total_microbatches)),)
-        p, down = self.num_devices, (self.num_microbatches + 1) // 2
-        return ((range(p), range(down)), (range(p, 2 * p), range(down, self.num_microbatches)))
+            return ((ways[0], range(self.total_microbatches)),)
+        down = (self.num_microbatches + 1) // 2
+        return ((ways[0], range(down)), (ways[1], range(down, self.num_microbatches)))
 
     @property
     def route_length(self) -> int:
-        """The stages one microbatch visits: S, or p with the bidirectional placement."""
-        return self.num_devices if self.bidirectional else self.num_stages
+        """The stages one microbatch visits: S, or S/2 with the bidirectional placement."""
+        return self.num_stages // 2 if self.bidirectional else self.num_stages
 
     def route_of_stage(self, stage: int) -> int:
         """The number of the route that visits `stage` (0 unless bidirectional)."""
-        return int(self.bidirectional and stage >= self.num_devices)
+        return int(self.bidirectional and stage >= self.route_length)
 
     def microbatches_of(self, stage: int) -> range:
         """The microbatches that visit `stage`."""
@@ -273,7 +272,7 @@ class Problem:
 
     def device_of(self, stage: int) -> int:
         """Device holding virtual stage `stage`."""
-        return stage_device(stage, self.num_devices, self.placement)
+        return stage_device(stage, self.num_devices, self.placement, self.chunks_per_device)
 
     def host_link(self, device: int) -> int:
         """The host link a device's copies use: its own, or its pair's (2k, 2k+1) when shared."""
@@ -283,7 +282,8 @@ class Problem:
     def stages_of_device(self) -> tuple[tuple[int, ...], ...]:
         """Per device, its virtual stages in increasing order."""
         p, v = self.num_devices, self.chunks_per_device
-        return tuple(tuple(device_stage(device, chunk, p, self.placement) for chunk in range(v)) for device in range(p))
+        return tuple(tuple(device_stage(device, chunk, p, self.placement, v) for chunk in range(v))
+                     for device in range(p))
 
     @cached_property
     def chunk_of(self) -> tuple[int, ...]:

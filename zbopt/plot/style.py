@@ -139,9 +139,20 @@ def _kind_handles(problem) -> list[Patch]:
     v = problem.chunks_per_device
     if v == 1:
         return [Patch(facecolor=palette().kinds[kind], label=KIND_NAMES[kind]) for kind in problem.kinds]
-    names = ("down", "up") if problem.bidirectional else [f"chunk {chunk}" for chunk in range(v)]
+    names = _chunk_names(problem)
     return [Patch(facecolor=chunk_color(kind, chunk, v), label=f"{KIND_NAMES[kind]}, {names[chunk]}")
             for kind in problem.kinds for chunk in range(v)]
+
+
+def _chunk_names(problem) -> list[str]:
+    """What the legend calls each chunk: "chunk c", or for the bidirectional placement the way it
+    serves ("down", "up"; with two V's, each way's first and second half)."""
+    v = problem.chunks_per_device
+    if not problem.bidirectional:
+        return [f"chunk {chunk}" for chunk in range(v)]
+    if v == 2:
+        return ["down", "up"]
+    return [f"{way} {half + 1}/{v // 2}" for way in ("down", "up") for half in range(v // 2)]
 
 
 def check_figure_path(path: str | Path) -> Path:

@@ -15,6 +15,7 @@ from zbopt.schedules import (
     zero_bubble,  # noqa: F401
     dualpipe,  # noqa: F401
     chimera,  # noqa: F401  (bidirectional, after dualpipe)
+    bitpipe,  # noqa: F401  (bidirectional with two V's, after chimera)
     greedy,  # noqa: F401  (the fallback for any memory limit)
     offload,  # noqa: F401  (registers pipeoffload after the bases it adds copies to)
     recompute,  # noqa: F401  (registers the full-recomputation variants after their bases)

@@ -21,8 +21,8 @@ from zbopt.kinds import BACKWARD, FORWARD
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.common import backward_ops
-from zbopt.schedules.registry import register, require
+from zbopt.schedules.common import backward_ops, require_two_ways
+from zbopt.schedules.registry import register
 
 
 class _Streams:
@@ -109,9 +109,5 @@ def chimera(problem: Problem) -> Schedule:
     .. [2] S. Li and T. Hoefler, "Chimera: Efficiently Training Large-Scale Neural Networks with
        Bidirectional Pipelines", SC'21, arXiv:2107.06925, §3.1-3.4, Fig. 3.
     """
-    name = "chimera"
-    require(problem.bidirectional, name, "placement 'bidirectional' (two pipelines in opposite directions)")
-    p, m = problem.num_devices, problem.num_microbatches
-    require(p % 2 == 0, name, f"an even num_devices (got p = {p})")
-    require(m % p == 0, name, f"num_microbatches a multiple of num_devices (basic units of p; got m = {m}, p = {p})")
-    return Schedule([_chimera_order(problem, device) for device in range(p)])
+    require_two_ways(problem, "chimera", 2, "basic units")
+    return Schedule([_chimera_order(problem, device) for device in range(problem.num_devices)])

@@ -233,6 +233,8 @@ def dualpipe(problem: Problem) -> Schedule:
     """
     name = "dualpipe"
     require(problem.bidirectional, name, "placement 'bidirectional' (half the microbatches each way)")
+    require(problem.chunks_per_device == 2, name, "chunks_per_device = 2 (one stage of each pipeline per device; "
+                                                  f"got {problem.chunks_per_device})")
     p, m = problem.num_devices, problem.num_microbatches
     require(p % 2 == 0, name, f"an even num_devices (got p = {p})")
     require(m % 2 == 0 and m >= 2 * p, name, f"an even num_microbatches >= 2 * num_devices (m >= {2 * p}, got m = {m})")

@@ -153,8 +153,8 @@ def whole_activations_bound(problem: Problem, device: int, lifetimes: list[tuple
     its release, while the other holds at least its checkpoint): each holds the device from its F's
     start for at least F + rt + B, and only W fits in the gaps.
 
-    0 with the bidirectional placement: no chain comes back to a device, and the argument above
-    (only the device's last stage kept) does not carry over.
+    0 with the bidirectional placement: each route's stages on the device are not the device's
+    stages, and the argument above (only the device's last stage kept) does not carry over.
     """
     device_view = _one_whole_at_a_time(problem, device, device_load)
     if device_view is None or problem.bidirectional:

@@ -80,7 +80,8 @@ def test_bitpipe_is_the_authors_figures_op_for_op(m, figure, slots):
 @pytest.mark.parametrize(("split", "latency"), [(False, 0.0), (True, 0.3)])
 def test_bitpipe_valid_on_a_grid_within_its_promise(p, rounds, split, latency):
     """Uneven costs and activations: no deadlock, every device does its work, the bounds hold and
-    the peak is what the promise says; with unit activations at most a round's 2p."""
+    no device holds more than its promise, a round's activations (with unit activations exactly
+    2p on the middle devices: the promise is reached)."""
     stages = 4 * p
     f = [1.0 + (s % 3) / 2 for s in range(stages)]
     b = [2.0 + (s % 2) for s in range(stages)]
@@ -89,9 +90,11 @@ def test_bitpipe_valid_on_a_grid_within_its_promise(p, rounds, split, latency):
     result = simulate(problem, generate("bitpipe", problem))
     assert list(result.busy) == pytest.approx(device_work(problem))
     assert result.makespan >= max(critical_path(problem), max(device_work(problem))) - 1e-9
-    assert list(result.peak_memory) == pytest.approx(get("bitpipe").peak_memory_bound(problem))
+    promise = get("bitpipe").peak_memory_bound(problem)
+    assert all(peak <= bound + 1e-9 for peak, bound in zip(result.peak_memory, promise, strict=True))
     plain = problem.replace(activation_memory=1.0)
-    assert max(simulate(plain, generate("bitpipe", plain)).peak_memory) <= 2 * p
+    reached = max(simulate(plain, generate("bitpipe", plain)).peak_memory)
+    assert reached == 2 * p == max(get("bitpipe").peak_memory_bound(plain))
 
 
 def test_bitpipe_peak_is_the_figure_s():

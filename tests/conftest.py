@@ -1,4 +1,6 @@
-"""Shared test settings: hypothesis runs without deadlines (CI machines vary) and a bounded budget;
+"""Shared test settings: hypothesis runs without deadlines (CI machines vary), a bounded budget and
+the same examples every run (a gate that passes or fails by chance lands nothing; the profile
+"explore", HYPOTHESIS_PROFILE=explore, draws new ones and more of them to hunt for bugs locally);
 and the one rule for optional extras: a test that needs one skips, saying why, unless the run
 requires it (`make test` sets ZBOPT_REQUIRE_EXTRAS=torch,dask because it installs them), where a
 missing extra fails the test instead of hiding it as a skip."""
@@ -9,8 +11,10 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("zbopt", deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("zbopt")
+settings.register_profile("zbopt", deadline=None, max_examples=60, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", settings.get_profile("zbopt"), derandomize=False, max_examples=300)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "zbopt"))
 
 REQUIRED_EXTRAS_VARIABLE = "ZBOPT_REQUIRE_EXTRAS"
 EXTRA_MODULES = {"torch": "torch", "dask": "distributed"}  # the module each extra of pyproject.toml installs

@@ -166,10 +166,12 @@ def test_only_bidirectional_schedules_apply_to_the_placement():
 def _route_search_optimum(problem: Problem) -> float:
     """The least makespan of a bidirectional problem by exhaustive search in time (tests.reference),
     its dependencies spelled out here from the documented routes, not from zbopt's op table: with
-    v = 2 the down way runs devices 0..p-1, with v = 4 a V, 0..p-1 then p-1..0; the up way mirrored."""
+    v = 2 the down way runs devices 0..p-1, with v = 4 a V, 0..p-1 then p-1..0, with v = 6 down,
+    up, down; the up way mirrored."""
     p, m = problem.num_devices, problem.num_microbatches
     down, half = (m + 1) // 2, problem.num_stages // 2
-    down_devices = list(range(p)) + (list(range(p - 1, -1, -1)) if problem.chunks_per_device == 4 else [])
+    legs = [list(range(p))[::1 if leg % 2 == 0 else -1] for leg in range(problem.chunks_per_device // 2)]
+    down_devices = [device for leg in legs for device in leg]
     kinds = problem.kinds
     cost, needs, lane, grows, frees, device_of = {}, {}, {}, {}, {}, {}
     for j in range(m):
@@ -317,6 +319,21 @@ def test_cpsat_agrees_with_an_exhaustive_search_on_two_vs(m, w, changes):
     from zbopt.solvers.bounds import lower_bounds
 
     problem = bidirectional(2, m, w=w, chunks_per_device=4, **changes)
+    expected = _route_search_optimum(problem)
+    assert_cpsat_proves(problem, expected)
+    assert all(bound.value <= expected + 1e-9 for bound in lower_bounds(problem).bounds)
+
+
+@pytest.mark.parametrize(("v", "m", "extra"), [(4, 2, 0.0), (4, 2, 1.0), (6, 2, None)])
+def test_cpsat_agrees_with_an_exhaustive_search_under_limits_and_with_three_legs(v, m, extra):
+    """The placement for any even v: with two V's under a limit at the floor and one above, and
+    with v = 6 (each way down, up, down), latency 0.5: CP-SAT proves the exhaustive search's
+    optimum and every lower bound is at most it."""
+    from zbopt.solvers.bounds import lower_bounds
+
+    problem = bidirectional(2, m, chunks_per_device=v, p2p_time=0.5, activation_memory=[1, 2] * v)
+    if extra is not None:
+        problem = problem.replace(memory_limit=[level + extra for level in problem.one_microbatch_memory])
     expected = _route_search_optimum(problem)
     assert_cpsat_proves(problem, expected)
     assert all(bound.value <= expected + 1e-9 for bound in lower_bounds(problem).bounds)

@@ -59,7 +59,7 @@ def test_two_vs_in_opposite_directions():
     assert problem.routes == ((range(0, 8), range(0, 4)), (range(8, 16), range(4, 8)))
     assert [problem.device_of(s) for s in range(16)] == [0, 1, 2, 3, 3, 2, 1, 0, 3, 2, 1, 0, 0, 1, 2, 3]
     assert problem.stages_of_device[0] == (0, 7, 11, 12)
-    assert [stage_device(s, 4, "bidirectional") for s in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert [stage_device(s, 4, "bidirectional", 2) for s in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
     assert problem.route_length == 8 and problem.num_activations == 8 * 8
     assert problem.one_microbatch_memory == (2.0,) * 4  # two stages of one way, not all four
 
@@ -95,6 +95,15 @@ def test_bitpipe_valid_on_a_grid_within_its_promise(p, rounds, split, latency):
     plain = problem.replace(activation_memory=1.0)
     reached = max(simulate(plain, generate("bitpipe", plain)).peak_memory)
     assert reached == 2 * p == max(get("bitpipe").peak_memory_bound(plain))
+
+
+def test_bitpipe_keeps_its_promise_where_one_stage_is_heavy():
+    """At p = 4 with two rounds device 0 holds three microbatches of stage 0 at once (B1, F5, F6
+    before B2): a per-stage count of p/2 would promise 26 for a peak of 30."""
+    problem = two_vs(4, 8, activation_memory=[10.0] + [1.0] * 15)
+    peaks = simulate(problem, generate("bitpipe", problem)).peak_memory
+    assert peaks[0] == 30 and all(
+        peak <= bound for peak, bound in zip(peaks, get("bitpipe").peak_memory_bound(problem), strict=True))
 
 
 def test_bitpipe_peak_is_the_figure_s():

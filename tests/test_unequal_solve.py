@@ -129,3 +129,15 @@ def test_the_warm_start_tries_the_sorting_orders_where_microbatches_differ():
     direct = min(simulate(problem, generate(schedule, problem, order=rule)).makespan
                  for schedule in ("1f1b", "zb-h1", "gpipe") for rule in ("given", "longest-first", "shortest-first"))
     assert warm.makespan <= direct + 1e-9 and name.endswith("order)")
+
+
+def test_solve_at_the_floor_when_every_microbatch_is_smaller_than_the_reference():
+    """Review: the warm start planned with the stage values (the reference's activation, 1 here),
+    whose floor is above a limit at the problem's own floor (0.5): solve raised the user's limit
+    as an error. It now plans at the largest microbatch there, and proves the search's optimum
+    (one microbatch in flight at a time: 4)."""
+    problem = Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=1, activation_memory=1,
+                      microbatch_tokens=[1, 1], reference_tokens=2)
+    problem = problem.replace(memory_limit=problem.min_memory_limit)
+    result = solve(problem, time_limit=5, lower_peak=False)
+    assert result.simulation.makespan == pytest.approx(timed_search_optimum(problem)) == 4

@@ -12,7 +12,7 @@ from zbopt.errors import ProblemError
 PLACEMENTS = ("loop", "v", "bidirectional")
 
 
-def stage_device(stage: int, num_devices: int, placement: str, chunks_per_device: int = 2) -> int:
+def stage_device(stage: int, num_devices: int, placement: str, chunks_per_device: int | None = None) -> int:
     """Device that holds virtual stage `stage`.
 
     `loop` (Megatron interleaving): stage s on device s mod p.
@@ -22,7 +22,7 @@ def stage_device(stage: int, num_devices: int, placement: str, chunks_per_device
     v = 2k chunks is the down pipeline's copy of the model, placed as `v` with k chunks (k = 1,
     DualPipe's and Chimera's: devices 0..p-1; k = 2, BitPipe's V: 0..p-1 then p-1..0); the second
     half is the up pipeline's copy, its mirror image (device d -> p-1-d). `chunks_per_device` is
-    read only there.
+    read only there, and must be given there (no default that is right for one v only).
 
     >>> [stage_device(s, 3, "v") for s in range(6)]
     [0, 1, 2, 2, 1, 0]
@@ -33,12 +33,13 @@ def stage_device(stage: int, num_devices: int, placement: str, chunks_per_device
     if placement == "loop":
         return place
     if placement == "bidirectional":
-        route, chunk = divmod(chunk, chunks_per_device // 2)
+        route, chunk = divmod(chunk, _ways_chunks(chunks_per_device))
         return _mirror(route, _zigzag(chunk, place, num_devices), num_devices)
     return _zigzag(chunk, place, num_devices)
 
 
-def device_stage(device: int, chunk: int, num_devices: int, placement: str, chunks_per_device: int = 2) -> int:
+def device_stage(device: int, chunk: int, num_devices: int, placement: str,
+                 chunks_per_device: int | None = None) -> int:
     """The virtual stage of `device`'s chunk number `chunk` (its stages counted in increasing
     order): the inverse of `stage_device`.
 
@@ -48,11 +49,18 @@ def device_stage(device: int, chunk: int, num_devices: int, placement: str, chun
     if placement == "loop":
         place = device
     elif placement == "bidirectional":
-        route, within = divmod(chunk, chunks_per_device // 2)
+        route, within = divmod(chunk, _ways_chunks(chunks_per_device))
         place = _zigzag(within, _mirror(route, device, num_devices), num_devices)
     else:
         place = _zigzag(chunk, device, num_devices)
     return chunk * num_devices + place
+
+
+def _ways_chunks(chunks_per_device: int | None) -> int:
+    """A way's chunks per device with the bidirectional placement: half of them."""
+    if chunks_per_device is None:
+        raise TypeError("the bidirectional placement's map needs chunks_per_device")
+    return chunks_per_device // 2
 
 
 def route_stages(num_devices: int, chunks_per_device: int, placement: str) -> tuple[range, ...]:

@@ -153,12 +153,13 @@ def bitpipe_orders(problem: Problem) -> list[list[Op]]:
 
 
 def _bitpipe_memory(problem: Problem) -> list[float]:
-    """Per device, one round's activations: its p/2 microbatches each way, each holding its way's
-    two chunks on the device (with unit activations 2p, 1F1B's p microbatches of the device's
-    model). A device starts a round only when the round before has one backward left to run, so
-    rounds do not pile up (tests/test_bitpipe.py; the paper states no bound)."""
-    half = problem.num_devices // 2
-    return [half * sum(problem.activation_memory[stage] for stage in stages) for stages in problem.stages_of_device]
+    """Per device, a round's count of activations, 2p (p/2 microbatches each way, each on two of
+    the device's chunks), each at most the device's largest: a device starts a round only when the
+    round before has one backward left, so rounds do not pile up. (Per stage the count is not
+    p/2: at p = 4 with two rounds device 0 holds three microbatches of stage 0.) The paper states
+    no bound (tests/test_bitpipe.py)."""
+    return [2 * problem.num_devices * max(problem.activation_memory[stage] for stage in stages)
+            for stages in problem.stages_of_device]
 
 
 @register("bitpipe", "BitPipe (Wu et al., 2024): two V-shaped interleaved pipelines in opposite directions, "
@@ -173,8 +174,10 @@ def bitpipe(problem: Problem) -> Schedule:
 
     Notes
     -----
-    Peak memory: at most one round's activations per device (2p chunks' with unit activations);
-    with p = 4 and m = 4, 7 on the end devices and 8 in the middle (BitPipe-v.svg).
+    Peak memory: at most 2p activations per device, a round's count; with p = 4 and m = 4, 7 on
+    the end devices and 8 in the middle (BitPipe-v.svg). The figures show p = 4; other even p
+    follow the same rule (zbopt's extension: its idle grows with p, e.g. 12 unit slots per round
+    at p = 6, and rounds barely overlap).
     """
     require_two_ways(problem, "bitpipe", 4, "rounds")
     orders = [[each for op in order for each in ([op] if op.kind == FORWARD else

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from zbopt import interrupt
-from zbopt.errors import NotApplicableError, ZboptError
+from zbopt.errors import NotApplicableError, ProblemError, ZboptError
 from zbopt.microbatch_order import sorted_order
-from zbopt.microbatches import EQUAL_MICROBATCHES
+from zbopt.microbatches import EQUAL_MICROBATCHES, every_microbatch_at
 from zbopt.problem import Problem
 from zbopt.schedules import generate, registered
 from zbopt.simulation import Simulation, simulate
@@ -64,11 +64,16 @@ def planning_problem(problem: Problem) -> Problem:
     (every microbatch costing its stage's value: some generators build a one-microbatch copy of
     the problem, which rows per microbatch do not fit); its schedule is then simulated with each
     microbatch's own costs (its orders: the times it planned are the stage values'), and kept
-    only where it stays within the memory limit. Sequence slices stay (a schedule of the
-    unsliced problem is no schedule of the sliced one)."""
+    only where it stays within the memory limit. Where the stage values need more memory than the
+    limit gives (every microbatch smaller than `reference_tokens`), every microbatch at its stage's
+    largest, whose floor is the problem's own. Sequence slices stay (a schedule of the unsliced
+    problem is no schedule of the sliced one)."""
     if problem.per_microbatch is None:
         return problem
-    return problem.replace(**EQUAL_MICROBATCHES)
+    try:
+        return problem.replace(**EQUAL_MICROBATCHES)
+    except ProblemError:
+        return every_microbatch_at(problem, max)
 
 
 def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:

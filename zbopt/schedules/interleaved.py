@@ -144,9 +144,9 @@ def _zero_bubble_memory(problem: Problem) -> list[float]:
     """Device r: at most its warm-up + 1 activations between F and B and r pending W's, each at most
     the device's largest M_B / M_W (torch's ZB1P, like ZB-H1, keeps 1F1B's in-flight count)."""
     group, total = flexible_group(problem), problem.num_microbatches * problem.chunks_per_device
-    return [min(warmup_count(problem, d, group, hops=1) + 1, total) * max(problem.activation_memory[s] for s in stages)
-            + min(d, total) * max(problem.weight_memory[s] for s in stages)
-            for d, stages in enumerate(problem.stages_of_device)]
+    in_flight = table_memory(problem, [warmup_count(problem, d, group, hops=1) for d in range(problem.num_devices)])
+    return [held + min(d, total) * max(problem.weight_memory[s] for s in stages)
+            for d, (held, stages) in enumerate(zip(in_flight, problem.stages_of_device, strict=True))]
 
 
 @register("torch-zb-interleaved", "torch's ScheduleInterleavedZeroBubble (ZB1P for v chunks): interleaved table, "

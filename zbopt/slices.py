@@ -67,16 +67,16 @@ def spans(problem) -> tuple[tuple[Span, ...], ...] | None:
     k, tokens = problem.sequence_slices, problem.microbatch_tokens
     if tokens is None and k == 1:
         return None
-    if tokens is not None:  # the length the costs are for: as given, else the mean microbatch's
+    if tokens is None:  # every sequence one reference length: k tokens, one per slice
+        tokens, reference = (k,) * (problem.num_microbatches // k), float(k)
+    else:  # the length the costs are for: as given, else the mean microbatch's
         reference = problem.reference_tokens or sum(map(total_tokens, tokens)) / len(tokens)
     if k == 1:
         return tuple(((0.0, count / reference),) if isinstance(count, int) else
                      tuple((0.0, length / reference) for length in count) for count in tokens)
-    reference = 1.0 if tokens is None else reference
-    lengths = [1.0] * (problem.num_microbatches // k) if tokens is None else tokens
     result = []
-    for length in lengths:
-        bounds = slice_bounds(length, k) if tokens is not None else [i / k for i in range(k + 1)]
+    for length in tokens:
+        bounds = slice_bounds(length, k)
         result += [((bounds[i] / reference, bounds[i + 1] / reference),) for i in range(k)]
     return tuple(result)
 

@@ -35,7 +35,7 @@ def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = m
                 schedule = generate(name, planned, order=None if order is None else order[1])
         except (NotApplicableError, interrupt.TimeUp):
             continue
-        result = simulate(problem, schedule if problem.microbatches_equal else schedule.without_times())
+        result = _timed(problem, schedule)
         needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
         if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
             best = (name if order is None else f"{name} ({order[0]} order)", result)
@@ -76,6 +76,12 @@ def planning_problem(problem: Problem) -> Problem:
         return every_microbatch_at(problem, max)
 
 
+def _timed(problem: Problem, schedule) -> Simulation:
+    """`schedule` (planned on `planning_problem`) simulated on the problem: where microbatches
+    differ, its orders with each microbatch's own costs, not the times it planned."""
+    return simulate(problem, schedule if problem.microbatches_equal else schedule.without_times())
+
+
 def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:
     """Whether `simulation` beats `other`: a better objective, or one as good (within the
     optimality tolerance) with a lower highest peak memory."""
@@ -98,7 +104,7 @@ def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str, d
         if interrupt.requested.is_set():
             return None
         raise ZboptError(f"warm start '{warm_start}' did not finish within the time limit") from None
-    result = simulate(problem, schedule if problem.microbatches_equal else schedule.without_times())
+    result = _timed(problem, schedule)
     if not result.valid:
         raise ZboptError(f"warm start '{warm_start}' breaks the memory limit: {result.violations[0]}")
     return warm_start, result

@@ -56,11 +56,11 @@ def _rounds(problem: Problem) -> list[list[tuple[int, int]]]:
     return [[(way[r * half + k], k) for way in (down, up) for k in range(half)] for r in range(len(down) // half)]
 
 
-def _forward_orders(problem: Problem) -> list[list[tuple[int, Op]]]:
-    """Per device, its forwards as (round, op), round by round, each round's in the order they
-    fall due (slot 2k + i for the i-th stage of the k-th microbatch of a way)."""
+def _forward_orders(problem: Problem, rounds: list[list[tuple[int, int]]]) -> list[list[tuple[int, Op]]]:
+    """Per device, its forwards as (round, op), round by round (`_rounds`), each round's in the
+    order they fall due (slot 2k + i for the i-th stage of the k-th microbatch of a way)."""
     orders: list[list[tuple[int, Op]]] = [[] for _ in range(problem.num_devices)]
-    for number, members in enumerate(_rounds(problem)):
+    for number, members in enumerate(rounds):
         due = []
         for microbatch, k in members:
             stages = next(stages for stages, microbatches in problem.routes if microbatch in microbatches)
@@ -76,9 +76,11 @@ class _Template:
 
     def __init__(self, problem: Problem):
         self.problem = problem
-        self.forwards = _forward_orders(problem)
+        rounds = _rounds(problem)
+        self.forwards = _forward_orders(problem, rounds)
+        self.round_of = {microbatch: number for number, members in enumerate(rounds) for microbatch, _ in members}
         p = problem.num_devices
-        self.ops_left = [[0] * len(_rounds(problem)) for _ in range(p)]  # per device and round
+        self.ops_left = [[0] * len(rounds) for _ in range(p)]  # per device and round
         for device, forwards in enumerate(self.forwards):
             for number, _ in forwards:
                 self.ops_left[device][number] += 2  # its forward and its backward
@@ -128,7 +130,7 @@ class _Template:
         (that of the same stage after the route's last forward, else of the stage before)."""
         self.orders[device].append(op)
         self.done[op] = slot + length
-        self.ops_left[device][self._round_of(op.microbatch)] -= 1
+        self.ops_left[device][self.round_of[op.microbatch]] -= 1
         stages = self.problem.routes[self.problem.route_of_stage(op.stage)][0]
         if op.kind == FORWARD:
             following = op.stage if op.stage == stages[-1] else None
@@ -138,12 +140,6 @@ class _Template:
             backward = Op(BACKWARD, following, op.microbatch)
             heapq.heappush(self.ready[self.problem.device_of(following)], (slot + length, following, backward))
         return length
-
-    def _round_of(self, microbatch: int) -> int:
-        """Its round: p/2 microbatches of each way per round, in microbatch order."""
-        (_, down), (_, up) = self.problem.routes
-        way = down if microbatch in down else up
-        return (microbatch - way.start) // (self.problem.num_devices // 2)
 
 
 def bitpipe_orders(problem: Problem) -> list[list[Op]]:

@@ -12,7 +12,7 @@ from zbopt.kinds import FORWARD
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.common import backward_ops, iteration_microbatches
+from zbopt.schedules.common import alternate_passes, backward_ops, iteration_microbatches
 from zbopt.schedules.registry import register, require
 
 WarmupRule = Callable[[int, int], int]  # (device, devices) -> warm-up forwards before the first backward
@@ -40,33 +40,28 @@ def _standard_warmup(device: int, devices: int) -> int:
     return devices - device - 1
 
 
-def _eager_warmup(device: int, devices: int) -> int:
+def eager_warmup(device: int, devices: int) -> int:
     return 2 * (devices - device - 1)
 
 
 def alternate(problem: Problem, stage: int, forwards: list[int], backwards: list[int], warmup: int) -> list[Op]:
     """One stage's 1F1B order: min(warmup, len) forwards, then a forward and a backward in turn,
     then the remaining backwards; the forwards and the backwards each in their given order."""
-    count = min(warmup, len(forwards))
-    order = [Op(FORWARD, stage, j) for j in forwards[:count]]
-    for step, j in enumerate(forwards[count:]):
-        order.append(Op(FORWARD, stage, j))
-        order += backward_ops(problem, stage, backwards[step])
-    for j in backwards[len(backwards) - count:]:
-        order += backward_ops(problem, stage, j)
-    return order
+    return alternate_passes([Op(FORWARD, stage, j) for j in forwards],
+                            [backward_ops(problem, stage, j) for j in backwards], warmup)
 
 
-def warmup_then_alternate(problem: Problem, name: str, warmup: WarmupRule, streams: list[range]) -> Schedule:
+def warmup_then_alternate(problem: Problem, name: str, warmup: WarmupRule, streams: list[range],
+                          backward_order: Callable[[range], list[int]] = list) -> Schedule:
     """Per stream of microbatches: `warmup(s, p)` forwards, then forward/backward pairs, then the
-    remaining backwards."""
+    remaining backwards, the backwards in `backward_order(stream)` (default: the stream's)."""
     require(problem.chunks_per_device == 1, name, "chunks_per_device = 1 (one stage per device)")
     p = problem.num_devices
     orders = []
     for stage in range(p):
         order: list[Op] = []
         for stream in streams:
-            order += alternate(problem, stage, list(stream), list(stream), warmup(stage, p))
+            order += alternate(problem, stage, list(stream), backward_order(stream), warmup(stage, p))
         orders.append(order)
     return Schedule(orders)
 
@@ -126,12 +121,12 @@ def one_f_one_b(problem: Problem) -> Schedule:
 
 
 @register("eager-1f1b", "1F1B with 2(p-s-1) warm-up forwards: earlier sends, more overlap of latency",
-          in_flight_bound(_eager_warmup))
+          in_flight_bound(eager_warmup))
 def eager_one_f_one_b(problem: Problem) -> Schedule:
     """Eager 1F1B: as 1F1B, but device s runs min(2(p-s-1), m) warm-up forwards, so each forward
     is sent before the device needs the matching backward and p2p latency overlaps compute (the
     warm-up of ZB-H2, Qi et al., ICLR 2024, Fig. 3). Holds min(2(p-s)-1, m) microbatches. v = 1."""
-    return warmup_then_alternate(problem, "eager-1f1b", _eager_warmup, iteration_microbatches(problem))
+    return warmup_then_alternate(problem, "eager-1f1b", eager_warmup, iteration_microbatches(problem))
 
 
 @register("1f1b-2bw", "PipeDream-2BW (Narayanan et al., 2021): 1F1B streaming all iterations without flushes",
@@ -145,8 +140,8 @@ def one_f_one_b_2bw(problem: Problem) -> Schedule:
 
 
 @register("eager-1f1b-2bw", "PipeDream-2BW with eager 1F1B's 2(p-s-1) warm-up forwards, without flushes",
-          in_flight_bound(_eager_warmup))
+          in_flight_bound(eager_warmup))
 def eager_one_f_one_b_2bw(problem: Problem) -> Schedule:
     """Eager 1F1B streaming all iterations without flushes (see 1f1b-2bw and eager-1f1b)."""
-    return warmup_then_alternate(problem, "eager-1f1b-2bw", _eager_warmup,
+    return warmup_then_alternate(problem, "eager-1f1b-2bw", eager_warmup,
                                      _without_flush(problem, "eager-1f1b-2bw"))

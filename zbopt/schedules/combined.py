@@ -30,8 +30,8 @@ from zbopt.kinds import FORWARD
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.classic import in_flight_bound
-from zbopt.schedules.common import backward_ops, iteration_microbatches
+from zbopt.schedules.classic import eager_warmup, in_flight_bound
+from zbopt.schedules.common import alternate_passes, backward_ops, iteration_microbatches
 from zbopt.schedules.interleaved import checked_group, memory_bound, schedule_table, table_passes, warmup_count
 from zbopt.schedules.registry import register, require
 
@@ -51,15 +51,9 @@ def combine(forwards: list[Op], backwards: list[list[Op]], warmup: int, kind: st
     """One device's order and pairs for one iteration: min(warmup, all) forwards alone, then each
     further forward overlapped with the oldest backward not run yet (B and W, or BW, for FBW; B
     alone for FB, its W right after), then the remaining backwards alone."""
-    count = min(warmup, len(forwards))
-    order, pairs = list(forwards[:count]), []
-    members = None if kind == "FBW" else 1
-    for forward, backward in zip(forwards[count:], backwards, strict=False):
-        order += [forward, *backward]
-        pairs.append((forward, *backward[:members]))
-    for backward in backwards[len(backwards) - count:]:
-        order += backward
-    return order, pairs
+    count, members = min(warmup, len(forwards)), None if kind == "FBW" else 1
+    pairs = [(forward, *backward[:members]) for forward, backward in zip(forwards[count:], backwards, strict=False)]
+    return alternate_passes(forwards, backwards, warmup), pairs
 
 
 def _build(problem: Problem, name: str, passes: Passes, warmup: Callable[[int], int]) -> Schedule:
@@ -79,7 +73,7 @@ def _build(problem: Problem, name: str, passes: Passes, warmup: Callable[[int], 
 def _overlap_warmup(device: int, devices: int) -> int:
     """Eager 1F1B's 2(p-r-1) warm-up forwards and one more: the last device pairs F(j+1) with B(j),
     and each device upstream needs two more in flight for its pair's two inputs to be ready."""
-    return 2 * (devices - device - 1) + 1
+    return eager_warmup(device, devices) + 1
 
 
 @register("1f1b-overlap", "Combined 1F1B (Megatron-LM combined_1f1b; PP visualizer 1f1b_overlap): F&B pairs, "

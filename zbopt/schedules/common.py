@@ -19,6 +19,18 @@ def backward_ops(problem: Problem, stage: int, microbatch: int) -> list[Op]:
     return [Op(FUSED_BACKWARD, stage, microbatch)]
 
 
+def alternate_passes(forwards: list[Op], backwards: list[list[Op]], warmup: int) -> list[Op]:
+    """1F1B's walk over one device's passes: min(warmup, all) forwards, then each further forward
+    followed by the oldest backward (its ops) not run yet, then the remaining backwards."""
+    count = min(warmup, len(forwards))
+    order = list(forwards[:count])
+    for forward, backward in zip(forwards[count:], backwards, strict=False):
+        order += [forward, *backward]
+    for backward in backwards[len(backwards) - count:]:
+        order += backward
+    return order
+
+
 def require_two_ways(problem: Problem, name: str, chunks: int, group: str) -> None:
     """NotApplicableError unless `problem` has what two pipelines in opposite directions merged
     without conflict need (Chimera, BitPipe): the bidirectional placement with `chunks` chunks per

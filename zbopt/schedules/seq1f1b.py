@@ -13,10 +13,9 @@ i's. Forwards run in entry order: sequence by sequence, slice 0 first.
 from __future__ import annotations
 
 from zbopt.kinds import FORWARD
-from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.classic import alternate
+from zbopt.schedules.classic import warmup_then_alternate
 from zbopt.schedules.common import iteration_microbatches
 from zbopt.schedules.registry import register, require
 
@@ -44,15 +43,7 @@ def seq1f1b(problem: Problem) -> Schedule:
     then alternates a forward and a backward, the backwards sequence by sequence with each
     sequence's slices last first, then drains. With a split backward W runs right after its B.
     Needs v = 1 and sequence_slices k > 1 (with k = 1 it is 1f1b)."""
-    require(problem.chunks_per_device == 1, "seq1f1b", "chunks_per_device = 1 (one stage per device)")
     k = problem.sequence_slices
     require(k > 1, "seq1f1b", "sequence_slices > 1 (with one slice per sequence it is 1f1b)")
-    p = problem.num_devices
-    orders = []
-    for stage in range(p):
-        warmup = p - stage - 1 + k - 1
-        order: list[Op] = []
-        for microbatches in iteration_microbatches(problem):
-            order += alternate(problem, stage, list(microbatches), _backward_order(microbatches, k), warmup)
-        orders.append(order)
-    return Schedule(orders)
+    return warmup_then_alternate(problem, "seq1f1b", lambda stage, p: p - stage - 1 + k - 1,
+                                 iteration_microbatches(problem), lambda stream: _backward_order(stream, k))

@@ -12,7 +12,7 @@ from zbopt.errors import NotApplicableError
 from zbopt.microbatch_order import entry_order, relabelled, reordered, sizes, sorted_order
 from zbopt.microbatches import EQUAL_MICROBATCHES
 from zbopt.schedules import registered
-from zbopt.schedules.ordering import clusters, dynapipe_candidates, resolve_order
+from zbopt.schedules.ordering import clusters, dynapipe_candidates
 
 # F 0.5, 1, 1.5 and BW 1, 2, 3 per stage (tau = tokens / 2, no attention share)
 THREE = Problem(num_devices=2, num_microbatches=3, forward_times=1, backward_times=2, microbatch_tokens=[1, 2, 3])
@@ -128,12 +128,6 @@ def test_bidirectional_orders_each_route_among_itself():
 def test_bad_orders_name_the_key(order, message):
     with pytest.raises(ProblemError, match=rf"^order = .*{message}"):
         generate("1f1b", THREE, order=order)
-
-
-def test_resolve_order_tells_the_permutation():
-    build = lambda problem: generate("1f1b", problem)  # noqa: E731
-    assert resolve_order(build, THREE, "dynapipe") == (0, 2, 1)
-    assert resolve_order(build, THREE, None) == (0, 1, 2)
 
 
 def test_compare_adds_the_best_order_per_schedule():

@@ -50,35 +50,26 @@ def in_order(build: Build, problem: Problem, order: Order) -> Schedule:
         raise ProblemError("order", order, "not with sequence_slices (a sequence's slices enter together, in "
                                            "their order)")
     if isinstance(order, str) and order in SEARCHED_RULES:
-        return _searched(build, problem)[1]
+        return _searched(build, problem)
     chosen = sorted_order(problem, order) if isinstance(order, str) else check_order(problem, order)
     return _built(build, problem, chosen)
-
-
-def resolve_order(build: Build, problem: Problem, order: Order) -> tuple[int, ...]:
-    """The permutation `order` stands for (`in_order`), for showing or exporting it."""
-    if order is None:
-        return tuple(range(problem.num_microbatches))
-    if isinstance(order, str) and order in SEARCHED_RULES:
-        return _searched(build, problem)[0]
-    return sorted_order(problem, order) if isinstance(order, str) else check_order(problem, order)
 
 
 def _built(build: Build, problem: Problem, order: tuple[int, ...]) -> Schedule:
     return relabelled(build(reordered(problem, order)), order, problem.num_microbatches)
 
 
-def _searched(build: Build, problem: Problem) -> tuple[tuple[int, ...], Schedule]:
-    """DynaPipe's rule (module docstring): the (order, schedule) of least simulated makespan among
-    the given order and every order of the clusters, preferring schedules within the memory limit."""
+def _searched(build: Build, problem: Problem) -> Schedule:
+    """DynaPipe's rule (module docstring): the schedule of least simulated makespan among the
+    given order and every order of the clusters, preferring schedules within the memory limit."""
     best = None
     for order in dynapipe_candidates(problem):
         schedule = _built(build, problem, order)
         result = simulate(problem, schedule)
         key = (not result.valid, result.makespan)
         if best is None or key < best[0]:
-            best = (key, order, schedule)
-    return best[1], best[2]
+            best = (key, schedule)
+    return best[1]
 
 
 def dynapipe_candidates(problem: Problem) -> list[tuple[int, ...]]:

@@ -31,16 +31,18 @@ def alternate_passes(forwards: list[Op], backwards: list[list[Op]], warmup: int)
     return order
 
 
-def require_two_ways(problem: Problem, name: str, chunks: int, group: str) -> None:
+def require_two_ways(problem: Problem, name: str, chunks: int, group: str | None = None) -> None:
     """NotApplicableError unless `problem` has what two pipelines in opposite directions merged
-    without conflict need (Chimera, BitPipe): the bidirectional placement with `chunks` chunks per
-    device, an even p and m a multiple of p (whole `group`s of p/2 microbatches each way)."""
+    without conflict need (DualPipe, Chimera, BitPipe): the bidirectional placement with `chunks`
+    chunks per device, an even p and, with a `group` named, m a multiple of p (whole groups of
+    p/2 microbatches each way)."""
     require(problem.bidirectional, name, "placement 'bidirectional' (two pipelines in opposite directions)")
     require(problem.chunks_per_device == chunks, name, f"chunks_per_device = {chunks} ({chunks // 2} of each "
                                                        f"pipeline per device; got {problem.chunks_per_device})")
     p, m = problem.num_devices, problem.num_microbatches
     require(p % 2 == 0, name, f"an even num_devices (got p = {p})")
-    require(m % p == 0, name, f"num_microbatches a multiple of num_devices ({group} of p; got m = {m}, p = {p})")
+    require(group is None or m % p == 0, name, f"num_microbatches a multiple of num_devices ({group} of p; got "
+                                               f"m = {m}, p = {p})")
 
 
 def input_gradient(problem: Problem, stage: int, microbatch: int) -> Op:

@@ -22,7 +22,7 @@ from zbopt.kinds import FORWARD, WEIGHT
 from zbopt.ops import Op
 from zbopt.problem import Problem
 from zbopt.schedule import Schedule
-from zbopt.schedules.common import backward_ops, input_gradient, iteration_microbatches
+from zbopt.schedules.common import backward_ops, input_gradient, iteration_microbatches, require_two_ways
 from zbopt.schedules.registry import register, require
 
 
@@ -232,11 +232,8 @@ def dualpipe(problem: Problem) -> Schedule:
        Technical Report", arXiv:2412.19437, 2024, Section 3.2.1.
     """
     name = "dualpipe"
-    require(problem.bidirectional, name, "placement 'bidirectional' (half the microbatches each way)")
-    require(problem.chunks_per_device == 2, name, "chunks_per_device = 2 (one stage of each pipeline per device; "
-                                                  f"got {problem.chunks_per_device})")
+    require_two_ways(problem, name, 2)
     p, m = problem.num_devices, problem.num_microbatches
-    require(p % 2 == 0, name, f"an even num_devices (got p = {p})")
     require(m % 2 == 0 and m >= 2 * p, name, f"an even num_microbatches >= 2 * num_devices (m >= {2 * p}, got m = {m})")
     programs = [_dualpipe_device_program(problem, device) for device in range(p)]
     return Schedule([program.order for program in programs],

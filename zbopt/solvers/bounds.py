@@ -207,10 +207,21 @@ class _Uniform(NamedTuple):
 
     def device_load(self) -> list[float]:
         """Per device, its least head + its work + its least tail (the device load bound's values)."""
-        per_device: list[list[tuple[float, float, float]]] = [[] for _ in range(self.problem.num_devices)]
-        for op, data in self.graph.nodes(data=True):
-            per_device[data["device"]].append((self.heads[op], data["duration"], self.tails[op]))
-        return [min(j[0] for j in jobs) + sum(j[1] for j in jobs) + min(j[2] for j in jobs) for jobs in per_device]
+        return _device_load(_device_jobs(self.problem.num_devices, self.graph, self.heads, self.tails))
+
+
+def _device_jobs(devices: int, graph: nx.DiGraph, heads: dict[Op, float],
+                 tails: dict[Op, float]) -> list[list[tuple[float, float, float]]]:
+    """Per device, its ops as (head, duration, tail) jobs."""
+    per_device: list[list[tuple[float, float, float]]] = [[] for _ in range(devices)]
+    for op, data in graph.nodes(data=True):
+        per_device[data["device"]].append((heads[op], data["duration"], tails[op]))
+    return per_device
+
+
+def _device_load(per_device: list[list[tuple[float, float, float]]]) -> list[float]:
+    """Per device, its least head + its work + its least tail."""
+    return [min(j[0] for j in jobs) + sum(j[1] for j in jobs) + min(j[2] for j in jobs) for jobs in per_device]
 
 
 def _pair_count(problem: Problem) -> Bound | None:
@@ -244,10 +255,8 @@ def _graph_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], t
     each microbatch's own (`memory_bounds.microbatch_memory_bound`)."""
     critical = max(heads[op] + graph.nodes[op]["duration"] + tails[op] for op in graph)
     graph_done = time.perf_counter()
-    per_device: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
-    for op, data in graph.nodes(data=True):
-        per_device[data["device"]].append((heads[op], data["duration"], tails[op]))
-    device_load = [min(j[0] for j in jobs) + sum(j[1] for j in jobs) + min(j[2] for j in jobs) for jobs in per_device]
+    per_device = _device_jobs(problem.num_devices, graph, heads, tails)
+    device_load = _device_load(per_device)
     load_done = time.perf_counter()
     preemptive = [jackson_preemptive(jobs) for jobs in per_device]
     preemptive_done = time.perf_counter()

@@ -43,11 +43,10 @@ def microbatch_memory_bound(problem: Problem) -> float:
         for microbatch in microbatches:
             begins, ends = _chain_ends(problem, table, stages, microbatch)
             for stage in stages:
-                activation = problem.memory_delta(FORWARD, stage, microbatch=microbatch)
-                kept = -problem.memory_delta(WEIGHT, stage, microbatch=microbatch) if problem.split_backward else 0.0
                 to_input = ends[stage] - begins[stage]
-                to_weight = to_input + (table.duration[table.index(Op(WEIGHT, stage, microbatch))] if kept else 0.0)
-                integral[problem.device_of(stage)] += (activation - kept) * to_input + kept * to_weight
+                weight = table.duration[table.index(Op(WEIGHT, stage, microbatch))] if problem.split_backward else 0.0
+                integral[problem.device_of(stage)] += _memory_time(problem, stage, (to_input, to_input + weight),
+                                                                   microbatch)
     return max((held / limit for held, limit in zip(integral, problem.memory_limit, strict=True) if held > 0),
                default=0.0)
 
@@ -238,10 +237,11 @@ def _one_whole_at_a_time(problem: Problem, device: int, device_load: float) -> _
     return _OneWhole(stages, ceiling, whole, weight, device_load - work)
 
 
-def _memory_time(problem: Problem, stage: int, lifetime: tuple[float, float]) -> float:
-    """The least memory-time one kept activation of `stage` holds."""
-    activation = problem.activation_memory[stage]
-    kept = problem.weight_memory[stage] if problem.split_backward else 0.0
+def _memory_time(problem: Problem, stage: int, lifetime: tuple[float, float], microbatch: int | None = None) -> float:
+    """The least memory-time one kept activation of `stage` holds (the stage's, or `microbatch`'s
+    own) over `lifetime`, (to its input gradient, to its W)."""
+    activation = problem.memory_delta(FORWARD, stage, microbatch=microbatch)
+    kept = -problem.memory_delta(WEIGHT, stage, microbatch=microbatch) if problem.split_backward else 0.0
     to_input, to_weight = lifetime
     return (activation - kept) * to_input + kept * to_weight
 

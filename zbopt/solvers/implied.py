@@ -127,9 +127,11 @@ def memory_disjunctions(problem: Problem, ops) -> list[tuple[Op, Op, Op]]:
     runs = order_runs(problem)
     triples = []
     for forward in ops:
+        if forward.kind != FORWARD:
+            continue
         stage = forward.stage
         kept = -problem.memory_delta(WEIGHT, stage, microbatch=forward.microbatch)
-        if forward.kind != FORWARD or kept <= 0:
+        if kept <= 0:
             continue
         limit = problem.memory_limit[problem.device_of(stage)]
         activation = problem.memory_delta(FORWARD, stage, microbatch=forward.microbatch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zbopt.microbatches import EQUAL_MICROBATCHES
+from zbopt.microbatches import EQUAL_MICROBATCHES, TABLE_KEYS
 from zbopt.problem import Problem
 
 MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
@@ -67,11 +67,11 @@ def _memory_amounts(problem: Problem) -> list[float]:
                       for row in rows.get(key, ()) for value in row]
 
 
-def memory_rounding(problem: Problem):
-    """How a model turns an amount in `memory_scale` units into a whole one: exactly where the
-    scale makes every amount whole, else up (the model then holds at least what the simulator
-    counts, so an answer within its capacity is within the limit)."""
-    if whole_at(_memory_amounts(problem), memory_scale(problem)):
+def memory_rounding(problem: Problem, unit: int):
+    """How a model turns an amount in `unit`s (`memory_scale`, which the caller has) into a whole
+    one: exactly where the unit makes every amount whole, else up (the model then holds at least
+    what the simulator counts, so an answer within its capacity is within the limit)."""
+    if whole_at(_memory_amounts(problem), unit):
         return round
     return lambda scaled: math.ceil(scaled - 1e-9 * max(1.0, scaled))
 
@@ -102,7 +102,7 @@ def tick_problem(problem: Problem, scale: TickScale) -> Problem:
     return scaled_costs(problem, lambda value: max(1, whole(value * scale.ticks_per_unit)))
 
 
-TIME_KEYS = ("forward_times", "backward_times", "weight_times", "recompute_times", "offload_times", "reload_times")
+TIME_KEYS = tuple(key for key in TABLE_KEYS if key.endswith("_times"))  # the costs that may differ by microbatch
 
 
 def cost_values(problem: Problem) -> list[float]:

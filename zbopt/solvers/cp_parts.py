@@ -62,7 +62,7 @@ def lifetime_intervals(model, problem: Problem, ops, start, end, horizon: int, a
     from F's start to O's end and each part from L's start. `amount` turns a memory amount in
     `memory_scale` units into a whole number (default `memory_rounding`; the relaxation rounds down)."""
     unit = memory_scale(problem)
-    amount = memory_rounding(problem) if amount is None else amount
+    amount = memory_rounding(problem, unit) if amount is None else amount
     per_device: list[list[Lifetime]] = [[] for _ in range(problem.num_devices)]
 
     def hold(device, allocated, released, memory, name, presence=None):

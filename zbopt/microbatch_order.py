@@ -34,11 +34,11 @@ ORDER_KEY = "order"
 def sizes(problem: Problem) -> tuple[float, ...]:
     """Per microbatch of one iteration, its total work: the sum over the stages it visits of its
     own cost of every kind the problem's schedules run (F, B, W or F, BW)."""
-    totals = [0.0] * problem.num_microbatches
+    m = problem.num_microbatches
+    totals = [0.0] * m
     for stages, microbatches in problem.routes:
-        for j in microbatches:
-            totals[j % problem.num_microbatches] += sum(problem.cost(kind, stage, j) for stage in stages
-                                                        for kind in problem.kinds)
+        for j in range(microbatches.start, min(microbatches.stop, m)):  # one iteration: they repeat
+            totals[j] = sum(problem.cost(kind, stage, j) for stage in stages for kind in problem.kinds)
     return tuple(totals)
 
 

@@ -22,9 +22,8 @@ import random
 
 from record import write_results
 
-from zbopt import Problem, generate, simulate, solve
-from zbopt.errors import NotApplicableError
-from zbopt.microbatch_order import ORDER_RULES
+from zbopt import Problem, solve
+from zbopt.packing import best_order_of, order_makespans
 
 LOW, HIGH = 512, 4096
 SCHEDULES = {1: ("1f1b", "zb-h1"), 2: ("torch-zbv", "zb-v")}
@@ -50,16 +49,9 @@ def heuristics(case: Problem) -> dict:
     """Per schedule, its makespan in the loader's order and its best order rule's (None: not valid)."""
     found = {}
     for name in SCHEDULES[case.chunks_per_device]:
-        by_order = {}
-        for order in ORDER_RULES:
-            try:
-                result = simulate(case, generate(name, case, order=order))
-            except NotApplicableError:
-                continue
-            by_order[order] = result.makespan if result.valid else None
-        valid = {order: value for order, value in by_order.items() if value is not None}
-        best = min(valid, key=valid.get) if valid else None
-        found[name] = {"given": by_order.get("given"), "best_order": best, "best": valid.get(best)}
+        by_order = order_makespans(case, name)
+        best_order, best = best_order_of(by_order)
+        found[name] = {"given": by_order["given"], "best_order": best_order, "best": best}
     return found
 
 

@@ -139,6 +139,33 @@ def packed_tokens(lengths: Sequence[int], packing: list[list[int]]) -> list[list
     return [[lengths[index] for index in microbatch] for microbatch in packing]
 
 
+def order_makespans(problem, name: str) -> dict[str, float | None]:
+    """Per order rule (`zbopt.microbatch_order.ORDER_RULES`), schedule `name`'s makespan on
+    `problem` with its microbatches in that order; None where it does not apply or overruns the
+    memory limit."""
+    from zbopt.errors import NotApplicableError
+    from zbopt.microbatch_order import ORDER_RULES
+    from zbopt.schedules import generate
+    from zbopt.simulation import simulate
+
+    by_order = {}
+    for order in ORDER_RULES:
+        try:
+            result = simulate(problem, generate(name, problem, order=order))
+        except NotApplicableError:
+            by_order[order] = None
+            continue
+        by_order[order] = result.makespan if result.valid else None
+    return by_order
+
+
+def best_order_of(by_order: dict[str, float | None]) -> tuple[str | None, float | None]:
+    """The order rule with the shortest makespan of `order_makespans` (the first of equals), and it."""
+    found = {order: value for order, value in by_order.items() if value is not None}
+    best = min(found, key=found.get) if found else None
+    return best, found.get(best)
+
+
 def packing_gains(lengths: Sequence[int], budget: int, problem: dict, schedules: Sequence[str] = ("1f1b", "zb-h1"),
                   attention_share: float = 0.0, time_limit: float = 10.0) -> list[dict]:
     """What packing and order gain over the data loader: per packing rule (`RULES`) and schedule,
@@ -148,18 +175,7 @@ def packing_gains(lengths: Sequence[int], budget: int, problem: dict, schedules:
     memory), its costs those of a microbatch of `budget` tokens unless it gives reference_tokens
     (one reference for every packing, so each holds the same work); a schedule that does not
     apply, or overruns the memory limit in an order, has no value there (None)."""
-    from zbopt.errors import NotApplicableError
-    from zbopt.microbatch_order import ORDER_RULES
     from zbopt.problem import Problem
-    from zbopt.schedules import generate
-    from zbopt.simulation import simulate
-
-    def makespan(chosen: Problem, name: str, order: str) -> float | None:
-        try:
-            result = simulate(chosen, generate(name, chosen, order=order))
-        except NotApplicableError:
-            return None
-        return result.makespan if result.valid else None
 
     rows, baseline = [], {}
     for rule in RULES:
@@ -167,11 +183,10 @@ def packing_gains(lengths: Sequence[int], budget: int, problem: dict, schedules:
         chosen = Problem(**{"reference_tokens": budget, **problem}, num_microbatches=len(tokens),
                          microbatch_tokens=tokens, attention_share=attention_share)
         for name in schedules:
-            by_order = {order: makespan(chosen, name, order) for order in ORDER_RULES}
-            found = {order: value for order, value in by_order.items() if value is not None}
-            best_order = min(found, key=found.get) if found else None
+            by_order = order_makespans(chosen, name)
+            best_order, best = best_order_of(by_order)
             baseline.setdefault(name, by_order["given"])
-            base, best = baseline[name], found.get(best_order)
+            base = baseline[name]
             rows.append({"packing": rule, "microbatches": len(tokens), "schedule": name, "given": by_order["given"],
                          "best_order": best_order, "best": best,
                          "gain": None if base is None or best is None else 1 - best / base})

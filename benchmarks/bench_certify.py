@@ -1,7 +1,7 @@
 """Issue 30's grid: how far from the optimum the answer is certified, and which bound binds.
 
 Every row is one `solve` (default 120 s, `lower_peak=False`), run `--runs` times (runs vary):
-- "loop": interleaved placement, v = 2, p = 6 (m = 12) and 8 (m = 16), memory p/2 and p whole-stage
+- "loop": interleaved placement, v = 2, p = 4 (m = 8), 6 (m = 12) and 8 (m = 16), memory p/2 and p whole-stage
   activations (bench_scale.py's HALVED costs: the 1.5B costs halved per chunk);
 - "vmin": V placement, p = 8, m = 16 and 24, the limit V-Min's own peak;
 - "zbv": V placement at ZB-V's own peak, p = 16 (m = 32) and 32 (m = 64), the first and last stages
@@ -31,7 +31,7 @@ HEAVY_ENDS = 1.5
 def loop_cases() -> list[tuple[str, Problem, str]]:
     return [(f"loop p{p} m{2 * p} mem {memory}",
              Problem(num_devices=p, num_microbatches=2 * p, chunks_per_device=2, memory_limit=memory, **HALVED),
-             "makespan") for p in (6, 8) for memory in (p // 2, p)]
+             "makespan") for p in (4, 6, 8) for memory in (p // 2, p)]
 
 
 def _at_own_peak(problem: Problem, name: str) -> Problem:

@@ -23,10 +23,10 @@ from zbopt import (
     critical_path,
     device_work,
     generate,
+    load_problem,
     simulate,
     solve,
 )
-from zbopt.cli.config import load_config
 from zbopt.schedules import generate_applicable, get
 
 
@@ -226,7 +226,7 @@ def test_solver_proves_dualpipe_optimal_with_unit_costs():
     """examples/bidirectional.yaml (README), F = B = W = 1, p = 4, m = 8: every device works 24;
     devices 1 and 2 hold the first stage of neither way, so none of their ops starts before one
     forward has run: the bound is 25 (device load), and DualPipe meets it."""
-    problem = load_config(Path(__file__).parent.parent / "examples" / "bidirectional.yaml").problem
+    problem = load_problem(Path(__file__).parent.parent / "examples" / "bidirectional.yaml")
     assert problem == bidirectional(4, 8)
     result = solve(problem, time_limit=30, lower_peak=False)
     dual = simulate(problem, generate("dualpipe", problem))

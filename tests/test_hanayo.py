@@ -55,11 +55,15 @@ def test_warmup_is_the_least_that_keeps_the_makespan(p, waves, m):
     """F = B: one warm-up forward fewer on any device deadlocks or lengthens the makespan."""
     problem = wave(p, waves, m, backward_times=1)
     best = simulate(problem, generate("hanayo", problem)).makespan
+    outcomes = []
     for device in range(p):
         warmups = [wave_warmup(problem, d) - (d == device) for d in range(p)]
         fewer = Schedule([table_order(problem, d, wave_table(problem, d), warmups[d]) for d in range(p)])
-        with contextlib.suppress(DeadlockError):
-            assert simulate(problem, fewer).makespan > best
+        try:
+            outcomes.append(simulate(problem, fewer).makespan > best)
+        except DeadlockError:
+            outcomes.append("deadlock")
+    assert all(outcome in (True, "deadlock") for outcome in outcomes), outcomes
 
 
 def test_wave_table_is_megatrons_group_with_microbatches_two_slots_apart():
@@ -134,8 +138,10 @@ def test_megatrons_table_stalls_on_the_wave():
     wave's table takes 18, the lower bound m·v(F+B) + (p-1)(F+B)."""
     problem = wave(2, 1, 4, backward_times=1)
     table = schedule_table(4, 2, 2)
+    ran = []
     for warmups in itertools.product(range(6), repeat=2):
         orders = Schedule([table_order(problem, d, table, warmups[d]) for d in range(2)])
         with contextlib.suppress(DeadlockError):
-            assert simulate(problem, orders).makespan >= 22
+            ran.append(simulate(problem, orders).makespan)
+    assert ran and min(ran) >= 22  # some warm-ups run (the rest deadlock), none in under 22
     assert simulate(problem, generate("hanayo", problem)).makespan == 18

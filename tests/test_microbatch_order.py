@@ -10,7 +10,7 @@ from zbopt.cli import main
 from zbopt.comparison import compare
 from zbopt.errors import NotApplicableError
 from zbopt.microbatch_order import entry_order, relabelled, reordered, sizes, sorted_order
-from zbopt.microbatches import EQUAL_MICROBATCHES
+from zbopt.problem.microbatches import EQUAL_MICROBATCHES
 from zbopt.schedules import registered
 from zbopt.schedules.ordering import clusters, dynapipe_candidates
 

@@ -1,12 +1,12 @@
-"""Microbatches that differ (`zbopt.microbatches`): the Problem's keys, their checks, and what
+"""Microbatches that differ (`zbopt.problem.microbatches`): the Problem's keys, their checks, and what
 the simulator makes of them."""
 
 import pytest
 
 from zbopt import Problem, ProblemError, Schedule, generate, simulate
-from zbopt.cli.config import build_run_config
 from zbopt.errors import ZboptError
 from zbopt.ops import Op, critical_path, device_work
+from zbopt.problem.config import problem_from_config
 
 TWO = dict(num_devices=2, num_microbatches=2, weight_times=1.0)
 
@@ -100,11 +100,11 @@ def test_bad_input_names_the_key(changes, message):
 
 
 def test_config_keys():
-    config = build_run_config({"num_devices": 2, "num_microbatches": 2, "microbatch_tokens": [512, 2048],
-                               "attention_share": 0.3})
-    assert config.problem.cost("F", 0, 1) > 4 * config.problem.cost("F", 0, 0)
+    problem = problem_from_config({"num_devices": 2, "num_microbatches": 2, "microbatch_tokens": [512, 2048],
+                                   "attention_share": 0.3})
+    assert problem.cost("F", 0, 1) > 4 * problem.cost("F", 0, 0)
     with pytest.raises(ZboptError, match=r"^config: microbatch_tokens = \[512, 0\]: microbatch 1"):
-        build_run_config({"num_devices": 2, "num_microbatches": 2, "microbatch_tokens": [512, 0]})
+        problem_from_config({"num_devices": 2, "num_microbatches": 2, "microbatch_tokens": [512, 0]})
 
 
 def test_packed_documents_attend_to_themselves():

@@ -470,10 +470,9 @@ def test_compare_ranks_dualpipe_v_with_pairs_against_the_v_shapes_and_the_optimu
     first among ZB-V and V-Half, which do not; the optimizer's row is never worse than it (hinted
     with it), the lower bound below every row; the HTML report's data hold the pairs (each member
     on the pair lane, split in three)."""
-    from zbopt import compare
-    from zbopt.cli.config import load_config
+    from zbopt import compare, load_problem
     from zbopt.report import schedule_data, write_report
-    problem = load_config(Path(__file__).parent.parent / "examples" / "moe_overlap.yaml").problem
+    problem = load_problem(Path(__file__).parent.parent / "examples" / "moe_overlap.yaml")
     comparison = compare(problem, ["dualpipe-v", "zb-v", "v-half"], optimal=True, time_limit=5)
     makespan = {row.name: row.makespan for row in comparison.rows}
     assert makespan["dualpipe-v"] < makespan["zb-v"] < makespan["v-half"]

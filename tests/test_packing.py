@@ -7,7 +7,7 @@ import pytest
 
 from zbopt import Problem
 from zbopt.errors import ZboptError
-from zbopt.packing import document_work, pack, packed_tokens
+from zbopt.problem.batch import document_work, pack, packed_tokens
 
 
 def test_the_loaders_way_fills_in_order():
@@ -73,12 +73,12 @@ def test_bad_input_is_one_line(call, message):
 
 
 def test_a_config_packs_its_sequences():
-    from zbopt.cli.config import build_run_config
+    from zbopt.problem.config import problem_from_config
 
     base = {"num_devices": 2, "sequence_lengths": [600, 500, 400, 500], "token_budget": 1000}
-    loader = build_run_config(base).problem  # the loader's way unless a rule is named
+    loader = problem_from_config(base)  # the loader's way unless a rule is named
     assert (loader.num_microbatches, loader.microbatch_tokens) == (3, ((600,), (500, 400), (500,)))
-    packed = build_run_config({**base, "packing": "first-fit-decreasing"}).problem
+    packed = problem_from_config({**base, "packing": "first-fit-decreasing"})
     assert (packed.num_microbatches, packed.microbatch_tokens) == (2, ((600, 400), (500, 500)))
 
 
@@ -90,10 +90,10 @@ def test_a_config_packs_its_sequences():
      r"^sequence_lengths: sequence 1 has 9 tokens, above token_budget 8$"),
 ])
 def test_bad_packing_keys_are_one_line(values, message):
-    from zbopt.cli.config import build_run_config
+    from zbopt.problem.config import problem_from_config
 
     with pytest.raises(ZboptError, match=message):
-        build_run_config({"num_devices": 2, **values})
+        problem_from_config({"num_devices": 2, **values})
 
 
 def test_packing_gains_are_against_the_loaders_packing_in_its_order():

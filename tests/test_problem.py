@@ -1,7 +1,13 @@
+import json
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 from zbopt import Problem, ProblemError
-from zbopt.checks import MAX_OPS
+from zbopt.problem.checks import MAX_OPS
+from zbopt.problem.parameters import PARAMETERS, config_keys
 
 
 def test_loop_placement_puts_stage_s_on_device_s_mod_p():
@@ -85,3 +91,40 @@ def test_dict_round_trip_gives_an_equal_problem():
     assert Problem.from_dict(data) == problem
     with pytest.raises(ProblemError, match="unknown problem parameter"):
         Problem.from_dict({**data, "speed": 3})
+
+
+def test_a_parameter_added_to_the_table_is_a_keyword_a_config_key_a_flag_and_in_to_dict():
+    """One row in the table (a mechanism's new parameter, as the iteration ends will add) is all it
+    takes: the constructor takes it, a config file's key and its flag set it, to_dict writes it
+    where its mechanism is in use, the docstring lists it. Run before the Problem class is built."""
+    code = textwrap.dedent('''
+        import json, sys
+        import zbopt.problem.parameters as table
+        table.PARAMETERS += (table.Parameter("grad_reduce_times", "per stage", None, "iterations",
+                                             "gradient reduction time per stage", unit="time"),)
+        from zbopt.problem import Problem
+        from zbopt.problem.config import problem_from_config
+        from zbopt.cli.parser import build_parser
+        made = Problem(num_devices=2, num_microbatches=2, grad_reduce_times=[1.5, 2.5])
+        read = problem_from_config({"num_stages": 2, "grad_reduce_times": 3})
+        flags = build_parser().parse_args(["simulate", "--grad-reduce-times", "4", "5"])
+        print(json.dumps([made.to_dict()["grad_reduce_times"], read.grad_reduce_times, flags.grad_reduce_times,
+                          "grad_reduce_times : gradient reduction time per stage" in Problem.__doc__,
+                          "grad_reduce_times" in Problem(num_devices=2, num_microbatches=2).to_dict()]))
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == [[1.5, 2.5], 3, [4.0, 5.0], True, True]
+
+
+def test_the_table_derives_the_config_keys_and_the_flags_that_were_spelled_by_hand():
+    """The keys and flags the config reader and the CLI took before the table, each still there."""
+    keys = config_keys()
+    for alias, name in (("num_stages", "num_devices"), ("num_batches", "num_microbatches"),
+                        ("overlap_times", "overlap_times"), ("sequence_slices", "sequence_slices")):
+        assert keys[alias] == name
+    assert "microbatch_tables" not in keys  # stored, not written by a user
+    flags = {flag for entry in PARAMETERS for flag in entry.flags}
+    assert {"-s", "--num-devices", "-b", "--num-batches", "-v", "-f", "-bw", "-w", "--memory-limit",
+            "--allow-recompute", "--shared-host-link", "--flush"} <= flags
+    assert not {flag for flag in flags if "overlap" in flag or "microbatch-tokens" in flag}

@@ -8,8 +8,15 @@ from zbopt import NotApplicableError, Problem, UnknownScheduleError, critical_pa
 from zbopt.schedules import registered
 
 
-def test_registry_lists_the_reference_schedules():
-    assert {"gpipe", "1f1b"} <= {entry.name for entry in registered()}
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_the_registry_names_the_reference_schedules_and_each_takes_its_closed_form(name):
+    """Registered under its name, and what the name generates is that schedule: without latency
+    both take (m + p - 1)(F + B), and GPipe holds all m activations on device 0, 1F1B only p."""
+    assert sum(entry.name == name for entry in registered()) == 1
+    problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2)
+    result = simulate(problem, generate(name, problem))
+    assert result.makespan == pytest.approx((8 + 4 - 1) * (1 + 2))
+    assert result.peak_memory[0] == {"gpipe": 8, "1f1b": 4}[name]
 
 
 def test_unknown_schedule_suggests_a_close_name():

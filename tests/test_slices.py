@@ -1,4 +1,4 @@
-"""Sequence slices (`zbopt.slices`) and Seq1F1B (`zbopt.schedules.seq1f1b`): the per-slice costs,
+"""Sequence slices (`zbopt.problem.slices`) and Seq1F1B (`zbopt.schedules.seq1f1b`): the per-slice costs,
 the slice dependencies in the op table and the simulator, the schedule against the paper's
 description, the optimizer against brute force, and bad input."""
 
@@ -6,10 +6,10 @@ import pytest
 
 from tests.reference import brute_force_optimum
 from zbopt import DeadlockError, Problem, ProblemError, Schedule, ScheduleError, generate, simulate, solve
-from zbopt.cli.config import build_run_config
 from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.io.torch_format import torch_csv
 from zbopt.ops import Op, op_graph, op_table
+from zbopt.problem.config import problem_from_config
 from zbopt.schedules import get
 from zbopt.solvers.bounds import lower_bounds
 
@@ -140,13 +140,13 @@ def test_bad_input_is_one_line_naming_the_key(changes, message):
 
 
 def test_config_round_trip_and_describe():
-    problem = build_run_config({"num_devices": 2, "num_microbatches": 4, "sequence_slices": 2,
-                                "microbatch_tokens": [6, 8]}).problem
+    problem = problem_from_config({"num_devices": 2, "num_microbatches": 4, "sequence_slices": 2,
+                                   "microbatch_tokens": [6, 8]})
     assert Problem.from_dict(problem.to_dict()) == problem
     assert "2 sequences of 2 slices" in problem.describe()
     assert "sequence_slices" not in Problem(num_devices=2, num_microbatches=4).to_dict()
     with pytest.raises(ZboptError, match="sequence_slices"):
-        build_run_config({"num_devices": 2, "num_microbatches": 4, "sequence_slices": 8})
+        problem_from_config({"num_devices": 2, "num_microbatches": 4, "sequence_slices": 8})
 
 
 def test_slices_keep_their_order_and_refuse_packed_documents():

@@ -24,9 +24,13 @@ from torch.distributed.pipelining.schedules import (  # noqa: E402
 )
 
 from tests.reference import mechanism_schedules  # noqa: E402
-from zbopt import Problem, generate, solve  # noqa: E402
+from zbopt import (  # noqa: E402
+    Problem,
+    generate,
+    load_problem,
+    solve,
+)
 from zbopt.cli import main  # noqa: E402
-from zbopt.cli.config import load_config  # noqa: E402
 from zbopt.errors import DeadlockError, ScheduleError, ZboptError  # noqa: E402
 from zbopt.io.torch_format import write_torch_csv  # noqa: E402
 from zbopt.io.torch_order import read_torch_csv  # noqa: E402
@@ -220,7 +224,7 @@ def test_profile_loads_as_a_zbopt_config(reports, tmp_path):
         report = reports[name]
         path = tmp_path / f"{name}.yaml"
         save_profile(profile_config(report), path, report)
-        problem = load_config(path).problem
+        problem = load_problem(path)
         ranks, stages, microbatches, placement, _ = EXPECTED[name]
         assert (problem.num_devices, problem.num_stages, problem.num_microbatches, problem.placement) == (
             ranks, stages, microbatches, placement)
@@ -236,7 +240,7 @@ def test_profile_torch_writes_the_config(tmp_path):
     report, config = profile_torch(csv_path, tmp_path / "one.json", **SMALL)
     assert report.passed and report.p2p_time_s is None
     assert config["p2p_time"] == 0.0  # one rank: nothing to send
-    assert load_config(tmp_path / "one.json").problem.forward_times == tuple(config["forward_times"])
+    assert load_problem(tmp_path / "one.json").forward_times == tuple(config["forward_times"])
 
 
 @pytest.fixture
@@ -268,7 +272,7 @@ def test_cli_profile_torch_writes_the_library_profile(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert err == "" and out.endswith(f"config written to {output} (try: zbopt solve {output})\n")
     assert "gradients match the single-process reference" in out
-    assert load_config(output).problem.num_microbatches == 2
+    assert load_problem(output).num_microbatches == 2
 
 
 def test_cli_profile_torch_exits_1_without_writing_a_wrong_run(tmp_path, capsys, doubled_reference):

@@ -26,6 +26,7 @@ _PUBLIC = {
     "zbopt.planner": ("Pipeline", "Plan", "plan"),
     "zbopt.ops": ("Op", "critical_path", "device_work", "op_graph"),
     "zbopt.problem": ("Problem",),
+    "zbopt.io.config": ("load_problem",),
     "zbopt.io.export": ("save_schedule",),
     "zbopt.io.read": ("load_schedule",),
     "zbopt.schedule": ("Schedule",),

@@ -8,7 +8,7 @@ stages, or with the bidirectional placement half of them, one way):
     F(s, j) -> F(s+1, j);  F(z, j) -> B(z, j);  B(s+1, j) -> B(s, j);  B(s, j) -> W(s, j)
     fused:  F(z, j) -> BW(z, j);  BW(s+1, j) -> BW(s, j)
 A recomputed activation adds R(s, j) (same device): F(s, j) -> R(s, j) -> B(s, j) (or BW).
-Sequence slices (`zbopt.slices`) add, on one stage, F(s, j-1) -> F(s, j) and B(s, j+1) -> B(s, j)
+Sequence slices (`zbopt.problem.slices`) add, on one stage, F(s, j-1) -> F(s, j) and B(s, j+1) -> B(s, j)
 (or BW) between slices j-1, j, j+1 of one sequence.
 An offloaded one adds O(s, j) and L(s, j) on the device's copy lanes: F(s, j) -> O(s, j) -> L(s, j)
 -> B(s, j) (or BW).
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from zbopt.errors import ScheduleError, shorten
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
-from zbopt.microbatches import EQUAL_MICROBATCHES
 from zbopt.problem import Problem
-from zbopt.slices import neighbour
+from zbopt.problem.microbatches import EQUAL_MICROBATCHES
+from zbopt.problem.slices import neighbour
 
 if TYPE_CHECKING:
     import networkx as nx  # imported where a graph is built: it takes some 0.4 s to load
@@ -237,7 +237,7 @@ class OpTable:
     def same_device_inputs(self) -> list[tuple[int, ...]]:
         """Per op, the ops on its device it also waits for besides `predecessor` (no latency): for
         the input gradient (B or BW) of a recomputed activation its R, of an offloaded one its L;
-        with sequence slices (`zbopt.slices`), for a forward the slice before it on its stage, for
+        with sequence slices (`zbopt.problem.slices`), for a forward the slice before it on its stage, for
         an input gradient the slice after it."""
         result: list[tuple[int, ...]] = [()] * self.size
         backward = self.problem.input_gradient_kind

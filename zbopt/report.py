@@ -27,8 +27,8 @@ from zbopt.comparison import COLUMNS, Comparison, ComparisonRow
 from zbopt.errors import ZboptError
 from zbopt.io.write import write_file
 from zbopt.kinds import KINDS
-from zbopt.microbatches import tokens_of
 from zbopt.plot.style import chunk_color
+from zbopt.problem.microbatches import tokens_of
 from zbopt.simulation import Simulation
 
 REPORT_FORMATS = (".html", ".htm")

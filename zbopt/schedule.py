@@ -9,9 +9,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zbopt.checks import is_number
 from zbopt.errors import ScheduleError, shorten
 from zbopt.ops import Op
+from zbopt.problem.checks import is_number
 
 FORMAT_NAME = "zbopt-schedule"
 FORMAT_VERSION = 1

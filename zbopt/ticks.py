@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zbopt.microbatches import EQUAL_MICROBATCHES, TABLE_KEYS
 from zbopt.problem import Problem
+from zbopt.problem.microbatches import EQUAL_MICROBATCHES, TABLE_KEYS
 
 MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from zbopt.blocks.build import block_schedule
 from zbopt.blocks.model import steady_peak
 from zbopt.blocks.published import PUBLISHED, published_block
-from zbopt.microbatches import EQUAL_MICROBATCHES
 from zbopt.problem import Problem
+from zbopt.problem.microbatches import EQUAL_MICROBATCHES
 from zbopt.schedule import Schedule
 from zbopt.schedules.registry import get, register, registered, require
 

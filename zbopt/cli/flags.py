@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from zbopt.cli.batch import BATCH_FLAGS
-from zbopt.cli.config import OPTION_KEYS, PROBLEM_KEYS
+from zbopt.cli.config import OPTION_KEYS
 from zbopt.errors import ZboptError, shorten
 from zbopt.io.read import parse_yaml
 from zbopt.microbatch_order import ORDER_RULES
+from zbopt.problem.batch import BATCH_FLAGS, BATCH_HELP
+from zbopt.problem.config import DEFAULTS, KEYS
+from zbopt.problem.parameters import MECHANISMS, PARAMETERS
 from zbopt.schedules import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES
 
 DASK_CONNECT_TIMEOUT_S = 10
@@ -63,53 +65,38 @@ def add_order_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def add_problem_flags(parser: argparse.ArgumentParser) -> None:
-    """Every config key as a flag, with the 1F1B visualizer's spellings. Flags override the file."""
-    group = parser.add_argument_group("problem (each flag overrides the config file's key)")
-    add = group.add_argument
+    """Every parameter of the table (`zbopt.problem.parameters`) that takes a flag, grouped by its
+    mechanism, each under its config keys' spellings; the batch's flags with the pipeline's.
+    Flags override the config file."""
     suppress = argparse.SUPPRESS
-    numbers = {"type": _numbers, "nargs": "+", "action": _Numbers, "default": suppress}
-    add("--num-stages", "--num-devices", "-s", dest="num_stages", type=int, default=suppress,
-        help="pipeline devices p (default 4)")
-    add("--num-microbatches", "--num-batches", "-b", dest="num_microbatches", type=int, default=suppress,
-        help="microbatches m per iteration (default 8)")
-    add("--global-batch", dest="global_batch_size", type=int, default=suppress,
-        help="samples per optimizer step: m = global batch / (micro-batch size × data parallel), instead of -b")
-    add("--micro-batch-size", dest="micro_batch_size", type=int, default=suppress,
-        help="samples per microbatch, with --global-batch (default 1)")
-    add("--data-parallel", dest="data_parallel", type=int, default=suppress,
-        help="data-parallel replicas, with --global-batch (default 1)")
-    add("--chunks-per-device", "-v", dest="chunks_per_device", type=int, default=suppress,
-        help="model chunks per device (default 1)")
-    add("--placement", default=suppress, help="stage placement: loop, v or bidirectional (default loop)")
-    add("--forward-times", "-f", dest="forward_times", **numbers,
-        help="F time, one value or one per virtual stage (default 1)")
-    add("--backward-times", "-bw", dest="backward_times", **numbers,
-        help="backward time: B when --weight-times is given, else the fused BW (default 2)")
-    add("--weight-times", "-w", dest="weight_times", **numbers, help="W time (splits the backward into B and W)")
-    add("--p2p-time", dest="p2p_time", type=float, default=suppress, help="latency between devices (default 0)")
-    add("--activation-memory", dest="activation_memory", **numbers, help="M_B per virtual stage (default 1)")
-    add("--weight-memory", dest="weight_memory", **numbers,
-        help="M_W per virtual stage (split backward only; default half of M_B)")
-    add("--memory-limit", dest="memory_limit", **numbers, help="memory cap per device (default none)")
-    add("--iterations", type=int, default=suppress, help="optimizer steps back to back (default 1)")
-    add("--no-flush", dest="flush", action="store_false", default=suppress,
-        help="iterations do not wait for each other's weight update (PipeDream-2BW double buffering)")
-    add("--allow-recompute", dest="allow_recompute", action=argparse.BooleanOptionalAction, default=suppress,
-        help="a schedule may recompute an activation instead of keeping it (needs --checkpoint-memory); "
-             "--no-allow-recompute overrides a config that allows it")
-    add("--recompute-times", dest="recompute_times", **numbers,
-        help="cost of a recompute R per virtual stage (default: the forward's)")
-    add("--checkpoint-memory", dest="checkpoint_memory", **numbers,
-        help="what a recomputed activation keeps between F and R per virtual stage (its stage input)")
-    add("--allow-offload", dest="allow_offload", action=argparse.BooleanOptionalAction, default=suppress,
-        help="a schedule may offload an activation to host memory and reload it before its backward "
-             "(needs --offload-times); --no-allow-offload overrides a config that allows it")
-    add("--offload-times", dest="offload_times", **numbers,
-        help="device-to-host copy time of one activation per virtual stage")
-    add("--reload-times", dest="reload_times", **numbers,
-        help="host-to-device copy time of one activation per virtual stage (default: the offload time)")
-    add("--shared-host-link", dest="shared_host_link", action=argparse.BooleanOptionalAction, default=suppress,
-        help="devices 2k and 2k+1 share one host link, one copy each way at a time (PipeOffload's pairing)")
+    for mechanism, title in MECHANISMS.items():
+        rows = [entry for entry in PARAMETERS if entry.mechanism == mechanism and entry.flags]
+        if not rows:
+            continue
+        group = parser.add_argument_group(f"problem: {title}" + " (each flag overrides the config file's key)"
+                                          * (mechanism == "core"))
+        for entry in rows:
+            group.add_argument(*entry.flags, dest=entry.config_keys[0], default=suppress, help=_flag_help(entry),
+                               **_FLAG_KIND[entry.shape])
+        if mechanism == "core":
+            for key, flag in BATCH_FLAGS.items():
+                group.add_argument(flag, dest=key, type=int, default=suppress, help=BATCH_HELP[key])
+
+
+# how a flag reads a value of each shape (a switch takes --NAME and --no-NAME)
+_NUMBERS = {"type": _numbers, "nargs": "+", "action": _Numbers}
+_FLAG_KIND = {"count": {"type": int}, "number": {"type": float}, "choice": {},
+              "switch": {"action": argparse.BooleanOptionalAction}, "per stage": _NUMBERS, "per device": _NUMBERS}
+
+
+def _flag_help(entry) -> str:
+    """The table's one line, with its default where it has a plain one."""
+    if entry.required:
+        return f"{entry.help} (default {DEFAULTS[entry.name]})"
+    if entry.default is None or entry.shape == "switch":
+        return entry.help
+    return f"{entry.help} (default {entry.default:g})" if isinstance(entry.default, float) else \
+        f"{entry.help} (default {entry.default})"
 
 
 def add_schedule_flags(parser: argparse.ArgumentParser) -> None:
@@ -157,7 +144,7 @@ def config_file(args: argparse.Namespace) -> str | None:
 def flag_values(args: argparse.Namespace) -> dict:
     """The config keys the user gave as flags (a flag left out is not in `args`)."""
     return {key: value for key, value in vars(args).items()
-            if key in PROBLEM_KEYS or key in OPTION_KEYS or key in BATCH_FLAGS}
+            if key in KEYS or key in OPTION_KEYS or key in BATCH_FLAGS}
 
 
 def dask_client(address: str):

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zbopt.cli.batch import BATCH_FLAGS
-from zbopt.cli.config import FLAG, PROBLEM_KEYS, RunConfig, build_run_config
+from zbopt.cli.config import RunConfig, build_run_config
 from zbopt.errors import ZboptError
 from zbopt.io.config import read_config_file
 from zbopt.io.read import load_schedule
 from zbopt.io.torch_order import read_torch_csv
+from zbopt.problem.config import FLAG, KEYS, same_parameter
 from zbopt.schedule import Schedule
 from zbopt.schedules import named_schedule
 from zbopt.tolerance import latest_start
@@ -32,7 +32,7 @@ def run_config(config_file: str | Path | None, flags: dict, implied: dict | None
     values = _override(values, flags)
     sources = dict.fromkeys(flags, FLAG)
     if implied:
-        given = {"num_microbatches" if key in BATCH_FLAGS else PROBLEM_KEYS.get(key, key) for key in values}
+        given = {same_parameter(key) for key in values}
         filled = {key: value for key, value in implied.items() if key not in given}
         values.update(filled)
         sources.update(dict.fromkeys(filled, implied_by))
@@ -43,8 +43,8 @@ def _override(values: dict, overrides: dict) -> dict:
     """Overrides replace the file's value for the same parameter, whichever alias either used."""
     merged = dict(values)
     for key, value in overrides.items():
-        target = PROBLEM_KEYS.get(key, key)
-        for existing in [k for k in merged if PROBLEM_KEYS.get(k, k) == target]:
+        target = KEYS.get(key, key)
+        for existing in [k for k in merged if KEYS.get(k, k) == target]:
             del merged[existing]
         merged[key] = value
     return merged

@@ -106,8 +106,8 @@ def _export(path: str, answer, quiet: bool) -> None:
 
 
 def _microbatches(args: argparse.Namespace) -> int:
-    """m: --microbatches, or from --global-batch (`cli.batch`'s rule and its messages), else 4 per device."""
-    from zbopt.cli.batch import BATCH_FLAGS, batch_microbatches
+    """m: --microbatches, or from --global-batch (`zbopt.problem.batch`'s rule and its messages), else 4 per device."""
+    from zbopt.problem.batch import BATCH_FLAGS, batch_microbatches
 
     values = {key: getattr(args, key if key != "global_batch_size" else "global_batch")
               for key in BATCH_FLAGS}

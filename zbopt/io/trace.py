@@ -26,9 +26,9 @@ from pathlib import Path
 from zbopt.io.torch_format import TORCH_KIND
 from zbopt.io.write import write_file
 from zbopt.kinds import KINDS
-from zbopt.microbatches import tokens_of
 from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE
 from zbopt.problem import Problem
+from zbopt.problem.microbatches import tokens_of
 from zbopt.schedule import pair_text
 from zbopt.simulation import Simulation
 from zbopt.ticks import tick_scale

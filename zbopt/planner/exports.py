@@ -41,10 +41,10 @@ import re
 from collections.abc import Sequence
 from itertools import groupby
 
-from zbopt.checks import plain
 from zbopt.errors import ZboptError, clip, shorten
 from zbopt.model import Model
 from zbopt.placement import PLACEMENTS
+from zbopt.problem.checks import plain
 
 KIND_NAMES = {  # a layer's name (lower case, '_' for spaces and '-') -> what kind of layer it is
     "embedding": ("embedding", "embeddings", "embed", "embed_tokens", "tok_embeddings", "word_embeddings", "wte"),

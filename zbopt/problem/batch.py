@@ -27,6 +27,10 @@ from zbopt.problem.slices import span_factor
 # config key -> its flag; micro_batch_size and data_parallel default to 1
 BATCH_FLAGS = {"global_batch_size": "--global-batch", "micro_batch_size": "--micro-batch-size",
                "data_parallel": "--data-parallel"}
+BATCH_HELP = {"global_batch_size": "samples per optimizer step: m = global batch / (micro-batch size × data "
+                                   "parallel), instead of -b",
+              "micro_batch_size": "samples per microbatch, with --global-batch (default 1)",
+              "data_parallel": "data-parallel replicas, with --global-batch (default 1)"}
 COUNT_KEYS = ("num_microbatches", "num_batches")  # the keys that give m directly
 
 

@@ -3,7 +3,6 @@ with one value per stage or device. Each failure is a ProblemError naming the ke
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from numbers import Real
@@ -31,9 +30,16 @@ def positive_int(key: str, value: object) -> int:
     return value
 
 
-def boolean(key: str, value: object) -> None:
+def boolean(key: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ProblemError(key, value, "expected true or false")
+    return value
+
+
+def nonnegative_number(key: str, value: object) -> float:
+    if not is_number(value) or value < 0:
+        raise ProblemError(key, value, "expected a number >= 0")
+    return float(value)
 
 
 def _per_item(key: str, value: object, count: int, what: str, minimum: float, strict: bool) -> tuple:
@@ -75,15 +81,15 @@ def unused_without(switch: str, given: dict[str, object]) -> None:
             raise ProblemError(key, value, f"needs {switch}: true")
 
 
-def known_parameters(data: object, fields) -> None:
-    """A ProblemError unless `data` maps parameter names to values: every required field (one
-    without a default) and no other name."""
+def known_parameters(data: object, parameters) -> None:
+    """A ProblemError unless `data` maps parameter names to values: every required parameter (a
+    row of `zbopt.problem.parameters.PARAMETERS`) and no other name."""
     if not isinstance(data, Mapping):
         raise ProblemError("problem", data, "expected a mapping of problem parameters")
-    unknown = sorted(set(data) - {field.name for field in fields}, key=str)
+    unknown = sorted(set(data) - {entry.name for entry in parameters}, key=str)
     if unknown:
         raise ProblemError(unknown[0], data[unknown[0]], "unknown problem parameter")
-    missing = [field.name for field in fields if field.default is dataclasses.MISSING and field.name not in data]
+    missing = [entry.name for entry in parameters if entry.required and entry.name not in data]
     if missing:
         raise ProblemError(missing[0], None, "missing: a problem needs it")
 

@@ -3,13 +3,8 @@ is `Problem.from_dict`) and the one line that describes it (`Problem.describe`).
 
 from __future__ import annotations
 
-import dataclasses
-
-from zbopt.slices import total_tokens
-
-MECHANISM_KEYS = {"allow_recompute": ("recompute_times", "checkpoint_memory"),
-                  "allow_offload": ("offload_times", "reload_times", "shared_host_link")}
-TOKEN_KEYS = ("microbatch_tokens", "attention_share", "reference_tokens")
+from zbopt.problem.parameters import ALWAYS_WRITTEN, PARAMETERS
+from zbopt.problem.slices import total_tokens
 
 
 def _compact(values):
@@ -19,33 +14,30 @@ def _compact(values):
     return values[0] if len(set(values)) == 1 else list(values)
 
 
+def _plain(entry, value):
+    """One parameter's value as JSON takes it: per stage or device a scalar where all agree, pairs
+    as their mapping, each microbatch's tokens a number or its documents' list."""
+    if entry.shape == "pairs":
+        return {kind: _compact(costs) for kind, costs in value}
+    if entry.shape == "per microbatch":
+        return [list(count) if isinstance(count, tuple) else count for count in value]
+    return _compact(value)
+
+
 def as_dict(problem) -> dict:
-    """The parameters as plain JSON-able values, with scalars where all stages agree; a key whose
-    microbatches differ as its rows, the tokens as given; what is not in use left out."""
-    data = {field.name: _compact(getattr(problem, field.name)) for field in dataclasses.fields(problem)}
-    if problem.overlap_times is None:
-        del data["overlap_times"]
-    else:
-        data["overlap_times"] = {kind: _compact(costs) for kind, costs in problem.overlap_times}
-    # the keys of mechanisms not allowed stay out, as in the configs that predate them
-    for switch, keys in MECHANISM_KEYS.items():
-        if not data[switch]:
-            for key in (switch, *keys):
-                del data[key]
+    """The parameters as plain JSON-able values (`PARAMETERS`' order): every parameter of the
+    groups always written, a mechanism's only where it is in use (one of its values is not its
+    default) and not None; a key whose microbatches differ as its rows."""
+    in_use = {entry.mechanism for entry in PARAMETERS
+              if entry.shape != "stored" and getattr(problem, entry.name) != entry.default}
+    data = {}
+    for entry in PARAMETERS:
+        value = getattr(problem, entry.name)
+        if entry.mechanism in ALWAYS_WRITTEN or (entry.mechanism in in_use and value is not None):
+            data[entry.name] = _plain(entry, value)
+    data.pop("microbatch_tables", None)
     for key, rows in problem.microbatch_tables or ():
         data[key] = [list(row) for row in rows]
-    del data["microbatch_tables"]
-    if problem.sequence_slices == 1:
-        del data["sequence_slices"]
-    if problem.microbatch_tokens is None:
-        for key in TOKEN_KEYS:
-            if key != "attention_share" or problem.sequence_slices == 1:
-                del data[key]
-    else:
-        data["microbatch_tokens"] = [list(count) if isinstance(count, tuple) else count
-                                     for count in problem.microbatch_tokens]
-        if problem.reference_tokens is None:  # the default (the mean) stays the default
-            del data["reference_tokens"]
     return data
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from zbopt.checks import boolean, per_device, per_stage, unused_without
 from zbopt.errors import ProblemError, shorten
 from zbopt.kinds import PAIR_KINDS
+from zbopt.problem.checks import boolean, per_device, per_stage, unused_without
 
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from zbopt.checks import is_number, per_stage
 from zbopt.errors import ProblemError
-from zbopt.slices import Span, check_sequence_tokens, slice_bounds, span_factor, spans, total_tokens
+from zbopt.problem.checks import is_number, per_stage
+from zbopt.problem.slices import Span, check_sequence_tokens, slice_bounds, span_factor, spans, total_tokens
 
 TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "recompute_times", "offload_times", "reload_times",
               "activation_memory")

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from zbopt import checks, memory_floor, microbatches, problem_form, slices
-from zbopt.checks import boolean, is_number, known_parameters, per_device, per_stage, plain, positive_int
 from zbopt.errors import ProblemError
 from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, FUSED_KINDS, OFFLOAD, RECOMPUTE, RELOAD, SPLIT_KINDS, WEIGHT
-from zbopt.mechanisms import offload, overlap, recomputation, split_backward
 from zbopt.placement import check_placement, device_stage, route_stages, stage_device
+from zbopt.problem import checks, form, memory_floor, microbatches, slices
+from zbopt.problem.checks import known_parameters, per_device, per_stage, plain
+from zbopt.problem.mechanisms import offload, overlap, recomputation, split_backward
+from zbopt.problem.parameters import PARAMETERS, docstring_section
 from zbopt.tolerance import check_ranges
 
 PerStage = float | Sequence[float]
@@ -27,115 +29,41 @@ _COST_KEYS = {FORWARD: "forward_times", BACKWARD: "backward_times", WEIGHT: "wei
               RELOAD: "reload_times"}  # where each kind's duration per virtual stage is
 
 
+_ANNOTATIONS = {"count": "int", "switch": "bool", "choice": "str", "number": "float | None",
+                "per stage": "PerStage | None", "per device": "PerStage | None",
+                "per microbatch": "Sequence[int | Sequence[int]] | None",
+                "pairs": "Mapping[str, PerStage] | tuple[tuple[str, tuple[float, ...]], ...] | None",
+                "stored": "tuple[tuple[str, tuple[tuple[float, ...], ...]], ...] | None"}
+# the constructor's keywords and the fields, in the table's order, read off the table
+_Parameters = dataclasses.make_dataclass(
+    "_Parameters", [(entry.name, _ANNOTATIONS[entry.shape]) if entry.required else
+                    (entry.name, _ANNOTATIONS[entry.shape], dataclasses.field(default=entry.default))
+                    for entry in PARAMETERS], frozen=True)
+_Parameters.__module__ = __name__
+
+
 @dataclass(frozen=True)
-class Problem:
+class Problem(_Parameters):
     """One pipeline-parallel training step (or several, see `iterations`) to be scheduled.
 
-    Parameters
-    ----------
-    num_devices : p, the pipeline devices.
-    num_microbatches : m, microbatches per iteration.
-    chunks_per_device : v, model chunks each device holds; S = p·v virtual stages.
-    placement : "loop", "v" or "bidirectional", see `zbopt.placement.stage_device`. Bidirectional (DeepSeek's
-        DualPipe, Chimera; BitPipe with v = 4) needs an even v and one iteration: microbatches
-        0..ceil(m/2)-1 go down, through stages 0..S/2-1, the others up, through S/2..S-1 on the
-        mirrored devices: stage S/2+s is the up copy of the model's stage s (give it the same costs).
-        The second copy of the parameters is outside the memory model (it counts activations), and
-        so is the exchange of the two copies' gradients after the step.
-    forward_times, backward_times : cost of F and of the backward per virtual stage (scalar = all).
-        backward_times is the input-gradient B when weight_times is given, else the fused BW.
-    weight_times : cost of the weight-gradient W per virtual stage; None means a fused backward.
-    p2p_time : latency added to every dependency between ops on different devices.
-    activation_memory : M_B per virtual stage, allocated when F starts (ZB paper, Table 1).
-    weight_memory : M_W per virtual stage, the part of M_B that B keeps for W. Only with a split
-        backward; default half of M_B. B frees M_B - M_W when it ends, W frees M_W.
-    memory_limit : per-device cap on held memory (scalar = all devices), or None for no cap.
-    iterations : optimizer steps back to back. Microbatch j belongs to iteration j // m.
-    flush : with a flush (default), stage s updates its weights between iterations, so its
-        forwards of iteration k+1 wait for all its gradient ops (W or BW) of iteration k. Without
-        (PipeDream-2BW's double-buffered weights), iterations need not wait for each other; the
-        second weight copy this costs is not in the memory model.
-    allow_recompute : a schedule may recompute an activation instead of keeping it (Megatron-LM's
-        full recomputation, per stage and microbatch): F then keeps only `checkpoint_memory`, and
-        a recompute op R (cost `recompute_times`) re-runs the forward before its backward,
-        holding the whole activation again from its start. Off by default.
-    recompute_times : cost of R per virtual stage; default the forward's cost. Only with
-        allow_recompute.
-    checkpoint_memory : what a recomputed microbatch keeps from F to R (its stage input) per
-        virtual stage, at most activation_memory; required with allow_recompute (no silent
-        default: it depends on the model).
-    allow_offload : a schedule may offload an activation to host memory instead of keeping it
-        (PipeOffload, Wan et al., ICML 2025): an offload op O copies it out after its F, on the
-        device's device-to-host copy lane, freeing it when it ends; a reload op L copies it back on
-        the host-to-device lane, holding it again from its start, and ends before its backward.
-        Copies run beside compute (PCIe is full duplex: one lane each way), never overlapping on
-        a lane. An activation is kept, recomputed or offloaded. Off by default.
-    offload_times : duration of O per virtual stage (one activation's bytes over the host link);
-        required with allow_offload (no silent default: it depends on the hardware).
-    reload_times : duration of L per virtual stage; default offload_times.
-    shared_host_link : devices 2k and 2k+1 share one host link (PipeOffload's pairing of ranks,
-        its `offloading.py`): one copy at a time each way per pair instead of per device.
-        Default false: every device has its own link.
-    overlap_times : what an overlapped pair costs, by pair kind (DualPipe's "F&B", a forward
-        overlapped with another microbatch's backward on one device): "FB", a forward with an
-        input-gradient B (split backward only), and "FBW", a forward with a full backward (B and W,
-        or BW when fused); each a number or one per device, e.g. {"FBW": 2.5}. A schedule may then
-        run such a pair as one op of that cost, which starts once every member's input is ready
-        and ends all of them (`Schedule`). None (default): no pairs; a pair kind not given cannot
-        be used.
-    microbatch_tokens, attention_share, reference_tokens : microbatches that differ: each one's
-        tokens, the share of F's and B's time that grows with the square of the length, and the
-        length the per-stage costs are for (default the mean); see `zbopt.microbatches`. Or give
-        forward_times, backward_times, weight_times or activation_memory as rows, one per
-        virtual stage, of one value per microbatch (kept in `microbatch_tables`).
-    sequence_slices : k > 1 splits each sequence into k slices (Seq1F1B), which are the microbatches:
-        m counts slices, microbatch_tokens sequences; see `zbopt.slices`. Default 1.
+    {parameters}
 
     Raises
     ------
     ProblemError naming the parameter when a value is invalid.
     """
 
-    num_devices: int
-    num_microbatches: int
-    chunks_per_device: int = 1
-    placement: str = "loop"
-    forward_times: PerStage = 1.0
-    backward_times: PerStage = 2.0
-    weight_times: PerStage | None = None
-    p2p_time: float = 0.0
-    activation_memory: PerStage = 1.0
-    weight_memory: PerStage | None = None
-    memory_limit: PerStage | None = None
-    iterations: int = 1
-    flush: bool = True
-    allow_recompute: bool = False
-    recompute_times: PerStage | None = None
-    checkpoint_memory: PerStage | None = None
-    allow_offload: bool = False
-    offload_times: PerStage | None = None
-    reload_times: PerStage | None = None
-    shared_host_link: bool = False
-    overlap_times: object = None  # a mapping as given; stored as ((pair kind, per-device costs), ...)
-    microbatch_tokens: Sequence[int] | None = None
-    attention_share: PerStage | None = None
-    reference_tokens: float | None = None
-    microbatch_tables: object = None  # ((key, rows), ...), from the cost keys given as rows
-    sequence_slices: int = 1
-
     def __post_init__(self) -> None:
-        """Check every value, in the order of the fields, and store the normalised forms."""
-        for field in dataclasses.fields(self):
-            object.__setattr__(self, field.name, plain(getattr(self, field.name)))
-        p = positive_int("num_devices", self.num_devices)
-        positive_int("num_microbatches", self.num_microbatches)
-        v = positive_int("chunks_per_device", self.chunks_per_device)
-        positive_int("iterations", self.iterations)
-        boolean("flush", self.flush)
+        """Check every value, the table's own checks first in its order, then what needs several
+        values (the stage count, a mechanism's switch), and store the normalised forms."""
+        for entry in PARAMETERS:
+            value = plain(getattr(self, entry.name))
+            object.__setattr__(self, entry.name, value if entry.check is None else entry.check(entry.name, value))
+        p, v = self.num_devices, self.chunks_per_device
         checks.check_op_count(self)
         check_placement(self.placement, v, self.iterations, self.num_microbatches)
         slices.check_slices(self.sequence_slices, self.num_microbatches, self.placement == "bidirectional",
-                            self.allow_recompute is True or self.allow_offload is True)
+                            self.allow_recompute or self.allow_offload)
         stages = p * v
         given, tables = microbatches.take_tables({key: getattr(self, key) for key in microbatches.TABLE_KEYS},
                                                  self.microbatch_tables, stages, self.num_microbatches)
@@ -145,9 +73,6 @@ class Problem:
             "activation_memory": per_stage("activation_memory", given["activation_memory"], stages, positive=False),
             "microbatch_tables": tables,
         }
-        if not is_number(self.p2p_time) or self.p2p_time < 0:
-            raise ProblemError("p2p_time", self.p2p_time, "expected a number >= 0")
-        normalized["p2p_time"] = float(self.p2p_time)
         normalized.update(split_backward(given["weight_times"], self.weight_memory, normalized["activation_memory"]))
         normalized.update(recomputation(self.allow_recompute, given["recompute_times"], self.checkpoint_memory,
                                         normalized["forward_times"], normalized["activation_memory"]))
@@ -383,15 +308,18 @@ class Problem:
 
     def to_dict(self) -> dict:
         """The parameters as plain JSON-able values, with scalars where all stages agree and rows
-        where microbatches differ (`zbopt.problem_form`)."""
-        return problem_form.as_dict(self)
+        where microbatches differ (`zbopt.problem.form`)."""
+        return form.as_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> Problem:
         """Inverse of `to_dict`; unknown keys are an error."""
-        known_parameters(data, dataclasses.fields(cls))
+        known_parameters(data, PARAMETERS)
         return cls(**data)
 
     def describe(self) -> str:
-        """One line: p, m, v, placement, backward kind, iterations (`zbopt.problem_form`)."""
-        return problem_form.describe(self)
+        """One line: p, m, v, placement, backward kind, iterations (`zbopt.problem.form`)."""
+        return form.describe(self)
+
+
+Problem.__doc__ = Problem.__doc__.format(parameters=textwrap.indent(docstring_section(), "    ").strip())

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from zbopt.deferred import load_deferred
 from zbopt.errors import NotApplicableError, UnknownScheduleError, ZboptError
-from zbopt.microbatches import every_microbatch_at
 from zbopt.problem import Problem
+from zbopt.problem.microbatches import every_microbatch_at
 from zbopt.schedule import Schedule
 from zbopt.schedules.ordering import Order, in_order
 
@@ -34,7 +34,7 @@ class RegisteredSchedule:
     summary: str
     peak_memory_bound: MemoryBound | None = None
     bidirectional: bool = False  # builds schedules for the bidirectional placement (`Problem.routes`)
-    sliced: bool = False  # orders the slices of a sequence as `zbopt.slices` requires
+    sliced: bool = False  # orders the slices of a sequence as `zbopt.problem.slices` requires
 
 
 _REGISTRY: dict[str, RegisteredSchedule] = {}

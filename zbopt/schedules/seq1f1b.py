@@ -1,6 +1,6 @@
 """Seq1F1B (Sun et al., NAACL 2025, arXiv 2406.03488): 1F1B over the slices of each sequence.
 
-The paper's Fig. 1 and §3: each sequence is split into k slices (`zbopt.slices`), and 1F1B runs
+The paper's Fig. 1 and §3: each sequence is split into k slices (`zbopt.problem.slices`), and 1F1B runs
 over slices instead of microbatches, with two changes. Warm-up: device s runs p - s - 1 + k - 1
 forwards before its first backward (p - s + k - 2 in the authors' Megatron code,
 megatron/core/pipeline_parallel/schedules.py, rank s of p), so the last device has all k slices

@@ -7,8 +7,8 @@ import math
 from zbopt import interrupt
 from zbopt.errors import NotApplicableError, ProblemError, ZboptError
 from zbopt.microbatch_order import sorted_order
-from zbopt.microbatches import EQUAL_MICROBATCHES, every_microbatch_at
 from zbopt.problem import Problem
+from zbopt.problem.microbatches import EQUAL_MICROBATCHES, every_microbatch_at
 from zbopt.schedules import generate, registered
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers.answer import objective_value

@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(BIN)/zbopt simulate examples/demo.yaml --schedule 1f1b -o demo_1f1b.png
 	$(BIN)/zbopt simulate examples/demo.yaml --schedule gpipe -o demo_gpipe.png
 	$(BIN)/zbopt compare examples/demo.yaml --optimal --time-limit 30 -o demo_report.html
+	@echo "zbopt is installed in $(VENV): type '. $(BIN)/activate' to use 'zbopt' in this shell, or run $(BIN)/zbopt"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -282,3 +282,18 @@ def test_block_prints_the_optimal_block_and_draws_it(tmp_path, capsys):
 def test_block_mistakes_are_one_line(capsys, flags, culprit):
     status, out, err = run(capsys, "block", "-s", "2", "-b", "2", *flags)
     assert status == 2 and out == "" and culprit in err and err.count("\n") == 1
+
+
+def test_solve_starts_from_a_saved_schedule_or_an_order(tmp_path, capsys):
+    """--warm-start takes a schedule file (zbopt JSON, torch CSV) as well as a name, and --order
+    orders the warm start's heuristics; the answer is never worse than what it started from."""
+    base = ["-s", "2", "-b", "4", "-f", "1", "-bw", "2", "--memory-limit", "2"]
+    saved = tmp_path / "1f1b.json"
+    assert run(capsys, "export", *base, "--schedule", "1f1b", "-o", str(saved))[0] == 0
+    status, out, _ = run(capsys, "solve", *base, "--warm-start", str(saved), "--time-limit", "5", "--json")
+    result = json.loads(out)
+    assert status == 0 and result["warm_start"] == "1f1b" and result["makespan"] <= 15.0
+    status, out, _ = run(capsys, "solve", *base, "--order", "3,2,1,0", "--time-limit", "5", "--json")
+    assert status == 0 and json.loads(out)["warm_start"].endswith("(chosen order)")
+    status, _, err = run(capsys, "solve", *base, "--warm-start", str(tmp_path / "none.json"))
+    assert status == 2 and err.count("\n") == 1 and "none.json" in err

@@ -374,3 +374,20 @@ def test_the_joint_model_is_bounded_by_and_bounds_the_best_split(pipeline, devic
     assert answer.lower_bound_ms <= best + 1e-9
     if answer.proven:  # without a memory limit in about 1 s on a quiet machine
         assert answer.simulation.makespan == pytest.approx(best)
+
+
+def test_the_optimal_row_on_a_split_is_never_behind_that_splits_best_row():
+    """Issue 41: the optimizer on a rule's split starts from the split's best heuristic row, so its
+    row is never longer than any row of that split, even with a time limit too short to search
+    (two chunks per device, the V placement, tight memory)."""
+    pipeline, device = Pipeline(2, 2, "v", 8), Device(memory_gb=14.0)
+    answer = plan(Model.from_repeats([(EMBEDDING, 1), (DECODER, 9), (HEAD, 1)]), device, pipeline,
+                  time_limit=4)
+    by_split: dict = {}
+    for row in answer.pipelines[0].rows:
+        if row.simulation is not None:
+            by_split.setdefault(row.split, []).append(row)
+    optimal = [(split, row) for split, rows in by_split.items() for row in rows if row.schedule == OPTIMAL]
+    assert optimal
+    for split, row in optimal:
+        assert row.makespan <= min(other.makespan for other in by_split[split]) + 1e-9

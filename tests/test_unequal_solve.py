@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.reference import brute_force_optimum, timed_search_optimum
-from zbopt import Problem, solve
+from zbopt import Problem, ZboptError, solve
 from zbopt.ops import Op, op_graph
 from zbopt.solvers.bounds import lower_bounds
 from zbopt.solvers.cross_device import cross_device_bound, device_groups
@@ -141,3 +141,19 @@ def test_solve_at_the_floor_when_every_microbatch_is_smaller_than_the_reference(
     problem = problem.replace(memory_limit=problem.min_memory_limit)
     result = solve(problem, time_limit=5, lower_peak=False)
     assert result.simulation.makespan == pytest.approx(timed_search_optimum(problem)) == 4
+
+
+def test_solve_starts_from_a_schedule_given_or_the_heuristics_in_an_order_given():
+    """`warm_start` takes a schedule the caller has (named after it, never worse than it) and
+    `order` puts the warm start's heuristics' microbatches in that order (its name says which)."""
+    from zbopt import generate, simulate
+
+    problem = Problem(num_devices=4, num_microbatches=8, weight_times=1.0, attention_share=0.3,
+                      microbatch_tokens=[512, 1024, 4096, 700, 800, 2048, 300, 1500])
+    given = generate("1f1b", problem, order="shortest-first")
+    result = solve(problem, warm_start=given, time_limit=2, lower_peak=False)
+    assert result.warm_start == "1f1b" and result.objective <= simulate(problem, given).makespan + 1e-9
+    ordered = solve(problem, order="longest-first", time_limit=2, lower_peak=False)
+    assert ordered.warm_start.endswith("(longest-first order)")
+    with pytest.raises(ZboptError, match="order 'dynapipe'"):
+        solve(problem, order="dynapipe", time_limit=2)

@@ -14,7 +14,7 @@ def run() -> None:
     signal.signal(signal.SIGINT, interrupt.exit_at_once)
     from zbopt.cli import main
 
-    code = main()
+    code = main(started=interrupt.process_started())  # the time limit counts start-up and imports too
     if code == interrupt.EXIT_INTERRUPTED:
         interrupt.leave()
     sys.exit(code)

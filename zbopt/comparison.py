@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from zbopt import shown
 from zbopt.errors import NotApplicableError, ZboptError
-from zbopt.interrupt import Interrupted
+from zbopt.interrupt import Clock, Interrupted
 from zbopt.microbatch_order import ORDER_RULES, entry_order
 from zbopt.problem import Problem
 from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
@@ -21,6 +21,7 @@ from zbopt.shown import Shown
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers import SolveResult, lower_bounds, solve
 from zbopt.solvers.gap import gap_text, relative_gap
+from zbopt.solvers.warm import shortest_then_leanest
 from zbopt.tolerance import RELATIVE_TOLERANCE
 
 OPTIMAL_ROW = "cpsat"
@@ -139,7 +140,7 @@ def row_order(row: ComparisonRow) -> tuple[bool, float]:
 
 
 def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
-            time_limit: float = 60.0, workers: int = 2, progress: bool = False, bounds: bool = True,
+            time_limit: float | Clock = 60.0, workers: int = 2, progress: bool = False, bounds: bool = True,
             order: Order = None) -> Comparison:
     """Simulate each schedule in `schedules` (default: every registered one that applies to
     `problem`; "torch:NAME" is torch's built-in NAME, see `zbopt.schedules.torch_builtin`) and, with
@@ -170,11 +171,13 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
         simulations += _best_orders(problem, simulations)
     stop = None
     if optimal:
-        try:
-            result = solve(problem, "cpsat", time_limit=time_limit, workers=workers, progress=progress)
+        valid = [simulation for _, simulation, _ in simulations if simulation.valid] if schedules is None else []
+        try:  # from the best row, where every heuristic has one: the optimizer's answer is never behind a row
+            result = solve(problem, "cpsat", time_limit=time_limit, workers=workers, progress=progress,
+                           warm_start=min(valid, key=shortest_then_leanest, default=None))
         except Interrupted as interruption:  # the table with the solver's best so far, then the interruption
             result, stop = interruption.partial, interruption
-        lower_bound, source = result.lower_bound, f"cpsat ({result.status})"
+        lower_bound, source = result.lower_bound, _proved_by(result)
         if result.simulation is not None:
             simulations.append((OPTIMAL_ROW, result.simulation, result.status))
     elif not bounds:
@@ -182,13 +185,25 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
     else:
         result = None
         # without --optimal the bounds stay quick: the v >= 2 relaxations get BOUNDS_S in all
-        lower_bound, source = lower_bounds(problem, time.perf_counter() + BOUNDS_S).best, "independent lower bounds"
+        bounds = lower_bounds(problem, time.perf_counter() + BOUNDS_S)
+        lower_bound, source = bounds.best, bounds.binding_bound.describe()
     rows = [ComparisonRow(name, simulation, lower_bound, status) for name, simulation, status in simulations]
     rows.sort(key=row_order)
     comparison = Comparison(problem, tuple(rows), lower_bound, source, tuple(not_applicable), result)
     if stop is not None:
         raise Interrupted(comparison)
     return comparison
+
+
+def _proved_by(result: SolveResult) -> str:
+    """What proved the solve's lower bound: the search's own bound where it is above the independent
+    ones, else the binding independent bound and the devices it reasons about."""
+    independent = (result.bounds or {}).get("best", 0.0)
+    if result.lower_bound > independent * (1 + RELATIVE_TOLERANCE) + RELATIVE_TOLERANCE:
+        return f"the {result.solver} search's own bound"
+    devices = result.binding_devices
+    where = f" on device{'s' * (len(devices) > 1)} {', '.join(map(str, devices))}" if devices else ""
+    return f"{result.binding_bound}{where}"
 
 
 def _best_orders(problem: Problem, simulations: list) -> list:

@@ -9,19 +9,28 @@ Python's KeyboardInterrupt, or, in the `zbopt` command, `exit_at_once`.
 A time limit stops work the same way: code that may run long with no solver to stop (a heuristic
 at p = 32, m = 512 takes seconds) calls `check` in its loop, which raises `TimeUp` once the
 deadline of the enclosing `deadline_scope` has passed or Ctrl-C came.
+
+The one clock: a command's time budget is one `Clock`, made where the command starts (the
+command line's from its process's start, `process_started`, so that `--time-limit` holds from
+start to exit), passed down and split by named shares (`Clock.share`); the stages read their
+deadlines from it, none from a start time of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TypeVar
+
+from zbopt.errors import ZboptError
 
 EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 MESSAGE = "zbopt: interrupted"
@@ -58,6 +67,57 @@ def past(deadline: float) -> bool:
 
 class TimeUp(Exception):
     """The work under a `deadline_scope` ran past its deadline (or Ctrl-C came) and stopped."""
+
+
+@dataclass(frozen=True)
+class Clock:
+    """A time budget: the `time.perf_counter()` by which the work must be done, and what it is for
+    ("plan", "plan.heuristics"). Made once where the work starts (`start`), split by `share`."""
+
+    deadline: float
+    name: str = "work"
+
+    @classmethod
+    def start(cls, seconds: float, name: str = "work", began: float | None = None) -> Clock:
+        """`seconds` from `began` (a `time.perf_counter()`; default now); a ZboptError unless positive."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:  # NaN too
+            raise ZboptError(f"time limit {seconds:g}: must be positive" if isinstance(seconds, (int, float))
+                             else f"time limit {seconds!r}: expected a number of seconds")
+        return cls((time.perf_counter() if began is None else began) + seconds, name)
+
+    def left(self) -> float:
+        """Seconds to the deadline, never below 0."""
+        return max(0.0, self.deadline - time.perf_counter())
+
+    def past(self) -> bool:
+        """Whether the work should stop: the deadline has passed or Ctrl-C came."""
+        return past(self.deadline)
+
+    def share(self, name: str, fraction: float = 1.0, *, most: float = math.inf, reserve: float = 0.0) -> Clock:
+        """A stage's part of what is left: `fraction` of it after `reserve` seconds kept for what
+        follows (the answer's output, say), at most `most` seconds."""
+        seconds = min(most, fraction * max(0.0, self.left() - reserve))
+        return Clock(time.perf_counter() + seconds, f"{self.name}.{name}")
+
+
+START_UP_MOST_S = 10.0  # more is no start-up: a process that ran other work before it exec'd zbopt
+
+
+def process_started() -> float:
+    """This process's start as a `time.perf_counter()` value (Linux: from /proc; elsewhere, now),
+    so that a command's budget counts the interpreter's start-up and its imports too."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started = int(stat.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+            age = float(uptime.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        age = 0.0
+    return time.perf_counter() - min(max(age, 0.0), START_UP_MOST_S)
+
+
+def as_clock(time_limit: float | Clock, name: str) -> Clock:
+    """A function's `time_limit`: seconds from now, or a Clock its caller is already counting."""
+    return time_limit if isinstance(time_limit, Clock) else Clock.start(time_limit, name)
 
 
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("zbopt_deadline", default=None)

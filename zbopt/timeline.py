@@ -13,6 +13,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
+from zbopt import interrupt
 from zbopt.kinds import FORWARD
 from zbopt.ops import Op, op_table
 from zbopt.problem import Problem
@@ -124,6 +125,7 @@ def compact(problem: Problem, in_time_order: Sequence[Op], caps: Sequence[float]
     timeline = Timeline(problem)
     pending = [PendingFrees() for _ in range(problem.num_devices)]
     for op in in_time_order:
+        interrupt.check()
         index = timeline.table.index(op)
         device = timeline.table.device[index]
         change = timeline.table.memory_delta[index]

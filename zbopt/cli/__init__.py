@@ -31,11 +31,13 @@ def _command_with(argv: list[str], settings: dict[str, object]) -> str:
     return shlex.join(["zbopt", *argv, *flags])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status."""
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """Run the CLI; returns the exit status. `started`: the program's start (`time.perf_counter()`),
+    from which a command's `--time-limit` counts (the `zbopt` command's own process start); None: now."""
     argv = sys.argv[1:] if argv is None else [str(token) for token in argv]
     try:
         args, unknown = build_parser().parse_known_args(argv)
+        args.started = started
         if unknown:  # argparse's own message would point to the top-level help, not the command's
             raise ZboptError(f"unrecognized arguments: {clip(' '.join(unknown))} (see 'zbopt {args.command} --help')")
         return args.run(args)

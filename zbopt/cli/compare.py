@@ -18,7 +18,7 @@ from zbopt.cli.flags import (
     flag_values,
 )
 from zbopt.cli.inputs import run_config
-from zbopt.cli.output import check_outputs, figure_path, figure_style, live, output_flag, talks
+from zbopt.cli.output import check_outputs, command_clock, figure_path, figure_style, live, output_flag, talks
 from zbopt.errors import ZboptError
 from zbopt.io.trace import TRACE_EXTENSION
 from zbopt.simulation import simulate
@@ -89,10 +89,12 @@ def _command_compare(args: argparse.Namespace) -> int:
         figure_style(args, None)  # --style without a chart to draw is an error, not ignored
     kind = None if output is None else _comparison_output(args, output)
     check_outputs(args, {"-o": output})
-    limit = {} if args.time_limit is None else {"time_limit": args.time_limit}
+    limit = {} if args.time_limit is None else {"time_limit": args.time_limit}  # the frontier's: per solve
+    clock = {} if args.time_limit is None or args.frontier is not None else \
+        {"time_limit": command_clock(args, "compare")}
     comparison, stop = interrupt.answer_of(lambda: compare(run.problem, args.schedule, optimal=args.optimal,
                                                  progress=live(args), bounds=args.bounds, order=args.order,
-                                                 **limit))
+                                                 **(clock or limit)))
     frontier = None
     if frontier_limits is not None and stop is None:
         frontier, stop = interrupt.answer_of(lambda: memory_frontier(run.problem, frontier_limits, progress=live(args),

@@ -57,9 +57,9 @@ def _order(text: str) -> str | list[int]:
                                          f"they enter, e.g. 3,1,0,2; got {shorten(text)}") from None
 
 
-def add_order_flag(parser: argparse.ArgumentParser) -> None:
+def add_order_flag(parser: argparse.ArgumentParser, whose: str = "") -> None:
     parser.add_argument("--order", type=_order, metavar="RULE|3,1,0,2",
-                        help=f"the order microbatches enter the pipeline: a rule ({', '.join(ORDER_RULES)}: "
+                        help=f"{whose}the order microbatches enter the pipeline: a rule ({', '.join(ORDER_RULES)}: "
                              "as given, by total work, or DynaPipe's search over size clusters) or a permutation, "
                              "the microbatch entering first first (default: as given)")
 

@@ -10,6 +10,7 @@ import math
 
 from zbopt import interrupt
 from zbopt.cli.flags import dask_client
+from zbopt.cli.output import command_clock
 from zbopt.errors import ZboptError
 
 
@@ -72,9 +73,10 @@ def _command_plan(args: argparse.Namespace) -> int:
             client = stack.enter_context(dask_client(args.dask))
             # each split's solve runs --workers threads: as many splits at once as the cluster holds
             executor, parallel = client.get_executor(), max(1, sum(client.nthreads().values()) // args.workers)
+        clock = command_clock(args, "plan")
         answer, stop = interrupt.answer_of(lambda: plan(model, device, pipelines, schedules=args.schedule,
-                                                        time_limit=args.time_limit, workers=args.workers,
-                                                        executor=executor, parallel=parallel))
+                                                        time_limit=clock,
+                                                        workers=args.workers, executor=executor, parallel=parallel))
     if args.json:
         print(json.dumps(answer.to_dict()))
     else:

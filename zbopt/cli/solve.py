@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from zbopt.cli.flags import add_input_flags, add_quiet_flag, add_style_flag, config_file, flag_values
+from zbopt.cli.flags import add_input_flags, add_order_flag, add_quiet_flag, add_style_flag, config_file, flag_values
 from zbopt.cli.inputs import run_config
-from zbopt.cli.output import check_outputs, figure_flag, figure_path, figure_style, live, talks
+from zbopt.cli.output import check_outputs, command_clock, figure_flag, figure_path, figure_style, live, talks
 from zbopt.interrupt import answer_of
 from zbopt.io.export import EXPORT_FORMATS, check_export, order_note, write_export
+from zbopt.io.read import load_schedule
+from zbopt.io.torch_order import read_torch_csv
 from zbopt.schedules import get
 from zbopt.tables import format_solve
 
@@ -30,13 +33,16 @@ def _add_solve_flags(solving: argparse.ArgumentParser) -> None:
     solving.add_argument("--objective", default="makespan", choices=["makespan", "span"],
                          help="minimize the makespan or the longest device span (the ZB paper's)")
     solving.add_argument("--time-limit", type=float, default=60.0, help="seconds (default 60)")
-    solving.add_argument("--warm-start", help="heuristic to start from (default: the best valid one)")
+    solving.add_argument("--warm-start", metavar="NAME|FILE",
+                         help="what to start from: a heuristic's name, or a saved schedule (.json zbopt JSON, "
+                              ".csv torch CSV) (default: the best valid heuristic)")
     solving.add_argument("--workers", type=int, default=2, help="solver threads (default 2)")
     solving.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     solving.add_argument("--json", action="store_true", help="print one JSON object")
     add_quiet_flag(solving)
     solving.add_argument("--export", metavar="FILE", help="write the schedule found: .csv torch CSV, .json zbopt JSON, "
                                                          ".trace.json a trace for Perfetto")
+    add_order_flag(solving, "the warm start's heuristics: ")
     add_input_flags(solving)
     add_style_flag(solving)
     solving.set_defaults(run=_command_solve)
@@ -50,15 +56,27 @@ def _command_solve(args: argparse.Namespace) -> int:
     check_outputs(args, {figure_flag(args): figure, "--export": args.export})
     if args.export is not None:
         check_export(args.export, run.problem)
-    if args.warm_start is not None:
-        get(args.warm_start)
-    result, stop = answer_of(lambda: solve(run.problem, args.solver, time_limit=args.time_limit,
-                                           objective=args.objective, warm_start=args.warm_start,
+    warm = _warm_start(args.warm_start, run.problem)
+    clock = command_clock(args, "solve")
+    result, stop = answer_of(lambda: solve(run.problem, args.solver, time_limit=clock,
+                                           objective=args.objective, warm_start=warm, order=args.order,
                                            workers=args.workers, seed=args.seed, progress=live(args)))
     _show(args, result, figure)
     if stop is not None:
         raise stop
     return 0
+
+
+def _warm_start(given: str | None, problem):
+    """--warm-start: a registered name (checked now), or a schedule file read for `problem`."""
+    if given is None or Path(given).suffix.lower() not in (".json", ".csv"):
+        if given is not None:
+            get(given)  # an unknown name: one line, naming the close ones
+        return given
+    if Path(given).suffix.lower() == ".csv":
+        return read_torch_csv(given).to_schedule(problem, Path(given).name)
+    schedule, _ = load_schedule(given)
+    return schedule
 
 
 def _show(args: argparse.Namespace, result, figure: str | None) -> None:

@@ -32,6 +32,6 @@ def load_problem(path: str | Path) -> Problem:
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
     >>> _ = path.write_text("num_stages: 2\\nnum_microbatches: 4\\nforward_times: 1\\n")
     >>> load_problem(path).describe()
-    'p=2 devices, m=4 microbatches, v=1 chunk(s) (loop placement), fused backward (F, BW)'
+    'p=2 devices, m=4 microbatches, v=1 chunk per device (loop placement), fused backward (F, BW)'
     """
     return problem_from_config(read_config_file(path), source=str(path), ignored=("output_file",))

@@ -17,16 +17,18 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from zbopt import interrupt
-from zbopt.errors import ZboptError
+from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.model import Device, Model
 from zbopt.planner.certify import SplitFamily, least_memory, split_bound
 from zbopt.planner.result import OPTIMAL, Outcome, PipelinePlan, Plan, PlanRow
 from zbopt.planner.rules import RULES, split_by_rule
 from zbopt.planner.split import Pipeline, Split, split_problem, splits_backward
 from zbopt.problem import Problem
-from zbopt.schedules import applicable, get
+from zbopt.schedules import generate, get, registered
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers import lower_bounds, solve
+from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
+from zbopt.solvers.warm import shortest_then_leanest
 
 SOLVE_SHARE = 1 / 12  # of the plan's time limit: one split's solve, at most
 FAMILY_S = 5.0  # the most one step of the split family's CP-SAT may take
@@ -35,29 +37,22 @@ PRECHECK_SHARE = 0.1  # of a split's solve: its independent bounds, before any s
 FIRST_BOUND_SHARE = 0.1  # of a pipeline's time: the family's first bound, before any split is solved
 
 
-class _Clock:
-    def __init__(self, seconds: float):
-        self.deadline, self.seconds = time.perf_counter() + seconds, seconds
-
-    def left(self) -> float:
-        return max(0.0, self.deadline - time.perf_counter())
-
-    def share(self) -> float:
-        return min(self.left(), max(1.0, self.seconds * SOLVE_SHARE))
-
-
 @dataclass
 class _Run:
-    """What every step of one pipeline's plan shares: the model on its pipeline, the clock, and
-    where splits are solved (here, or `parallel` at a time on `executor`)."""
+    """What every step of one pipeline's plan shares: the model on its pipeline, its share of the
+    plan's clock, and where splits are solved (here, or `parallel` at a time on `executor`)."""
 
     model: Model
     device: Device
     pipeline: Pipeline
-    clock: _Clock
+    clock: interrupt.Clock
     workers: int
     executor: Executor | None = None
     parallel: int = 1
+
+    def __post_init__(self) -> None:
+        self.solve_seconds = max(1.0, self.clock.left() * SOLVE_SHARE)  # one split's solve, at most
+        self.heuristics_cutoff = self.clock.share("heuristics cutoff", HEURISTICS_CUTOFF).deadline
 
     def problem(self, split: Split) -> Problem:
         return split_problem(self.model, self.device, self.pipeline, split)
@@ -66,11 +61,12 @@ class _Run:
         """A split not searched: no schedule, its closed-form bound (`certify.split_bound`)."""
         return Outcome(split, None, split_bound(self.model, self.device, self.pipeline, split), "-")
 
-    def solve_all(self, splits: list[Split], incumbent: float = math.inf) -> dict[Split, Outcome]:
+    def solve_all(self, splits: list[Split], incumbent: float = math.inf,
+                  warm: Simulation | None = None) -> dict[Split, Outcome]:
         """Each split solved, at once on the executor when there is one (`solved_split`; one whose
-        bounds reach `incumbent` is not searched). A split outside zbopt's Problem (a stage with no
-        time) keeps its closed-form bound."""
-        seconds, outcomes, problems = self.clock.share(), {}, {}
+        bounds reach `incumbent` is not searched; `warm`, one split's schedule to start from). A
+        split outside zbopt's Problem (a stage with no time) keeps its closed-form bound."""
+        seconds, outcomes, problems = min(self.clock.left(), self.solve_seconds), {}, {}
         for split in splits:
             try:
                 problems[split] = self.problem(split)
@@ -79,10 +75,10 @@ class _Run:
         if seconds < MIN_SOLVE_S:  # no time left: each keeps its closed-form bound
             return {**outcomes, **{split: self.unsolved(split) for split in problems}}
         if self.executor is None:
-            answers = {split: solved_split(problem, seconds, self.workers, incumbent)
+            answers = {split: solved_split(problem, seconds, self.workers, incumbent, warm)
                        for split, problem in problems.items()}
         else:
-            futures = {split: self.executor.submit(solved_split, problem, seconds, self.workers, incumbent)
+            futures = {split: self.executor.submit(solved_split, problem, seconds, self.workers, incumbent, warm)
                        for split, problem in problems.items()}
             answers = {split: future.result() for split, future in futures.items()}
         for split, (simulation, lower_bound, name) in answers.items():
@@ -90,20 +86,22 @@ class _Run:
         return outcomes
 
 
-def solved_split(problem: Problem, seconds: float, workers: int,
-                 incumbent: float = math.inf) -> tuple[Simulation | None, float, str]:
+def solved_split(problem: Problem, seconds: float, workers: int, incumbent: float = math.inf,
+                 warm: Simulation | None = None) -> tuple[Simulation | None, float, str]:
     """(the best schedule's simulation, the lower bound, the schedule's name) of one split's
     Problem: zbopt's optimizer within `seconds` (a module-level function, so an executor can run
-    it); first its independent lower bounds for a tenth of that, and no search when they already
-    reach `incumbent`, the best makespan of another split (with one chunk, the device DP proves
-    most splits worse in milliseconds)."""
+    it), from `warm` (the split's best row: the answer is never behind it) or else the best
+    heuristic; first its independent lower bounds for a tenth of that, and no search when they
+    already reach `incumbent`, the best makespan of another split (with one chunk, the device DP
+    proves most splits worse in milliseconds)."""
     began = time.perf_counter()
     if incumbent < math.inf:
         bound = lower_bounds(problem, began + seconds * PRECHECK_SHARE).best
         if bound >= incumbent:
             return None, bound, "-"
     try:
-        result = solve(problem, time_limit=max(seconds - (time.perf_counter() - began), MIN_SOLVE_S), workers=workers)
+        result = solve(problem, time_limit=max(seconds - (time.perf_counter() - began), MIN_SOLVE_S), workers=workers,
+                       warm_start=warm)
     except interrupt.Interrupted as stop:  # Ctrl-C: the solve's best so far, if any; the plan stops after it
         if stop.partial is None:
             return None, 0.0, "-"
@@ -113,22 +111,23 @@ def solved_split(problem: Problem, seconds: float, workers: int,
 
 
 def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline], *,
-         schedules: Sequence[str] | None = None, rules: Sequence[str] = RULES, time_limit: float = 120.0,
-         workers: int = 2, executor: Executor | None = None, parallel: int = 1) -> Plan:
+         schedules: Sequence[str] | None = None, rules: Sequence[str] = RULES,
+         time_limit: float | interrupt.Clock = 120.0, workers: int = 2, executor: Executor | None = None,
+         parallel: int = 1) -> Plan:
     """The best split and schedule of `model` on each of `pipelines`, with rows for each rule ×
     schedule (`schedules`: heuristics' names and OPTIMAL; None: every applicable one and OPTIMAL)
-    and a certificate over every split. `time_limit` bounds the whole call, shared equally by the
-    pipelines. With an `executor` (say, a dask `Client(...).get_executor()`), the search solves
+    and a certificate over every split. `time_limit` (seconds, or a `Clock` the caller counts)
+    bounds the whole call, shared equally by the pipelines. With an `executor` (say, a dask
+    `Client(...).get_executor()`), the search solves
     `parallel` splits at a time there. A ZboptError in one line when a pipeline has more stages
     than the model has layers, or when no split of any pipeline runs in the device's memory."""
     pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
     _check_plan(model, pipelines, schedules, time_limit)
-    began, answers = time.perf_counter(), []
+    began, answers, clock = time.perf_counter(), [], interrupt.as_clock(time_limit, "plan")
     with interrupt.stoppable():
         for number, pipeline in enumerate(pipelines):
-            left = time_limit - (time.perf_counter() - began)
-            run = _Run(model, device, pipeline, _Clock(left / (len(pipelines) - number)), workers, executor,
-                       max(1, parallel))
+            share = clock.share(f"pipeline {number}", 1 / (len(pipelines) - number))
+            run = _Run(model, device, pipeline, share, workers, executor, max(1, parallel))
             answers.append(_plan_one(run, schedules, rules))
             if interrupt.requested.is_set():
                 break
@@ -146,7 +145,8 @@ def _check_plan(model: Model, pipelines: Sequence[Pipeline], schedules, time_lim
     for name in schedules or ():
         if name != OPTIMAL:
             get(name)  # an unknown name: UnknownScheduleError, naming the close ones
-    if not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
+    if not isinstance(time_limit, interrupt.Clock) and \
+            not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise ZboptError(f"plan: time_limit = {time_limit!r}: expected a number of seconds above 0")
     splits_backward(model)
     for pipeline in pipelines:
@@ -174,8 +174,9 @@ def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
     solved: dict[Split, Outcome] = {}
     simulated: dict[Split, dict[str, Simulation]] = {}
     rows = []
-    for rule in rules:
-        rows += _rule_rows(rule, run, schedules, solved, simulated)
+    for number, rule in enumerate(rules):  # each rule's heuristics: its part of the share, of what is left then
+        rows += _rule_rows(rule, run, schedules, solved, simulated,
+                           run.clock.share(f"{rule} heuristics", HEURISTICS_SHARE / (len(rules) - number)))
     for split in solved:
         family.exclude(split)
     pruned = _search(run, family, solved)
@@ -186,9 +187,10 @@ def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
     return PipelinePlan(run.pipeline, tuple(rows), best, lower, len(solved), pruned)
 
 
-def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict) -> list[PlanRow]:
+def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
+               heuristics: interrupt.Clock) -> list[PlanRow]:
     """The rows of one rule: its split under each schedule (the optimizer's answer recorded in
-    `solved`, the heuristics' simulations in `simulated`, both by split)."""
+    `solved`, the heuristics', built within `heuristics`, in `simulated`, both by split)."""
     try:
         split = split_by_rule(rule, run.model, run.pipeline, seconds=min(10.0, run.clock.left() / 4))
         problem = run.problem(split)
@@ -196,14 +198,15 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict) -
         return [PlanRow(rule, "-", None, None, str(error))]
     rows = []
     if split not in simulated:  # several rules often give one split: its heuristics once
-        simulated[split] = _simulated_heuristics(problem, schedules, run.clock.deadline)
+        simulated[split] = _simulated_heuristics(problem, schedules, heuristics.deadline, run.heuristics_cutoff)
     heuristics = simulated[split]
     for name in (schedules or (*heuristics, OPTIMAL)):
         if name == OPTIMAL and split not in solved and (run.clock.left() < MIN_SOLVE_S or interrupt.requested.is_set()):
             rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached, or Ctrl-C"))
         elif name == OPTIMAL:
             if split not in solved:
-                solved.update(run.solve_all([split]))
+                valid = [simulation for simulation in heuristics.values() if simulation.valid]
+                solved.update(run.solve_all([split], warm=min(valid, key=shortest_then_leanest, default=None)))
             simulation = solved[split].simulation
             rows.append(PlanRow(rule, OPTIMAL, split, simulation, None if simulation else "no schedule found in time"))
         elif name in heuristics:
@@ -215,18 +218,23 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict) -
     return rows
 
 
-def _simulated_heuristics(problem: Problem, schedules: Sequence[str] | None,
-                          deadline: float) -> dict[str, Simulation]:
-    """The heuristics asked for (every applicable one when None) that apply to `problem`, simulated,
-    those built by `deadline` (the plan's)."""
-    names = None if schedules is None else [name for name in schedules if name != OPTIMAL]
+def _simulated_heuristics(problem: Problem, schedules: Sequence[str] | None, deadline: float,
+                          cutoff: float) -> dict[str, Simulation]:
+    """The heuristics asked for (every registered one when None) that apply to `problem`, simulated:
+    those built by `deadline`, or while none of them is valid yet by `cutoff` (a plan with no row
+    has no answer: at m in the thousands one heuristic takes seconds); none starts after it."""
+    names = [entry.name for entry in registered()] if schedules is None else \
+        [name for name in schedules if name != OPTIMAL]
     built: dict[str, Simulation] = {}
-    try:
-        with interrupt.deadline_scope(deadline):
-            for name, schedule in applicable(problem, names=names):
-                built[name] = simulate(problem, schedule)
-    except interrupt.TimeUp:
-        pass  # the ones built so far
+    for name in names:
+        valid = any(simulation.valid for simulation in built.values())
+        if interrupt.past(cutoff) or (valid and interrupt.past(deadline)):
+            break
+        try:
+            with interrupt.deadline_scope(deadline if valid else cutoff):
+                built[name] = simulate(problem, generate(name, problem))
+        except (NotApplicableError, interrupt.TimeUp):
+            continue
     return built
 
 

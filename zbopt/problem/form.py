@@ -27,13 +27,15 @@ def _plain(entry, value):
 def as_dict(problem) -> dict:
     """The parameters as plain JSON-able values (`PARAMETERS`' order): every parameter of the
     groups always written, a mechanism's only where it is in use (one of its values is not its
-    default) and not None; a key whose microbatches differ as its rows."""
+    default), and then its switches and the values set (not None, not the default); a key whose
+    microbatches differ as its rows."""
     in_use = {entry.mechanism for entry in PARAMETERS
               if entry.shape != "stored" and getattr(problem, entry.name) != entry.default}
     data = {}
     for entry in PARAMETERS:
         value = getattr(problem, entry.name)
-        if entry.mechanism in ALWAYS_WRITTEN or (entry.mechanism in in_use and value is not None):
+        if entry.mechanism in ALWAYS_WRITTEN or (entry.mechanism in in_use and value is not None
+                                                  and (value != entry.default or entry.shape == "switch")):
             data[entry.name] = _plain(entry, value)
     data.pop("microbatch_tables", None)
     for key, rows in problem.microbatch_tables or ():
@@ -46,7 +48,8 @@ def describe(problem) -> str:
     backward = "split backward (F, B, W)" if problem.split_backward else "fused backward (F, BW)"
     text = (
         f"p={problem.num_devices} devices, m={problem.num_microbatches} microbatches, "
-        f"v={problem.chunks_per_device} chunk(s) ({problem.placement} placement), {backward}"
+        f"v={problem.chunks_per_device} chunk{'s' * (problem.chunks_per_device > 1)} per device "
+        f"({problem.placement} placement), {backward}"
     )
     if problem.bidirectional:
         (_, down), (_, up) = problem.routes

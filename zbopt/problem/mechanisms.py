@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from zbopt.errors import ProblemError, shorten
 from zbopt.kinds import PAIR_KINDS
-from zbopt.problem.checks import boolean, per_device, per_stage, unused_without
+from zbopt.problem.checks import per_device, per_stage, unused_without
 
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
 
@@ -37,7 +37,6 @@ def split_backward(weight_times, weight_memory, activation_memory: tuple[float, 
 def recomputation(allow_recompute, recompute_times, checkpoint_memory, forward_times: tuple[float, ...],
                   activation_memory: tuple[float, ...]) -> dict:
     """checkpoint_memory and recompute_times (default the forward's), or nothing when not allowed."""
-    boolean("allow_recompute", allow_recompute)
     if not allow_recompute:
         unused_without("allow_recompute", {"recompute_times": recompute_times, "checkpoint_memory": checkpoint_memory})
         return {}
@@ -53,8 +52,6 @@ def recomputation(allow_recompute, recompute_times, checkpoint_memory, forward_t
 
 def offload(allow_offload, offload_times, reload_times, shared_host_link, stages: int) -> dict:
     """offload_times and reload_times (default the offload's), or nothing when not allowed."""
-    boolean("allow_offload", allow_offload)
-    boolean("shared_host_link", shared_host_link)
     if not allow_offload:
         unused_without("allow_offload", {"offload_times": offload_times, "reload_times": reload_times,
                                          "shared_host_link": shared_host_link})

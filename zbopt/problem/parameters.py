@@ -14,16 +14,8 @@ from dataclasses import dataclass
 
 from zbopt.problem.checks import boolean, nonnegative_number, positive_int
 
-__all__ = [
-    "MECHANISMS",
-    "PARAMETERS",
-    "REQUIRED",
-    "SHAPES",
-    "Parameter",
-    "config_keys",
-    "docstring_section",
-    "parameter",
-]
+__all__ = ["ALWAYS_WRITTEN", "MECHANISMS", "PARAMETERS", "REQUIRED", "SHAPES", "Parameter", "config_keys",
+           "docstring_section"]
 
 REQUIRED = object()  # the default of a parameter every Problem must be given
 # what one value of a parameter is: how a flag reads it and how `to_dict` writes it
@@ -90,8 +82,9 @@ class Parameter:
 
     def doc_entry(self) -> str:
         """Its entry in the Parameters section: "name : help details", wrapped."""
+        details = self.details[:1].upper() + self.details[1:]
         text = self.help if not self.details else \
-            f"{self.help}{' ' if self.details.startswith('(') else '. '}{self.details}"
+            f"{self.help} {self.details}" if self.details.startswith("(") else f"{self.help}. {details}"
         return textwrap.fill(f"{self.name} : {text}", 100, subsequent_indent="    ")
 
 
@@ -110,7 +103,7 @@ PARAMETERS: tuple[Parameter, ...] = (
               "(give it the same costs). The second copy of the parameters is outside the memory model (it "
               "counts activations), and so is the exchange of the two copies' gradients after the step."),
     Parameter("forward_times", _TIME, 1.0, "costs", "F time, one value or one per virtual stage",
-              "(or rows, one per virtual stage, of one value per microbatch: see microbatch sizes)",
+              "(or rows, one per virtual stage, of one value per microbatch: see microbatches that differ)",
               short=("-f",), unit="time"),
     Parameter("backward_times", _TIME, 2.0, "costs",
               "backward time: B when weight_times is given, else the fused BW", short=("-bw",), unit="time"),
@@ -127,7 +120,8 @@ PARAMETERS: tuple[Parameter, ...] = (
               "one value for all devices or one per device.", unit="memory"),
     Parameter("iterations", "count", 1, "iterations", "optimizer steps back to back",
               "Microbatch j belongs to iteration j // m.", check=positive_int),
-    Parameter("flush", "switch", True, "iterations", "iterations wait for each other's weight update",
+    Parameter("flush", "switch", True, "iterations", "iterations wait for each other's weight update (--no-flush: "
+              "PipeDream-2BW's double-buffered weights)",
               "With a flush (default), stage s updates its weights between iterations, so its forwards of "
               "iteration k+1 wait for all its gradient ops (W or BW) of iteration k; --no-flush: PipeDream-2BW's "
               "double-buffered weights, whose second copy is not in the memory model.", check=boolean),
@@ -174,7 +168,7 @@ PARAMETERS: tuple[Parameter, ...] = (
               flag=False),
     Parameter("sequence_slices", "count", 1, "microbatch sizes",
               "k > 1 splits each sequence into k slices (Seq1F1B), which are the microbatches",
-              "m counts slices, microbatch_tokens sequences (`zbopt.problem.slices`).", check=positive_int),
+              "m counts slices, microbatch_tokens sequences (`zbopt.problem.slices`, which checks it)."),
 )
 def config_keys() -> dict[str, str]:
     """Config key (aliases included) -> parameter name; the stored-only keys are not config keys."""

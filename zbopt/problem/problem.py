@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -29,17 +29,21 @@ _COST_KEYS = {FORWARD: "forward_times", BACKWARD: "backward_times", WEIGHT: "wei
               RELOAD: "reload_times"}  # where each kind's duration per virtual stage is
 
 
-_ANNOTATIONS = {"count": "int", "switch": "bool", "choice": "str", "number": "float | None",
-                "per stage": "PerStage | None", "per device": "PerStage | None",
-                "per microbatch": "Sequence[int | Sequence[int]] | None",
-                "pairs": "Mapping[str, PerStage] | tuple[tuple[str, tuple[float, ...]], ...] | None",
-                "stored": "tuple[tuple[str, tuple[tuple[float, ...], ...]], ...] | None"}
+_ANNOTATIONS = {"count": int, "switch": bool, "choice": str, "number": float | None, "per stage": PerStage | None,
+                "per device": PerStage | None, "per microbatch": Sequence[int | Sequence[int]] | None,
+                "pairs": Mapping[str, PerStage] | tuple[tuple[str, tuple[float, ...]], ...] | None,
+                "stored": tuple[tuple[str, tuple[tuple[float, ...], ...]], ...] | None}
 # the constructor's keywords and the fields, in the table's order, read off the table
 _Parameters = dataclasses.make_dataclass(
     "_Parameters", [(entry.name, _ANNOTATIONS[entry.shape]) if entry.required else
                     (entry.name, _ANNOTATIONS[entry.shape], dataclasses.field(default=entry.default))
                     for entry in PARAMETERS], frozen=True)
 _Parameters.__module__ = __name__
+
+
+def _frozen(value: object) -> object:
+    """Lists as tuples, all the way down (a mapping stays: `overlap_times` stores its own form)."""
+    return tuple(_frozen(item) for item in value) if isinstance(value, list) else value
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ class Problem(_Parameters):
             check_ranges(microbatches.every_microbatch_at(self, max, sequence_slices=1, memory_limit=None))
         if self.memory_limit is not None:
             memory_floor.check_memory_limit(self)
+        for entry in PARAMETERS:  # a list still as given (a row no mechanism expands) would make it unhashable
+            object.__setattr__(self, entry.name, _frozen(getattr(self, entry.name)))
 
     def overlap_cost(self, pair_kind: str, device: int) -> float | None:
         """What a pair of `pair_kind` costs on `device`, or None when no such pair may run."""

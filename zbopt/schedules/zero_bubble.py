@@ -14,6 +14,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from zbopt import interrupt
 from zbopt.errors import NotApplicableError, ProblemError, ZboptError
 from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.ops import Op
@@ -269,6 +270,7 @@ class _AutoGreedy:
     def run(self) -> list[list[Op]]:
         self.warmup()
         for _ in range(1, self.problem.num_microbatches):
+            interrupt.check()
             self.steady_round()
         for stage, device in enumerate(self.devices):
             while device.pending_weights:

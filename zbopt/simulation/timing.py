@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from zbopt import interrupt
 from zbopt.errors import DeadlockError
 from zbopt.kinds import FORWARD, KINDS
 from zbopt.ops import Op, OpTable
@@ -90,6 +91,7 @@ class _Sweep:
         orders, start, end, position, free = self.orders, self.start, self.end, self.position, self.free
         copy_free, waiting, ready, pair_of = self.copy_free, self.waiting, self.ready, self.pair_of
         while ready:
+            interrupt.check()  # a deadline_scope's limit (the plan's heuristics at m in the thousands), or Ctrl-C
             device = ready.pop()
             order = orders[device]
             i, t = position[device], free[device]

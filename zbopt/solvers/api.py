@@ -21,6 +21,8 @@ from typing import NamedTuple
 from zbopt import interrupt
 from zbopt.errors import ZboptError
 from zbopt.problem import Problem
+from zbopt.schedule import Schedule
+from zbopt.schedules.ordering import Order
 from zbopt.simulation import Simulation
 from zbopt.solvers import cpsat, full_model, lns, milp
 from zbopt.solvers.answer import OBJECTIVES, objective_value, simulated_answer, without_needless_mechanisms
@@ -105,9 +107,10 @@ class _Call:
                            bound_seconds={bound.name: bound.seconds for bound in self.bounds.bounds})
 
 
-def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, objective: str = "makespan",
-          warm_start: str | None = None, use_warm_start: bool = True, lower_peak: bool = True, workers: int = 2,
-          seed: int = 0, progress: bool = False, **options) -> SolveResult:
+def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float | interrupt.Clock = 60.0,
+          objective: str = "makespan", warm_start: str | Schedule | Simulation | None = None,
+          use_warm_start: bool = True, lower_peak: bool = True, workers: int = 2,
+          seed: int = 0, progress: bool = False, order: Order = None, **options) -> SolveResult:
     """The schedule with the smallest makespan (or longest device span) within the memory limit,
     with its status, lower bound and gap.
 
@@ -118,7 +121,8 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         `zbopt.solvers.cpsat`), "cbc" / "highs" (the disjunctive MILP through PuLP,
         `zbopt.solvers.milp`) or "lns" (large-neighbourhood search from the warm start,
         `zbopt.solvers.lns`).
-    time_limit : seconds for the whole call, shared by stages: the heuristics (no further one
+    time_limit : seconds for the whole call, or a `zbopt.interrupt.Clock` its caller already
+        counts; shared by stages: the heuristics (no further one
         starts after HEURISTICS_SHARE of it, once one is valid), the lower bounds (cut after
         BOUNDS_SHARE of what is left; `bounds_complete` says so), then the search and the second
         phase, whose deadline comes early enough for the backend to stop (`Backend.stop_s`) and
@@ -126,9 +130,11 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
         limit (say, building a model too large) is stopped and left behind (its thread ends on
         its own), and the best schedule so far is the answer.
     objective : "makespan" or "span" (the Zero Bubble paper's longest per-device span).
-    warm_start : a registered heuristic to start from; None: the best valid one (at equal
-        objective, the one with less peak memory).
+    warm_start : a registered heuristic to start from, or a schedule (or its simulation) the
+        caller has; None: the best valid heuristic (at equal objective, the one with less peak memory).
     use_warm_start : hint the model with the warm start and cap its horizon with it.
+    order : the warm start's heuristics with their microbatches entering in this order (a sorting
+        rule, "longest-first" say, or a permutation); the search itself is free to reorder.
     lower_peak : after the search, spend at most as long again as the call took so far (at least
         1 s, within the time limit) lowering the highest peak memory while keeping the objective
         (CP-SAT only; skipped when less time than that is left).
@@ -153,24 +159,25 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float = 60.0, 
     """
     backend = _backend(problem, solver, objective, time_limit, workers, options)
     with interrupt.stoppable():
-        result = _solved(problem, solver, backend, time_limit, objective, warm_start, use_warm_start, lower_peak,
-                         workers, seed, progress, options)
+        result = _solved(problem, solver, backend, interrupt.as_clock(time_limit, "solve"), objective,
+                         (warm_start, order), use_warm_start, lower_peak, workers, seed, progress, options)
         if interrupt.requested.is_set():
             raise interrupt.Interrupted(result)
     return result
 
 
-def _solved(problem: Problem, solver: str, backend: Backend, time_limit: float, objective: str,
-            warm_start: str | None, use_warm_start: bool, lower_peak: bool, workers: int, seed: int,
+def _solved(problem: Problem, solver: str, backend: Backend, clock: interrupt.Clock, objective: str,
+            warm_start: tuple, use_warm_start: bool, lower_peak: bool, workers: int, seed: int,
             progress: bool, options: dict) -> SolveResult:
     """`solve`'s stages, each cut short by Ctrl-C (`interrupt.past`): the heuristics, the bounds, the search."""
-    began = time.perf_counter()
-    deadline = began + time_limit
+    began, deadline = time.perf_counter(), clock.deadline
+    time_limit = clock.left()
     # the stages share the limit: heuristics, then bounds, each up to a share; the search gets the rest
     warm = None
     if use_warm_start:
-        warm = warm_start_simulation(problem, warm_start, objective, began + HEURISTICS_SHARE * time_limit,
-                                     began + HEURISTICS_CUTOFF * time_limit)
+        given, order = warm_start
+        warm = warm_start_simulation(problem, given, objective, began + HEURISTICS_SHARE * time_limit,
+                                     began + HEURISTICS_CUTOFF * time_limit, order, deadline)
     bounded = lower_bounds if objective == "makespan" else span_bounds
     bounds = bounded(problem, time.perf_counter() + BOUNDS_SHARE * max(0.0, deadline - time.perf_counter()))
     call = _Call(problem, solver, objective, began, deadline, warm, bounds)
@@ -182,14 +189,14 @@ def _solved(problem: Problem, solver: str, backend: Backend, time_limit: float, 
     return _search(call, backend, options, workers, seed, progress, lower_peak)
 
 
-def _backend(problem: Problem, solver: str, objective: str, time_limit: float, workers: int,
+def _backend(problem: Problem, solver: str, objective: str, time_limit: float | interrupt.Clock, workers: int,
              options: dict) -> Backend:
     """The backend, once the arguments, its refusal and its options are checked."""
     if solver not in BACKENDS:
         raise ZboptError(f"unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
     if objective not in OBJECTIVES:
         raise ZboptError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
-    if not time_limit > 0:  # NaN too
+    if not isinstance(time_limit, interrupt.Clock) and not time_limit > 0:  # NaN too
         raise ZboptError(f"time limit {time_limit:g}: must be positive")
     if workers < 1:
         raise ZboptError(f"workers {workers}: must be at least 1")

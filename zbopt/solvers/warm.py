@@ -6,39 +6,46 @@ import math
 
 from zbopt import interrupt
 from zbopt.errors import NotApplicableError, ProblemError, ZboptError
-from zbopt.microbatch_order import sorted_order
+from zbopt.microbatch_order import SORTED_RULES, check_order, sorted_order
 from zbopt.problem import Problem
 from zbopt.problem.microbatches import EQUAL_MICROBATCHES, every_microbatch_at
+from zbopt.schedule import Schedule
 from zbopt.schedules import generate, registered
+from zbopt.schedules.ordering import Order
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers.answer import objective_value
 from zbopt.solvers.gap import meets
 
 
 def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = math.inf,
-                   cutoff: float = math.inf) -> tuple[str, Simulation] | None:
+                   cutoff: float = math.inf, order: tuple[str, tuple[int, ...]] | None = None,
+                   stop: float = math.inf) -> tuple[str, Simulation] | None:
     """The registered heuristic with the best objective among those valid under the memory limit;
     at equal objective, the one with the lower highest peak memory (1f1b before gpipe). Without a
     limit, none that recomputes or offloads: that only adds work or traffic, and lowers a peak the
     model (which then has no such choice) cannot match. They run in registry order; past `deadline`
     (`time.perf_counter()`) none starts once one is valid, and one still running then stops
     (`interrupt.check`: at p = 32, m = 512 some take seconds); while none is valid they may run to
-    `cutoff`. After Ctrl-C none runs on, so an interrupt under a limit no heuristic fits yet answers
-    at once, with no warm start."""
+    `cutoff` (after it, one that checks the time stops at once, one that does not runs to its end:
+    a warm start however late), and none starts after `stop` (the caller's whole time limit). After
+    Ctrl-C none runs on, so an interrupt under a limit no
+    heuristic fits yet answers at once, with no warm start. `order` (its label, the microbatches in
+    the order they enter): every heuristic in that order only."""
     best: tuple[str, Simulation] | None = None
     planned = planning_problem(problem)
-    for name, order in _candidates(problem):
-        if interrupt.requested.is_set() or (best is not None and interrupt.past(deadline)):
+    candidates = list(_candidates(problem)) if order is None else [(entry.name, order) for entry in registered()]
+    for name, entering in candidates:
+        if interrupt.past(stop) or (best is not None and interrupt.past(deadline)):
             break
         try:
             with interrupt.deadline_scope(cutoff if best is None else deadline):
-                schedule = generate(name, planned, order=None if order is None else order[1])
+                schedule = generate(name, planned, order=None if entering is None else entering[1])
         except (NotApplicableError, interrupt.TimeUp):
             continue
-        result = _timed(problem, schedule)
+        result = _timed(problem, schedule)  # a schedule built is timed, however late: it may be the only one
         needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
         if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
-            best = (name if order is None else f"{name} ({order[0]} order)", result)
+            best = (name if entering is None else f"{name} ({entering[0]} order)", result)
     return best
 
 
@@ -82,6 +89,11 @@ def _timed(problem: Problem, schedule) -> Simulation:
     return simulate(problem, schedule if problem.microbatches_equal else schedule.without_times())
 
 
+def shortest_then_leanest(simulation: Simulation) -> tuple[float, float]:
+    """The order a caller's candidates for the warm start go in: the makespan, then the highest peak."""
+    return simulation.makespan, max(simulation.peak_memory)
+
+
 def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:
     """Whether `simulation` beats `other`: a better objective, or one as good (within the
     optimality tolerance) with a lower highest peak memory."""
@@ -91,15 +103,29 @@ def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:
     return meets(value, other_value) and max(simulation.peak_memory) < max(other.peak_memory)
 
 
-def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str, deadline: float = math.inf,
-                          cutoff: float = math.inf) -> tuple[str, Simulation] | None:
-    """The named heuristic's simulation (an error if it breaks the memory limit or does not finish
-    by `cutoff`), or the best one (see `best_heuristic` for the deadlines)."""
+def warm_start_simulation(problem: Problem, warm_start: str | Schedule | Simulation | None, kind: str,
+                          deadline: float = math.inf, cutoff: float = math.inf, order: Order = None,
+                          stop: float = math.inf) -> tuple[str, Simulation] | None:
+    """The warm start given: a registered heuristic's name, or a schedule (or its simulation on
+    this problem) the caller already has, say the plan's best row on a split; an error if it
+    breaks the memory limit or a heuristic does not finish by `cutoff`. None: the best heuristic
+    (see `best_heuristic` for the deadlines). `order`: a heuristic's microbatches enter in this
+    order (a sorting rule of `microbatch_order.SORTED_RULES`, or a permutation)."""
+    entering = _entering(problem, order)
     if warm_start is None:
-        return best_heuristic(problem, kind, deadline, cutoff)
+        return best_heuristic(problem, kind, deadline, cutoff, entering, stop)
+    if isinstance(warm_start, (Schedule, Simulation)):
+        if order is not None:
+            raise ZboptError("order: a warm start given as a schedule runs its own order; give one of the two")
+        given = warm_start if isinstance(warm_start, Simulation) and warm_start.problem == problem else \
+            _given_schedule(problem, getattr(warm_start, "schedule", warm_start))
+        if not given.valid:
+            raise ZboptError(f"warm start '{given.schedule.name or 'the schedule given'}' breaks the memory limit: "
+                             f"{given.violations[0]}")
+        return given.schedule.name or "the schedule given", given
     try:
         with interrupt.deadline_scope(cutoff):
-            schedule = generate(warm_start, planning_problem(problem))
+            schedule = generate(warm_start, planning_problem(problem), order=None if entering is None else entering[1])
     except interrupt.TimeUp:
         if interrupt.requested.is_set():
             return None
@@ -107,4 +133,27 @@ def warm_start_simulation(problem: Problem, warm_start: str | None, kind: str, d
     result = _timed(problem, schedule)
     if not result.valid:
         raise ZboptError(f"warm start '{warm_start}' breaks the memory limit: {result.violations[0]}")
-    return warm_start, result
+    return warm_start if entering is None else f"{warm_start} ({entering[0]} order)", result
+
+
+def _given_schedule(problem: Problem, schedule: Schedule) -> Simulation:
+    """A warm start the caller gave, simulated on the problem: one line naming it where it does
+    not fit (another problem's schedule, say)."""
+    try:
+        return simulate(problem, schedule)
+    except ZboptError as error:
+        raise ZboptError(f"warm start '{schedule.name or 'the schedule given'}' does not fit this problem: "
+                         f"{error}") from None
+
+
+def _entering(problem: Problem, order: Order) -> tuple[str, tuple[int, ...]] | None:
+    """(label, permutation) of `order`, computed on the problem itself (the heuristics plan with stage
+    values, where every sorting rule gives the identity); None for the heuristics' own numbering."""
+    if order is None:
+        return None
+    if isinstance(order, str):
+        if order not in SORTED_RULES:
+            raise ZboptError(f"order '{order}': the warm start takes {', '.join(SORTED_RULES)} or the microbatches "
+                             "in the order they enter (compare shows DynaPipe's order)")
+        return order, sorted_order(problem, order)
+    return "chosen", check_order(problem, order)

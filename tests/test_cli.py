@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.reference import longest_path_starts
-from zbopt import Op, Problem, Schedule, load_schedule
+from zbopt import Op, Problem, Schedule, generate, load_schedule, simulate
 from zbopt.cli import main
 from zbopt.problem.checks import MAX_OPS
 
@@ -297,3 +297,12 @@ def test_solve_starts_from_a_saved_schedule_or_an_order(tmp_path, capsys):
     assert status == 0 and json.loads(out)["warm_start"].endswith("(chosen order)")
     status, _, err = run(capsys, "solve", *base, "--warm-start", str(tmp_path / "none.json"))
     assert status == 2 and err.count("\n") == 1 and "none.json" in err
+
+
+def test_json_numbers_carry_no_float_noise(capsys):
+    """1F1B at p = 4, m = 8, F = 0.1, BW = 0.2 takes (m + p - 1)(F + BW) = 3.3; summed in floats it is
+    3.3000000000000016, which the JSON must not print (12 significant digits)."""
+    problem = Problem(num_devices=4, num_microbatches=8, forward_times=0.1, backward_times=0.2)
+    assert simulate(problem, generate("1f1b", problem)).makespan != 3.3  # the noise is there to remove
+    status, out, _ = run(capsys, "simulate", "-s", "4", "-b", "8", "-f", "0.1", "-bw", "0.2", "--json")
+    assert status == 0 and json.loads(out)["makespan"] == 3.3

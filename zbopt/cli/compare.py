@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 
 from zbopt import interrupt
 from zbopt.cli.flags import (
@@ -18,7 +17,16 @@ from zbopt.cli.flags import (
     flag_values,
 )
 from zbopt.cli.inputs import run_config
-from zbopt.cli.output import check_outputs, command_clock, figure_path, figure_style, live, output_flag, talks
+from zbopt.cli.output import (
+    check_outputs,
+    command_clock,
+    figure_path,
+    figure_style,
+    json_text,
+    live,
+    output_flag,
+    talks,
+)
 from zbopt.errors import ZboptError
 from zbopt.io.trace import TRACE_EXTENSION
 from zbopt.simulation import simulate
@@ -108,7 +116,7 @@ def _command_compare(args: argparse.Namespace) -> int:
 def _show_comparison(args: argparse.Namespace, kind: str | None, output: str | None, comparison, frontier) -> None:
     """Print the comparison (and the frontier) and write what `-o` asked for."""
     if args.json:
-        print(json.dumps(comparison.to_dicts()))
+        print(json_text(comparison.to_dicts()))
     elif talks(args):
         print(format_comparison(comparison, verbose=args.verbose))
         if frontier is not None:
@@ -171,7 +179,7 @@ def _command_block(args: argparse.Namespace) -> int:
     simulation = simulate(run.problem, block_schedule(search.block))
     published = published_rows(run.problem)
     if args.json:
-        print(json.dumps({**search.to_dict(), "schedule": {"makespan": simulation.makespan,
+        print(json_text({**search.to_dict(), "schedule": {"makespan": simulation.makespan,
                                                           "peak_memory": list(simulation.peak_memory)},
                           "published": published}))
     elif talks(args):
@@ -224,7 +232,7 @@ def _command_frontier(args: argparse.Namespace) -> int:
 def _show_frontier(args: argparse.Namespace, frontier, figure: str | None) -> None:
     """Print the frontier and draw it, as asked."""
     if args.json:
-        print(json.dumps(frontier.to_dict()))
+        print(json_text(frontier.to_dict()))
     elif talks(args):
         print(format_frontier(frontier))
     if figure is not None:

@@ -5,6 +5,8 @@ its files go (checked before any work: each creatable, none an input, a figure's
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -105,4 +107,21 @@ def command_clock(args, name: str) -> Clock:
     output (at most a tenth of the limit); the work's stages share it."""
     clock = Clock.start(args.time_limit, name, began=args.started)
     return clock.share("work", reserve=min(OUTPUT_RESERVE_S, 0.1 * args.time_limit))
+
+
+def json_text(data: object) -> str:
+    """`data` as one line of JSON, every finite float at 12 significant digits: sums of float costs
+    carry noise in their last bits that no input had (2951.999999999993 is 2952.0), and 12 digits
+    keep far more than any cost or memory a user gives."""
+    return json.dumps(_without_float_noise(data))
+
+
+def _without_float_noise(data: object) -> object:
+    if isinstance(data, float):
+        return float(f"{data:.12g}") if math.isfinite(data) else data
+    if isinstance(data, dict):
+        return {key: _without_float_noise(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_without_float_noise(value) for value in data]
+    return data
 

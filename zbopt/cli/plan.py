@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 
 from zbopt import interrupt
 from zbopt.cli.flags import dask_client
-from zbopt.cli.output import command_clock
+from zbopt.cli.output import command_clock, json_text
 from zbopt.errors import ZboptError
 
 
@@ -78,7 +77,7 @@ def _command_plan(args: argparse.Namespace) -> int:
                                                         time_limit=clock,
                                                         workers=args.workers, executor=executor, parallel=parallel))
     if args.json:
-        print(json.dumps(answer.to_dict()))
+        print(json_text(answer.to_dict()))
     else:
         from zbopt.plan_report import format_plan
 

@@ -8,7 +8,7 @@ import json
 
 from zbopt.cli.flags import add_input_flags, add_schedule_flags, add_style_flag, config_file, flag_values
 from zbopt.cli.inputs import is_schedule_file, run_and_schedule
-from zbopt.cli.output import check_outputs, exit_status, figure_flag, figure_path, figure_style
+from zbopt.cli.output import check_outputs, exit_status, figure_flag, figure_path, figure_style, json_text
 from zbopt.errors import ZboptError
 from zbopt.io.export import EXPORT_FORMATS, check_export, order_note, write_export
 from zbopt.schedules import registered
@@ -63,7 +63,7 @@ def _command_simulate(args: argparse.Namespace) -> int:
     figure = figure_path(args, run.output_file)
     check_outputs(args, {figure_flag(args): figure})
     simulation = simulate(run.problem, schedule)
-    print(json.dumps(simulation.to_dict()) if args.json else format_simulation(simulation))
+    print(json_text(simulation.to_dict()) if args.json else format_simulation(simulation))
     if figure is not None:
         from zbopt.plot import plot_gantt
 

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from zbopt.cli.flags import add_input_flags, add_order_flag, add_quiet_flag, add_style_flag, config_file, flag_values
 from zbopt.cli.inputs import run_config
-from zbopt.cli.output import check_outputs, command_clock, figure_flag, figure_path, figure_style, live, talks
+from zbopt.cli.output import (
+    check_outputs,
+    command_clock,
+    figure_flag,
+    figure_path,
+    figure_style,
+    json_text,
+    live,
+    talks,
+)
 from zbopt.interrupt import answer_of
 from zbopt.io.export import EXPORT_FORMATS, check_export, order_note, write_export
 from zbopt.io.read import load_schedule
@@ -82,7 +90,7 @@ def _warm_start(given: str | None, problem):
 def _show(args: argparse.Namespace, result, figure: str | None) -> None:
     """Print the answer, draw it and export it, as asked."""
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(json_text(result.to_dict()))
     elif talks(args):
         print(format_solve(result))
     if result.simulation is None:

@@ -4,10 +4,9 @@ torch.distributed.pipelining, its gradients checked and its ops timed (torch is 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from zbopt.cli.output import EXIT_INVALID_SCHEDULE, check_outputs
+from zbopt.cli.output import EXIT_INVALID_SCHEDULE, check_outputs, json_text
 from zbopt.errors import ZboptError
 from zbopt.io.trace import write_measured_trace
 
@@ -63,7 +62,7 @@ def _command_run_torch(args: argparse.Namespace) -> int:
     check_outputs(args, {"--trace": args.trace}, {"the schedule": args.schedule})
     report = run_torch(args.schedule, **_torch_run_options(args))
     _say_if_gradients_differ(report)
-    print(json.dumps(report.to_dict()) if args.json else format_report(report))
+    print(json_text(report.to_dict()) if args.json else format_report(report))
     if args.trace is not None:
         write_measured_trace(args.trace, report)
         if not args.json:

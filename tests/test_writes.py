@@ -229,3 +229,20 @@ def test_a_config_s_output_file_is_named_as_such(tmp_path, capsys):
     config.write_text(f"num_stages: 2\nnum_microbatches: 4\noutput_file: {tmp_path}/missing/g.png\n")
     assert run(capsys, "simulate", config) == (2, "", f"zbopt: output_file '{tmp_path}/missing/g.png': "
                                                       "no such directory\n")
+
+
+def test_each_of_several_outputs_is_written(tmp_path, capsys):
+    """Issue 40: `-o a.png -o b.svg` writes both (not the last one silently), for a chart command,
+    for export (each file in its own format) and for compare (a report and a chart)."""
+    flags = ["-s", "2", "-b", "4"]
+    png, svg = tmp_path / "g.png", tmp_path / "g.svg"
+    assert run(capsys, "simulate", *flags, "-o", png, "-o", svg)[0] == 0
+    assert png.read_bytes().startswith(b"\x89PNG") and b"<svg" in svg.read_bytes()
+    csv, saved = tmp_path / "s.csv", tmp_path / "s.json"
+    assert run(capsys, "export", *flags, "-o", csv, "-o", saved)[0] == 0
+    assert csv.read_text().splitlines()[0].startswith("0F0,") and json.loads(saved.read_text())["orders"]
+    report, chart = tmp_path / "r.html", tmp_path / "c.png"
+    assert run(capsys, "compare", *flags, "--schedule", "1f1b", "-o", report, "-o", chart)[0] == 0
+    assert report.read_text().lstrip().lower().startswith("<!doctype html") and chart.stat().st_size > 0
+    status, _, err = run(capsys, "simulate", *flags, "-o", png, "-o", png)
+    assert status == 2 and "is the -o file" in err

@@ -20,7 +20,7 @@ from zbopt.cli.inputs import run_config
 from zbopt.cli.output import (
     check_outputs,
     command_clock,
-    figure_path,
+    figure_paths,
     figure_style,
     json_text,
     live,
@@ -92,11 +92,11 @@ def _command_compare(args: argparse.Namespace) -> int:
         raise ZboptError(f"--verbose lengthens the printed table; {'--json' if args.json else '--quiet'} prints none")
     run = run_config(config_file(args), flag_values(args))
     frontier_limits = None if args.frontier is None else parse_memory_limits(args.frontier)
-    output = output_flag(args)
-    if output is None:
+    outputs = output_flag(args)
+    if not outputs:
         figure_style(args, None)  # --style without a chart to draw is an error, not ignored
-    kind = None if output is None else _comparison_output(args, output)
-    check_outputs(args, {"-o": output})
+    kinds = [(_comparison_output(args, output), output) for output in outputs]
+    check_outputs(args, [("-o", output) for output in outputs])
     limit = {} if args.time_limit is None else {"time_limit": args.time_limit}  # the frontier's: per solve
     clock = {} if args.time_limit is None or args.frontier is not None else \
         {"time_limit": command_clock(args, "compare")}
@@ -107,21 +107,21 @@ def _command_compare(args: argparse.Namespace) -> int:
     if frontier_limits is not None and stop is None:
         frontier, stop = interrupt.answer_of(lambda: memory_frontier(run.problem, frontier_limits, progress=live(args),
                                                            **limit))
-    _show_comparison(args, kind, output, comparison, frontier)
+    _show_comparison(args, kinds, comparison, frontier)
     if stop is not None:
         raise stop
     return 0
 
 
-def _show_comparison(args: argparse.Namespace, kind: str | None, output: str | None, comparison, frontier) -> None:
-    """Print the comparison (and the frontier) and write what `-o` asked for."""
+def _show_comparison(args: argparse.Namespace, kinds: list[tuple[str, str]], comparison, frontier) -> None:
+    """Print the comparison (and the frontier) and write what each `-o` asked for."""
     if args.json:
         print(json_text(comparison.to_dicts()))
     elif talks(args):
         print(format_comparison(comparison, verbose=args.verbose))
         if frontier is not None:
             print("\n" + format_frontier(frontier))
-    if kind is not None:
+    for kind, output in kinds:
         _write_comparison(args, kind, output, comparison, frontier)
         if talks(args):
             print(f"\n{kind} written to {output}")
@@ -171,8 +171,8 @@ def _command_block(args: argparse.Namespace) -> int:
     from zbopt.blocks.search import optimal_block, published_rows
 
     run = run_config(config_file(args), flag_values(args))
-    figure = figure_path(args, getattr(args, "output_file", None))
-    check_outputs(args, {"-o": figure})
+    figures = figure_paths(args, getattr(args, "output_file", []))
+    check_outputs(args, [("-o", figure) for figure in figures])
     with interrupt.stoppable():  # Ctrl-C stops the block search's solves: it returns its best so far
         search = optimal_block(run.problem, time_limit=args.time_limit, workers=args.workers, seed=args.seed)
         stop = interrupt.Interrupted(search) if interrupt.requested.is_set() else None
@@ -184,7 +184,7 @@ def _command_block(args: argparse.Namespace) -> int:
                           "published": published}))
     elif talks(args):
         print(format_block(search, simulation, published))
-    if figure is not None:
+    for figure in figures:
         from zbopt.plot.block import plot_block
 
         plot_block(search.block, figure, style=figure_style(args, figure))
@@ -214,8 +214,8 @@ def _command_frontier(args: argparse.Namespace) -> int:
     _check_frontier_flags(args)
     limits = parse_memory_limits(args.memory_limits)
     run = run_config(config_file(args), flag_values(args))
-    figure = figure_path(args, output_flag(args))
-    check_outputs(args, {"-o": figure})
+    figures = figure_paths(args, output_flag(args))
+    check_outputs(args, [("-o", figure) for figure in figures])
     with contextlib.ExitStack() as stack:
         executor = None  # memory_frontier's own pool: args.workers processes, or one per core
         if args.dask is not None:
@@ -223,19 +223,19 @@ def _command_frontier(args: argparse.Namespace) -> int:
         frontier, stop = interrupt.answer_of(lambda: memory_frontier(run.problem, limits, time_limit=args.time_limit,
                                                            executor=executor, workers=args.workers,
                                                            progress=live(args)))
-    _show_frontier(args, frontier, figure)
+    _show_frontier(args, frontier, figures)
     if stop is not None:
         raise stop
     return 0
 
 
-def _show_frontier(args: argparse.Namespace, frontier, figure: str | None) -> None:
+def _show_frontier(args: argparse.Namespace, frontier, figures: list[str]) -> None:
     """Print the frontier and draw it, as asked."""
     if args.json:
         print(json_text(frontier.to_dict()))
     elif talks(args):
         print(format_frontier(frontier))
-    if figure is not None:
+    for figure in figures:
         from zbopt.plot import plot_frontier
 
         plot_frontier(frontier, figure, style=figure_style(args, figure))

@@ -18,13 +18,14 @@ class RunConfig:
     """A problem and the options that came with it."""
 
     problem: Problem
-    output_file: str | None = None
+    outputs: tuple[str, ...] = ()  # the charts to write (-o, each time it is given; or the config's output_file)
 
 
 def build_run_config(values: dict, source: str = "config", sources: Mapping[str, str] | None = None) -> RunConfig:
     """`values` (config keys, aliases allowed, and OPTION_KEYS) as a RunConfig; the errors are
-    `problem_from_config`'s, and one for an output file that is not a name."""
+    `problem_from_config`'s, and one for an output file that is not a name (or a list of names)."""
     output = values.get("output_file")
-    if output is not None and not isinstance(output, str):
+    outputs = [] if output is None else output if isinstance(output, list) else [output]
+    if not all(isinstance(name, str) for name in outputs):
         raise ZboptError(f"{source}: output_file = {shorten(output)}: expected a file name")
-    return RunConfig(problem_from_config(values, source, sources, ignored=OPTION_KEYS), output)
+    return RunConfig(problem_from_config(values, source, sources, ignored=OPTION_KEYS), tuple(outputs))

@@ -119,7 +119,7 @@ def add_input_flags(parser: argparse.ArgumentParser,
     parser.add_argument("config", nargs="?", help="YAML or JSON config file (optional)")
     parser.add_argument("-c", "--config", dest="config_flag", metavar="CONFIG", help="same as the positional CONFIG")
     parser.add_argument("-o", "--output", "--output-file", dest="output_file", default=argparse.SUPPRESS,
-                        help=output_help)
+                        action="append", help=f"{output_help}; give it again for more files")
     parser.add_argument("--no-visualization", action="store_true", help="write no chart, even if the config names one")
     add_problem_flags(parser)
 

@@ -19,9 +19,10 @@ from zbopt.simulation import Simulation
 EXIT_INVALID_SCHEDULE = 1
 
 
-def output_flag(args: argparse.Namespace) -> str | None:
-    """-o's file unless --no-visualization; a config's output_file names a Gantt chart only."""
-    return None if args.no_visualization else getattr(args, "output_file", None)
+def output_flag(args: argparse.Namespace) -> list[str]:
+    """-o's files, in the order given, unless --no-visualization; a config's output_file names a
+    Gantt chart only."""
+    return [] if args.no_visualization else list(getattr(args, "output_file", []))
 
 
 def talks(args: argparse.Namespace) -> bool:
@@ -34,7 +35,7 @@ def live(args: argparse.Namespace) -> bool:
     return talks(args) and sys.stderr.isatty()
 
 
-def check_outputs(args: argparse.Namespace, outputs: dict[str, str | None],
+def check_outputs(args: argparse.Namespace, outputs: dict[str, str | None] | list[tuple[str, str | None]],
                   inputs: dict[str, str] | None = None) -> None:
     """Before any work, every file a command will write (flag -> path; None: not asked for) can be
     created, and none is another output or one of its inputs (the config, --schedule-file, and
@@ -42,7 +43,8 @@ def check_outputs(args: argparse.Namespace, outputs: dict[str, str | None],
     given = [("the config file", getattr(args, "config", None)),
              ("the config file", getattr(args, "config_flag", None)),
              ("the schedule file", getattr(args, "schedule_file", None)), *(inputs or {}).items()]
-    asked = [(flag, path) for flag, path in outputs.items() if path is not None]
+    pairs = outputs.items() if isinstance(outputs, dict) else outputs
+    asked = [(flag, path) for flag, path in pairs if path is not None]
     for number, (flag, path) in enumerate(asked):
         try:
             check_writable(path)
@@ -66,15 +68,16 @@ def _same_file(one: str, other: str) -> bool:
     return Path(one).resolve() == Path(other).resolve()
 
 
-def figure_path(args: argparse.Namespace, output_file: str | None) -> str | None:
-    """Where to write the chart (checked before any work, with its --style), or None."""
-    figure = None if args.no_visualization else output_file
-    if figure is not None:
+def figure_paths(args: argparse.Namespace, outputs) -> list[str]:
+    """Where to write the chart, each file (checked before any work, with its --style), or none."""
+    figures = [] if args.no_visualization else list(outputs)
+    if figures:
         from zbopt.plot import check_figure_path
 
-        check_figure_path(figure)
-    figure_style(args, figure)
-    return figure
+        for figure in figures:
+            check_figure_path(figure)
+    figure_style(args, figures[0] if figures else None)
+    return figures
 
 
 def figure_style(args: argparse.Namespace, figure: str | None) -> str:

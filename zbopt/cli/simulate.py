@@ -8,7 +8,7 @@ import json
 
 from zbopt.cli.flags import add_input_flags, add_schedule_flags, add_style_flag, config_file, flag_values
 from zbopt.cli.inputs import is_schedule_file, run_and_schedule
-from zbopt.cli.output import check_outputs, exit_status, figure_flag, figure_path, figure_style, json_text
+from zbopt.cli.output import check_outputs, exit_status, figure_flag, figure_paths, figure_style, json_text
 from zbopt.errors import ZboptError
 from zbopt.io.export import EXPORT_FORMATS, check_export, order_note, write_export
 from zbopt.schedules import registered
@@ -60,11 +60,11 @@ def _command_schedules(args: argparse.Namespace) -> int:
 
 def _command_simulate(args: argparse.Namespace) -> int:
     run, schedule = _inputs(args)
-    figure = figure_path(args, run.output_file)
-    check_outputs(args, {figure_flag(args): figure})
+    figures = figure_paths(args, run.outputs)
+    check_outputs(args, [(figure_flag(args), figure) for figure in figures])
     simulation = simulate(run.problem, schedule)
     print(json_text(simulation.to_dict()) if args.json else format_simulation(simulation))
-    if figure is not None:
+    for figure in figures:
         from zbopt.plot import plot_gantt
 
         plot_gantt(simulation, figure, style=figure_style(args, figure))
@@ -74,16 +74,18 @@ def _command_simulate(args: argparse.Namespace) -> int:
 
 
 def _command_export(args: argparse.Namespace) -> int:
-    target = getattr(args, "output_file", None)
-    if target is None:
+    targets = getattr(args, "output_file", [])
+    if not targets:
         raise ZboptError("export needs -o FILE")
-    check_outputs(args, {"-o": target})
-    check_export(target, given=args.format, flag="--format")
+    check_outputs(args, [("-o", target) for target in targets])
+    for target in targets:
+        check_export(target, given=args.format, flag="--format")
     run, schedule = _inputs(args)
     simulation = simulate(run.problem, schedule)  # a deadlock fails here, before anything is written
-    written = write_export(target, simulation, args.format)
-    print(f"{EXPORT_FORMATS[written]} written to {target}")
-    note = order_note(simulation, written)
-    if note is not None:
-        print(note)
+    for target in targets:
+        written = write_export(target, simulation, args.format)
+        print(f"{EXPORT_FORMATS[written]} written to {target}")
+        note = order_note(simulation, written)
+        if note is not None:
+            print(note)
     return exit_status(simulation)  # over the memory limit: written as asked, but said

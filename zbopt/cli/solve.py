@@ -12,7 +12,7 @@ from zbopt.cli.output import (
     check_outputs,
     command_clock,
     figure_flag,
-    figure_path,
+    figure_paths,
     figure_style,
     json_text,
     live,
@@ -60,8 +60,8 @@ def _command_solve(args: argparse.Namespace) -> int:
     from zbopt.solvers import solve
 
     run = run_config(config_file(args), flag_values(args))
-    figure = figure_path(args, run.output_file)
-    check_outputs(args, {figure_flag(args): figure, "--export": args.export})
+    figures = figure_paths(args, run.outputs)
+    check_outputs(args, [*((figure_flag(args), figure) for figure in figures), ("--export", args.export)])
     if args.export is not None:
         check_export(args.export, run.problem)
     warm = _warm_start(args.warm_start, run.problem)
@@ -69,7 +69,7 @@ def _command_solve(args: argparse.Namespace) -> int:
     result, stop = answer_of(lambda: solve(run.problem, args.solver, time_limit=clock,
                                            objective=args.objective, warm_start=warm, order=args.order,
                                            workers=args.workers, seed=args.seed, progress=live(args)))
-    _show(args, result, figure)
+    _show(args, result, figures)
     if stop is not None:
         raise stop
     return 0
@@ -87,7 +87,7 @@ def _warm_start(given: str | None, problem):
     return schedule
 
 
-def _show(args: argparse.Namespace, result, figure: str | None) -> None:
+def _show(args: argparse.Namespace, result, figures: list[str]) -> None:
     """Print the answer, draw it and export it, as asked."""
     if args.json:
         print(json_text(result.to_dict()))
@@ -97,7 +97,7 @@ def _show(args: argparse.Namespace, result, figure: str | None) -> None:
         if args.export is not None:
             print(f"zbopt: no schedule found ({result.status}); {args.export} not written", file=sys.stderr)
         return
-    if figure is not None:
+    for figure in figures:
         from zbopt.plot import plot_gantt
 
         plot_gantt(result.simulation, figure, style=figure_style(args, figure))

@@ -391,3 +391,18 @@ def test_the_optimal_row_on_a_split_is_never_behind_that_splits_best_row():
     assert optimal
     for split, row in optimal:
         assert row.makespan <= min(other.makespan for other in by_split[split]) + 1e-9
+
+
+def test_the_plan_text_puts_the_answer_first_and_folds_rows_over_the_limit(capsys):
+    """Issue 40: the best plan comes right after the model line; a schedule over the memory limit on
+    a rule's split is one line naming it with its rule, not a table row (gpipe holds every
+    microbatch's activations: 8 of them on 80 GB devices do not fit the example's first stage)."""
+    from zbopt.cli import main
+
+    status = main(["plan", "examples/model_layers.yaml", "--devices", "4", "--microbatches", "8", "--time-limit", "4",
+                   "--schedule", "gpipe", "--schedule", "1f1b"])
+    lines = capsys.readouterr().out.splitlines()
+    assert status == 0 and lines[2].startswith("best: 1 chunk (loop), schedule ")
+    folded = [line for line in lines if line.startswith("over the memory limit: ")]
+    assert folded and "gpipe (even)" in folded[0]
+    assert not [line for line in lines if line.startswith("even") and line.rstrip().endswith("over the memory limit")]

@@ -7,7 +7,7 @@ import html
 from pathlib import Path
 
 from zbopt.planner import Plan, stage_names
-from zbopt.planner.result import device_peaks, split_exports
+from zbopt.planner.result import OVER_THE_LIMIT, device_peaks, split_exports
 from zbopt.solvers.gap import gap_text, relative_gap
 
 COLUMNS = ("rule", "schedule", "split", "makespan (ms)", "bubble", "peak (GB) per device, parameters included", "gap")
@@ -35,9 +35,13 @@ def _table(lines: list[list[str]]) -> list[str]:
 def _pipeline_heading(each) -> str:
     pipeline = each.pipeline
     rest = "the splits left all pruned" if each.pruned else "splits left not all pruned: bound on them"
-    return (f"{pipeline.num_devices} devices x {pipeline.chunks_per_device} chunks ({pipeline.placement}), "
+    return (f"{pipeline.num_devices} devices x {_chunks(pipeline)} ({pipeline.placement}), "
             f"m = {pipeline.num_microbatches}: lower bound over every split {each.lower_bound:.5g} ms "
             f"({each.explored} splits solved; {rest})")
+
+
+def _chunks(pipeline) -> str:
+    return f"{pipeline.chunks_per_device} chunk{'s' * (pipeline.chunks_per_device > 1)}"
 
 
 def _model_line(plan: Plan) -> str:
@@ -49,7 +53,7 @@ def _model_line(plan: Plan) -> str:
 def _best_lines(plan: Plan) -> list[str]:
     chosen, outcome = plan.best, plan.best.best
     pipeline = chosen.pipeline
-    lines = [f"best: {pipeline.chunks_per_device} chunks ({pipeline.placement}), schedule {outcome.schedule}: "
+    lines = [f"best: {_chunks(pipeline)} ({pipeline.placement}), schedule {outcome.schedule}: "
              f"{outcome.makespan:.5g} ms; lower bound over every split {plan.lower_bound:.5g} ms; "
              f"gap {gap_text(plan.gap)}"]
     peaks = device_peaks(plan.model, pipeline, outcome.split, outcome.simulation)
@@ -69,13 +73,18 @@ def _best_lines(plan: Plan) -> list[str]:
 
 
 def format_plan(plan: Plan) -> str:
-    """Per pipeline a heading and its rows of rule × schedule, then the best plan: its split as
-    the model names the layers of each virtual stage, its schedule, makespan, bound and gap."""
-    parts = [_model_line(plan)]
+    """The answer first: the best plan (its split as the model names the layers of each virtual
+    stage, its schedule, makespan, bound and gap, its exports); then per pipeline a heading and its
+    rows of rule × schedule, the schedules over the memory limit folded into one line."""
+    parts = [_model_line(plan), "", *_best_lines(plan)]
     for each in plan.pipelines:
+        over = [row for row in each.rows if row.note == OVER_THE_LIMIT]
         parts += ["", _pipeline_heading(each)]
-        parts += _table([list(COLUMNS), *(_row_cells(plan, each, row) for row in each.rows)])
-    return "\n".join([*parts, "", *_best_lines(plan)])
+        parts += _table([list(COLUMNS), *(_row_cells(plan, each, row) for row in each.rows if row not in over)])
+        if over:
+            names = ", ".join(dict.fromkeys(f"{row.schedule} ({row.rule})" for row in over))
+            parts.append(f"over the memory limit: {names}")
+    return "\n".join(parts)
 
 
 def _html_tables(plan: Plan) -> list[str]:

@@ -13,6 +13,7 @@ from zbopt.simulation import Simulation
 from zbopt.solvers.gap import relative_gap
 
 OPTIMAL = "optimal"  # the optimizer's row, beside the heuristics' names
+OVER_THE_LIMIT = "over the memory limit"  # the note of a heuristic's row whose schedule breaks the device memory
 
 
 @dataclass(frozen=True)

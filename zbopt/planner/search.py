@@ -20,7 +20,7 @@ from zbopt import interrupt
 from zbopt.errors import NotApplicableError, ZboptError
 from zbopt.model import Device, Model
 from zbopt.planner.certify import SplitFamily, least_memory, split_bound
-from zbopt.planner.result import OPTIMAL, Outcome, PipelinePlan, Plan, PlanRow
+from zbopt.planner.result import OPTIMAL, OVER_THE_LIMIT, Outcome, PipelinePlan, Plan, PlanRow
 from zbopt.planner.rules import RULES, split_by_rule
 from zbopt.planner.split import Pipeline, Split, split_problem, splits_backward
 from zbopt.problem import Problem
@@ -118,9 +118,9 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     schedule (`schedules`: heuristics' names and OPTIMAL; None: every applicable one and OPTIMAL)
     and a certificate over every split. `time_limit` (seconds, or a `Clock` the caller counts)
     bounds the whole call, shared equally by the pipelines. With an `executor` (say, a dask
-    `Client(...).get_executor()`), the search solves
-    `parallel` splits at a time there. A ZboptError in one line when a pipeline has more stages
-    than the model has layers, or when no split of any pipeline runs in the device's memory."""
+    `Client(...).get_executor()`), the search solves `parallel` splits at a time there. A
+    ZboptError in one line when a pipeline has more stages than the model has layers, or when no
+    split of any pipeline runs in the device's memory."""
     pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
     _check_plan(model, pipelines, schedules, time_limit)
     began, answers, clock = time.perf_counter(), [], interrupt.as_clock(time_limit, "plan")
@@ -212,7 +212,7 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
         elif name in heuristics:
             simulation = heuristics[name]
             rows.append(PlanRow(rule, name, split, simulation if simulation.valid else None,
-                                None if simulation.valid else "over the memory limit"))
+                                None if simulation.valid else OVER_THE_LIMIT))
         else:
             rows.append(PlanRow(rule, name, split, None, "not applicable, or not built in the time limit"))
     return rows

@@ -171,10 +171,13 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
         simulations += _best_orders(problem, simulations)
     stop = None
     if optimal:
-        valid = [simulation for _, simulation, _ in simulations if simulation.valid] if schedules is None else []
-        try:  # from the best row, where every heuristic has one: the optimizer's answer is never behind a row
+        valid = [simulation for _, simulation, _ in simulations if simulation.valid]
+        best = min(valid, key=shortest_then_leanest, default=None)
+        # from the best row (with the heuristics where the rows are not every one's): never behind a row
+        warm = [best] if best is not None and schedules is not None else best
+        try:
             result = solve(problem, "cpsat", time_limit=time_limit, workers=workers, progress=progress,
-                           warm_start=min(valid, key=shortest_then_leanest, default=None))
+                           warm_start=warm)
         except Interrupted as interruption:  # the table with the solver's best so far, then the interruption
             result, stop = interruption.partial, interruption
         lower_bound, source = result.lower_bound, _proved_by(result)

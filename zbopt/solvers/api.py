@@ -108,7 +108,7 @@ class _Call:
 
 
 def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float | interrupt.Clock = 60.0,
-          objective: str = "makespan", warm_start: str | Schedule | Simulation | None = None,
+          objective: str = "makespan", warm_start: str | Schedule | Simulation | list | None = None,
           use_warm_start: bool = True, lower_peak: bool = True, workers: int = 2,
           seed: int = 0, progress: bool = False, order: Order = None, **options) -> SolveResult:
     """The schedule with the smallest makespan (or longest device span) within the memory limit,
@@ -131,7 +131,8 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float | interr
         its own), and the best schedule so far is the answer.
     objective : "makespan" or "span" (the Zero Bubble paper's longest per-device span).
     warm_start : a registered heuristic to start from, or a schedule (or its simulation) the
-        caller has; None: the best valid heuristic (at equal objective, the one with less peak memory).
+        caller has; None: the best valid heuristic (at equal objective, the one with less peak
+        memory); a list of schedules or simulations: the best of them and of the heuristics.
     use_warm_start : hint the model with the warm start and cap its horizon with it.
     order : the warm start's heuristics with their microbatches entering in this order (a sorting
         rule, "longest-first" say, or a permutation); the search itself is free to reorder.

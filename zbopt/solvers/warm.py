@@ -103,17 +103,22 @@ def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:
     return meets(value, other_value) and max(simulation.peak_memory) < max(other.peak_memory)
 
 
-def warm_start_simulation(problem: Problem, warm_start: str | Schedule | Simulation | None, kind: str,
+def warm_start_simulation(problem: Problem, warm_start: str | Schedule | Simulation | list | None, kind: str,
                           deadline: float = math.inf, cutoff: float = math.inf, order: Order = None,
                           stop: float = math.inf) -> tuple[str, Simulation] | None:
     """The warm start given: a registered heuristic's name, or a schedule (or its simulation on
     this problem) the caller already has, say the plan's best row on a split; an error if it
     breaks the memory limit or a heuristic does not finish by `cutoff`. None: the best heuristic
-    (see `best_heuristic` for the deadlines). `order`: a heuristic's microbatches enter in this
-    order (a sorting rule of `microbatch_order.SORTED_RULES`, or a permutation)."""
+    (see `best_heuristic` for the deadlines); a list of schedules or simulations: the best of them
+    and of the heuristics (compare's rows when they are not every heuristic's). `order`: a
+    heuristic's microbatches enter in this order (a sorting rule of
+    `microbatch_order.SORTED_RULES`, or a permutation)."""
     entering = _entering(problem, order)
-    if warm_start is None:
-        return best_heuristic(problem, kind, deadline, cutoff, entering, stop)
+    if warm_start is None or isinstance(warm_start, list):
+        found = [best_heuristic(problem, kind, deadline, cutoff, entering, stop),
+                 *(warm_start_simulation(problem, given, kind) for given in warm_start or ())]
+        return min((each for each in found if each is not None), default=None,
+                   key=lambda each: (objective_value(each[1], kind), max(each[1].peak_memory)))
     if isinstance(warm_start, (Schedule, Simulation)):
         if order is not None:
             raise ZboptError("order: a warm start given as a schedule runs its own order; give one of the two")

@@ -99,8 +99,8 @@ def exit_status(simulation: Simulation) -> int:
     return 0 if simulation.valid else EXIT_INVALID_SCHEDULE
 
 
-# of --time-limit, kept for what follows the work: printing the answer, writing its files (measured: under 0.3 s
-# for a plan at m = 3000, whose JSON holds every row)
+# of --time-limit, kept for what follows the work: printing the answer and writing its files (a chart's
+# matplotlib import alone takes tenths of a second; not measured per command yet)
 OUTPUT_RESERVE_S = 0.5
 
 

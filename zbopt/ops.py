@@ -334,12 +334,28 @@ def one_per_route(problem: Problem) -> Problem:
 def critical_path(problem: Problem) -> float:
     """Length of the longest microbatch's dependency chain, latencies included: a lower bound on
     any schedule's makespan. Computed on the DAG of `one_per_route`, or where microbatches
-    differ on the whole DAG (every microbatch's chain)."""
+    differ on the whole DAG (every microbatch's chain).
+
+    Examples
+    --------
+    One microbatch's F through 4 stages, then its backward back (F = 1, BW = 2): 4 · (1 + 2).
+
+    >>> from zbopt import Problem
+    >>> critical_path(Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2))
+    12.0
+    """
     return max(earliest_finish(op_graph(one_per_route(problem) if problem.microbatches_equal else problem)).values())
 
 
 def device_work(problem: Problem) -> list[float]:
-    """Per device, the total duration of its ops: another lower bound on the makespan."""
+    """Per device, the total duration of its ops: another lower bound on the makespan.
+
+    Examples
+    --------
+    >>> from zbopt import Problem
+    >>> device_work(Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2))
+    [24.0, 24.0, 24.0, 24.0]
+    """
     work = [0.0] * problem.num_devices
     for kind in problem.kinds:
         for stage in range(problem.num_stages):

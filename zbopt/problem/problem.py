@@ -55,6 +55,14 @@ class Problem(_Parameters):
     Raises
     ------
     ProblemError naming the parameter when a value is invalid.
+
+    Examples
+    --------
+    >>> problem = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, weight_times=1)
+    >>> problem.num_stages, problem.num_ops, problem.describe()
+    (8, 192, 'p=4 devices, m=8 microbatches, v=2 chunks per device (loop placement), split backward (F, B, W)')
+    >>> Problem.from_dict(problem.to_dict()) == problem
+    True
     """
 
     def __post_init__(self) -> None:

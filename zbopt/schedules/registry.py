@@ -86,7 +86,13 @@ def _loaded() -> dict[str, RegisteredSchedule]:
 
 
 def registered() -> list[RegisteredSchedule]:
-    """All registered schedules, in registration order."""
+    """All registered schedules, in registration order.
+
+    Examples
+    --------
+    >>> "1f1b" in [entry.name for entry in registered()]
+    True
+    """
     return list(_loaded().values())
 
 
@@ -115,7 +121,18 @@ def generate(name: str, problem: Problem, order: Order = None, **options) -> Sch
     """Build the schedule `name` for `problem`, named after it; an option the generator does not
     take is a ZboptError naming it. `order`: the microbatches enter the pipeline in this order, a
     rule (given, longest-first, shortest-first, dynapipe) or a permutation, `order[k]` entering
-    k-th (`zbopt.schedules.ordering`); None: as the generator numbers them."""
+    k-th (`zbopt.schedules.ordering`); None: as the generator numbers them.
+
+    Examples
+    --------
+    1F1B at p = 4, m = 8, F = 1, BW = 2 takes (m + p - 1)(F + BW), device 0 warming up with p forwards:
+
+    >>> from zbopt import Problem, simulate
+    >>> problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2)
+    >>> schedule = generate("1f1b", problem)
+    >>> [str(op) for op in schedule.orders[0][:5]], simulate(problem, schedule).makespan
+    (['0F0', '0F1', '0F2', '0F3', '0BW0'], 33.0)
+    """
     accepted = options_of(name)
     for option in options:
         if option not in accepted:

@@ -161,6 +161,16 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     phases give their time only to the devices that can still raise the best bound, by what they
     can gain (`_share_by_gain`). With overlapped pairs allowed, the bounds of
     `pair_relaxed(problem)` and the pair count.
+
+    Examples
+    --------
+    p = 4, m = 8, F = 1, BW = 2: the last device cannot start before 3 and works 24, and 1F1B's
+    33 meets that bound.
+
+    >>> from zbopt import Problem
+    >>> bounds = lower_bounds(Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2))
+    >>> bounds.best, bounds.binding_bound.describe()
+    (33.0, 'device_load on device 3')
     """
     original, problem = problem, pair_relaxed(problem)
     began = time.perf_counter()

@@ -62,6 +62,15 @@ class Schedule:
     microbatch's backward ops, consecutive in their device's order, run as one op. In an order a
     pair may be written as one item "(0F7;7B3)" (its members go into the order, the pair into
     `pairs`; its start time, when times are given, is one for all its members).
+
+    Examples
+    --------
+    One microbatch through two devices, F = 1 and BW = 2 each: 1 + 1 + 2 + 2.
+
+    >>> from zbopt import Problem, simulate
+    >>> schedule = Schedule([["0F0", "0BW0"], ["1F0", "1BW0"]])
+    >>> simulate(Problem(num_devices=2, num_microbatches=1), schedule).makespan
+    6.0
     """
 
     orders: tuple[tuple[Op, ...], ...]

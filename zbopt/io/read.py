@@ -63,7 +63,19 @@ def read_data(path: str | Path, what: str) -> object:
 
 
 def load_schedule(path: str | Path) -> tuple[Schedule, Problem | None]:
-    """Read a schedule JSON written by `save_schedule`; returns the schedule and its problem if stored."""
+    """Read a schedule JSON written by `save_schedule`; returns the schedule and its problem if stored.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> from zbopt import Problem, generate, save_schedule
+    >>> problem = Problem(num_devices=2, num_microbatches=4)
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "1f1b.json"
+    >>> save_schedule(path, generate("1f1b", problem), problem)
+    >>> schedule, stored = load_schedule(path)
+    >>> schedule.name, stored == problem, schedule == generate("1f1b", problem)
+    ('1f1b', True, True)
+    """
     data = parse_json(read_text(path, "schedule file"), f"schedule file '{path}'")
     try:
         schedule = Schedule.from_dict(data)

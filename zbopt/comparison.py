@@ -21,7 +21,7 @@ from zbopt.shown import Shown
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers import SolveResult, lower_bounds, solve
 from zbopt.solvers.gap import gap_text, relative_gap
-from zbopt.solvers.warm import shortest_then_leanest
+from zbopt.solvers.warm import best_of
 from zbopt.tolerance import RELATIVE_TOLERANCE
 
 OPTIMAL_ROW = "cpsat"
@@ -171,8 +171,7 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
         simulations += _best_orders(problem, simulations)
     stop = None
     if optimal:
-        valid = [simulation for _, simulation, _ in simulations if simulation.valid]
-        best = min(valid, key=shortest_then_leanest, default=None)
+        best = best_of(simulation for _, simulation, _ in simulations if simulation.valid)
         # from the best row (with the heuristics where the rows are not every one's): never behind a row
         warm = [best] if best is not None and schedules is not None else best
         try:

@@ -28,7 +28,7 @@ from zbopt.schedules import generate, get, registered
 from zbopt.simulation import Simulation, simulate
 from zbopt.solvers import lower_bounds, solve
 from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
-from zbopt.solvers.warm import shortest_then_leanest
+from zbopt.solvers.warm import best_of
 
 SOLVE_SHARE = 1 / 12  # of the plan's time limit: one split's solve, at most
 FAMILY_S = 5.0  # the most one step of the split family's CP-SAT may take
@@ -205,8 +205,8 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
             rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached, or Ctrl-C"))
         elif name == OPTIMAL:
             if split not in solved:
-                valid = [simulation for simulation in heuristics.values() if simulation.valid]
-                solved.update(run.solve_all([split], warm=min(valid, key=shortest_then_leanest, default=None)))
+                warm = best_of(simulation for simulation in heuristics.values() if simulation.valid)
+                solved.update(run.solve_all([split], warm=warm))
             simulation = solved[split].simulation
             rows.append(PlanRow(rule, OPTIMAL, split, simulation, None if simulation else "no schedule found in time"))
         elif name in heuristics:

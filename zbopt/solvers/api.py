@@ -158,9 +158,9 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float | interr
     >>> result.status, result.objective
     ('optimal', 9.0)
     """
-    backend = _backend(problem, solver, objective, time_limit, workers, options)
+    backend, clock = _backend(problem, solver, objective, time_limit, workers, options)
     with interrupt.stoppable():
-        result = _solved(problem, solver, backend, interrupt.as_clock(time_limit, "solve"), objective,
+        result = _solved(problem, solver, backend, clock, objective,
                          (warm_start, order), use_warm_start, lower_peak, workers, seed, progress, options)
         if interrupt.requested.is_set():
             raise interrupt.Interrupted(result)
@@ -191,14 +191,14 @@ def _solved(problem: Problem, solver: str, backend: Backend, clock: interrupt.Cl
 
 
 def _backend(problem: Problem, solver: str, objective: str, time_limit: float | interrupt.Clock, workers: int,
-             options: dict) -> Backend:
-    """The backend, once the arguments, its refusal and its options are checked."""
+             options: dict) -> tuple[Backend, interrupt.Clock]:
+    """The backend and the call's clock (`interrupt.as_clock`, which refuses a time limit that is
+    not positive), once the arguments, the backend's refusal and its options are checked."""
     if solver not in BACKENDS:
         raise ZboptError(f"unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
     if objective not in OBJECTIVES:
         raise ZboptError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
-    if not isinstance(time_limit, interrupt.Clock) and not time_limit > 0:  # NaN too
-        raise ZboptError(f"time limit {time_limit:g}: must be positive")
+    clock = interrupt.as_clock(time_limit, "solve")
     if workers < 1:
         raise ZboptError(f"workers {workers}: must be at least 1")
     backend = BACKENDS[solver]
@@ -209,7 +209,7 @@ def _backend(problem: Problem, solver: str, objective: str, time_limit: float | 
         inspect.signature(backend.search).bind(None, None, **options)
     except TypeError as error:
         raise ZboptError(f"solver '{solver}': {error}") from None
-    return backend
+    return backend, clock
 
 
 def search_deadline(call: _Call, backend: Backend) -> float:

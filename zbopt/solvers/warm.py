@@ -28,9 +28,9 @@ def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = m
     (`interrupt.check`: at p = 32, m = 512 some take seconds); while none is valid they may run to
     `cutoff` (after it, one that checks the time stops at once, one that does not runs to its end:
     a warm start however late), and none starts after `stop` (the caller's whole time limit). After
-    Ctrl-C none runs on, so an interrupt under a limit no
-    heuristic fits yet answers at once, with no warm start. `order` (its label, the microbatches in
-    the order they enter): every heuristic in that order only."""
+    Ctrl-C none runs on, so an interrupt under a limit no heuristic fits yet answers at once, with
+    no warm start. `order` (its label, the microbatches in the order they enter): every heuristic in
+    that order only."""
     best: tuple[str, Simulation] | None = None
     planned = planning_problem(problem)
     candidates = list(_candidates(problem)) if order is None else [(entry.name, order) for entry in registered()]
@@ -89,9 +89,15 @@ def _timed(problem: Problem, schedule) -> Simulation:
     return simulate(problem, schedule if problem.microbatches_equal else schedule.without_times())
 
 
-def shortest_then_leanest(simulation: Simulation) -> tuple[float, float]:
-    """The order a caller's candidates for the warm start go in: the makespan, then the highest peak."""
-    return simulation.makespan, max(simulation.peak_memory)
+def best_of(simulations, kind: str = "makespan") -> Simulation | None:
+    """The best of `simulations` by the one rule a warm start is chosen by (`_preferred`: the
+    objective, then the lower highest peak), or None for none: a caller's rows (compare's, a plan
+    split's) and the heuristics' are weighed alike."""
+    best = None
+    for simulation in simulations:
+        if best is None or _preferred(simulation, best, kind):
+            best = simulation
+    return best
 
 
 def _preferred(simulation: Simulation, other: Simulation, kind: str) -> bool:
@@ -117,8 +123,9 @@ def warm_start_simulation(problem: Problem, warm_start: str | Schedule | Simulat
     if warm_start is None or isinstance(warm_start, list):
         found = [best_heuristic(problem, kind, deadline, cutoff, entering, stop),
                  *(warm_start_simulation(problem, given, kind) for given in warm_start or ())]
-        return min((each for each in found if each is not None), default=None,
-                   key=lambda each: (objective_value(each[1], kind), max(each[1].peak_memory)))
+        found = [each for each in found if each is not None]
+        chosen = best_of([simulation for _, simulation in found], kind)
+        return next((each for each in found if each[1] is chosen), None)
     if isinstance(warm_start, (Schedule, Simulation)):
         if order is not None:
             raise ZboptError("order: a warm start given as a schedule runs its own order; give one of the two")

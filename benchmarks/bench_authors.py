@@ -22,7 +22,7 @@ import time
 from record import write_results
 
 from zbopt import Problem, generate, simulate
-from zbopt.ops import Op
+from zbopt.core.ops import Op
 from zbopt.schedules.common import passes_to_schedule
 from zbopt.schedules.vshape_greedy import greedy_candidates
 

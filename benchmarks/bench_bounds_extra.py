@@ -20,7 +20,7 @@ import time
 from record import write_results
 
 from zbopt import Problem, solve
-from zbopt.paper_tables import ZERO_BUBBLE_MODELS
+from zbopt.core.paper_tables import ZERO_BUBBLE_MODELS
 from zbopt.solvers.pair_relaxation import pair_count_bound
 from zbopt.solvers.span_bound import span_bound
 

@@ -1,5 +1,5 @@
 """The fuzz test of `tests/test_fuzz.py`, longer: EXAMPLES random config files with flags and as
-many random schedule files, each run through `zbopt.cli.main`; prints a table of what they ended in
+many random schedule files, each run through `zbopt.interfaces.cli.main`; prints a table of what they ended in
 and writes benchmarks/results/bench_fuzz.json. Any run that breaks the property (a traceback, a
 second stderr line, another exit status, a hang) stops the run with hypothesis's smallest example.
 

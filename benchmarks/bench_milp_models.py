@@ -24,7 +24,7 @@ import pulp
 from record import write_results
 
 from zbopt import Problem, op_graph
-from zbopt.kinds import FORWARD
+from zbopt.core.kinds import FORWARD
 from zbopt.solvers import solve
 from zbopt.solvers.warm import best_heuristic
 

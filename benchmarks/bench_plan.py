@@ -9,7 +9,7 @@ joint answer, how much shorter it is, the gap over every split, the seconds, the
 whether the rest were pruned.
 
 With --joint, each row also runs the one CP-SAT model of the split and the schedule together
-(`zbopt.planner.joint_model`), from the even split's 1F1B (greedy with two chunks), for the same
+(`zbopt.planning.planner.joint_model`), from the even split's 1F1B (greedy with two chunks), for the same
 time: its answer, the bound it proves over every split, and its gap, beside the plan's.
 
     python benchmarks/bench_plan.py [--time-limit 120] [--rows name,...] [--joint]
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from record import write_results
 
-from zbopt.errors import ZboptError
-from zbopt.model import Model, load_model
-from zbopt.planner import Pipeline, plan
+from zbopt.core.errors import ZboptError
+from zbopt.planning.model import Model, load_model
+from zbopt.planning.planner import Pipeline, plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -68,10 +68,10 @@ def measure(name, model, device, pipeline, time_limit: float) -> dict:
 def joint_row(model, device, pipeline, time_limit: float) -> dict:
     """The joint model's answer, bound and gap in `time_limit`, hinted with the even split's 1F1B
     (with two chunks, its `greedy`)."""
-    from zbopt.planner import split_by_rule, split_problem
-    from zbopt.planner.joint_model import joint_search
+    from zbopt.core.simulation import simulate
+    from zbopt.planning.planner import split_by_rule, split_problem
+    from zbopt.planning.planner.joint_model import joint_search
     from zbopt.schedules import generate
-    from zbopt.simulation import simulate
 
     even = split_by_rule("even", model, pipeline)
     problem = split_problem(model, device, pipeline, even)
@@ -88,10 +88,10 @@ def split_costs(samples: int = 10) -> list[dict]:
     """What one split costs to look at, per step, averaged over the first `samples` splits the
     family ranks (32-layer model, 4 devices, v = 1 and 2, m = 16): its Problem, every heuristic
     simulated, the quick lower bounds, and one step of the family's CP-SAT (the next split)."""
-    from zbopt.planner.certify import SplitFamily
-    from zbopt.planner.split import split_problem
+    from zbopt.core.simulation import simulate
+    from zbopt.planning.planner.certify import SplitFamily
+    from zbopt.planning.planner.split import split_problem
     from zbopt.schedules import applicable
-    from zbopt.simulation import simulate
     from zbopt.solvers import lower_bounds
 
     model, device = load_model(EXAMPLES / "model_layers.yaml")

@@ -17,7 +17,7 @@ from pathlib import Path
 from record import write_results
 
 from zbopt import Problem, compare, generate, simulate
-from zbopt.plot import plot_comparison, plot_gantt, plot_memory
+from zbopt.presentation.plot import plot_comparison, plot_gantt, plot_memory
 
 REPEATS = 3
 GANTTS = (("1f1b", dict(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2)),

@@ -18,7 +18,7 @@ import argparse
 from record import write_results
 
 from zbopt import Problem, generate, simulate, solve
-from zbopt.paper_tables import ZERO_BUBBLE_MODELS
+from zbopt.core.paper_tables import ZERO_BUBBLE_MODELS
 
 CHECKPOINT = 0.03
 LIMITS = {4: (1, 1.5, 2, 3, 4, 6, 8), 8: (1, 1.5, 2, 4, 8, 12, 16)}

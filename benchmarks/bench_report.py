@@ -15,7 +15,7 @@ import time
 from record import write_results
 
 from zbopt import Problem, compare
-from zbopt.report import render_report
+from zbopt.presentation.report import render_report
 
 SHAPES = ((8, 32), (32, 256))
 

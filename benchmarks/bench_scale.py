@@ -7,7 +7,7 @@ Rows (the Zero Bubble paper's 1.5B costs, F 18.522, B 18.086, W 9.337, comm 0.60
   M_W 0.183 per chunk), memory limit = the named heuristic's own peak (V-Min's, V-Half's, ZB-V's):
   the gap the solver certifies;
 - "interleaved": loop placement, v = 2, the same costs, memory p/2 and p whole-stage activations;
-- "block": the optimal block alone (`zbopt.blocks.search`) at V-Min's and ZB-V's memory: its T, the
+- "block": the optimal block alone (`zbopt.solvers.blocks.search`) at V-Min's and ZB-V's memory: its T, the
   least T proven, the wall time against its limit.
 
 Prints a table and writes benchmarks/results/bench_scale.json.
@@ -23,8 +23,8 @@ import time
 from record import write_results
 
 from zbopt import Problem, generate, simulate, solve
-from zbopt.blocks.search import optimal_block
-from zbopt.ops import device_work
+from zbopt.core.ops import device_work
+from zbopt.solvers.blocks.search import optimal_block
 from zbopt.solvers.warm import best_heuristic
 
 COSTS = dict(forward_times=18.522, backward_times=18.086, weight_times=9.337, p2p_time=0.601)

@@ -13,7 +13,7 @@ import time
 from record import write_results
 
 from zbopt import Problem, generate, simulate
-from zbopt.ops import op_table
+from zbopt.core.ops import op_table
 
 CASES = [
     ("1f1b", dict(num_devices=32, num_microbatches=1024, chunks_per_device=1)),

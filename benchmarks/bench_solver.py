@@ -2,7 +2,7 @@
 
 Grid A (proof): p in {4, 8} x m in {8, 16, 24} x memory limit in {p, 1.5p, 2p}·M_B with the Zero
 Bubble paper's 1.5B costs (F 18.522, B 18.086, W 9.337, comm 0.601 ms), M_B = 1, M_W = 0.3.
-Grid B (scale): the four ZB Table 5 configurations (zbopt.paper_tables: Table 9 costs, M_B = 1, M_W
+Grid B (scale): the four ZB Table 5 configurations (zbopt.core.paper_tables: Table 9 costs, M_B = 1, M_W
 from the paper's Table 1) at memory p·M_B and 2p·M_B; --weight-memory overrides M_W.
 
 Usage: python benchmarks/bench_solver.py [A|B] [--solvers cpsat,highs] [--time-limit S] [--objective span]
@@ -17,7 +17,7 @@ import argparse
 from record import write_results
 
 from zbopt import Problem, solve
-from zbopt.paper_tables import ZERO_BUBBLE_MODELS
+from zbopt.core.paper_tables import ZERO_BUBBLE_MODELS
 from zbopt.solvers.warm import best_heuristic
 
 ONE_POINT_FIVE_B = ZERO_BUBBLE_MODELS["1.5B"]

@@ -33,7 +33,7 @@ CASES = (
 # runs one command in-process, then names the heavy libraries it loaded (on stderr, its last line)
 PROBE = """
 import json, sys
-from zbopt.cli import main
+from zbopt.interfaces.cli import main
 try:
     main({argv!r})
 except SystemExit:

@@ -23,7 +23,7 @@ import random
 from record import write_results
 
 from zbopt import Problem, solve
-from zbopt.packing import best_order_of, order_makespans
+from zbopt.planning.packing import best_order_of, order_makespans
 
 LOW, HIGH = 512, 4096
 SCHEDULES = {1: ("1f1b", "zb-h1"), 2: ("torch-zbv", "zb-v")}

@@ -13,12 +13,12 @@ import tempfile
 from pathlib import Path
 
 from zbopt import compare, generate, simulate
-from zbopt.blocks import published_block
-from zbopt.cli.inputs import run_config
-from zbopt.frontier import memory_frontier, parse_memory_limits
-from zbopt.plot import plot_comparison, plot_frontier, plot_gantt, plot_memory
-from zbopt.plot.block import plot_block
-from zbopt.report import write_report
+from zbopt.interfaces.cli.inputs import run_config
+from zbopt.planning.frontier import memory_frontier, parse_memory_limits
+from zbopt.presentation.plot import plot_comparison, plot_frontier, plot_gantt, plot_memory
+from zbopt.presentation.plot.block import plot_block
+from zbopt.presentation.report import write_report
+from zbopt.solvers.blocks import published_block
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "docs" / "images"

@@ -5,10 +5,11 @@ function-level imports and importlib strings alike. Importing `a.b.c` counts as 
 package `a.b` (its `__init__` runs first), except for a module inside `a.b`, whose own package is
 always loaded before it; the root `zbopt/__init__`, which wires the floors together, is left out.
 
-The floors, lowest first (a module may import its own floor and those below):
-ground (the problem, ops, schedules as data, the simulator), codecs (`io/`: files in and out),
-generating (`schedules/`), solving (`solvers/`, `blocks/`), planning (compare, frontier),
-presentation (display, tables, report, plot), interfaces (the CLI, torch runs).
+The folders are the floors, lowest first (a module may import its own floor and those below): a
+module's floor is the first folder of its path, so no list of modules is kept here.
+core (the problem, ops, schedules as data, the simulator), io (files in and out), schedules (the
+generators), solvers (the driver, backends, bounds, building blocks), planning (compare, frontier,
+the model and the plan), presentation (display, tables, report, plot), interfaces (the CLI, torch).
 """
 
 from __future__ import annotations
@@ -24,27 +25,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "zbopt"
 MAX_MODULE_LINES = 400
-FLOORS = ("ground", "codecs", "generating", "solving", "planning", "presentation", "interfaces")
-FLOOR_OF_PREFIX = {  # the longest matching prefix decides
-    "zbopt.io": "codecs",
-    "zbopt.schedules": "generating",
-    "zbopt.solvers": "solving",
-    "zbopt.blocks": "solving",
-    "zbopt.comparison": "planning",
-    "zbopt.frontier": "planning",
-    "zbopt.packing": "planning",
-    "zbopt.planner": "planning",
-    "zbopt.model": "planning",
-    "zbopt.display": "presentation",
-    "zbopt.tables": "presentation",
-    "zbopt.report": "presentation",
-    "zbopt.plan_report": "presentation",
-    "zbopt.plot": "presentation",
-    "zbopt.cli": "interfaces",
-    "zbopt.runtime": "interfaces",
-    "zbopt.__main__": "interfaces",
-}
-PRESENTATION_USERS = ("zbopt.cli", "zbopt.__main__")  # besides the presentation floor itself
+FLOORS = ("core", "io", "schedules", "solvers", "planning", "presentation", "interfaces")
+ROOT_MODULES = ("zbopt", "zbopt.__main__")  # the wiring and `python -m zbopt`: above every floor
 IMPORTLIB_STRING = re.compile(r"zbopt(\.\w+)+")
 
 
@@ -101,18 +83,26 @@ def import_graph() -> nx.DiGraph:
 
 
 def floor(module: str) -> str:
-    prefixes = [prefix for prefix in FLOOR_OF_PREFIX if module == prefix or module.startswith(prefix + ".")]
-    return FLOOR_OF_PREFIX[max(prefixes, key=len)] if prefixes else "ground"
+    """The floor a module stands on: the folder under `zbopt/` it lives in."""
+    return "interfaces" if module in ROOT_MODULES else module.split(".")[1]
+
+
+def test_every_module_lives_in_a_floor():
+    """No module is loose in the root: each one's folder names its floor."""
+    loose = sorted(name for name in modules() if floor(name) not in FLOORS)
+    assert not loose, loose
+    assert {floor(name) for name in modules()} == set(FLOORS)
 
 
 def test_the_graph_sees_function_level_imports_and_importlib_strings(tmp_path):
     """The reader itself: a function-level import, an importlib string and a package counted."""
-    source = "def f():\n    from zbopt.solvers.cpsat import x\n    return importlib.import_module('zbopt.plot')\n"
-    names = [target for node in ast.walk(ast.parse(source)) for target in _named(node, "zbopt.simulation.engine",
-                                                                                  False)]
-    assert {"zbopt.solvers.cpsat", "zbopt.solvers.cpsat.x", "zbopt.plot"} <= set(names)
+    source = ("def f():\n    from zbopt.solvers.cpsat import x\n"
+              "    return importlib.import_module('zbopt.presentation.plot')\n")
+    names = [target for node in ast.walk(ast.parse(source))
+             for target in _named(node, "zbopt.core.simulation.engine", False)]
+    assert {"zbopt.solvers.cpsat", "zbopt.solvers.cpsat.x", "zbopt.presentation.plot"} <= set(names)
     graph = import_graph()
-    assert graph.has_edge("zbopt.cli.solve", "zbopt.solvers")  # the package of any solvers module it imports
+    assert graph.has_edge("zbopt.interfaces.cli.solve", "zbopt.solvers")  # the package of any solvers module it imports
 
 
 def test_the_import_graph_has_no_cycle():
@@ -128,12 +118,12 @@ def test_imports_run_down_the_floors():
     assert not upward, "\n".join(upward)
 
 
-def test_nothing_below_the_presentation_floor_imports_it():
+def test_the_interfaces_use_the_presentation_floor():
+    """The floor rule keeps everything below from importing it; the CLI must, to draw and print."""
     graph = import_graph()
     users = {importer for importer, target in graph.edges if floor(target) == "presentation"
              and floor(importer) != "presentation"}
-    assert all(user.startswith(PRESENTATION_USERS) for user in users), sorted(users)
-    assert users, "the CLI draws and prints: it must import the presentation floor"
+    assert users and all(floor(user) == "interfaces" for user in users), sorted(users)
 
 
 def test_no_module_over_400_lines():
@@ -142,7 +132,8 @@ def test_no_module_over_400_lines():
     assert not long, long
 
 
-@pytest.mark.parametrize("first", ["zbopt.blocks", "zbopt.solvers", "zbopt.schedules", "zbopt.plot"])
+@pytest.mark.parametrize("first", ["zbopt.solvers.blocks", "zbopt.solvers", "zbopt.schedules", "zbopt.planning.planner",
+                                   "zbopt.presentation.plot", "zbopt.interfaces.cli"])
 def test_any_subpackage_imports_first(first):
     """No cycle hides behind import order: each floor's package loads in a fresh interpreter
     before anything else of zbopt has."""
@@ -163,7 +154,7 @@ def test_quick_commands_load_no_heavy_library(command):
     """Start-up is what users feel on every call: `zbopt --help`, `zbopt schedules` and a small
     `simulate` import none of the solver, plotting or graph libraries (bench_startup.py times them)."""
     argv = LIGHT_COMMANDS[command]
-    code = ("import contextlib, io, sys\nfrom zbopt.cli import main\n"
+    code = ("import contextlib, io, sys\nfrom zbopt.interfaces.cli import main\n"
             f"with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n    main({argv!r})\n"
             f"print(sorted(name for name in {HEAVY!r} if name in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -172,7 +163,7 @@ def test_quick_commands_load_no_heavy_library(command):
 
 
 def test_threads_asking_the_registry_at_once_all_see_the_block_built_schedules():
-    """The block-built schedules load at the registry's first lookup (zbopt.deferred): a thread that
+    """The block-built schedules load at the registry's first lookup (zbopt.core.deferred): a thread that
     asks while another is loading them waits, rather than see a list without them."""
     code = ("import threading\nfrom zbopt.schedules import registered\nseen = []\n"
             "threads = [threading.Thread(target=lambda: seen.append(len(registered()))) for _ in range(8)]\n"
@@ -186,6 +177,22 @@ def test_threads_asking_the_registry_at_once_all_see_the_block_built_schedules()
 
 def test_subpackages_load_as_attributes_of_the_lazy_root():
     """`import zbopt; zbopt.solvers.solve` worked when the root imported everything; it still does."""
-    code = "import zbopt\nprint(zbopt.solvers.solve is zbopt.solve, sorted(zbopt.blocks.PUBLISHED)[0])"
+    code = "import zbopt\nprint(zbopt.solvers.solve is zbopt.solve, sorted(zbopt.solvers.blocks.PUBLISHED)[0])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["True", "1f1b"], done.stderr[-2000:]
+
+
+def test_the_flat_layouts_paths_still_import_the_same_modules_with_a_warning():
+    """`zbopt.frontier`, `zbopt.planner.search`, `from zbopt.plot import plot_gantt`: the paths the
+    README documented before the folders became floors give the module at its new path (the same
+    object, its own name and spec kept) and say where it went."""
+    code = ("import warnings\nwarnings.simplefilter('error')\nimport zbopt.planning.planner.search as new\n"
+            "from importlib.resources import files\n"
+            "with warnings.catch_warnings(record=True) as caught:\n    warnings.simplefilter('always')\n"
+            "    import zbopt.planner.search as old\n    from zbopt.plot import plot_gantt\n"
+            "print(old is new, new.__spec__.name, plot_gantt.__module__, files('zbopt.presentation').name)\n"
+            "print(sorted({str(w.message).split(' moved')[0] for w in caught if w.category is DeprecationWarning}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    same, warned = done.stdout.strip().splitlines()
+    assert same.split() == ["True", "zbopt.planning.planner.search", "zbopt.presentation.plot.gantt", "presentation"]
+    assert warned == str(["zbopt.planner", "zbopt.planner.search", "zbopt.plot"])

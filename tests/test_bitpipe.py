@@ -11,7 +11,7 @@ import pytest
 
 from tests.test_bidirectional import bidirectional
 from zbopt import Op, critical_path, device_work, generate, simulate
-from zbopt.placement import stage_device
+from zbopt.core.placement import stage_device
 from zbopt.schedules import generate_applicable, get
 
 # docs/BitPipe_images/BitPipe-v.svg, right of the "BitPipe" label: p = 4, microbatches 1, 2 down, 3, 4 up

@@ -8,11 +8,11 @@ import random
 import pytest
 
 from zbopt import Op, Problem, simulate
-from zbopt.blocks import Block, block_schedule, published_block, steady_peak
-from zbopt.blocks.search import optimal_block
-from zbopt.errors import ZboptError
+from zbopt.core.errors import ZboptError
+from zbopt.core.ticks import tick_scale
 from zbopt.schedules.slot_model import v_half_peak, v_min_peak
-from zbopt.ticks import tick_scale
+from zbopt.solvers.blocks import Block, block_schedule, published_block, steady_peak
+from zbopt.solvers.blocks.search import optimal_block
 
 
 def _held(offsets: dict[str, int], period: int, limit: float | None) -> bool:
@@ -143,8 +143,8 @@ def test_optimal_block_refuses_several_iterations_before_searching():
 
 
 def _shape(problem: Problem):
-    from zbopt.blocks.search import _Shape
-    from zbopt.ticks import memory_scale, tick_problem, tick_scale
+    from zbopt.core.ticks import memory_scale, tick_problem, tick_scale
+    from zbopt.solvers.blocks.search import _Shape
 
     return _Shape(tick_problem(problem, tick_scale(problem)), problem, memory_scale(problem))
 

@@ -8,7 +8,10 @@ import random
 import pytest
 
 from zbopt import Op, Problem, simulate
-from zbopt.blocks import (
+from zbopt.core.schedule import Schedule
+from zbopt.schedules.registry import generate
+from zbopt.schedules.slot_model import v_half_peak, v_min_peak
+from zbopt.solvers.blocks import (
     Block,
     BlockError,
     block_schedule,
@@ -19,9 +22,6 @@ from zbopt.blocks import (
     steady_peak,
     tightest_block,
 )
-from zbopt.schedule import Schedule
-from zbopt.schedules.registry import generate
-from zbopt.schedules.slot_model import v_half_peak, v_min_peak
 
 UNIT = {"forward_times": 1, "backward_times": 1, "weight_times": 1}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from zbopt import Problem, compare
-from zbopt.report import write_report
+from zbopt.presentation.report import write_report
 
 pytestmark = pytest.mark.browser
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"

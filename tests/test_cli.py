@@ -8,8 +8,8 @@ import pytest
 
 from tests.reference import longest_path_starts
 from zbopt import Op, Problem, Schedule, generate, load_schedule, simulate
-from zbopt.cli import main
-from zbopt.problem.checks import MAX_OPS
+from zbopt.core.problem.checks import MAX_OPS
+from zbopt.interfaces.cli import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -9,9 +9,9 @@ import pytest
 
 from tests.conftest import require_extra
 from zbopt import Problem, compare, generate, lower_bounds, registered, simulate
-from zbopt.cli import main
-from zbopt.errors import NotApplicableError, UnknownScheduleError
-from zbopt.plot import SCREEN_PALETTE, plot_comparison, plot_gantt
+from zbopt.core.errors import NotApplicableError, UnknownScheduleError
+from zbopt.interfaces.cli import main
+from zbopt.presentation.plot import SCREEN_PALETTE, plot_comparison, plot_gantt
 
 # split backward with a limit some schedules break (1F1B needs 3 on device 0, GPipe 6)
 LIMITED = dict(num_devices=3, num_microbatches=6, forward_times=1.5, backward_times=1.2, weight_times=0.7,

@@ -8,9 +8,9 @@ import pytest
 
 from tests.test_compare import applicable, run
 from zbopt import Problem, compare, registered
-from zbopt.errors import ZboptError
-from zbopt.plot import plot_comparison
-from zbopt.tables import format_comparison
+from zbopt.core.errors import ZboptError
+from zbopt.presentation.plot import plot_comparison
+from zbopt.presentation.tables import format_comparison
 
 # 1F1B's peaks on p = 4 with a split backward are 4, 3, 2, 1: device 1 has no room under 3, device 0
 # has 0.5 under 4.5, so device 1 binds though device 0 holds the most

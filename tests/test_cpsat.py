@@ -92,7 +92,7 @@ def test_no_search_when_the_warm_start_meets_the_bound(monkeypatch):
     so the answer is proven without building or running a model (the solver would raise here)."""
     from ortools.sat.python import cp_model
 
-    from zbopt.paper_tables import ZERO_BUBBLE_MODELS
+    from zbopt.core.paper_tables import ZERO_BUBBLE_MODELS
 
     def no_search(*args, **kwargs):
         raise AssertionError("CP-SAT ran")

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from zbopt import Problem, ZboptError, compare, generate, simulate, solve
-from zbopt.cli import main
+from zbopt.interfaces.cli import main
 
 PROBLEM = Problem(num_devices=2, num_microbatches=4, weight_times=1)
 

@@ -16,10 +16,9 @@ from matplotlib.colors import to_rgb
 from matplotlib.ft2font import FT2Font
 
 from zbopt import Problem, compare, generate, simulate
-from zbopt.blocks import published_block
-from zbopt.cli import main
-from zbopt.frontier import Frontier, FrontierPoint, HeuristicPoint
-from zbopt.plot import (
+from zbopt.interfaces.cli import main
+from zbopt.planning.frontier import Frontier, FrontierPoint, HeuristicPoint
+from zbopt.presentation.plot import (
     FIGURE_STYLES,
     PAPER_PALETTE,
     SCREEN_PALETTE,
@@ -28,7 +27,8 @@ from zbopt.plot import (
     plot_gantt,
     plot_memory,
 )
-from zbopt.plot.block import plot_block
+from zbopt.presentation.plot.block import plot_block
+from zbopt.solvers.blocks import published_block
 
 PROBLEM = Problem(num_devices=3, num_microbatches=4, forward_times=1, backward_times=1, weight_times=1,
                   memory_limit=3)

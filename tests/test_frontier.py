@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from tests.conftest import require_extra
 from zbopt import Problem, ZboptError, solve
-from zbopt.cli import main
-from zbopt.frontier import Frontier, FrontierPoint, HeuristicPoint, memory_frontier, parse_memory_limits
-from zbopt.plot import plot_frontier
-from zbopt.plot.frontier import _panel_ranges, _text_box
+from zbopt.interfaces.cli import main
+from zbopt.planning.frontier import Frontier, FrontierPoint, HeuristicPoint, memory_frontier, parse_memory_limits
+from zbopt.presentation.plot import plot_frontier
+from zbopt.presentation.plot.frontier import _panel_ranges, _text_box
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 P, M = 3, 4
@@ -228,7 +228,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, culprit):
 
 def test_answers_carry_along_the_sweep():
     """A schedule within limit 1 fits limits 2 and 3; the bound proven at limit 3 holds below it."""
-    from zbopt.frontier import FrontierPoint, _best_known_at_each_limit
+    from zbopt.planning.frontier import FrontierPoint, _best_known_at_each_limit
 
     solved = [FrontierPoint(1, "feasible", 10.0, 8.0, 1.0, 1), FrontierPoint(2, "unknown", None, 7.0, 1.0, 2),
               FrontierPoint(3, "feasible", 12.0, 9.0, 1.0, 3)]

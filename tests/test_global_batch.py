@@ -3,8 +3,8 @@ and every inconsistent combination refused in one line naming its keys."""
 
 import pytest
 
-from zbopt.cli import main
-from zbopt.cli.inputs import run_config
+from zbopt.interfaces.cli import main
+from zbopt.interfaces.cli.inputs import run_config
 
 
 @pytest.mark.parametrize(("flags", "microbatches"), [

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zbopt import Problem, generate, simulate, solve
-from zbopt.errors import NotApplicableError
+from zbopt.core.errors import NotApplicableError
 from zbopt.solvers.bounds import lower_bounds
 from zbopt.solvers.warm import best_heuristic
 

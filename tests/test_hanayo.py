@@ -8,9 +8,9 @@ import itertools
 import pytest
 
 from zbopt import DeadlockError, NotApplicableError, Problem, generate, simulate
-from zbopt.kinds import BACKWARD, WEIGHT
-from zbopt.ops import Op
-from zbopt.schedule import Schedule
+from zbopt.core.kinds import BACKWARD, WEIGHT
+from zbopt.core.ops import Op
+from zbopt.core.schedule import Schedule
 from zbopt.schedules import registered
 from zbopt.schedules.hanayo import wave_table, wave_warmup
 from zbopt.schedules.interleaved import schedule_table, table_order

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from zbopt import Problem, ProblemError
-from zbopt.cli import main
-from zbopt.errors import SHORT_LENGTH, shorten
+from zbopt.core.errors import SHORT_LENGTH, shorten
+from zbopt.interfaces.cli import main
 from zbopt.io.read import MAX_ALIAS_NODES, MAX_DEPTH, read_data
 
 

@@ -57,7 +57,7 @@ def test_preconditions(changes, options, needs):
 
 @pytest.mark.parametrize("value", ["abc", "0", "-2", "true", "1.5"])
 def test_a_bad_group_size_is_one_line_naming_the_option(capsys, value):
-    from zbopt.cli import main
+    from zbopt.interfaces.cli import main
 
     status = main(["simulate", "-s", "4", "-b", "8", "-v", "2", "--schedule", "interleaved-1f1b",
                    "--option", f"microbatch_group_size_per_vp_stage={value}"])

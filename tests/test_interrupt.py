@@ -1,4 +1,4 @@
-"""Ctrl-C as a terminal sends it, SIGINT to the whole process group (the policy: `zbopt.interrupt`).
+"""Ctrl-C as a terminal sends it, SIGINT to the whole process group (the policy: `zbopt.core.interrupt`).
 
 The first Ctrl-C stops the work, prints the best answer so far, says "zbopt: interrupted" on one
 stderr line and exits 130; during start-up only that line. Never a traceback, never OR-Tools'
@@ -93,7 +93,7 @@ def test_ctrl_c_stops_the_frontier_and_shows_the_points_finished():
 def test_ctrl_c_during_start_up_is_one_line():
     process = _start(SOLVE, subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # numpy loads while zbopt.cli is imported: start-up, before any work
+    while time.monotonic() < deadline:  # numpy loads while zbopt.interfaces.cli is imported: start-up, before any work
         with open(f"/proc/{process.pid}/maps") as maps:
             if "numpy" in maps.read():
                 break

@@ -1,4 +1,4 @@
-"""The order microbatches enter the pipeline (`zbopt.microbatch_order`, `zbopt.schedules.ordering`):
+"""The order microbatches enter the pipeline (`zbopt.core.problem.order`, `zbopt.schedules.ordering`):
 relabelled schedules against hand-computed makespans, the rules against brute force over orders."""
 
 import itertools
@@ -6,11 +6,11 @@ import itertools
 import pytest
 
 from zbopt import Problem, ProblemError, generate, simulate
-from zbopt.cli import main
-from zbopt.comparison import compare
-from zbopt.errors import NotApplicableError
-from zbopt.microbatch_order import entry_order, relabelled, reordered, sizes, sorted_order
-from zbopt.problem.microbatches import EQUAL_MICROBATCHES
+from zbopt.core.errors import NotApplicableError
+from zbopt.core.problem.microbatches import EQUAL_MICROBATCHES
+from zbopt.core.problem.order import entry_order, relabelled, reordered, sizes, sorted_order
+from zbopt.interfaces.cli import main
+from zbopt.planning.comparison import compare
 from zbopt.schedules import registered
 from zbopt.schedules.ordering import clusters, dynapipe_candidates
 
@@ -178,7 +178,7 @@ def test_cli_order_simulates_and_exports(tmp_path, capsys):
 
 def test_report_and_trace_say_a_microbatchs_tokens():
     from zbopt.io.trace import chrome_trace
-    from zbopt.report import schedule_data
+    from zbopt.presentation.report import schedule_data
 
     simulation = simulate(THREE, generate("1f1b", THREE, order=[0, 2, 1]))
     assert schedule_data(simulation)["tokens"] == [1, 2, 3]
@@ -190,7 +190,7 @@ def test_report_and_trace_say_a_microbatchs_tokens():
 
 def test_packed_documents_show_their_total_tokens():
     from zbopt.io.trace import chrome_trace
-    from zbopt.report import schedule_data
+    from zbopt.presentation.report import schedule_data
 
     packed = Problem(num_devices=2, num_microbatches=2, microbatch_tokens=[[100, 300], 50])
     simulation = simulate(packed, generate("1f1b", packed))

@@ -1,12 +1,12 @@
-"""Microbatches that differ (`zbopt.problem.microbatches`): the Problem's keys, their checks, and what
+"""Microbatches that differ (`zbopt.core.problem.microbatches`): the Problem's keys, their checks, and what
 the simulator makes of them."""
 
 import pytest
 
 from zbopt import Problem, ProblemError, Schedule, generate, simulate
-from zbopt.errors import ZboptError
-from zbopt.ops import Op, critical_path, device_work
-from zbopt.problem.config import problem_from_config
+from zbopt.core.errors import ZboptError
+from zbopt.core.ops import Op, critical_path, device_work
+from zbopt.core.problem.config import problem_from_config
 
 TWO = dict(num_devices=2, num_microbatches=2, weight_times=1.0)
 
@@ -134,7 +134,7 @@ def test_equal_tokens_off_the_reference_cost_their_own_values():
 
 def test_compare_on_unequal_microbatches_reports_heuristics_that_do_not_fit():
     """Review finding: zb-1p's greedy fits no candidate under p·M_B here; compare goes on."""
-    from zbopt.comparison import compare
+    from zbopt.planning.comparison import compare
 
     problem = Problem(num_devices=4, num_microbatches=8, weight_times=1.0, attention_share=0.3,
                       microbatch_tokens=[512, 1024, 4096, 700, 800, 2048, 300, 1500])

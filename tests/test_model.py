@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from zbopt import Device, Layer, Model, ZboptError, load_model
-from zbopt.cli import main
-from zbopt.model import Architecture
-from zbopt.paper_tables import ZERO_BUBBLE_MODELS
+from zbopt.core.paper_tables import ZERO_BUBBLE_MODELS
+from zbopt.interfaces.cli import main
+from zbopt.planning.model import Architecture
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ISSUE_LAYERS = [  # issue 31's example, as written

@@ -9,16 +9,16 @@ from hypothesis import strategies as st
 
 from tests.reference import timed_search_optimum
 from zbopt import Problem, ProblemError, ScheduleError, ZboptError, generate, simulate, solve
-from zbopt.blocks.search import optimal_block
-from zbopt.errors import DeadlockError
-from zbopt.frontier import memory_frontier
+from zbopt.core.errors import DeadlockError
+from zbopt.core.ops import Op, device_work
+from zbopt.core.schedule import Schedule
+from zbopt.core.ticks import tick_scale
 from zbopt.io.torch_format import torch_actions
-from zbopt.ops import Op, device_work
-from zbopt.plot import plot_frontier, plot_gantt
-from zbopt.schedule import Schedule
+from zbopt.planning.frontier import memory_frontier
+from zbopt.presentation.plot import plot_frontier, plot_gantt
+from zbopt.presentation.tables import format_frontier, format_simulation
+from zbopt.solvers.blocks.search import optimal_block
 from zbopt.solvers.bounds import lower_bounds
-from zbopt.tables import format_frontier, format_simulation
-from zbopt.ticks import tick_scale
 
 SPLIT = dict(forward_times=3, backward_times=4, weight_times=2)
 

@@ -1,7 +1,7 @@
 import pytest
 
 from zbopt import Op, Problem, ScheduleError, critical_path, device_work, op_graph
-from zbopt.ops import OpTable
+from zbopt.core.ops import OpTable
 
 
 def test_op_text_round_trip():

@@ -28,12 +28,12 @@ from zbopt import (
     simulate,
     solve,
 )
+from zbopt.core.kinds import PAIR_MEMBERS
 from zbopt.io.export import save_schedule
 from zbopt.io.read import load_schedule
 from zbopt.io.torch_format import megatron_order, torch_csv
 from zbopt.io.torch_order import parse_torch_csv
-from zbopt.kinds import PAIR_MEMBERS
-from zbopt.plot import plot_gantt
+from zbopt.presentation.plot import plot_gantt
 from zbopt.solvers.bounds import lower_bounds
 from zbopt.solvers.pair_relaxation import pair_count_bound, pair_relaxed
 
@@ -457,7 +457,7 @@ def test_offload_heuristics_refuse_a_base_with_pairs():
 
 
 def test_the_block_search_refuses_pairs_and_both_ways():
-    from zbopt.blocks.search import optimal_block
+    from zbopt.solvers.blocks.search import optimal_block
     with pytest.raises(ZboptError, match="does not model overlapped pairs"):
         optimal_block(one_device(), time_limit=5)
     both = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="bidirectional")
@@ -471,7 +471,7 @@ def test_compare_ranks_dualpipe_v_with_pairs_against_the_v_shapes_and_the_optimu
     with it), the lower bound below every row; the HTML report's data hold the pairs (each member
     on the pair lane, split in three)."""
     from zbopt import compare, load_problem
-    from zbopt.report import schedule_data, write_report
+    from zbopt.presentation.report import schedule_data, write_report
     problem = load_problem(Path(__file__).parent.parent / "examples" / "moe_overlap.yaml")
     comparison = compare(problem, ["dualpipe-v", "zb-v", "v-half"], optimal=True, time_limit=5)
     makespan = {row.name: row.makespan for row in comparison.rows}

@@ -1,4 +1,4 @@
-"""Packing sequences into microbatches (`zbopt.packing`): each rule by hand, the balanced one
+"""Packing sequences into microbatches (`zbopt.planning.packing`): each rule by hand, the balanced one
 against brute force."""
 
 import itertools
@@ -6,8 +6,8 @@ import itertools
 import pytest
 
 from zbopt import Problem
-from zbopt.errors import ZboptError
-from zbopt.problem.batch import document_work, pack, packed_tokens
+from zbopt.core.errors import ZboptError
+from zbopt.core.problem.batch import document_work, pack, packed_tokens
 
 
 def test_the_loaders_way_fills_in_order():
@@ -73,7 +73,7 @@ def test_bad_input_is_one_line(call, message):
 
 
 def test_a_config_packs_its_sequences():
-    from zbopt.problem.config import problem_from_config
+    from zbopt.core.problem.config import problem_from_config
 
     base = {"num_devices": 2, "sequence_lengths": [600, 500, 400, 500], "token_budget": 1000}
     loader = problem_from_config(base)  # the loader's way unless a rule is named
@@ -90,7 +90,7 @@ def test_a_config_packs_its_sequences():
      r"^sequence_lengths: sequence 1 has 9 tokens, above token_budget 8$"),
 ])
 def test_bad_packing_keys_are_one_line(values, message):
-    from zbopt.problem.config import problem_from_config
+    from zbopt.core.problem.config import problem_from_config
 
     with pytest.raises(ZboptError, match=message):
         problem_from_config({"num_devices": 2, **values})
@@ -99,7 +99,7 @@ def test_bad_packing_keys_are_one_line(values, message):
 def test_packing_gains_are_against_the_loaders_packing_in_its_order():
     """Each row's gain is 1 - its best makespan / the loader's packing's given-order makespan (its
     first row's), and the best order is no longer than the given one."""
-    from zbopt.packing import packing_gains
+    from zbopt.planning.packing import packing_gains
 
     lengths = [600, 500, 400, 500, 100, 900, 200, 700]
     rows = packing_gains(lengths, 1000, {"num_devices": 2, "weight_times": 1.0}, schedules=("1f1b",),

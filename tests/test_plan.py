@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from zbopt import ZboptError, generate, load_schedule, simulate, solve
-from zbopt.model import Device, Layer, Model
-from zbopt.planner import OPTIMAL, Pipeline, plan, split_by_rule, split_problem
-from zbopt.planner.certify import SplitFamily, least_memory, split_bound
-from zbopt.planner.exports import parse_megatron_layout
-from zbopt.planner.rules import layer_time
+from zbopt.planning.model import Device, Layer, Model
+from zbopt.planning.planner import OPTIMAL, Pipeline, plan, split_by_rule, split_problem
+from zbopt.planning.planner.certify import SplitFamily, least_memory, split_bound
+from zbopt.planning.planner.exports import parse_megatron_layout
+from zbopt.planning.planner.rules import layer_time
 
 EMBEDDING = Layer("embedding", 0.25, 0.25, 0.5, 0.5, 2.0)
 DECODER = Layer("decoder", 1.0, 1.25, 0.75, 1.0, 1.0)
@@ -240,7 +240,7 @@ def test_the_answer_is_never_longer_than_a_row_and_a_rows_peak_counts_the_parame
 def test_megatrons_first_and_last_counts_are_per_device_with_chunks():
     """With two chunks per device (loop), the first and last devices' counts are split over their
     chunks, as Megatron-LM lays them out: the rule's split is one its flags can say."""
-    from zbopt.planner.exports import megatron_first_last
+    from zbopt.planning.planner.exports import megatron_first_last
 
     model = Model.from_repeats([(EMBEDDING, 1), (DECODER, 30), (HEAD, 1)])
     pipeline = Pipeline(4, 2, "loop", 8)
@@ -279,7 +279,7 @@ def test_a_plan_that_cannot_be_made_is_refused_in_one_line(make, message):
 def test_ctrl_c_outside_a_deadline_leaves_generators_alone():
     """`interrupt.check` raises only inside a deadline scope: a frontier's heuristic points run
     outside one and stop on Ctrl-C by their own means."""
-    from zbopt import interrupt
+    from zbopt.core import interrupt
 
     interrupt.requested.set()
     try:
@@ -317,7 +317,7 @@ def test_the_report_draws_every_split_and_the_best_schedule_in_ms_and_gb(tmp_pat
     import gzip
     import re
 
-    from zbopt.plan_report import write_plan_report
+    from zbopt.presentation.plan_report import write_plan_report
 
     answer = plan(SMALL, Device(memory_gb=11.0), Pipeline(2, 1, "loop", 4), schedules=[OPTIMAL], time_limit=20)
     page = write_plan_report(tmp_path / "plan.html", answer).read_text()
@@ -364,7 +364,7 @@ def test_the_joint_model_is_bounded_by_and_bounds_the_best_split(pipeline, devic
     """The one CP-SAT model of split and schedule (issue 31's alternative to the plan's search):
     its answer is a real schedule no shorter than the brute-force best split's optimum, its bound
     no longer, and an answer it proves optimal is that optimum."""
-    from zbopt.planner.joint_model import joint_search
+    from zbopt.planning.planner.joint_model import joint_search
 
     best = min(optimum(SMALL, device, pipeline, split) for split in every_split(len(SMALL.layers), 2))
     split = (3, 4)  # a split that fits both devices, with its 1F1B as the hint: an answer in any time
@@ -397,7 +397,7 @@ def test_the_plan_text_puts_the_answer_first_and_folds_rows_over_the_limit(capsy
     """Issue 40: the best plan comes right after the model line; a schedule over the memory limit on
     a rule's split is one line naming it with its rule, not a table row (gpipe holds every
     microbatch's activations: 8 of them on 80 GB devices do not fit the example's first stage)."""
-    from zbopt.cli import main
+    from zbopt.interfaces.cli import main
 
     status = main(["plan", "examples/model_layers.yaml", "--devices", "4", "--microbatches", "8", "--time-limit", "4",
                    "--schedule", "gpipe", "--schedule", "1f1b"])

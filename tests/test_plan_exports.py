@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from zbopt.errors import ZboptError
-from zbopt.model import Layer, Model
-from zbopt.planner.exports import (
+from zbopt.core.errors import ZboptError
+from zbopt.planning.model import Layer, Model
+from zbopt.planning.planner.exports import (
     FIRST_KEY,
     LAST_KEY,
     megatron_counts,
@@ -209,7 +209,7 @@ def test_torchtitan_round_trips_and_takes_v_with_two_chunks():
      "counts has 3 stages"),
     (lambda: torchtitan_modules(model(("embedding", 1), ("decoder", 1), ("loss", 1), ("lm_head", 1)), [2, 2], 2),
      "'loss': torchtitan computes the loss last"),
-    (lambda: torchtitan_modules("a model", [1], 1), "expected a zbopt.model.Model"),
+    (lambda: torchtitan_modules("a model", [1], 1), "expected a zbopt.planning.model.Model"),
 ])
 def test_bad_input_is_one_line_naming_the_culprit(call, culprit):
     with pytest.raises(ZboptError) as caught:

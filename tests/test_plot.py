@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from zbopt import Problem, generate, simulate
-from zbopt.errors import ZboptError
-from zbopt.plot import chunk_color, plot_gantt, plot_memory
+from zbopt.core.errors import ZboptError
+from zbopt.presentation.plot import chunk_color, plot_gantt, plot_memory
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -253,8 +253,8 @@ def test_block_drawing_folds_each_device_into_one_full_period():
     """The middle panel is one period wide; its boxes, clipped to [0, T), add up to each device's
     work per microbatch (an op that wraps is drawn in two pieces); the top panel's boxes start at
     the block's offsets."""
-    from zbopt.blocks import published_block
-    from zbopt.plot.block import plot_block
+    from zbopt.presentation.plot.block import plot_block
+    from zbopt.solvers.blocks import published_block
 
     problem = Problem(num_devices=3, num_microbatches=6, chunks_per_device=2, placement="v",
                       forward_times=[2, 3, 2, 1, 2, 3], backward_times=2, weight_times=1, p2p_time=0.5)

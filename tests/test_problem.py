@@ -6,8 +6,8 @@ import textwrap
 import pytest
 
 from zbopt import Problem, ProblemError
-from zbopt.problem.checks import MAX_OPS
-from zbopt.problem.parameters import PARAMETERS, config_keys
+from zbopt.core.problem.checks import MAX_OPS
+from zbopt.core.problem.parameters import PARAMETERS, config_keys
 
 
 def test_loop_placement_puts_stage_s_on_device_s_mod_p():
@@ -99,12 +99,12 @@ def test_a_parameter_added_to_the_table_is_a_keyword_a_config_key_a_flag_and_in_
     where its mechanism is in use, the docstring lists it. Run before the Problem class is built."""
     code = textwrap.dedent('''
         import json, sys
-        import zbopt.problem.parameters as table
+        import zbopt.core.problem.parameters as table
         table.PARAMETERS += (table.Parameter("grad_reduce_times", "per stage", None, "iterations",
                                              "gradient reduction time per stage", unit="time"),)
-        from zbopt.problem import Problem
-        from zbopt.problem.config import problem_from_config
-        from zbopt.cli.parser import build_parser
+        from zbopt.core.problem import Problem
+        from zbopt.core.problem.config import problem_from_config
+        from zbopt.interfaces.cli.parser import build_parser
         made = Problem(num_devices=2, num_microbatches=2, grad_reduce_times=[1.5, 2.5])
         read = problem_from_config({"num_stages": 2, "grad_reduce_times": 3})
         flags = build_parser().parse_args(["simulate", "--grad-reduce-times", "4", "5"])

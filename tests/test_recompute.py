@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 
 from tests.reference import brute_force_optimum, problems
 from zbopt import NotApplicableError, Problem, ProblemError, ScheduleError, ZboptError, generate, simulate, solve
-from zbopt.blocks.search import optimal_block
-from zbopt.errors import DeadlockError
-from zbopt.frontier import memory_frontier
-from zbopt.ops import Op
-from zbopt.schedule import Schedule
+from zbopt.core.errors import DeadlockError
+from zbopt.core.ops import Op
+from zbopt.core.schedule import Schedule
+from zbopt.planning.frontier import memory_frontier
+from zbopt.presentation.tables import format_frontier
+from zbopt.solvers.blocks.search import optimal_block
 from zbopt.solvers.bounds import lower_bounds
-from zbopt.tables import format_frontier
 
 SPLIT = dict(forward_times=3, backward_times=4, weight_times=2, recompute_times=5)
 

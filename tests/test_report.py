@@ -11,9 +11,9 @@ from html.parser import HTMLParser
 import pytest
 
 from zbopt import Op, Problem, compare, generate, simulate, solve
-from zbopt.cli import main
-from zbopt.errors import ZboptError
-from zbopt.report import render_report, write_report
+from zbopt.core.errors import ZboptError
+from zbopt.interfaces.cli import main
+from zbopt.presentation.report import render_report, write_report
 
 PROBLEM = dict(num_devices=3, num_microbatches=4, forward_times=1, backward_times=2, weight_times=1, p2p_time=0.5,
                memory_limit=3)

@@ -1,4 +1,4 @@
-"""Sequence slices (`zbopt.problem.slices`) and Seq1F1B (`zbopt.schedules.seq1f1b`): the per-slice costs,
+"""Sequence slices (`zbopt.core.problem.slices`) and Seq1F1B (`zbopt.schedules.seq1f1b`): the per-slice costs,
 the slice dependencies in the op table and the simulator, the schedule against the paper's
 description, the optimizer against brute force, and bad input."""
 
@@ -6,10 +6,10 @@ import pytest
 
 from tests.reference import brute_force_optimum
 from zbopt import DeadlockError, Problem, ProblemError, Schedule, ScheduleError, generate, simulate, solve
-from zbopt.errors import NotApplicableError, ZboptError
+from zbopt.core.errors import NotApplicableError, ZboptError
+from zbopt.core.ops import Op, op_graph, op_table
+from zbopt.core.problem.config import problem_from_config
 from zbopt.io.torch_format import torch_csv
-from zbopt.ops import Op, op_graph, op_table
-from zbopt.problem.config import problem_from_config
 from zbopt.schedules import get
 from zbopt.solvers.bounds import lower_bounds
 

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from zbopt import Problem, solve
-from zbopt.paper_tables import ZERO_BUBBLE_MODELS
+from zbopt.core.paper_tables import ZERO_BUBBLE_MODELS
 from zbopt.solvers.span_bound import span_bound
 
 

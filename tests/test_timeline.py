@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from tests.reference import problems, random_topological_schedule
 from zbopt import Op, simulate
-from zbopt.timeline import Timeline
+from zbopt.core.timeline import Timeline
 
 
 @given(problems(chunks=(1, 2)), st.integers(0, 10_000))

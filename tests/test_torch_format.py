@@ -26,7 +26,7 @@ from zbopt import (
     simulate,
     solve,
 )
-from zbopt.cli import main
+from zbopt.interfaces.cli import main
 from zbopt.io.torch_format import check_exportable, megatron_json, megatron_order, torch_csv, write_torch_csv
 from zbopt.io.torch_order import TorchOrder, parse_torch_csv, read_torch_csv
 from zbopt.schedules import TORCH_REFUSED, TORCH_SCHEDULES, generate_applicable, registered, torch_schedule
@@ -355,7 +355,7 @@ def test_unknown_torch_names_and_missing_torch(monkeypatch):
 
 
 def test_the_module_imports_without_torch():
-    code = "import sys, zbopt.io.torch_format, zbopt.cli; print('torch' in sys.modules)"
+    code = "import sys, zbopt.io.torch_format, zbopt.interfaces.cli; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 

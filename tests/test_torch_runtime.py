@@ -30,13 +30,10 @@ from zbopt import (  # noqa: E402
     load_problem,
     solve,
 )
-from zbopt.cli import main  # noqa: E402
-from zbopt.errors import DeadlockError, ScheduleError, ZboptError  # noqa: E402
-from zbopt.io.torch_format import write_torch_csv  # noqa: E402
-from zbopt.io.torch_order import read_torch_csv  # noqa: E402
-from zbopt.io.trace import measured_trace  # noqa: E402
-from zbopt.placement import stage_device  # noqa: E402
-from zbopt.runtime import (  # noqa: E402
+from zbopt.core.errors import DeadlockError, ScheduleError, ZboptError  # noqa: E402
+from zbopt.core.placement import stage_device  # noqa: E402
+from zbopt.interfaces.cli import main  # noqa: E402
+from zbopt.interfaces.runtime import (  # noqa: E402
     ATOL,
     ToyModel,
     check,
@@ -47,6 +44,9 @@ from zbopt.runtime import (  # noqa: E402
     run_torch,
     save_profile,
 )
+from zbopt.io.torch_format import write_torch_csv  # noqa: E402
+from zbopt.io.torch_order import read_torch_csv  # noqa: E402
+from zbopt.io.trace import measured_trace  # noqa: E402
 from zbopt.schedules import generate_applicable, registered  # noqa: E402
 
 pytestmark = pytest.mark.torch

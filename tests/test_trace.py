@@ -7,10 +7,10 @@ from collections import defaultdict
 import pytest
 
 from zbopt import Problem, Schedule, generate, simulate
-from zbopt.cli import main
+from zbopt.core.paper_tables import ZERO_BUBBLE_MODELS
+from zbopt.interfaces.cli import main
 from zbopt.io.export import export_format
 from zbopt.io.trace import chrome_trace, trace_scale
-from zbopt.paper_tables import ZERO_BUBBLE_MODELS
 
 
 def zb_v():

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from tests.reference import brute_force_optimum, timed_search_optimum
 from zbopt import Problem, ZboptError, solve
-from zbopt.ops import Op, op_graph
+from zbopt.core.ops import Op, op_graph
 from zbopt.solvers.bounds import lower_bounds
 from zbopt.solvers.cross_device import cross_device_bound, device_groups
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_precedences, symmetric_successors

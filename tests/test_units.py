@@ -3,8 +3,8 @@ of two), and every refusal one line naming the key."""
 
 import pytest
 
-from zbopt.errors import ZboptError
-from zbopt.units import parse_flops, parse_memory, parse_time
+from zbopt.core.errors import ZboptError
+from zbopt.core.units import parse_flops, parse_memory, parse_time
 
 
 @pytest.mark.parametrize(("text", "ms"), [("1.7 ms", 1.7), ("2 s", 2000.0), ("250us", 0.25), ("3e-1 s", 300.0),

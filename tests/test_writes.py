@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from zbopt.cli import main
-from zbopt.errors import ZboptError
+from zbopt.core.errors import ZboptError
+from zbopt.interfaces.cli import main
 from zbopt.io.write import write_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ WRITES = {
 UNDER_LIMIT = """
 import contextlib, io, json, resource, signal, sys
 import matplotlib.pyplot, ortools.sat.python.cp_model  # their caches and imports before the limit
-from zbopt.cli import main
+from zbopt.interfaces.cli import main
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), int(sys.argv[1])))
 results = {}

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from tests.reference import assert_paper_peak, costs, order_peak_memory
 from zbopt import NotApplicableError, Problem, ZboptError, critical_path, device_work, generate, simulate
-from zbopt.paper_tables import ZERO_BUBBLE_MODELS, ZERO_BUBBLE_TABLE_5
+from zbopt.core.paper_tables import ZERO_BUBBLE_MODELS, ZERO_BUBBLE_TABLE_5
 from zbopt.schedules import get
 
 ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-auto", "zb-1p", "zb-2p")

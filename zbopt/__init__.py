@@ -1,57 +1,100 @@
 """zbopt: optimal and heuristic pipeline-parallel training schedules, on one shared simulator.
 
 The public names load on first use (PEP 562), so `zbopt --help` and a small simulation do not
-import OR-Tools or matplotlib. This file is where the floors are wired together: it registers the
-results' views (`zbopt.display`) and the schedules built above the generators (`zbopt.blocks`).
+import OR-Tools or matplotlib. The folders are the floors (`core`, `io`, `schedules`, `solvers`,
+`planning`, `presentation`, `interfaces`, lowest first); this file is where they are wired
+together: it registers the results' views (`zbopt.presentation.display`) and the schedules built
+above the generators (`zbopt.solvers.blocks`), and it keeps the module paths that moved into the
+floors importable, with a deprecation warning.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
+import sys
+import warnings
 
-from zbopt import display  # noqa: F401  (registers how results print and show in Jupyter)
-from zbopt.deferred import defer
+from zbopt.core.deferred import defer
+from zbopt.core.lazy import lazy_names
+from zbopt.presentation import display  # noqa: F401  (registers how results print and show in Jupyter)
 
-defer("zbopt.schedules.registry", lambda: importlib.import_module("zbopt.blocks.registered"))  # block-NAME
+defer("zbopt.schedules.registry", lambda: importlib.import_module("zbopt.solvers.blocks.registered"))  # block-NAME
 
 __version__ = "0.1.0"
 
 _PUBLIC = {
-    "zbopt.comparison": ("Comparison", "ComparisonRow", "compare"),
-    "zbopt.errors": ("DeadlockError", "MemoryLimitError", "NotApplicableError", "ProblemError", "ScheduleError",
+    "zbopt.planning.comparison": ("Comparison", "ComparisonRow", "compare"),
+    "zbopt.core.errors": ("DeadlockError", "MemoryLimitError", "NotApplicableError", "ProblemError", "ScheduleError",
                      "UnknownScheduleError", "ZboptError"),
-    "zbopt.frontier": ("Frontier", "memory_frontier"),
-    "zbopt.model": ("Device", "Layer", "Model", "load_model"),
-    "zbopt.planner": ("Pipeline", "Plan", "plan"),
-    "zbopt.ops": ("Op", "critical_path", "device_work", "op_graph"),
-    "zbopt.problem": ("Problem",),
+    "zbopt.planning.frontier": ("Frontier", "memory_frontier"),
+    "zbopt.planning.model": ("Device", "Layer", "Model", "load_model"),
+    "zbopt.planning.planner": ("Pipeline", "Plan", "plan"),
+    "zbopt.core.ops": ("Op", "critical_path", "device_work", "op_graph"),
+    "zbopt.core.problem": ("Problem",),
     "zbopt.io.config": ("load_problem",),
     "zbopt.io.export": ("save_schedule",),
     "zbopt.io.read": ("load_schedule",),
-    "zbopt.schedule": ("Schedule",),
+    "zbopt.core.schedule": ("Schedule",),
     "zbopt.schedules": ("generate", "registered"),
-    "zbopt.simulation": ("MemoryViolation", "Simulation", "simulate"),
+    "zbopt.core.simulation": ("MemoryViolation", "Simulation", "simulate"),
     "zbopt.solvers": ("SolveResult", "lower_bounds", "solve"),
 }
-_MODULE_OF = {name: module for module, names in _PUBLIC.items() for name in names}
+__getattr__, __dir__, __all__ = lazy_names(__name__, {name: module for module, names in _PUBLIC.items()
+                                                      for name in names})
 
-__all__ = sorted(_MODULE_OF)
+_MOVED = {  # where the modules of the flat layout went when the folders became the floors
+    "zbopt.errors": "zbopt.core.errors", "zbopt.kinds": "zbopt.core.kinds",
+    "zbopt.placement": "zbopt.core.placement", "zbopt.ops": "zbopt.core.ops",
+    "zbopt.schedule": "zbopt.core.schedule", "zbopt.interrupt": "zbopt.core.interrupt",
+    "zbopt.tolerance": "zbopt.core.tolerance", "zbopt.shown": "zbopt.core.shown",
+    "zbopt.deferred": "zbopt.core.deferred", "zbopt.timeline": "zbopt.core.timeline",
+    "zbopt.ticks": "zbopt.core.ticks", "zbopt.units": "zbopt.core.units",
+    "zbopt.paper_tables": "zbopt.core.paper_tables", "zbopt.microbatch_order": "zbopt.core.problem.order",
+    "zbopt.problem": "zbopt.core.problem", "zbopt.simulation": "zbopt.core.simulation",
+    "zbopt.blocks": "zbopt.solvers.blocks",
+    "zbopt.comparison": "zbopt.planning.comparison", "zbopt.frontier": "zbopt.planning.frontier",
+    "zbopt.packing": "zbopt.planning.packing", "zbopt.planner": "zbopt.planning.planner",
+    "zbopt.model": "zbopt.planning.model",
+    "zbopt.display": "zbopt.presentation.display", "zbopt.tables": "zbopt.presentation.tables",
+    "zbopt.report": "zbopt.presentation.report", "zbopt.plan_report": "zbopt.presentation.plan_report",
+    "zbopt.plot": "zbopt.presentation.plot",
+    "zbopt.cli": "zbopt.interfaces.cli", "zbopt.runtime": "zbopt.interfaces.runtime",
+}
 
 
-def __getattr__(name: str):
-    """Load a public name's module the first time the name is asked for; `zbopt.solvers` and the
-    other subpackages load on first use too, as they did when this file imported them all."""
-    module = _MODULE_OF.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(module), name)
-    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        value = importlib.import_module(f"{__name__}.{name}")
-    else:
-        raise AttributeError(f"module 'zbopt' has no attribute {name!r}")
-    globals()[name] = value
-    return value
+def moved_to(name: str) -> str | None:
+    """Where the module `name` of the flat layout (or one inside a moved package) lives now."""
+    parts = name.split(".")
+    for cut in range(len(parts), 1, -1):
+        new = _MOVED.get(".".join(parts[:cut]))
+        if new is not None:
+            return ".".join([new, *parts[cut:]])
+    return None
 
 
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports an old path as the module at its new one (the same object), with a DeprecationWarning.
+
+    First on `sys.meta_path`, so that `zbopt.planner.search` is never loaded a second time from the
+    new package's folder under its old name."""
+
+    def find_spec(self, name, path=None, target=None):
+        new = moved_to(name)
+        return None if new is None else importlib.machinery.ModuleSpec(name, self, origin=new)
+
+    def create_module(self, spec):
+        warnings.warn(f"{spec.name} moved to {spec.origin}; the old path will be removed",
+                      DeprecationWarning, stacklevel=2)
+        module = importlib.import_module(spec.origin)
+        spec.loader_state = module.__spec__  # the import system sets __spec__ to this one: put it back
+        return module
+
+    def exec_module(self, module):
+        """The module ran when it was imported at its new path: only its own spec is put back."""
+        module.__spec__ = module.__spec__.loader_state
+
+
+sys.meta_path.insert(0, _MovedModules())

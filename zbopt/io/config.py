@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zbopt.errors import ZboptError
+from zbopt.core.errors import ZboptError
+from zbopt.core.problem import Problem
+from zbopt.core.problem.config import problem_from_config
 from zbopt.io.read import read_data
-from zbopt.problem import Problem
-from zbopt.problem.config import problem_from_config
 
 __all__ = ["load_problem", "read_config_file"]
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zbopt.errors import ZboptError
+from zbopt.core.errors import ZboptError
+from zbopt.core.problem import Problem
+from zbopt.core.problem.order import entry_order, relabelled
+from zbopt.core.schedule import Schedule
+from zbopt.core.simulation import Simulation
 from zbopt.io.torch_format import check_exportable, write_megatron_order, write_torch_csv
 from zbopt.io.trace import TRACE_EXTENSION, write_chrome_trace
 from zbopt.io.write import check_writable, write_file
-from zbopt.microbatch_order import entry_order, relabelled
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
-from zbopt.simulation import Simulation
 
 EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON",
                   "chrome-trace": "Perfetto / chrome://tracing trace"}

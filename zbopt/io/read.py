@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from zbopt.errors import ZboptError, shorten
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.errors import ZboptError, shorten
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 
 # A config is a few KB, a schedule JSON of 100k ops some 1.5 MB; 16 MiB is ten times the largest
 # file zbopt writes for a documented workload, and reads in well under a second. YAML is read in

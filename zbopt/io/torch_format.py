@@ -27,13 +27,13 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
-from zbopt.errors import ZboptError
+from zbopt.core.errors import ZboptError
+from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, WEIGHT
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule, pair_text
+from zbopt.core.simulation import simulate
 from zbopt.io.write import write_file
-from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, WEIGHT
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule, pair_text
-from zbopt.simulation import simulate
 
 # torch's action letters (its _ComputationType), not zbopt's op kinds: torch's B is zbopt's BW
 TORCH_FORWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD, TORCH_FULL_BACKWARD = "F", "I", "W", "B"

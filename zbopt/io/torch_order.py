@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from zbopt.errors import ScheduleError, ZboptError
+from zbopt.core.errors import ScheduleError, ZboptError
+from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, PAIR_MEMBERS, WEIGHT
+from zbopt.core.ops import Op
+from zbopt.core.placement import PLACEMENTS, stage_device
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 from zbopt.io.read import read_text
 from zbopt.io.torch_format import (
     TORCH_FORWARD,
@@ -22,11 +27,6 @@ from zbopt.io.torch_format import (
     TorchAction,
     require_one_step_one_route,
 )
-from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, PAIR_MEMBERS, WEIGHT
-from zbopt.ops import Op
-from zbopt.placement import PLACEMENTS, stage_device
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
 
 LAYOUT_KEYS = ("num_devices", "chunks_per_device", "placement", "num_microbatches")
 

@@ -23,15 +23,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from zbopt.core.kinds import KINDS
+from zbopt.core.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE
+from zbopt.core.problem import Problem
+from zbopt.core.problem.microbatches import tokens_of
+from zbopt.core.schedule import pair_text
+from zbopt.core.simulation import Simulation
+from zbopt.core.ticks import tick_scale
 from zbopt.io.torch_format import TORCH_KIND
 from zbopt.io.write import write_file
-from zbopt.kinds import KINDS
-from zbopt.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE
-from zbopt.problem import Problem
-from zbopt.problem.microbatches import tokens_of
-from zbopt.schedule import pair_text
-from zbopt.simulation import Simulation
-from zbopt.ticks import tick_scale
 
 TRACE_EXTENSION = ".trace.json"  # a trace is JSON too: .json alone names zbopt's schedule JSON
 MIN_TICKS_PER_UNIT = 1000  # one problem unit shows as at least a millisecond
@@ -42,7 +42,7 @@ TORCH_KIND_WORDS = {letter: KINDS[kind].word for kind, letter in TORCH_KIND.item
 
 
 def trace_scale(problem: Problem) -> int:
-    """Trace microseconds per problem unit: the solvers' tick scale (`zbopt.ticks.tick_scale`),
+    """Trace microseconds per problem unit: the solvers' tick scale (`zbopt.core.ticks.tick_scale`),
     at least MIN_TICKS_PER_UNIT."""
     return max(MIN_TICKS_PER_UNIT, tick_scale(problem).ticks_per_unit)
 
@@ -140,7 +140,7 @@ def _track_names(num_devices: int, tracks: set[tuple[int, int]], first_pid: int 
 
 
 def measured_trace(report) -> dict:
-    """The last timed step of a `zbopt.runtime.run_torch` report in the same layout as
+    """The last timed step of a `zbopt.interfaces.runtime.run_torch` report in the same layout as
     `chrome_trace` (the predicted step opens beside it): per rank its process and compute track,
     one complete event per torch action run, named as torch names it ("3F1", "3I1", "3W1", and
     "3B1" for a full backward, zbopt's B and W or BW; the loss within the last stage's F), at

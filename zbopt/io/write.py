@@ -21,7 +21,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import BinaryIO
 
-from zbopt.errors import ZboptError
+from zbopt.core.errors import ZboptError
 
 Content = str | bytes | Callable[[BinaryIO], None]  # text is written as UTF-8; a callable writes into the file
 MAX_LINKS = 40  # as the kernel's limit on a chain of symbolic links

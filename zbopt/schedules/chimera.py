@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from zbopt.kinds import BACKWARD, FORWARD
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.kinds import BACKWARD, FORWARD
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 from zbopt.schedules.common import backward_ops, require_two_ways
 from zbopt.schedules.registry import register
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from zbopt.kinds import FORWARD
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.kinds import FORWARD
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 from zbopt.schedules.common import alternate_passes, backward_ops, iteration_microbatches
 from zbopt.schedules.registry import register, require
 

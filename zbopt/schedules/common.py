@@ -5,10 +5,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
-from zbopt.kinds import BACKWARD, COPY_KINDS, FORWARD, FUSED_BACKWARD, WEIGHT
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.kinds import BACKWARD, COPY_KINDS, FORWARD, FUSED_BACKWARD, WEIGHT
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 from zbopt.schedules.registry import require
 
 

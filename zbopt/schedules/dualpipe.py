@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 
-from zbopt.kinds import FORWARD, WEIGHT
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.kinds import FORWARD, WEIGHT
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 from zbopt.schedules.common import backward_ops, input_gradient, iteration_microbatches, require_two_ways
 from zbopt.schedules.registry import register, require
 

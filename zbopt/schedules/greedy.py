@@ -26,14 +26,14 @@ import itertools
 import math
 from operator import attrgetter
 
-from zbopt import interrupt
-from zbopt.kinds import FORWARD, WEIGHT
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core import interrupt
+from zbopt.core.kinds import FORWARD, WEIGHT
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
+from zbopt.core.timeline import Timeline
+from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.registry import register, require
-from zbopt.timeline import Timeline
-from zbopt.tolerance import memory_ceiling
 
 _BACKWARD, _CONTINUE, _TAKE_IN, _WEIGHT = range(4)  # priorities, first wins
 

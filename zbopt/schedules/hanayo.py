@@ -23,8 +23,8 @@ warm-up counts derived for the wave.
 
 from __future__ import annotations
 
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 from zbopt.schedules.interleaved import table_memory, table_order
 from zbopt.schedules.registry import register, require
 

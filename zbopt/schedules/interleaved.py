@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from zbopt.errors import ZboptError
-from zbopt.kinds import FORWARD
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.errors import ZboptError
+from zbopt.core.kinds import FORWARD
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 from zbopt.schedules.common import backward_ops, iteration_microbatches
 from zbopt.schedules.registry import register, require
 

@@ -23,15 +23,15 @@ import bisect
 
 import numpy as np
 
-from zbopt.errors import NotApplicableError
-from zbopt.kinds import FORWARD, OFFLOAD, RELOAD
-from zbopt.ops import Op, OpTable
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.errors import NotApplicableError
+from zbopt.core.kinds import FORWARD, OFFLOAD, RELOAD
+from zbopt.core.ops import Op, OpTable
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
+from zbopt.core.simulation import activation_choices, simulate
+from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import backward_ops, schedule_from_starts
 from zbopt.schedules.registry import generate, register, require
-from zbopt.simulation import activation_choices, simulate
-from zbopt.tolerance import memory_ceiling
 
 _NEEDS = "allow_offload: true (and offload_times)"
 ROBUSTNESS_COPIES = 3  # offloading.py: an activation is offloaded only if its gap exceeds 3 (offload + reload)

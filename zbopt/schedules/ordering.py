@@ -22,8 +22,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
-from zbopt.errors import ProblemError
-from zbopt.microbatch_order import (
+from zbopt.core.errors import ProblemError
+from zbopt.core.problem import Problem
+from zbopt.core.problem.order import (
     SEARCHED_RULES,
     check_order,
     relabelled,
@@ -32,9 +33,8 @@ from zbopt.microbatch_order import (
     sizes,
     sorted_order,
 )
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
-from zbopt.simulation import simulate
+from zbopt.core.schedule import Schedule
+from zbopt.core.simulation import simulate
 
 Build = Callable[[Problem], Schedule]
 Order = Sequence[int] | str | None

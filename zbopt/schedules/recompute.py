@@ -21,17 +21,17 @@ from __future__ import annotations
 import math
 from operator import attrgetter
 
-from zbopt.errors import NotApplicableError
-from zbopt.kinds import FORWARD, RECOMPUTE
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.errors import NotApplicableError
+from zbopt.core.kinds import FORWARD, RECOMPUTE
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
+from zbopt.core.simulation import simulate
+from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.classic import one_f_one_b, warmup_then_alternate
 from zbopt.schedules.common import backward_ops, iteration_microbatches
 from zbopt.schedules.interleaved import interleaved_one_f_one_b
 from zbopt.schedules.registry import register, require
-from zbopt.simulation import simulate
-from zbopt.tolerance import memory_ceiling
 
 _NEEDS = "allow_recompute: true (and checkpoint_memory)"
 

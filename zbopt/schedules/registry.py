@@ -2,7 +2,7 @@
 
 The registry lists its schedules in the order they were registered (`zbopt schedules`, `compare`).
 Schedules a floor above builds (block-NAME, from the building blocks) are registered by that floor:
-the root package leaves their loader in `zbopt.deferred`, run here before the first lookup or listing.
+the root package leaves their loader in `zbopt.core.deferred`, run here before the first lookup or listing.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from zbopt.deferred import load_deferred
-from zbopt.errors import NotApplicableError, UnknownScheduleError, ZboptError
-from zbopt.problem import Problem
-from zbopt.problem.microbatches import every_microbatch_at
-from zbopt.schedule import Schedule
+from zbopt.core.deferred import load_deferred
+from zbopt.core.errors import NotApplicableError, UnknownScheduleError, ZboptError
+from zbopt.core.problem import Problem
+from zbopt.core.problem.microbatches import every_microbatch_at
+from zbopt.core.schedule import Schedule
 from zbopt.schedules.ordering import Order, in_order
 
 Generator = Callable[..., Schedule]
@@ -34,7 +34,7 @@ class RegisteredSchedule:
     summary: str
     peak_memory_bound: MemoryBound | None = None
     bidirectional: bool = False  # builds schedules for the bidirectional placement (`Problem.routes`)
-    sliced: bool = False  # orders the slices of a sequence as `zbopt.problem.slices` requires
+    sliced: bool = False  # orders the slices of a sequence as `zbopt.core.problem.slices` requires
 
 
 _REGISTRY: dict[str, RegisteredSchedule] = {}

@@ -1,6 +1,6 @@
 """Seq1F1B (Sun et al., NAACL 2025, arXiv 2406.03488): 1F1B over the slices of each sequence.
 
-The paper's Fig. 1 and §3: each sequence is split into k slices (`zbopt.problem.slices`), and 1F1B runs
+The paper's Fig. 1 and §3: each sequence is split into k slices (`zbopt.core.problem.slices`), and 1F1B runs
 over slices instead of microbatches, with two changes. Warm-up: device s runs p - s - 1 + k - 1
 forwards before its first backward (p - s + k - 2 in the authors' Megatron code,
 megatron/core/pipeline_parallel/schedules.py, rank s of p), so the last device has all k slices
@@ -12,9 +12,9 @@ i's. Forwards run in entry order: sequence by sequence, slice 0 first.
 
 from __future__ import annotations
 
-from zbopt.kinds import FORWARD
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.kinds import FORWARD
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 from zbopt.schedules.classic import warmup_then_alternate
 from zbopt.schedules.common import iteration_microbatches
 from zbopt.schedules.registry import register, require

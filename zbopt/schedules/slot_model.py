@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from zbopt import interrupt
-from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.timeline import Timeline
+from zbopt.core import interrupt
+from zbopt.core.kinds import BACKWARD, FORWARD, WEIGHT
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.timeline import Timeline
 
 PERIOD = 6
 """Repetition interval of the building blocks in slots: each op lasts one slot (F = B = W per

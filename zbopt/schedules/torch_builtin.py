@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from zbopt.errors import MissingSettingsError, NotApplicableError, ScheduleError, UnknownScheduleError, ZboptError
+from zbopt.core.errors import MissingSettingsError, NotApplicableError, ScheduleError, UnknownScheduleError, ZboptError
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 from zbopt.io.torch_order import TorchOrder
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
 from zbopt.schedules.ordering import Order, in_order
 from zbopt.schedules.registry import generate
 

@@ -23,9 +23,9 @@ Peak memory is stated in *chunk activations*: one microbatch's activation on one
 
 from __future__ import annotations
 
-from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.kinds import BACKWARD, FORWARD, WEIGHT
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
 from zbopt.schedules.common import block_memory, chunk_activations, passes_to_schedule, require_v_shape
 from zbopt.schedules.registry import register
 from zbopt.schedules.slot_model import (

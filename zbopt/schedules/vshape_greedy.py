@@ -32,17 +32,17 @@ import functools
 from collections import deque
 from collections.abc import Sequence
 
-from zbopt import interrupt
-from zbopt.errors import NotApplicableError
-from zbopt.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core import interrupt
+from zbopt.core.errors import NotApplicableError
+from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
+from zbopt.core.simulation import simulate
+from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import block_memory, chunk_activations, passes_to_schedule, require_v_shape
 from zbopt.schedules.registry import register
 from zbopt.schedules.slot_model import Pass, v_half_block, v_half_peak
 from zbopt.schedules.vshape_reorder import reordered_passes
-from zbopt.simulation import simulate
-from zbopt.tolerance import memory_ceiling
 
 _LANES = ((FORWARD, 0), (FORWARD, 1), (BACKWARD, 1), (BACKWARD, 0), (WEIGHT, 1), (WEIGHT, 0))
 # the pass on a device before each lane's pass of the same microbatch (a W follows its own B)

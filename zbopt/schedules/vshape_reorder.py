@@ -16,8 +16,8 @@ algorithm; `zbopt.schedules.slot_model` keeps zbopt's earlier reading of the sam
 
 from __future__ import annotations
 
-from zbopt import interrupt
-from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
+from zbopt.core import interrupt
+from zbopt.core.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.schedules.slot_model import PERIOD, Pass, PassSlots
 
 # A device's passes in slot order break ties in this order (one device never holds two per slot);

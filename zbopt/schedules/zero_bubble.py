@@ -14,17 +14,17 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from zbopt import interrupt
-from zbopt.errors import NotApplicableError, ProblemError, ZboptError
-from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core import interrupt
+from zbopt.core.errors import NotApplicableError, ProblemError, ZboptError
+from zbopt.core.kinds import BACKWARD, FORWARD, WEIGHT
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
+from zbopt.core.simulation import simulate
+from zbopt.core.timeline import Timeline
+from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import repeat_per_iteration
 from zbopt.schedules.registry import register, require
-from zbopt.simulation import simulate
-from zbopt.timeline import Timeline
-from zbopt.tolerance import memory_ceiling
 
 
 def _require_split_single_chunk(problem: Problem, name: str) -> None:

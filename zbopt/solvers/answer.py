@@ -7,12 +7,12 @@ import dataclasses
 import math
 import time
 
-from zbopt.kinds import OFFLOAD, RECOMPUTE, RELOAD
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core.kinds import OFFLOAD, RECOMPUTE, RELOAD
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
+from zbopt.core.simulation import Simulation, simulate
 from zbopt.schedules.common import schedule_from_starts
-from zbopt.simulation import Simulation, simulate
 from zbopt.solvers.task import Found
 
 OBJECTIVES = ("makespan", "span")

@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import NamedTuple
 
-from zbopt import interrupt
-from zbopt.errors import ZboptError
-from zbopt.problem import Problem
-from zbopt.schedule import Schedule
+from zbopt.core import interrupt
+from zbopt.core.errors import ZboptError
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
+from zbopt.core.simulation import Simulation
 from zbopt.schedules.ordering import Order
-from zbopt.simulation import Simulation
 from zbopt.solvers import cpsat, full_model, lns, milp
 from zbopt.solvers.answer import OBJECTIVES, objective_value, simulated_answer, without_needless_mechanisms
 from zbopt.solvers.bounds import LowerBounds, lower_bounds, span_bounds
@@ -121,7 +121,7 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float | interr
         `zbopt.solvers.cpsat`), "cbc" / "highs" (the disjunctive MILP through PuLP,
         `zbopt.solvers.milp`) or "lns" (large-neighbourhood search from the warm start,
         `zbopt.solvers.lns`).
-    time_limit : seconds for the whole call, or a `zbopt.interrupt.Clock` its caller already
+    time_limit : seconds for the whole call, or a `zbopt.core.interrupt.Clock` its caller already
         counts; shared by stages: the heuristics (no further one
         starts after HEURISTICS_SHARE of it, once one is valid), the lower bounds (cut after
         BOUNDS_SHARE of what is left; `bounds_complete` says so), then the search and the second
@@ -149,8 +149,8 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float | interr
 
     Raises
     ------
-    zbopt.interrupt.Interrupted (a KeyboardInterrupt) on Ctrl-C, once the stage under way has
-    stopped (in the main thread: see `zbopt.interrupt`); its `partial` is the SolveResult of the
+    zbopt.core.interrupt.Interrupted (a KeyboardInterrupt) on Ctrl-C, once the stage under way has
+    stopped (in the main thread: see `zbopt.core.interrupt`); its `partial` is the SolveResult of the
     best schedule so far, with its status and bound as at the stop (a second Ctrl-C: at once).
 
     >>> from zbopt import Problem

@@ -52,9 +52,9 @@ from typing import NamedTuple
 
 import networkx as nx
 
-from zbopt import interrupt
-from zbopt.ops import Op, critical_path, device_work
-from zbopt.problem import Problem
+from zbopt.core import interrupt
+from zbopt.core.ops import Op, critical_path, device_work
+from zbopt.core.problem import Problem
 from zbopt.solvers.cross_device import cross_device_bound, device_groups
 from zbopt.solvers.gap import meets
 from zbopt.solvers.implied import heads_and_tails, implied_graph

@@ -11,12 +11,12 @@ from typing import NamedTuple
 
 from ortools.sat.python import cp_model
 
-from zbopt import interrupt
-from zbopt.kinds import FORWARD, OFFLOAD, RECOMPUTE, RELOAD
-from zbopt.ops import Op
-from zbopt.problem import Problem
+from zbopt.core import interrupt
+from zbopt.core.kinds import FORWARD, OFFLOAD, RECOMPUTE, RELOAD
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.ticks import memory_rounding, memory_scale
 from zbopt.solvers.task import SearchTask
-from zbopt.ticks import memory_rounding, memory_scale
 
 STOP_POLL_S = 0.05  # how often a running solve checks for the deadline and Ctrl-C
 

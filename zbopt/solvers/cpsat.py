@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from zbopt.problem import Problem
+from zbopt.core.problem import Problem
 from zbopt.solvers import full_model, lns
 from zbopt.solvers.answer import simulated_answer
 from zbopt.solvers.task import Found, SearchTask

@@ -46,15 +46,15 @@ from typing import NamedTuple
 import networkx as nx
 from ortools.sat.python import cp_model
 
-from zbopt.kinds import OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
-from zbopt.ops import Op, device_work, op_table
-from zbopt.problem import Problem
+from zbopt.core.kinds import OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
+from zbopt.core.ops import Op, device_work, op_table
+from zbopt.core.problem import Problem
+from zbopt.core.ticks import cost_values, memory_scale, scaled_costs, tick_scale
 from zbopt.solvers.cp_parts import OpVars, lifetime_intervals, solve_stoppable, timed_solver
 from zbopt.solvers.model_memory import activation_choice_literals
 from zbopt.solvers.overlap_pairs import PairChoice, candidate_window, least_duration, pair_choices
 from zbopt.solvers.pair_relaxation import pair_relaxed
 from zbopt.solvers.sequencing import chain_lags
-from zbopt.ticks import cost_values, memory_scale, scaled_costs, tick_scale
 
 # two workers that prove these models fast together (measured on the single device: p = 4, v = 2, V-Min's
 # memory: optima proven in 2-7 s, where the default search's bound stalls ~10% lower after 20 s)

@@ -46,18 +46,18 @@ from dataclasses import dataclass
 import networkx as nx
 from ortools.sat.python import cp_model
 
-from zbopt.errors import ZboptError
-from zbopt.kinds import OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
-from zbopt.ops import Op, op_graph, op_table
-from zbopt.problem import Problem
-from zbopt.simulation import simulate
+from zbopt.core.errors import ZboptError
+from zbopt.core.kinds import OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
+from zbopt.core.ops import Op, op_graph, op_table
+from zbopt.core.problem import Problem
+from zbopt.core.simulation import simulate
+from zbopt.core.ticks import TickScale, ceil_ticks, tick_problem, tick_scale
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.cp_parts import OpVars, solve_stoppable, task_stopped
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
 from zbopt.solvers.model_memory import activation_choice_literals, limited_lifetimes, peak_memory
 from zbopt.solvers.overlap_pairs import PairChoice, as_paired, candidate_window, least_duration, pair_choices
 from zbopt.solvers.task import Found, SearchTask
-from zbopt.ticks import TickScale, ceil_ticks, tick_problem, tick_scale
 
 MEMORY_MODELS = ("cumulative", "reservoir")
 _STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
@@ -294,7 +294,7 @@ def _solve(solver: cp_model.CpSolver, model, task: SearchTask, scale: TickScale,
         solver.parameters.max_deterministic_time = max(0.01, task.remaining())
     solver.parameters.num_workers = task.workers
     solver.parameters.random_seed = task.seed
-    solver.parameters.catch_sigint_signal = False  # Ctrl-C is `zbopt.interrupt`'s: the watcher calls StopSearch
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is `zbopt.core.interrupt`'s: the watcher calls StopSearch
     if task.peak_cap is None:
         solver.best_bound_callback = lambda bound: task.report(None, scale.units(bound) - scale.error_bound)
     code = solve_stoppable(solver, model, _Progress(scale, task.report) if task.peak_cap is None else None,

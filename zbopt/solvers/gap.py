@@ -3,7 +3,7 @@ frontier, the comparison tables and the live line all read it here."""
 
 from __future__ import annotations
 
-from zbopt.tolerance import RELATIVE_TOLERANCE
+from zbopt.core.tolerance import RELATIVE_TOLERANCE
 
 
 def relative_gap(value: float | None, lower_bound: float) -> float | None:

@@ -14,9 +14,9 @@ import math
 
 import networkx as nx
 
-from zbopt.kinds import BACKWARD, FORWARD, WEIGHT
-from zbopt.ops import Op, earliest_finish, op_graph
-from zbopt.problem import Problem
+from zbopt.core.kinds import BACKWARD, FORWARD, WEIGHT
+from zbopt.core.ops import Op, earliest_finish, op_graph
+from zbopt.core.problem import Problem
 
 
 def order_runs(problem: Problem) -> dict[int, tuple[tuple[int, ...], int]]:

@@ -20,14 +20,14 @@ import time
 
 from ortools.sat.python import cp_model
 
-from zbopt.kinds import FORWARD
-from zbopt.ops import Op, op_table
-from zbopt.problem import Problem
-from zbopt.simulation import simulate
+from zbopt.core.kinds import FORWARD
+from zbopt.core.ops import Op, op_table
+from zbopt.core.problem import Problem
+from zbopt.core.simulation import simulate
+from zbopt.core.ticks import memory_scale, tick_problem, tick_scale
+from zbopt.core.timeline import compact
 from zbopt.solvers.cp_parts import lifetime_intervals, solve_stoppable, task_stopped, timed_solver
 from zbopt.solvers.task import Found, SearchTask, keeps_every_activation
-from zbopt.ticks import memory_scale, tick_problem, tick_scale
-from zbopt.timeline import compact
 
 FIRST_WINDOW_OPS = 120
 MIN_WINDOW_OPS = 30

@@ -8,10 +8,10 @@ from typing import NamedTuple
 
 import networkx as nx
 
-from zbopt.kinds import FORWARD, WEIGHT
-from zbopt.ops import Op, earliest_finish, one_per_route, op_graph, op_table
-from zbopt.problem import Problem
-from zbopt.tolerance import memory_ceiling
+from zbopt.core.kinds import FORWARD, WEIGHT
+from zbopt.core.ops import Op, earliest_finish, one_per_route, op_graph, op_table
+from zbopt.core.problem import Problem
+from zbopt.core.tolerance import memory_ceiling
 
 
 def activation_lifetimes(problem: Problem) -> list[tuple[float, float]]:

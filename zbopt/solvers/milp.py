@@ -27,9 +27,9 @@ from pathlib import Path
 
 import networkx as nx
 
-from zbopt.kinds import FORWARD
-from zbopt.ops import Op
-from zbopt.problem import Problem
+from zbopt.core.kinds import FORWARD
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
 from zbopt.solvers.task import Found, SearchTask, keeps_every_activation

@@ -4,11 +4,11 @@ reservoir, the `memory_model` option), and the highest peak the driver's second 
 
 from __future__ import annotations
 
-from zbopt.kinds import FORWARD, OFFLOAD, RECOMPUTE, RELOAD
-from zbopt.ops import Op
-from zbopt.problem import Problem
+from zbopt.core.kinds import FORWARD, OFFLOAD, RECOMPUTE, RELOAD
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.ticks import memory_scale
 from zbopt.solvers.cp_parts import Choice, Lifetime, OpVars, lifetime_intervals
-from zbopt.ticks import memory_scale
 
 
 def activation_choice_literals(model, problem: Problem, ops: dict[Op, OpVars],

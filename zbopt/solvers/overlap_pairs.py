@@ -8,9 +8,9 @@ from typing import NamedTuple
 
 import networkx as nx
 
-from zbopt.kinds import BACKWARD, FORWARD, PAIR_MEMBERS, WEIGHT
-from zbopt.ops import Op
-from zbopt.problem import Problem
+from zbopt.core.kinds import BACKWARD, FORWARD, PAIR_MEMBERS, WEIGHT
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
 from zbopt.solvers.cp_parts import OpVars
 
 MAX_PAIR_CANDIDATES = 20_000  # every candidate pair up to this many (p = 4, m = 32 both ways: 4,096 per kind)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import itertools
 import math
 
-from zbopt.kinds import FORWARD, PAIR_MEMBERS
-from zbopt.ops import Op
-from zbopt.problem import Problem
+from zbopt.core.kinds import FORWARD, PAIR_MEMBERS
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
 from zbopt.solvers.implied import heads_and_tails, implied_graph
 from zbopt.solvers.overlap_pairs import as_paired
 

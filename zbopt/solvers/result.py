@@ -1,14 +1,14 @@
 """A solver's answer as the user gets it: the schedule re-simulated, its status, bound and gap
-(the solver's integer ticks are `zbopt.ticks`'s; the rule for "optimal" and the gap is `gap`'s)."""
+(the solver's integer ticks are `zbopt.core.ticks`'s; the rule for "optimal" and the gap is `gap`'s)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zbopt.errors import ZboptError
-from zbopt.schedule import Schedule
-from zbopt.shown import Shown
-from zbopt.simulation import Simulation
+from zbopt.core.errors import ZboptError
+from zbopt.core.schedule import Schedule
+from zbopt.core.shown import Shown
+from zbopt.core.simulation import Simulation
 from zbopt.solvers.gap import relative_gap
 
 

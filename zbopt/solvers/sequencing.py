@@ -10,11 +10,11 @@ import operator
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
-from zbopt import interrupt
-from zbopt.kinds import FORWARD, WEIGHT
-from zbopt.ops import Op, op_table
-from zbopt.problem import Problem
-from zbopt.tolerance import memory_ceiling
+from zbopt.core import interrupt
+from zbopt.core.kinds import FORWARD, WEIGHT
+from zbopt.core.ops import Op, op_table
+from zbopt.core.problem import Problem
+from zbopt.core.tolerance import memory_ceiling
 
 
 def jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:

@@ -19,9 +19,9 @@ from typing import NamedTuple
 
 import networkx as nx
 
-from zbopt import interrupt
-from zbopt.ops import Op
-from zbopt.problem import Problem
+from zbopt.core import interrupt
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
 from zbopt.solvers.cross_device import cross_device_bound
 from zbopt.solvers.implied import implied_graph
 from zbopt.solvers.pair_relaxation import pair_relaxed

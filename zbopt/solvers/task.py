@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from zbopt.ops import Op
-from zbopt.problem import Problem
-from zbopt.simulation import Simulation
+from zbopt.core.ops import Op
+from zbopt.core.problem import Problem
+from zbopt.core.simulation import Simulation
 
 
 def ignore(*_args) -> None:

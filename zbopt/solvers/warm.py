@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import math
 
-from zbopt import interrupt
-from zbopt.errors import NotApplicableError, ProblemError, ZboptError
-from zbopt.microbatch_order import SORTED_RULES, check_order, sorted_order
-from zbopt.problem import Problem
-from zbopt.problem.microbatches import EQUAL_MICROBATCHES, every_microbatch_at
-from zbopt.schedule import Schedule
+from zbopt.core import interrupt
+from zbopt.core.errors import NotApplicableError, ProblemError, ZboptError
+from zbopt.core.problem import Problem
+from zbopt.core.problem.microbatches import EQUAL_MICROBATCHES, every_microbatch_at
+from zbopt.core.problem.order import SORTED_RULES, check_order, sorted_order
+from zbopt.core.schedule import Schedule
+from zbopt.core.simulation import Simulation, simulate
 from zbopt.schedules import generate, registered
 from zbopt.schedules.ordering import Order
-from zbopt.simulation import Simulation, simulate
 from zbopt.solvers.answer import objective_value
 from zbopt.solvers.gap import meets
 

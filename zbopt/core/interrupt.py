@@ -1,0 +1,196 @@
+"""Ctrl-C, one policy for every command and for `solve` and `memory_frontier` called from Python.
+
+While the work runs (`stoppable`), the first Ctrl-C only sets `requested`: no exception can land
+inside a solver's C++ callback. The solvers' watchers, LNS's loop, the driver and the frontier poll
+it, stop through the solver's own mechanism (CP-SAT's StopSearch; killing the MILP's child) and
+raise `Interrupted` carrying the best answer so far. A second Ctrl-C acts as before the work:
+Python's KeyboardInterrupt, or, in the `zbopt` command, `exit_at_once`.
+
+A time limit stops work the same way: code that may run long with no solver to stop (a heuristic
+at p = 32, m = 512 takes seconds) calls `check` in its loop, which raises `TimeUp` once the
+deadline of the enclosing `deadline_scope` has passed or Ctrl-C came.
+
+The one clock: a command's time budget is one `Clock`, made where the command starts (the
+command line's from its process's start, `process_started`, so that `--time-limit` holds from
+start to exit), passed down and split by named shares (`Clock.share`); the stages read their
+deadlines from it, none from a start time of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
+
+from zbopt.core.errors import ZboptError
+
+EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
+MESSAGE = "zbopt: interrupted"
+
+T = TypeVar("T")
+
+requested = threading.Event()  # Ctrl-C came while the work ran
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the work; `partial` is its best answer so far (a SolveResult, Comparison,
+    Frontier, ...) or None. A KeyboardInterrupt, so a loop over solves stops as Python users expect."""
+
+    def __init__(self, partial: object = None):
+        super().__init__(MESSAGE)
+        self.partial = partial
+
+
+def answer_of(work: Callable[[], T]) -> tuple[T, Interrupted | None]:
+    """(work(), None); after Ctrl-C, (its best answer so far, the `Interrupted` to raise once the
+    command has printed and written that answer). Ctrl-C before any answer propagates."""
+    try:
+        return work(), None
+    except Interrupted as stop:
+        if stop.partial is None:
+            raise
+        return stop.partial, stop
+
+
+def past(deadline: float) -> bool:
+    """Whether the work should stop: `deadline` (`time.perf_counter()`) has passed or Ctrl-C came."""
+    return requested.is_set() or time.perf_counter() > deadline
+
+
+class TimeUp(Exception):
+    """The work under a `deadline_scope` ran past its deadline (or Ctrl-C came) and stopped."""
+
+
+@dataclass(frozen=True)
+class Clock:
+    """A time budget: the `time.perf_counter()` by which the work must be done, and what it is for
+    ("plan", "plan.heuristics"). Made once where the work starts (`start`), split by `share`."""
+
+    deadline: float
+    name: str = "work"
+
+    @classmethod
+    def start(cls, seconds: float, name: str = "work", began: float | None = None) -> Clock:
+        """`seconds` from `began` (a `time.perf_counter()`; default now); a ZboptError unless positive."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:  # NaN too
+            raise ZboptError(f"time limit {seconds:g}: must be positive" if isinstance(seconds, (int, float))
+                             else f"time limit {seconds!r}: expected a number of seconds")
+        return cls((time.perf_counter() if began is None else began) + seconds, name)
+
+    def left(self) -> float:
+        """Seconds to the deadline, never below 0."""
+        return max(0.0, self.deadline - time.perf_counter())
+
+    def past(self) -> bool:
+        """Whether the work should stop: the deadline has passed or Ctrl-C came."""
+        return past(self.deadline)
+
+    def share(self, name: str, fraction: float = 1.0, *, most: float = math.inf, reserve: float = 0.0) -> Clock:
+        """A stage's part of what is left: `fraction` of it after `reserve` seconds kept for what
+        follows (the answer's output, say), at most `most` seconds."""
+        seconds = min(most, fraction * max(0.0, self.left() - reserve))
+        return Clock(time.perf_counter() + seconds, f"{self.name}.{name}")
+
+
+START_UP_MOST_S = 10.0  # more is no start-up: a process that ran other work before it exec'd zbopt
+
+
+def process_started() -> float:
+    """This process's start as a `time.perf_counter()` value (Linux: from /proc; elsewhere, now),
+    so that a command's budget counts the interpreter's start-up and its imports too."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            started = int(stat.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+            age = float(uptime.read().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        age = 0.0
+    return time.perf_counter() - min(max(age, 0.0), START_UP_MOST_S)
+
+
+def as_clock(time_limit: float | Clock, name: str) -> Clock:
+    """A function's `time_limit`: seconds from now, or a Clock its caller is already counting."""
+    return time_limit if isinstance(time_limit, Clock) else Clock.start(time_limit, name)
+
+
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("zbopt_deadline", default=None)
+
+
+@contextlib.contextmanager
+def deadline_scope(deadline: float) -> Iterator[None]:
+    """While the block runs, `check` raises `TimeUp` past `deadline` (`time.perf_counter()`), or
+    past an enclosing scope's deadline if that comes first, or after Ctrl-C."""
+    enclosing = _deadline.get()
+    token = _deadline.set(deadline if enclosing is None else min(deadline, enclosing))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
+def check() -> None:
+    """Raise `TimeUp` if the enclosing `deadline_scope` has passed or Ctrl-C came. Outside any
+    scope, nothing: the caller there (a frontier's heuristic points, compare) stops on Ctrl-C by
+    its own means, and expects no exception from a generator."""
+    deadline = _deadline.get()
+    if deadline is not None and past(deadline):
+        raise TimeUp
+
+
+def exit_at_once(_signum=None, _frame=None) -> None:
+    """The `zbopt` command's SIGINT handler outside the work (start-up, a second Ctrl-C): one line
+    on stderr, then `leave`."""
+    os.write(2, f"\n{MESSAGE}\n".encode() if _mid_line() else f"{MESSAGE}\n".encode())
+    leave()
+
+
+def leave() -> None:
+    """Exit 130 at once, what was printed flushed: no interpreter shutdown, which would wait for
+    nothing useful, could meet a solver thread still inside C++, and lets a further Ctrl-C end the
+    process by the signal."""
+    with contextlib.suppress(OSError, RuntimeError, ValueError):  # a write under way, or stdout closed
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _mid_line() -> bool:
+    """Whether a live progress line may be on stderr's terminal (then the message starts a line)."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def stoppable() -> Iterator[None]:
+    """While the block runs, the first Ctrl-C sets `requested` and a second acts as before it.
+    Only in the main thread and over Python's default handler or `exit_at_once`; any other handler
+    (someone's own, SIG_IGN in a frontier worker, or an enclosing `stoppable`) is left alone. The
+    outermost use clears `requested` as it starts and ends: the block looks at it before it ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous not in (signal.default_int_handler, exit_at_once):
+        yield
+        return
+    requested.clear()
+
+    def first(_signum, _frame) -> None:
+        requested.set()
+        signal.signal(signal.SIGINT, previous)
+
+    signal.signal(signal.SIGINT, first)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        requested.clear()

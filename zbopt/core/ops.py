@@ -1,0 +1,373 @@
+"""Ops and their dependencies: the op DAG of a problem.
+
+The dependencies are defined once, in `OpTable`; the networkx graph, the simulator and the
+solvers all read them from there.
+
+Within one microbatch j, through the stages a..z of its route (`Problem.routes`: all S virtual
+stages, or with the bidirectional placement half of them, one way):
+    F(s, j) -> F(s+1, j);  F(z, j) -> B(z, j);  B(s+1, j) -> B(s, j);  B(s, j) -> W(s, j)
+    fused:  F(z, j) -> BW(z, j);  BW(s+1, j) -> BW(s, j)
+A recomputed activation adds R(s, j) (same device): F(s, j) -> R(s, j) -> B(s, j) (or BW).
+Sequence slices (`zbopt.core.problem.slices`) add, on one stage, F(s, j-1) -> F(s, j) and B(s, j+1) -> B(s, j)
+(or BW) between slices j-1, j, j+1 of one sequence.
+An offloaded one adds O(s, j) and L(s, j) on the device's copy lanes: F(s, j) -> O(s, j) -> L(s, j)
+-> B(s, j) (or BW).
+Every edge between ops on different devices carries the latency p2p_time.
+Between iterations, with a flush (a weight update on each stage): every F(s, j) of iteration k+1
+waits for every gradient op (W or BW) of stage s in iteration k; same device, so no latency.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING, NamedTuple
+
+from zbopt.core.errors import ScheduleError, shorten
+from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
+from zbopt.core.problem import Problem
+from zbopt.core.problem.microbatches import EQUAL_MICROBATCHES
+from zbopt.core.problem.slices import neighbour
+
+if TYPE_CHECKING:
+    import networkx as nx  # imported where a graph is built: it takes some 0.4 s to load
+
+# the longest letters first, so that "BW" is not read as "B"
+_OP_PATTERN = re.compile(rf"^\s*(\d+)({'|'.join(sorted(KINDS, key=len, reverse=True))})(\d+)\s*$")
+# Where an op runs on its device: compute, or one of the two copy lanes beside it.
+COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE = 0, 1, 2
+LANE_OF_KIND = {OFFLOAD: OFFLOAD_LANE, RELOAD: RELOAD_LANE}
+
+
+class Op(NamedTuple):
+    """One unit of work: `kind` (F, B, W, BW, R, O or L) of virtual stage `stage` on microbatch `microbatch`.
+
+    Its text form is "{stage}{kind}{microbatch}", as in torch.distributed.pipelining:
+
+    >>> str(Op("B", 3, 1)), Op.from_str("3BW1")
+    ('3B1', Op(kind='BW', stage=3, microbatch=1))
+    """
+
+    kind: str
+    stage: int
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+    @classmethod
+    def from_str(cls, text: str) -> Op:
+        """Parse "3F1" / "0BW12"; raises ScheduleError naming the text when it is not an op."""
+        match = _OP_PATTERN.match(text) if isinstance(text, str) else None
+        if match is None:
+            raise ScheduleError(
+                f"{shorten(text)} is not an op: expected stage, kind ({', '.join(KINDS)}), microbatch, e.g. '3F1'")
+        return cls(match.group(2), int(match.group(1)), int(match.group(3)))
+
+
+class OpTable:
+    """Every op of a problem numbered 0..N-1 with the flat arrays the simulator and solvers read.
+
+    Index of Op(kind, s, j) = (kind_index · P + position) · M + j with M = m · iterations, P the
+    stages a microbatch visits and position the place of s on j's route (s itself unless
+    bidirectional), so ops of one kind and stage are contiguous and in microbatch order (with the
+    bidirectional placement, the block of a route position holds the down stage's ops, then the
+    up stage's). The optional ops follow, a schedule's
+    choice per (stage, microbatch) pair, each in (stage, microbatch) order: the R of each pair in
+    `recomputed`, then the O and then the L of each pair in `offloaded`.
+    """
+
+    def __init__(self, problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset(),
+                 offloaded: frozenset[tuple[int, int]] = frozenset()):
+        for pairs, kind, allowed, key in ((recomputed, RECOMPUTE, problem.allow_recompute, "allow_recompute"),
+                                          (offloaded, OFFLOAD, problem.allow_offload, "allow_offload")):
+            if pairs and not allowed:
+                what = "recomputation" if kind == RECOMPUTE else "offload"
+                raise ScheduleError(f"op {Op(kind, *min(pairs))}: {what} is not allowed in this problem "
+                                    f"({key} is false)")
+        both = recomputed & offloaded
+        if both:
+            stage, microbatch = min(both)
+            raise ScheduleError(f"ops {Op(RECOMPUTE, stage, microbatch)} and {Op(OFFLOAD, stage, microbatch)}: an "
+                                "activation is kept, recomputed or offloaded, not both")
+        self.problem = problem
+        self.kinds = problem.kinds
+        self.num_stages = problem.num_stages
+        self.route_length = problem.route_length
+        self._bidirectional = problem.bidirectional
+        self.num_microbatches = problem.total_microbatches
+        self.core_size = problem.num_ops
+        self.recomputed = tuple(sorted(recomputed))
+        self.offloaded = tuple(sorted(offloaded))
+        self.size = self.core_size + len(self.recomputed) + 2 * len(self.offloaded)
+        self._kind_index = {kind: index for index, kind in enumerate(self.kinds)}
+        self._optional = [(RECOMPUTE, pair) for pair in self.recomputed] + \
+            [(OFFLOAD, pair) for pair in self.offloaded] + [(RELOAD, pair) for pair in self.offloaded]
+        self._optional_index = {(kind, *pair): self.core_size + k for k, (kind, pair) in enumerate(self._optional)}
+
+    def index(self, op: Op) -> int:
+        """Number of `op`; raises ScheduleError when the op does not exist in this problem."""
+        kind, stage, microbatch = op
+        if not 0 <= stage < self.num_stages:
+            raise ScheduleError(f"op {op}: stage {stage} out of range (the problem has {self.num_stages} stages)")
+        if not 0 <= microbatch < self.num_microbatches:
+            raise ScheduleError(
+                f"op {op}: microbatch {microbatch} out of range (the problem has {self.num_microbatches})"
+            )
+        if kind in (RECOMPUTE, OFFLOAD, RELOAD):
+            index = self._optional_index.get((kind, stage, microbatch))
+            if index is None:
+                raise ScheduleError(f"op {op}: not among this table's optional ops")
+            return index
+        kind_index = self._kind_index.get(kind)
+        if kind_index is None:
+            backward = "split (F, B, W)" if self.problem.split_backward else "fused (F, BW)"
+            raise ScheduleError(f"op {op}: kind {kind} does not exist in this problem, whose backward is {backward}")
+        if self._bidirectional:
+            stages, microbatches = self.problem.routes[self.problem.route_of_stage(stage)]
+            if microbatch not in microbatches:
+                way = self.problem.routes[1 - self.problem.route_of_stage(stage)][0]
+                raise ScheduleError(f"op {op}: microbatch {microbatch} goes through stages {way[0]}..{way[-1]}, "
+                                    f"never stage {stage}")
+            stage -= stages[0]  # its position on the route
+        return (kind_index * self.route_length + stage) * self.num_microbatches + microbatch
+
+    def op(self, index: int) -> Op:
+        """Inverse of `index`."""
+        if index >= self.core_size:
+            kind, pair = self._optional[index - self.core_size]
+            return Op(kind, *pair)
+        rest, microbatch = divmod(index, self.num_microbatches)
+        kind_index, position = divmod(rest, self.route_length)
+        return Op(self.kinds[kind_index], self._stage_at(position, microbatch), microbatch)
+
+    def _stage_at(self, position: int, microbatch: int) -> int:
+        """The stage at `position` on the route of `microbatch`."""
+        for stages, microbatches in self.problem.routes:
+            if microbatch in microbatches:
+                return stages[position]
+        raise AssertionError(microbatch)  # every microbatch has a route
+
+    def ops(self) -> list[Op]:
+        return [self.op(i) for i in range(self.size)]
+
+    def _per_op(self, value_of) -> list:
+        """A list over all ops of `value_of(kind, stage)`, built one (kind, stage) run at a time
+        (then one value per optional op)."""
+        values: list = []
+        for kind in self.kinds:
+            for position in range(self.route_length):
+                for stages, microbatches in self.problem.routes:
+                    values.extend([value_of(kind, stages[position])] * len(microbatches))
+        values.extend(value_of(kind, stage) for kind, (stage, _) in self._optional)
+        return values
+
+    @cached_property
+    def kind(self) -> list[str]:
+        return self._per_op(lambda kind, stage: kind)
+
+    def _per_microbatch_op(self, value_of) -> list:
+        """A list over all ops of `value_of(kind, stage, microbatch)`: `_per_op`'s runs where every
+        microbatch costs the same, else one op at a time."""
+        if self.problem.microbatches_equal:
+            return self._per_op(value_of)
+        return [value_of(op.kind, op.stage, op.microbatch) for op in self.ops()]
+
+    @cached_property
+    def duration(self) -> list[float]:
+        """Per op, how long it runs: its own microbatch's cost (`Problem.cost`)."""
+        return self._per_microbatch_op(self.problem.cost)
+
+    @cached_property
+    def device(self) -> list[int]:
+        return self._per_op(lambda kind, stage: self.problem.device_of(stage))
+
+    @cached_property
+    def memory_delta(self) -> list[float]:
+        """Per op, its memory change (`Problem.memory_delta`): a recomputed activation's F holds
+        only the checkpoint."""
+        deltas = self._per_microbatch_op(lambda kind, stage, microbatch=None:
+                                         self.problem.memory_delta(kind, stage, microbatch=microbatch))
+        for stage, microbatch in self.recomputed:
+            forward = self.index(Op(FORWARD, stage, microbatch))
+            deltas[forward] = self.problem.memory_delta(FORWARD, stage, recomputed=True, microbatch=microbatch)
+        return deltas
+
+    @cached_property
+    def allocates_at_start(self) -> list[bool]:
+        """Per op, whether its memory change happens at its start (F, R, L) rather than its end."""
+        return self._per_op(lambda kind, stage: kind in (FORWARD, RECOMPUTE, RELOAD))
+
+    @cached_property
+    def lane(self) -> list[int]:
+        """Per op, where it runs on its device: COMPUTE_LANE, or the copy lane of an O or L."""
+        return self._per_op(lambda kind, stage: LANE_OF_KIND.get(kind, COMPUTE_LANE))
+
+    def _predecessor_stage_kind(self, kind: str, stage: int) -> tuple[str, int] | None:
+        route = self.problem.routes[self.problem.route_of_stage(stage)][0]
+        if kind in (RECOMPUTE, OFFLOAD):
+            return (FORWARD, stage)
+        if kind == RELOAD:
+            return (OFFLOAD, stage)
+        if kind == FORWARD:
+            return (FORWARD, stage - 1) if stage > route[0] else None
+        if kind in (BACKWARD, FUSED_BACKWARD):
+            return (FORWARD, stage) if stage == route[-1] else (kind, stage + 1)
+        return (BACKWARD, stage)
+
+    @cached_property
+    def predecessor(self) -> list[int]:
+        """Per op, the one op it directly depends on within its microbatch across stages (for R
+        and O, its F; for L, its O), or -1."""
+        result: list[int] = []
+        first_route = self.problem.routes[0][0]  # every route's position has the same kind of predecessor
+        for kind in self.kinds:
+            for position in range(self.route_length):
+                source = self._predecessor_stage_kind(kind, first_route[position])
+                if source is None:
+                    result.extend([-1] * self.num_microbatches)
+                else:
+                    first = self.index(Op(source[0], source[1], 0))
+                    result.extend(range(first, first + self.num_microbatches))
+        result.extend(self.index(Op(*self._predecessor_stage_kind(kind, stage), microbatch))
+                      for kind, (stage, microbatch) in self._optional)
+        return result
+
+    @cached_property
+    def same_device_inputs(self) -> list[tuple[int, ...]]:
+        """Per op, the ops on its device it also waits for besides `predecessor` (no latency): for
+        the input gradient (B or BW) of a recomputed activation its R, of an offloaded one its L;
+        with sequence slices (`zbopt.core.problem.slices`), for a forward the slice before it on its stage, for
+        an input gradient the slice after it."""
+        result: list[tuple[int, ...]] = [()] * self.size
+        backward = self.problem.input_gradient_kind
+        for kind, (stage, microbatch) in self._optional:
+            if kind != OFFLOAD:
+                result[self.index(Op(backward, stage, microbatch))] = (self.index(Op(kind, stage, microbatch)),)
+        if self.problem.sequence_slices > 1:
+            for index in range(self.core_size):
+                kind, stage, microbatch = self.op(index)
+                if kind in (FORWARD, backward):
+                    other = neighbour(self.problem, kind == FORWARD, microbatch)
+                    if other is not None:
+                        result[index] += (self.index(Op(kind, stage, other)),)
+        return result
+
+    @cached_property
+    def latency(self) -> list[float]:
+        """Per op, the latency on its edge from `predecessor` (0 when on the same device)."""
+        problem = self.problem
+
+        def edge_latency(kind: str, stage: int) -> float:
+            source = self._predecessor_stage_kind(kind, stage)
+            if source is None or problem.device_of(source[1]) == problem.device_of(stage):
+                return 0.0
+            return problem.p2p_time
+
+        return self._per_op(edge_latency)
+
+    @property
+    def barrier_count(self) -> int:
+        """Weight-update barriers per stage: iterations - 1 with a flush, none without."""
+        return self.problem.iterations - 1 if self.problem.flush else 0
+
+    @property
+    def gradient_kind(self) -> str:
+        """The op that finishes a stage's weight gradient: W when split, BW when fused."""
+        return WEIGHT if self.problem.split_backward else FUSED_BACKWARD
+
+    def iteration_barrier(self, stage: int, iteration: int) -> range:
+        """Indices of the gradient ops of `stage` in `iteration`: the next iteration's forwards on
+        that stage wait for all of them."""
+        m = self.problem.num_microbatches
+        first = self.index(Op(self.gradient_kind, stage, iteration * m))
+        return range(first, first + m)
+
+
+def op_graph(problem: Problem) -> nx.DiGraph:
+    """The op DAG of the ops every schedule runs (F, B, W or BW; no optional recompute): nodes are
+    Ops with `duration` and `device`; edges carry `latency`.
+
+    With iterations > 1 the weight-update barrier is spelled out edge by edge (m² edges per stage
+    and iteration boundary), which is fine for the problem sizes a solver takes.
+    """
+    import networkx as nx
+
+    table = OpTable(problem)
+    graph = nx.DiGraph()
+    for index in range(table.size):
+        graph.add_node(table.op(index), duration=table.duration[index], device=table.device[index])
+    for index, source in enumerate(table.predecessor):
+        if source >= 0:
+            graph.add_edge(table.op(source), table.op(index), latency=table.latency[index])
+        for other in table.same_device_inputs[index]:  # the table has no R or L: only slices
+            graph.add_edge(table.op(other), table.op(index), latency=0.0)
+    m = problem.num_microbatches
+    for iteration in range(1, table.barrier_count + 1):
+        for stage in range(problem.num_stages):
+            for gradient in table.iteration_barrier(stage, iteration - 1):
+                for microbatch in range(iteration * m, (iteration + 1) * m):
+                    graph.add_edge(table.op(gradient), Op(FORWARD, stage, microbatch), latency=0.0)
+    return graph
+
+
+def earliest_finish(graph: nx.DiGraph) -> dict[Op, float]:
+    """Finish time of every op when each starts as soon as its predecessors (plus latency) allow,
+    ignoring device contention: the longest path ending at that op (a "head" plus its duration)."""
+    import networkx as nx
+
+    finish: dict[Op, float] = {}
+    for node in nx.topological_sort(graph):
+        ready = max((finish[pred] + data["latency"] for pred, _, data in graph.in_edges(node, data=True)), default=0.0)
+        finish[node] = ready + graph.nodes[node]["duration"]
+    return finish
+
+
+def one_per_route(problem: Problem) -> Problem:
+    """A copy with one microbatch on each route (`Problem.routes`), one iteration and no memory
+    limit: what one microbatch's chain is computed on. Where microbatches differ (or are slices),
+    of the uniform relaxation: each costs the least any does (rows that all agree: their value)."""
+    return problem.uniform_relaxation().replace(num_microbatches=len(problem.routes), iterations=1,
+                                                memory_limit=None, **EQUAL_MICROBATCHES)
+
+
+def critical_path(problem: Problem) -> float:
+    """Length of the longest microbatch's dependency chain, latencies included: a lower bound on
+    any schedule's makespan. Computed on the DAG of `one_per_route`, or where microbatches
+    differ on the whole DAG (every microbatch's chain).
+
+    Examples
+    --------
+    One microbatch's F through 4 stages, then its backward back (F = 1, BW = 2): 4 · (1 + 2).
+
+    >>> from zbopt import Problem
+    >>> critical_path(Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2))
+    12.0
+    """
+    return max(earliest_finish(op_graph(one_per_route(problem) if problem.microbatches_equal else problem)).values())
+
+
+def device_work(problem: Problem) -> list[float]:
+    """Per device, the total duration of its ops: another lower bound on the makespan.
+
+    Examples
+    --------
+    >>> from zbopt import Problem
+    >>> device_work(Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2))
+    [24.0, 24.0, 24.0, 24.0]
+    """
+    work = [0.0] * problem.num_devices
+    for kind in problem.kinds:
+        for stage in range(problem.num_stages):
+            microbatches = problem.microbatches_of(stage)
+            work[problem.device_of(stage)] += problem.cost(kind, stage) * len(microbatches) \
+                if problem.microbatches_equal else sum(problem.cost(kind, stage, j) for j in microbatches)
+    return work
+
+
+@lru_cache(maxsize=16)
+def op_table(problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset(),
+             offloaded: frozenset[tuple[int, int]] = frozenset()) -> OpTable:
+    """The op table of a problem (with the R ops of `recomputed`, the O and L ops of `offloaded`),
+    cached: solvers and benchmarks simulate one problem many times."""
+    return OpTable(problem, recomputed, offloaded)

@@ -1,0 +1,92 @@
+"""A Problem's optional parts checked and expanded: the split backward's weight memory,
+recomputation, offload and overlapped pairs (see `Problem` for what each means).
+
+Each function takes the values as given and returns the normalised ones by key (per virtual
+stage, or per device for overlap costs), or raises a ProblemError naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from zbopt.core.errors import ProblemError, shorten
+from zbopt.core.kinds import PAIR_KINDS
+from zbopt.core.problem.checks import per_device, per_stage, unused_without
+
+DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
+
+
+def split_backward(weight_times, weight_memory, activation_memory: tuple[float, ...]) -> dict:
+    """weight_times and weight_memory (default half of each stage's activation), or nothing with
+    a fused backward."""
+    if weight_times is None:
+        if weight_memory is not None:
+            raise ProblemError("weight_memory", weight_memory,
+                               "needs weight_times (it only applies to a split backward)")
+        return {}
+    stages = len(activation_memory)
+    times = per_stage("weight_times", weight_times, stages)
+    if weight_memory is None:
+        kept = tuple(DEFAULT_WEIGHT_MEMORY_FRACTION * a for a in activation_memory)
+    else:
+        kept = per_stage("weight_memory", weight_memory, stages, positive=False)
+    _within_activation("weight_memory", weight_memory, kept, activation_memory)
+    return {"weight_times": times, "weight_memory": kept}
+
+
+def recomputation(allow_recompute, recompute_times, checkpoint_memory, forward_times: tuple[float, ...],
+                  activation_memory: tuple[float, ...]) -> dict:
+    """checkpoint_memory and recompute_times (default the forward's), or nothing when not allowed."""
+    if not allow_recompute:
+        unused_without("allow_recompute", {"recompute_times": recompute_times, "checkpoint_memory": checkpoint_memory})
+        return {}
+    if checkpoint_memory is None:
+        raise ProblemError("allow_recompute", True, "needs checkpoint_memory (what a recomputed microbatch "
+                                                    "keeps between F and R, e.g. its stage input)")
+    stages = len(activation_memory)
+    checkpoint = per_stage("checkpoint_memory", checkpoint_memory, stages, positive=False)
+    _within_activation("checkpoint_memory", checkpoint_memory, checkpoint, activation_memory)
+    recompute = forward_times if recompute_times is None else per_stage("recompute_times", recompute_times, stages)
+    return {"checkpoint_memory": checkpoint, "recompute_times": recompute}
+
+
+def offload(allow_offload, offload_times, reload_times, shared_host_link, stages: int) -> dict:
+    """offload_times and reload_times (default the offload's), or nothing when not allowed."""
+    if not allow_offload:
+        unused_without("allow_offload", {"offload_times": offload_times, "reload_times": reload_times,
+                                         "shared_host_link": shared_host_link})
+        return {}
+    if offload_times is None:
+        raise ProblemError("allow_offload", True, "needs offload_times (how long one activation takes to "
+                                                  "copy to the host, e.g. its bytes over the link bandwidth)")
+    copy_out = per_stage("offload_times", offload_times, stages)
+    copy_in = copy_out if reload_times is None else per_stage("reload_times", reload_times, stages)
+    return {"offload_times": copy_out, "reload_times": copy_in}
+
+
+def overlap(given, split_backward: bool, devices: int) -> tuple[tuple[str, tuple[float, ...]], ...] | None:
+    """The overlap costs per device, in PAIR_KINDS order; a hashable form, so that a Problem stays
+    a cache key. `given` is a mapping, or the stored form (from `Problem.replace`)."""
+    if given is None:
+        return None
+    if isinstance(given, tuple) and all(isinstance(item, tuple) and len(item) == 2 for item in given):
+        given = dict(given)
+    if not isinstance(given, Mapping) or not given:
+        raise ProblemError("overlap_times", given, "expected a mapping from pair kind (FB, FBW) to its cost, "
+                                                   "e.g. {FBW: 2.5}")
+    for kind in given:
+        if kind not in PAIR_KINDS:
+            raise ProblemError("overlap_times", given, f"unknown pair kind {shorten(kind)} (known: FB, a forward with "
+                                                       "an input-gradient B; FBW, a forward with a full backward)")
+    if "FB" in given and not split_backward:
+        raise ProblemError("overlap_times", given, "FB pairs a forward with an input-gradient B, which needs a "
+                                                   "split backward (weight_times); with a fused one give FBW")
+    return tuple((kind, per_device(f"overlap_times.{kind}", given[kind], devices))
+                 for kind in PAIR_KINDS if kind in given)
+
+
+def _within_activation(key: str, given, kept: tuple[float, ...], activation_memory: tuple[float, ...]) -> None:
+    """What a stage keeps of an activation (`kept`, from `given`) is at most the activation."""
+    for stage, (part, whole) in enumerate(zip(kept, activation_memory, strict=True)):
+        if part > whole:
+            raise ProblemError(key, given, f"exceeds activation_memory on virtual stage {stage} ({part:g} > {whole:g})")

@@ -1,0 +1,89 @@
+"""The least memory a schedule of a problem needs per device, by what the problem allows (every
+activation kept, recomputation, offload): the floor below which a memory limit fits no schedule.
+
+Each function takes a `Problem` (whose cached attributes of the same names call them).
+"""
+
+from __future__ import annotations
+
+from zbopt.core.errors import ProblemError
+
+
+def _largest(problem, floor) -> tuple[float, ...]:
+    """Per device, the most `floor(activation, checkpoint)` gives over the microbatches (per
+    stage, one microbatch's values: each must run; all of one class cost the same). With sequence
+    slices, over the sequences, each stage's values summed over the sequence's slices: a slice's
+    forward waits for the earlier slices' and their backwards for its own, so all of a sequence's
+    slices on a stage are held at once."""
+    slices = problem.sequence_slices
+
+    def values(first, key):
+        rows = problem.per_microbatch[key] if problem.per_microbatch and key in problem.per_microbatch else None
+        if rows is None:
+            stage_values = getattr(problem, key)
+            return None if stage_values is None else tuple(value * slices for value in stage_values)
+        return tuple(sum(row[first:first + slices]) for row in rows)
+
+    firsts = sorted(set(problem.microbatch_classes)) if slices == 1 else range(0, problem.num_microbatches, slices)
+    floors = [floor(values(j, "activation_memory"), values(j, "checkpoint_memory")) for j in firsts]
+    return tuple(max(device) for device in zip(*floors, strict=True))
+
+
+def one_microbatch_memory(problem) -> tuple[float, ...]:
+    """Per device, one microbatch's activations on all its stages (with the bidirectional
+    placement, on those of its route: the larger of the two ways, not their sum), the largest
+    microbatch's where they differ: the least memory a schedule that keeps every activation
+    needs. A microbatch's forward on a device's last stage runs while its earlier stages there
+    still hold their activations (their backwards come later); running one microbatch at a time
+    needs no more."""
+    return _largest(problem, lambda activation, _: tuple(
+        max(sum(activation[s] for s in stages if s in route) for route, _ in problem.routes)
+        for stages in problem.stages_of_device))
+
+
+def recomputation_floor(problem) -> tuple[float, ...]:
+    """Per device, the least memory a schedule that keeps or recomputes needs: the most, over
+    the device's stages s (and the microbatches), of stage s's whole activation plus the
+    checkpoints of its earlier stages there on the same route. When a microbatch's R (or kept F)
+    on s starts, those earlier stages have run their forwards and not yet their backwards, so
+    each holds at least its checkpoint. One microbatch at a time, every activation recomputed
+    and each W right after its B, needs no more. Only with allow_recompute (it needs
+    checkpoint_memory)."""
+    route = problem.route_of_stage
+    return _largest(problem, lambda activation, checkpoint: tuple(
+        max(activation[s] + sum(checkpoint[e] for e in stages if e < s and route(e) == route(s)) for s in stages)
+        for stages in problem.stages_of_device))
+
+
+def min_memory_limit(problem) -> tuple[float, ...]:
+    """Per device, the least memory any schedule needs, with the mechanisms allowed.
+
+    Keeping every activation: `one_microbatch_memory`. With recomputation: `recomputation_floor`.
+    With offload: the device's largest activation (an R, L or F of stage s holds all of s's
+    activation; one microbatch at a time, every other activation offloaded before the next
+    forward, needs no more). With one stage per device all are the activation.
+    """
+    if problem.allow_offload:
+        return _largest(problem, lambda activation, _: tuple(max(activation[s] for s in stages)
+                                                             for stages in problem.stages_of_device))
+    return problem.recomputation_floor if problem.allow_recompute else problem.one_microbatch_memory
+
+
+def check_memory_limit(problem) -> None:
+    """A ProblemError naming the first device whose limit (already one per device) is below its
+    `min_memory_limit`, and what it must hold."""
+    for device, limit in enumerate(problem.memory_limit):
+        needed = problem.min_memory_limit[device]
+        if limit < needed - 1e-12:
+            raise ProblemError("memory_limit", limit, f"device {device} must hold {_floor_reason(problem)} "
+                                                      f"({needed:g}); no schedule fits below that")
+
+
+def _floor_reason(problem) -> str:
+    if problem.allow_offload:
+        return "its largest stage's activation, with offload"
+    if problem.allow_recompute:
+        return "one stage's activation and the checkpoints of its earlier stages, with recomputation"
+    if problem.sequence_slices > 1:
+        return "one sequence's activations (all its slices) on its stages"
+    return "one microbatch's activations on its stages" + (" (of one route)" if problem.bidirectional else "")

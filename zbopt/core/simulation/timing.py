@@ -1,0 +1,200 @@
+"""Timing per-device orders: each op starts as soon as its device is free and its inputs (plus
+latency, iteration barriers, restores) have finished; a deadlock is named device by device."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zbopt.core import interrupt
+from zbopt.core.errors import DeadlockError
+from zbopt.core.kinds import FORWARD, KINDS
+from zbopt.core.ops import Op, OpTable
+from zbopt.core.schedule import pair_text
+from zbopt.core.simulation.result import Pair
+
+
+def same_device_input_name(table: OpTable, index: int, other: int) -> str:
+    """How a message names an op's same-device input: "its recompute 0R1", "its slice 0F2"."""
+    word = "slice" if table.kind[other] == table.kind[index] else KINDS[table.kind[other]].word
+    return f"its {word} {table.op(other)}"
+
+
+def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
+    """Iteration barriers as (group each forward waits for, group each gradient op feeds, count);
+    -1 where none. Group g = stage · barrier_count + iteration."""
+    problem = table.problem
+    waits = [-1] * table.size
+    feeds = [-1] * table.size
+    boundaries = table.barrier_count
+    m = problem.num_microbatches
+    for stage in range(problem.num_stages):
+        for iteration in range(boundaries):
+            group = stage * boundaries + iteration
+            for index in table.iteration_barrier(stage, iteration):
+                feeds[index] = group
+            first_forward = table.index(Op(FORWARD, stage, (iteration + 1) * m))
+            waits[first_forward:first_forward + m] = [group] * m
+    return waits, feeds, problem.num_stages * boundaries
+
+
+def time_orders(table: OpTable, orders: list[list[int]],
+                 pairs: tuple[Pair, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """Earliest start and end of every op given the device orders: a longest-path sweep in which a
+    device advances until its next op waits on an unfinished op, and is woken when that op
+    finishes. An overlapped pair starts once all its members could, and ends them all after its
+    cost. Raises DeadlockError naming the stuck devices when some order can never finish."""
+    sweep = _Sweep(table, orders, pairs)
+    sweep.run()
+    stuck = [device for device, order in enumerate(orders) if sweep.position[device] < len(order)]
+    if stuck:
+        raise DeadlockError(sweep.describe_deadlock(stuck))
+    return np.asarray(sweep.start), np.asarray(sweep.end[:table.size], dtype=float)  # without the barriers
+
+
+class _Sweep:
+    """The sweep's state: per op its start and end (None until timed), per device its place in its
+    order and when its compute and copy lanes are free, and who waits on what.
+
+    Besides its predecessor an op waits on its other inputs (`other_inputs`): those on its device
+    (`OpTable.same_device_inputs`: a restore, a neighbouring slice) and, for a forward, its
+    iteration's barrier. A barrier is timed as one more entry of `end` (number size + group): it
+    ends when its group's last gradient op does.
+
+    `run` is one loop on purpose: its body runs once per op, where a function call per op would
+    cost several percent of the simulator's time (benchmarks/bench_simulator.py); what runs once,
+    or once per pair, is apart."""
+
+    def __init__(self, table: OpTable, orders: list[list[int]], pairs: tuple[Pair, ...]):
+        self.table, self.orders, self.pairs = table, orders, pairs
+        self.waits, self.feeds, groups = barrier_groups(table)
+        self.other_inputs = table.same_device_inputs
+        if groups:
+            self.other_inputs = [(*inputs, table.size + group) if group >= 0 else inputs
+                                 for inputs, group in zip(table.same_device_inputs, self.waits, strict=True)]
+        self.gradients_left = [table.problem.num_microbatches] * groups  # per barrier, its ops still to end
+        self.latest = [0.0] * groups  # per barrier, the latest end of its gradient ops so far
+        self.start = [0.0] * table.size
+        self.end: list[float | None] = [None] * (table.size + groups)
+        self.position = [0] * len(orders)  # per device, the place of its next op in its order
+        self.free = [0.0] * len(orders)  # per device, when its compute lane is free
+        self.copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
+        self.waiting: dict[int, list[int]] = {}  # number in `end` -> devices waiting on it
+        self.ready = list(range(len(orders) - 1, -1, -1))  # devices to advance, device 0 first
+        self.pair_of = {pair.members[0]: pair for pair in pairs}
+
+    def run(self) -> None:
+        """Advance each ready device through its order until its next op waits on an unfinished op
+        (or barrier); a copy (O, L) waits for its lane, not holding up compute."""
+        table, size = self.table, self.table.size
+        duration, predecessor, latency, lane = table.duration, table.predecessor, table.latency, table.lane
+        other_inputs, feeds, gradients_left, latest = self.other_inputs, self.feeds, self.gradients_left, self.latest
+        orders, start, end, position, free = self.orders, self.start, self.end, self.position, self.free
+        copy_free, waiting, ready, pair_of = self.copy_free, self.waiting, self.ready, self.pair_of
+        while ready:
+            interrupt.check()  # a deadline_scope's limit (the plan's heuristics at m in the thousands), or Ctrl-C
+            device = ready.pop()
+            order = orders[device]
+            i, t = position[device], free[device]
+            while i < len(order):
+                op = order[i]
+                pair = pair_of.get(op) if pair_of else None
+                if pair is not None:
+                    begin, awaited = self.pair_start(pair, t)
+                    if awaited is not None:
+                        waiting.setdefault(awaited, []).append(device)
+                        break
+                    members, finish = pair.members, begin + pair.cost
+                    t = finish
+                else:
+                    copy_lane = lane[op]
+                    begin = t  # a copy is issued when the compute op before it has ended
+                    if copy_lane and copy_free[device][copy_lane] > begin:
+                        begin = copy_free[device][copy_lane]
+                    source = predecessor[op]
+                    if source >= 0:
+                        finish = end[source]
+                        if finish is None:
+                            waiting.setdefault(source, []).append(device)
+                            break
+                        finish += latency[op]
+                        if finish > begin:
+                            begin = finish
+                    awaited = -1
+                    for other in other_inputs[op]:
+                        if end[other] is None:
+                            awaited = other
+                            break
+                        if end[other] > begin:
+                            begin = end[other]
+                    if awaited >= 0:
+                        waiting.setdefault(awaited, []).append(device)
+                        break
+                    members, finish = (op,), begin + duration[op]
+                    if copy_lane:
+                        copy_free[device][copy_lane] = finish
+                    else:
+                        t = finish
+                for member in members:
+                    start[member] = begin
+                    end[member] = finish
+                    woken = waiting.pop(member, None)
+                    if woken:
+                        ready.extend(woken)
+                    group = feeds[member]
+                    if group >= 0:
+                        gradients_left[group] -= 1
+                        if finish > latest[group]:
+                            latest[group] = finish
+                        if not gradients_left[group]:
+                            end[size + group] = latest[group]
+                            ready.extend(waiting.pop(size + group, ()))
+                i += len(members)
+            position[device], free[device] = i, t
+
+    def pair_start(self, pair: Pair, t: float) -> tuple[float, int | None]:
+        """The pair's start given its device is free at `t`, or (t, the number in `end` of what it
+        waits for)."""
+        predecessor, latency, other_inputs, end = (self.table.predecessor, self.table.latency, self.other_inputs,
+                                                   self.end)
+        for member in pair.members:
+            source = predecessor[member]
+            if source >= 0 and source not in pair.members:
+                if end[source] is None:
+                    return t, source
+                t = max(t, end[source] + latency[member])
+            for other in other_inputs[member]:
+                if end[other] is None:
+                    return t, other
+                t = max(t, end[other])
+        return t, None
+
+    def describe_deadlock(self, stuck: list[int]) -> str:
+        """Which devices wait on which ops, e.g. 'device 0 is stuck at 0B0, waiting for 1B0 (device 1)'
+        (at a pair, the member's input that is missing)."""
+        table, end, waits = self.table, self.end, self.waits
+        pair_of = {pair.members[0]: pair.members for pair in self.pairs}
+        parts = []
+        for device in stuck[:6]:
+            index = self.orders[device][self.position[device]]
+            members = pair_of.get(index, (index,))
+            for member in members:
+                source, barrier = table.predecessor[member], waits[member]
+                local = next((other for other in table.same_device_inputs[member] if end[other] is None), None)
+                if local is not None:
+                    awaited = f"{same_device_input_name(table, member, local)} (device {device})"
+                elif source >= 0 and source not in members and end[source] is None:
+                    awaited = f"{table.op(source)} (device {table.device[source]})"
+                elif barrier >= 0:
+                    stage, iteration = divmod(barrier, table.barrier_count)
+                    pending = next((table.op(i) for i in table.iteration_barrier(stage, iteration)
+                                    if end[i] is None), None)
+                    if pending is None:
+                        continue
+                    awaited = f"the weight update of stage {stage} after iteration {iteration} (still needs {pending})"
+                else:
+                    continue
+                stuck_at = table.op(index) if len(members) == 1 else pair_text([table.op(i) for i in members])
+                parts.append(f"device {device} is stuck at {stuck_at}, waiting for {awaited}")
+                break
+        more = f"; and {len(stuck) - 6} more devices" if len(stuck) > 6 else ""
+        return "deadlock: " + "; ".join(parts) + more

@@ -1,0 +1,138 @@
+"""Integer ticks for CP-SAT: the problem's float costs as whole numbers, and how much that rounds."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zbopt.core.problem import Problem
+from zbopt.core.problem.microbatches import EQUAL_MICROBATCHES, TABLE_KEYS
+
+MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
+
+
+@dataclass(frozen=True)
+class TickScale:
+    """Times in the problem's units times `ticks_per_unit`, rounded (up where recomputation or
+    offload matter, `tick_problem`), are the solvers' integer ticks. `resolution` is one tick in
+    the problem's units; a rounded duration is off by at most half a tick (one, rounded up), so a
+    solver's objective is off by at most `error_bound`."""
+
+    ticks_per_unit: int
+    exact: bool
+    error_bound: float
+
+    @property
+    def resolution(self) -> float:
+        return 1.0 / self.ticks_per_unit
+
+    def ticks(self, value: float) -> int:
+        return round(value * self.ticks_per_unit)
+
+    def units(self, ticks: float) -> float:
+        return ticks / self.ticks_per_unit
+
+
+def whole_at(values, scale: int) -> bool:
+    """Whether every value times `scale` is a whole number (up to float rounding)."""
+    return all(abs(v * scale - round(v * scale)) < 1e-9 * max(1.0, v * scale) for v in values)
+
+
+def tick_scale(problem: Problem) -> TickScale:
+    """The smallest power of ten that makes every cost and the latency whole ticks, capped so the
+    longest op stays within MAX_TICKS_PER_OP ticks (beyond that, costs are rounded)."""
+    values = [*cost_values(problem), problem.p2p_time]
+    longest = max(values)
+    scale = 1
+    while True:
+        if whole_at(values, scale):
+            return TickScale(scale, True, 0.0)
+        if scale * 10 * longest > MAX_TICKS_PER_OP:
+            break
+        scale *= 10
+    # rounding: every op and latency on a chain is off by <= half a tick (recomputes and copies are ops
+    # too), or by < one tick where mechanisms round up (`tick_problem`)
+    ops = problem.num_ops + problem.num_activations * (int(problem.allow_recompute) + 2 * int(problem.allow_offload))
+    chain = 2 * ops / problem.num_devices + 2 * problem.num_stages
+    per_op = 1.0 if problem.mechanisms_matter else 0.5
+    return TickScale(scale, False, per_op * chain / scale)
+
+
+def _memory_amounts(problem: Problem) -> list[float]:
+    """Every memory amount and limit the problem has, each microbatch's where they differ."""
+    rows = problem.per_microbatch or {}
+    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.checkpoint_memory or ()),
+               *(problem.memory_limit or ())]
+    return amounts + [value for key in ("activation_memory", "weight_memory", "checkpoint_memory")
+                      for row in rows.get(key, ()) for value in row]
+
+
+def memory_rounding(problem: Problem, unit: int):
+    """How a model turns an amount in `unit`s (`memory_scale`, which the caller has) into a whole
+    one: exactly where the unit makes every amount whole, else up (the model then holds at least
+    what the simulator counts, so an answer within its capacity is within the limit)."""
+    if whole_at(_memory_amounts(problem), unit):
+        return round
+    return lambda scaled: math.ceil(scaled - 1e-9 * max(1.0, scaled))
+
+
+def memory_scale(problem: Problem) -> int:
+    """A power of ten making every memory amount whole (up to 1e6), for cumulative demands; no
+    larger than keeps a device's whole memory an exact integer (2^53) in these units."""
+    amounts = _memory_amounts(problem)
+    most = max(amounts) * problem.total_microbatches * problem.chunks_per_device
+    exponents = [exponent for exponent in range(7) if 10**exponent * most <= 2**53] or [0]
+    return next((10**exponent for exponent in exponents if whole_at(amounts, 10**exponent)), 10**exponents[-1])
+
+
+def ceil_ticks(value: float, scale: TickScale) -> int:
+    """A bound in problem units as whole ticks, rounded up only when costs are exact."""
+    ticks = value * scale.ticks_per_unit
+    return math.ceil(ticks - 1e-6) if scale.exact else math.floor(ticks)
+
+
+def tick_problem(problem: Problem, scale: TickScale) -> Problem:
+    """The problem with every cost and the latency in whole ticks (at least one per op, and per
+    latency when there is one: a latency rounded to nothing would let an answer break it).
+
+    Where recomputation or offload matter, rounded up: an answer may wait for memory (a forward
+    until an offload has freed room), which only its times say, and the model's times stay valid
+    for the real costs only if no op really ends later than in the model."""
+    whole = (lambda ticks: math.ceil(ticks - 1e-9)) if problem.mechanisms_matter else round
+    return scaled_costs(problem, lambda value: max(1, whole(value * scale.ticks_per_unit)))
+
+
+TIME_KEYS = tuple(key for key in TABLE_KEYS if key.endswith("_times"))  # the costs that may differ by microbatch
+
+
+def cost_values(problem: Problem) -> list[float]:
+    """Every cost the problem has: per virtual stage, or per stage and microbatch where they differ
+    (`Problem.per_microbatch`), and the overlapped pairs'."""
+    rows = problem.per_microbatch
+    if rows is None:
+        values = [value for key in TIME_KEYS for value in getattr(problem, key) or ()]
+    else:
+        values = [value for key in TIME_KEYS for row in rows.get(key, ()) for value in row]
+    return values + [cost for _, costs in problem.overlap_times or () for cost in costs]
+
+
+def scaled_costs(problem: Problem, ticks) -> Problem:
+    """The problem with every cost turned into `ticks(cost)` and the latency too (0 stays 0).
+    Where microbatches differ, each microbatch's own costs, as rows per microbatch (the memory
+    too, as rows of the activations with the kept parts following them: not scaled)."""
+
+    def scaled(values):
+        return None if values is None else [ticks(value) for value in values]
+
+    latency = ticks(problem.p2p_time) if problem.p2p_time > 0 else 0
+    if problem.per_microbatch is None:
+        return problem.replace(**{key: scaled(getattr(problem, key)) for key in TIME_KEYS}, p2p_time=latency,
+                               overlap_times=None if problem.overlap_times is None else
+                               {kind: scaled(costs) for kind, costs in problem.overlap_times})
+    rows = problem.per_microbatch
+    changes = {key: [scaled(row) for row in rows[key]] if key in rows else None for key in TIME_KEYS}
+    changes["activation_memory"] = [list(row) for row in rows["activation_memory"]]
+    for key in ("weight_memory", "checkpoint_memory"):  # following the activations' rows by their means
+        if key in rows:
+            changes[key] = [sum(row) / len(row) for row in rows[key]]
+    return problem.replace(**changes, **EQUAL_MICROBATCHES, p2p_time=latency)

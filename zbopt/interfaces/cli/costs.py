@@ -1,0 +1,58 @@
+"""`zbopt costs MODEL.yaml`: the per-layer costs a model file gives or derives (from an
+architecture, a preset or a profile), as a table with units or as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from zbopt.planning.model import Model
+
+COLUMNS = (("name", "layer"), ("repeat", "repeat"), ("forward_ms", "F (ms)"), ("backward_ms", "B (ms)"),
+           ("weight_ms", "W (ms)"), ("activation_gb", "M_B (GB)"), ("weight_activation_gb", "M_W (GB)"),
+           ("parameters_gb", "parameters (GB)"))
+SUMMED = ("forward_ms", "backward_ms", "weight_ms", "activation_gb", "weight_activation_gb", "parameters_gb")
+
+
+def add_commands(commands) -> None:
+    """Add `costs` to the subcommands `commands`."""
+    costs = commands.add_parser("costs", help="print a model's per-layer costs (given, measured, or derived from "
+                                              "an architecture and a device)")
+    costs.add_argument("model", metavar="MODEL.yaml", help="model file: {model: ..., device: ...} (YAML or JSON)")
+    costs.add_argument("--json", action="store_true", help="print one JSON object: {layers: [...]}, one per group")
+    costs.set_defaults(run=_command_costs)
+
+
+def _command_costs(args: argparse.Namespace) -> int:
+    from zbopt.planning.model import load_model  # loaded by this command only: `zbopt --help` stays quick
+
+    model, _ = load_model(args.model)
+    if args.json:
+        print(json.dumps({"layers": model.group_rows()}, indent=1))
+    else:
+        print(format_costs(model))
+    return 0
+
+
+def format_costs(model: Model) -> str:
+    """One line per group as written, then the total over every layer (GB = 10^9 bytes; a fused
+    backward shows W as "fused", its B being the whole BW)."""
+    rows = [{key: _cell(key, row.get(key)) for key, _ in COLUMNS} for row in model.group_rows()]
+    totals = {key: sum((getattr(layer, key) or 0.0) for layer in model.layers) for key in SUMMED}
+    rows.append({"name": "total", "repeat": str(len(model.layers)), **{key: _cell(key, totals[key]) for key in SUMMED}})
+    width = {key: max(len(title), *(len(row[key]) for row in rows)) for key, title in COLUMNS}
+
+    def line(values: dict[str, str]) -> str:
+        return "  ".join(f"{values[key]:<{width[key]}}" if key == "name" else f"{values[key]:>{width[key]}}"
+                         for key, _ in COLUMNS).rstrip()
+
+    return "\n".join([line(dict(COLUMNS)), *(line(row) for row in rows),
+                      "(per microbatch; parameters include gradients and optimizer state; GB = 10^9 bytes)"])
+
+
+def _cell(key: str, value: object) -> str:
+    if value is None:
+        return "fused" if key == "weight_ms" else "-"
+    return str(value) if isinstance(value, (str, int)) else f"{value:.4g}"

@@ -1,0 +1,97 @@
+"""What a run is given (a config file, flag values, a schedule by name or as a file) -> the
+RunConfig and the Schedule to work on.
+
+Flags win over the config file; a schedule file's own layout (a torch CSV's ranks, stages and
+microbatches) or stored problem (a zbopt JSON's) fills only what neither of them gives. An error
+names each value where it came from: the flag, the config file's key or the schedule file's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zbopt.core.errors import ZboptError
+from zbopt.core.problem.config import FLAG, KEYS, same_parameter
+from zbopt.core.schedule import Schedule
+from zbopt.core.tolerance import latest_start
+from zbopt.interfaces.cli.config import RunConfig, build_run_config
+from zbopt.io.config import read_config_file
+from zbopt.io.read import load_schedule
+from zbopt.io.torch_order import read_torch_csv
+from zbopt.schedules import named_schedule
+
+DEFAULT_SCHEDULE = "1f1b"
+
+
+def run_config(config_file: str | Path | None, flags: dict, implied: dict | None = None,
+               implied_by: str = "") -> RunConfig:
+    """The problem of `config_file` (optional) with `flags` (config keys given as command-line
+    flags) over it; `implied` (problem parameters the schedule file `implied_by` implies) fills
+    each parameter neither of them gives."""
+    values = read_config_file(config_file) if config_file else {}
+    values = _override(values, flags)
+    sources = dict.fromkeys(flags, FLAG)
+    if implied:
+        given = {same_parameter(key) for key in values}
+        filled = {key: value for key, value in implied.items() if key not in given}
+        values.update(filled)
+        sources.update(dict.fromkeys(filled, implied_by))
+    return build_run_config(values, source=str(config_file) if config_file else "flags", sources=sources)
+
+
+def _override(values: dict, overrides: dict) -> dict:
+    """Overrides replace the file's value for the same parameter, whichever alias either used."""
+    merged = dict(values)
+    for key, value in overrides.items():
+        target = KEYS.get(key, key)
+        for existing in [k for k in merged if KEYS.get(k, k) == target]:
+            del merged[existing]
+        merged[key] = value
+    return merged
+
+
+def is_schedule_file(path: str | Path) -> bool:
+    """Whether a file given in a config's place is a schedule: a torch CSV, or a JSON with the
+    'orders' of a zbopt schedule (`zbopt export SCHEDULE.json -o FILE.csv`)."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        return True
+    return suffix == ".json" and "orders" in read_config_file(path)
+
+
+def schedule_from_file(schedule_file: str | Path, config_file: str | Path | None,
+                       flags: dict) -> tuple[RunConfig, Schedule]:
+    """A torch CSV (.csv), whose layout fills what the config and flags leave out, or a zbopt JSON
+    schedule, whose stored problem fills what the config and flags leave out."""
+    path = Path(schedule_file)
+    if path.suffix.lower() == ".csv":
+        order = read_torch_csv(path)
+        run = run_config(config_file, flags, order.layout, str(path))
+        return run, order.to_schedule(run.problem, path.name)
+    schedule, stored = load_schedule(path)
+    run = run_config(config_file, flags, None if stored is None else stored.to_dict(), str(path))
+    latest = latest_start(run.problem)
+    for device, times in enumerate(schedule.start_times or ()):
+        for position, time in enumerate(times):
+            if abs(time) > latest:
+                raise ZboptError(f"schedule file '{path}': start_times of device {device}, item {position}: "
+                                 f"{time:g} is outside +-{latest:.3g}, the range zbopt's tolerance holds in")
+    return run, schedule
+
+
+def run_and_schedule(config_file: str | Path | None, flags: dict, schedule: str | None = None,
+                     options: dict | None = None, schedule_file: str | Path | None = None,
+                     order: str | list[int] | None = None) -> tuple[RunConfig, Schedule]:
+    """The problem and the schedule of `zbopt simulate` and `zbopt export`: from `schedule_file`
+    (or a schedule file given as `config_file`), or by name (default 1f1b) with its generator's
+    `options`, its microbatches entering in `order`; "torch:NAME" is torch's built-in NAME."""
+    if schedule_file is None and config_file and is_schedule_file(config_file):
+        schedule_file, config_file = config_file, None
+    if schedule_file is None:
+        run = run_config(config_file, flags)
+        return run, named_schedule(schedule or DEFAULT_SCHEDULE, run.problem, order, **(options or {}))
+    if schedule is not None or options:
+        raise ZboptError("--schedule-file: give it without --schedule and --option")
+    if order is not None:
+        raise ZboptError("--order orders a generated schedule (--schedule); a schedule file's order is its own")
+    return schedule_from_file(schedule_file, config_file, flags)

@@ -1,0 +1,141 @@
+"""`zbopt plan MODEL.yaml --devices P`: the layer split and the schedule of a model, optimized
+together and certified over every split, beside the named split rules with every schedule."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+
+from zbopt.core import interrupt
+from zbopt.core.errors import ZboptError
+from zbopt.interfaces.cli.flags import dask_client
+from zbopt.interfaces.cli.output import command_clock, json_text
+
+
+def add_commands(commands) -> None:
+    """Add `plan` to the subcommands `commands`."""
+    planning = commands.add_parser("plan", help="split a model's layers over the devices and schedule them: the "
+                                                "joint optimum, certified, beside the usual split rules")
+    planning.add_argument("model", metavar="MODEL.yaml", help="model file: {model: ..., device: ...} (YAML or JSON)")
+    planning.add_argument("--devices", type=int, required=True, help="pipeline devices p")
+    planning.add_argument("--chunks", default="1", help="chunks per device to try, comma-separated (default 1)")
+    planning.add_argument("--placement", default="v", choices=["loop", "v"],
+                          help="placement of two or more chunks (default v; one chunk is always loop)")
+    planning.add_argument("--microbatches", type=int, help="microbatches per step m (default 4 per device)")
+    planning.add_argument("--global-batch", type=int, help="m from a global batch: global / (micro-batch size x "
+                                                           "data-parallel ranks), instead of --microbatches")
+    planning.add_argument("--micro-batch-size", type=int, help="with --global-batch (default 1)")
+    planning.add_argument("--data-parallel", type=int, help="with --global-batch (default 1)")
+    planning.add_argument("--device-memory", metavar="GB", help="each device's memory, with its unit (e.g. 80GB); "
+                                                               "default: the model file's device memory")
+    planning.add_argument("--schedule", action="append", metavar="NAME",
+                          help="schedules per split rule, repeatable; 'optimal' is the optimizer (default: every "
+                               "applicable heuristic and the optimizer)")
+    planning.add_argument("--time-limit", type=float, default=120.0, help="seconds for the whole plan (default 120)")
+    planning.add_argument("--workers", type=int, default=2, help="solver threads per split (default 2)")
+    planning.add_argument("--dask", metavar="ADDRESS", help="solve splits on a dask.distributed cluster, as many at a "
+                                                         "time as its threads hold --workers each, e.g. tcp://host:8786")
+    planning.add_argument("--json", action="store_true", help="print one JSON object: best, pipelines, rows")
+    planning.add_argument("-o", "--output", metavar="report.html", help="write the HTML report")
+    planning.add_argument("--export", metavar="FILE", help="write the best schedule: .csv torch CSV, .json zbopt JSON "
+                                                          "(with the split), .trace.json a trace for Perfetto (with "
+                                                          "the split)")
+    planning.set_defaults(run=_command_plan)
+
+
+def _command_plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from zbopt.core.units import parse_memory
+    from zbopt.planning.model import load_model
+    from zbopt.planning.planner import Pipeline, plan
+
+    _check_numbers(args)
+    model, device = load_model(args.model)
+    if args.device_memory is not None:
+        device = replace(device, memory_gb=parse_memory(args.device_memory, "--device-memory"))
+    if args.output is not None:
+        from zbopt.presentation.plan_report import check_plan_report
+
+        check_plan_report(args.output)
+    if args.export is not None:
+        from zbopt.io.export import check_export
+
+        check_export(args.export)
+    microbatches = _microbatches(args)
+    pipelines = [Pipeline(args.devices, chunks, "loop" if chunks == 1 else args.placement, microbatches)
+                 for chunks in _chunks(args.chunks)]
+    with contextlib.ExitStack() as stack:
+        executor, parallel = None, 1
+        if args.dask is not None:
+            client = stack.enter_context(dask_client(args.dask))
+            # each split's solve runs --workers threads: as many splits at once as the cluster holds
+            executor, parallel = client.get_executor(), max(1, sum(client.nthreads().values()) // args.workers)
+        clock = command_clock(args, "plan")
+        answer, stop = interrupt.answer_of(lambda: plan(model, device, pipelines, schedules=args.schedule,
+                                                        time_limit=clock,
+                                                        workers=args.workers, executor=executor, parallel=parallel))
+    if args.json:
+        print(json_text(answer.to_dict()))
+    else:
+        from zbopt.presentation.plan_report import format_plan
+
+        print(format_plan(answer))
+    if args.export is not None:
+        _export(args.export, answer, args.json)
+    if args.output is not None:
+        from zbopt.presentation.plan_report import write_plan_report
+
+        write_plan_report(args.output, answer)
+        if not args.json:
+            print(f"\nreport written to {args.output}")
+    if stop is not None:  # Ctrl-C: the plan so far is printed and written, then exit 130
+        raise stop
+    return 0
+
+
+def _export(path: str, answer, quiet: bool) -> None:
+    """The best schedule written to `path`, the split recorded where the format has room."""
+    from zbopt.io.export import EXPORT_FORMATS, write_export
+
+    best = answer.to_dict()["best"]
+    split = {key: best[key] for key in ("split", "stages", "chunks", "placement", "exports")}
+    written = write_export(path, answer.best.best.simulation, with_times=True, split=split)
+    if not quiet:
+        print(f"\n{EXPORT_FORMATS[written]} written to {path}")
+
+
+def _microbatches(args: argparse.Namespace) -> int:
+    """m: --microbatches, or from --global-batch (`problem.batch`'s rule and its messages), else 4 per device."""
+    from zbopt.core.problem.batch import BATCH_FLAGS, batch_microbatches
+
+    values = {key: getattr(args, key if key != "global_batch_size" else "global_batch")
+              for key in BATCH_FLAGS}
+    values = {key: value for key, value in values.items() if value is not None}
+    if args.microbatches is not None:
+        values["num_microbatches"] = args.microbatches
+    counted = batch_microbatches(values, lambda key: BATCH_FLAGS.get(key, "--microbatches"))
+    if counted is not None:
+        return counted[0]
+    return args.microbatches or 4 * args.devices
+
+
+def _chunks(text: str) -> list[int]:
+    """`--chunks 1,2` as [1, 2]: whole numbers, at least 1, each once."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ZboptError(f"--chunks {text}: expected whole numbers separated by commas, e.g. 1,2") from None
+    if not values or min(values) < 1 or len(set(values)) != len(values):
+        raise ZboptError(f"--chunks {text}: expected distinct whole numbers, each at least 1")
+    return values
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for flag, value in (("--devices", args.devices), ("--microbatches", args.microbatches),
+                        ("--workers", args.workers)):
+        if value is not None and value < 1:
+            raise ZboptError(f"{flag} {value}: expected a whole number, at least 1")
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        raise ZboptError(f"--time-limit {args.time_limit:g}: expected a number of seconds above 0")

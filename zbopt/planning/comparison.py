@@ -1,0 +1,246 @@
+"""Every chosen schedule (and optionally the optimizer's answer) on one problem, side by side.
+
+The CLI's `zbopt compare`, the HTML report and notebooks all build their rows here, so a number in
+any of them is the simulator's own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from zbopt.core import shown
+from zbopt.core.errors import NotApplicableError, ZboptError
+from zbopt.core.interrupt import Clock, Interrupted
+from zbopt.core.problem import Problem
+from zbopt.core.problem.order import ORDER_RULES, entry_order
+from zbopt.core.shown import Shown
+from zbopt.core.simulation import Simulation, simulate
+from zbopt.core.tolerance import RELATIVE_TOLERANCE
+from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
+from zbopt.schedules.ordering import Order
+from zbopt.solvers import SolveResult, lower_bounds, solve
+from zbopt.solvers.gap import gap_text, relative_gap
+from zbopt.solvers.warm import best_of
+
+OPTIMAL_ROW = "cpsat"
+BOUNDS_S = 5.0  # the independent bounds' time in a comparison without the optimizer
+NO_BOUNDS = "none: bounds=False (--no-bounds) skips them"  # the source of a comparison without bounds
+COLUMNS = {"name": "schedule", "status": "status", "makespan": "makespan", "bubble_rate": "bubble rate",
+           "zb_bubble_rate": "ZB bubble rate", "peak_memory": "peak memory", "binding_device": "binds",
+           "within_memory_limit": "within limit", "gap": "gap"}  # row key -> column title, in the table's order
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    """One schedule's metrics; `status` is the solver's ("optimal", "feasible") on the optimizer's
+    row and None on a heuristic's. `gap` is measured against the comparison's lower bound, which
+    holds for schedules within the memory limit: a row over the limit can have a negative gap; both
+    are None when the comparison skipped its bounds."""
+
+    name: str
+    simulation: Simulation
+    lower_bound: float | None
+    status: str | None = None
+
+    @property
+    def makespan(self) -> float:
+        return self.simulation.makespan
+
+    @property
+    def bubble_rate(self) -> float:
+        return self.simulation.bubble_rate
+
+    @property
+    def zb_bubble_rate(self) -> float:
+        return self.simulation.zb_bubble_rate
+
+    @property
+    def peak_memory(self) -> float:
+        """The highest peak over all devices."""
+        return max(self.simulation.peak_memory)
+
+    @property
+    def binding_device(self) -> int:
+        """The device whose memory binds: the one with the least room under its own limit (per-device
+        limits differ, so the highest peak need not bind), or without a limit the highest peak; the
+        lowest index on a tie."""
+        peaks, limit = self.simulation.peak_memory, self.simulation.problem.memory_limit
+        room = [-peak if limit is None else limit[device] - peak for device, peak in enumerate(peaks)]
+        return min(range(len(room)), key=room.__getitem__)
+
+    @property
+    def within_memory_limit(self) -> bool:
+        return self.simulation.valid
+
+    @property
+    def gap(self) -> float | None:
+        return None if self.lower_bound is None else relative_gap(self.makespan, self.lower_bound)
+
+    def cells(self) -> dict[str, str]:
+        """The row as table text, one cell per COLUMNS key, so the terminal and the report agree."""
+        return {"name": self.name, "status": self.status or "-", "makespan": f"{self.makespan:.6g}",
+                "bubble_rate": f"{self.bubble_rate:.4f}", "zb_bubble_rate": f"{self.zb_bubble_rate:.4f}",
+                "peak_memory": f"{self.peak_memory:g}", "binding_device": self._binding_text(),
+                "within_memory_limit": "yes" if self.within_memory_limit else "no",
+                "gap": "no bound" if self.lower_bound is None else gap_text(self.gap)}
+
+    def _binding_text(self) -> str:
+        """"device 3", and under a limit that device's peak against its own limit: "device 0: 33.2 of 33.1"."""
+        device, limit = self.binding_device, self.simulation.problem.memory_limit
+        text = f"device {device}"
+        return text if limit is None else f"{text}: {self.simulation.peak_memory[device]:g} of {limit[device]:g}"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "makespan": self.makespan,
+                "bubble_rate": self.bubble_rate, "zb_bubble_rate": self.zb_bubble_rate,
+                "peak_memory": self.peak_memory, "binding_device": self.binding_device,
+                "peak_memory_per_device": [float(peak) for peak in self.simulation.peak_memory],
+                "within_memory_limit": self.within_memory_limit, "lower_bound": self.lower_bound, "gap": self.gap,
+                **self._order()}
+
+    def _order(self) -> dict:
+        """{"order": the microbatches in the order they enter} where they differ; else nothing."""
+        problem = self.simulation.problem
+        return {} if problem.microbatches_equal else {"order": list(entry_order(problem, self.simulation.schedule))}
+
+
+@dataclass(frozen=True)
+class Comparison(Shown):
+    """The rows (see `row_order`), the lower bound they are measured against (None: skipped) and
+    where it came from, the schedules left out because they do not apply (name, reason), and the solver's full
+    answer when it ran (its row is missing when it found no schedule in time)."""
+
+    problem: Problem
+    rows: tuple[ComparisonRow, ...]
+    lower_bound: float | None
+    lower_bound_source: str
+    not_applicable: tuple[tuple[str, str], ...] = ()
+    solve_result: SolveResult | None = None
+
+    @property
+    def best_within_limit(self) -> ComparisonRow | None:
+        """The fastest row within the memory limit (the first, by `row_order`), or None."""
+        return next((row for row in self.rows if row.within_memory_limit), None)
+
+    def to_dicts(self) -> list[dict]:
+        return [row.to_dict() for row in self.rows]
+
+    def to_dataframe(self):
+        """`to_dicts` as a pandas DataFrame (pandas is optional)."""
+        return shown.dataframe(self.to_dicts())
+
+
+def row_order(row: ComparisonRow) -> tuple[bool, float]:
+    """The rows' order in the table, the report and the JSON: those within the memory limit by
+    makespan, then those over it by makespan (a faster schedule that breaks the limit is no
+    answer, so it does not top the table)."""
+    return not row.within_memory_limit, row.makespan
+
+
+def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
+            time_limit: float | Clock = 60.0, workers: int = 2, progress: bool = False, bounds: bool = True,
+            order: Order = None) -> Comparison:
+    """Simulate each schedule in `schedules` (default: every registered one that applies to
+    `problem`; "torch:NAME" is torch's built-in NAME, see `zbopt.schedules.torch_builtin`) and, with
+    `optimal`, the CP-SAT solver's answer within `time_limit` seconds. `bounds=False` skips the
+    lower bounds (up to BOUNDS_S a problem, where simulating takes hundredths of a second: for
+    sweeps over many problems); the comparison then has no bound and no gaps (None).
+
+    `order`: every schedule's microbatches enter in this order (`generate`). Left None on a problem
+    whose microbatches differ, each schedule has its row in the given order and, where one of the
+    other rules (`ORDER_RULES`) gives a shorter schedule (within the memory limit first), a row
+    "NAME (RULE order)" for the best of them: the order's worth per heuristic, one extra row each.
+
+    Raises UnknownScheduleError for an unknown name, NotApplicableError naming a requested
+    schedule whose preconditions do not hold, ZboptError for `optimal` without `bounds` (the
+    solver certifies with them); on Ctrl-C during the solve, `Interrupted` with the
+    Comparison of the rows so far (the solver's best schedule among them).
+
+    >>> from zbopt import Problem
+    >>> problem = Problem(num_devices=2, num_microbatches=4, forward_times=1, backward_times=2)
+    >>> [(row.name, row.makespan) for row in compare(problem, ["1f1b", "gpipe"]).rows]
+    [('1f1b', 15.0), ('gpipe', 15.0)]
+    """
+    if optimal and not bounds:
+        raise ZboptError("bounds=False (--no-bounds) with optimal=True (--optimal): the optimizer certifies its "
+                         "answer with the lower bounds; give one of the two")
+    simulations, not_applicable = _simulate_schedules(problem, schedules, order)
+    if order is None and not problem.microbatches_equal and problem.sequence_slices == 1:  # slices keep theirs
+        simulations += _best_orders(problem, simulations)
+    stop = None
+    if optimal:
+        best = best_of(simulation for _, simulation, _ in simulations if simulation.valid)
+        # from the best row (with the heuristics where the rows are not every one's): never behind a row
+        warm = [best] if best is not None and schedules is not None else best
+        try:
+            result = solve(problem, "cpsat", time_limit=time_limit, workers=workers, progress=progress,
+                           warm_start=warm)
+        except Interrupted as interruption:  # the table with the solver's best so far, then the interruption
+            result, stop = interruption.partial, interruption
+        lower_bound, source = result.lower_bound, _proved_by(result)
+        if result.simulation is not None:
+            simulations.append((OPTIMAL_ROW, result.simulation, result.status))
+    elif not bounds:
+        result, lower_bound, source = None, None, NO_BOUNDS
+    else:
+        result = None
+        # without --optimal the bounds stay quick: the v >= 2 relaxations get BOUNDS_S in all
+        bounds = lower_bounds(problem, time.perf_counter() + BOUNDS_S)
+        lower_bound, source = bounds.best, bounds.binding_bound.describe()
+    rows = [ComparisonRow(name, simulation, lower_bound, status) for name, simulation, status in simulations]
+    rows.sort(key=row_order)
+    comparison = Comparison(problem, tuple(rows), lower_bound, source, tuple(not_applicable), result)
+    if stop is not None:
+        raise Interrupted(comparison)
+    return comparison
+
+
+def _proved_by(result: SolveResult) -> str:
+    """What proved the solve's lower bound: the search's own bound where it is above the independent
+    ones, else the binding independent bound and the devices it reasons about."""
+    independent = (result.bounds or {}).get("best", 0.0)
+    if result.lower_bound > independent * (1 + RELATIVE_TOLERANCE) + RELATIVE_TOLERANCE:
+        return f"the {result.solver} search's own bound"
+    devices = result.binding_devices
+    where = f" on device{'s' * (len(devices) > 1)} {', '.join(map(str, devices))}" if devices else ""
+    return f"{result.binding_bound}{where}"
+
+
+def _best_orders(problem: Problem, simulations: list) -> list:
+    """[("NAME (RULE order)", simulation, None)] per schedule of `simulations` (in the given order)
+    that another order rule makes shorter: the best rule's, within the memory limit first."""
+    rows = []
+    for name, given, _ in simulations:
+        best = (not given.valid, given.makespan * (1 - RELATIVE_TOLERANCE), None, None)  # shorter, not a rounding
+        for rule in ORDER_RULES[1:]:
+            try:
+                simulation = simulate(problem, named_schedule(name, problem, rule))
+            except NotApplicableError:  # e.g. a greedy that no candidate of fits the limit in this order
+                continue
+            best = min(best, (not simulation.valid, simulation.makespan, rule, simulation), key=lambda item: item[:2])
+        if best[2] is not None:
+            rows.append((f"{name} ({best[2]} order)", best[3], None))
+    return rows
+
+
+def _simulate_schedules(problem: Problem, names: Sequence[str] | None, order: Order = None):
+    """[(name, simulation, None)] for the requested schedules in `order`, and [(name, reason)] for
+    the registered ones skipped because they do not apply (only when none were requested)."""
+    if names is None:
+        schedules, reasons = generate_applicable(problem, order)
+        simulations = [(name, simulate(problem, schedule), None) for name, schedule in schedules.items()]
+        return simulations, list(reasons.items())
+    names = list(dict.fromkeys(names))
+    for name in names:
+        if not name.startswith(TORCH_PREFIX):
+            get(name)  # an unknown name fails before any work
+    simulations = []
+    for name in names:
+        try:
+            schedule = named_schedule(name, problem, order)
+        except NotApplicableError as error:
+            raise NotApplicableError(f"schedule '{name}' does not apply to this problem: {error}") from None
+        simulations.append((name, simulate(problem, schedule), None))
+    return simulations, []

@@ -1,0 +1,122 @@
+"""A model's parts in plain units: a Layer (ms and GB) and the Device it runs on.
+
+The values here are already converted (`zbopt.core.units` reads the unit strings); these classes check
+only what a Python caller could still get wrong: a negative, infinite or non-numeric value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Real
+
+from zbopt.core.errors import ZboptError, shorten
+from zbopt.core.units import parse_flops, parse_memory, parse_time
+
+WEIGHT_MEMORY_SHARE = 0.5  # zbopt's rule for M_W when a layer gives none: half of M_B
+
+
+def check_amount(key: str, value: object, optional: bool = False) -> float | None:
+    """`value` as a float, finite and at least 0 (None passes when `optional`)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
+        raise ZboptError(f"{key} = {shorten(value)}: expected a finite number, at least 0")
+    return float(value)
+
+
+MAX_REPEAT = 100_000  # far above any model's layer count; a typo of 10^8 would fill the memory
+
+
+def check_repeat(value: object, key: str) -> int:
+    """A layer's repeat count: a whole number, at least 1, at most MAX_REPEAT."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ZboptError(f"{key} = {shorten(value)}: expected a positive whole number")
+    if value > MAX_REPEAT:
+        raise ZboptError(f"{key} = {value}: more than {MAX_REPEAT:,} layers")
+    return value
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer's costs per microbatch: times in ms, memory in GB (10^9 bytes).
+
+    `weight_ms` None means a fused backward: `backward_ms` is then the whole BW. `activation_gb`
+    is M_B, what the forward keeps for the backward; `weight_activation_gb` M_W, what B keeps for
+    W (default: half of M_B, zbopt's rule). `parameters_gb` is what the layer holds all step long:
+    weights, gradients and optimizer state.
+    """
+
+    name: str
+    forward_ms: float
+    backward_ms: float
+    weight_ms: float | None
+    activation_gb: float
+    parameters_gb: float
+    weight_activation_gb: float | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ZboptError(f"layer name = {shorten(self.name)}: expected a non-empty name")
+        for field in ("forward_ms", "backward_ms", "activation_gb", "parameters_gb"):
+            object.__setattr__(self, field, check_amount(f"layer {self.name!r}: {field}", getattr(self, field)))
+        weight = check_amount(f"layer {self.name!r}: weight_ms", self.weight_ms, optional=True)
+        kept = check_amount(f"layer {self.name!r}: weight_activation_gb", self.weight_activation_gb, optional=True)
+        if weight is None and kept is not None:
+            raise ZboptError(f"layer {self.name!r}: weight_activation_gb = {kept:g}: a fused backward (no "
+                             "weight_ms) keeps nothing for W")
+        if kept is not None and kept > self.activation_gb:
+            raise ZboptError(f"layer {self.name!r}: weight_activation_gb = {kept:g}: more than its activation_gb "
+                             f"{self.activation_gb:g} (B keeps part of what F stored)")
+        if weight is not None and kept is None:
+            kept = self.activation_gb * WEIGHT_MEMORY_SHARE
+        object.__setattr__(self, "weight_ms", weight)
+        object.__setattr__(self, "weight_activation_gb", kept)
+
+    @property
+    def fused(self) -> bool:
+        """True when the backward is one fused BW (no separate weight-gradient step)."""
+        return self.weight_ms is None
+
+    def to_dict(self) -> dict:
+        """The layer as the profile and `zbopt costs --json` spell it (units in the keys)."""
+        return {"name": self.name, "forward_ms": self.forward_ms, "backward_ms": self.backward_ms,
+                "weight_ms": self.weight_ms, "activation_gb": self.activation_gb,
+                "weight_activation_gb": self.weight_activation_gb, "parameters_gb": self.parameters_gb}
+
+
+DEVICE_KEYS = ("memory", "flops", "p2p")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU: its memory in GB (None: not given; a plan then needs it from a flag), its
+    sustained compute in FLOP/s (None: not given; only costs from an architecture need it) and the
+    point-to-point latency between pipeline neighbours in ms (0 unless given)."""
+
+    memory_gb: float | None = None
+    flops: float | None = None
+    p2p_ms: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "memory_gb", check_amount("device memory_gb", self.memory_gb, optional=True))
+        flops = check_amount("device flops", self.flops, optional=True)
+        if flops == 0:
+            raise ZboptError("device flops = 0: must be more than 0")
+        object.__setattr__(self, "flops", flops)
+        object.__setattr__(self, "p2p_ms", check_amount("device p2p_ms", self.p2p_ms))
+
+    @classmethod
+    def from_config(cls, section: object, where: str = "device") -> Device:
+        """The `device:` section, e.g. {memory: 80 GB, flops: 400 TFLOPS, p2p: 0.05 ms}."""
+        if section is None:
+            return cls()
+        if not isinstance(section, dict):
+            raise ZboptError(f"{where} = {shorten(section)}: expected a mapping with keys {', '.join(DEVICE_KEYS)}")
+        unknown = [key for key in section if key not in DEVICE_KEYS]
+        if unknown:
+            raise ZboptError(f"{where}: unknown key {shorten(unknown[0])} (known: {', '.join(DEVICE_KEYS)})")
+        memory, flops, p2p = (section.get(key) for key in DEVICE_KEYS)
+        return cls(memory_gb=None if memory is None else parse_memory(memory, f"{where}.memory"),
+                   flops=None if flops is None else parse_flops(flops, f"{where}.flops"),
+                   p2p_ms=0.0 if p2p is None else parse_time(p2p, f"{where}.p2p"))

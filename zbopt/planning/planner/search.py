@@ -1,0 +1,257 @@
+"""The plan: the split rules with every schedule, then the joint search over splits, certified.
+
+Each named rule's split is scheduled by every applicable heuristic and by the optimizer (rows of
+rule × schedule). The joint search then takes splits in the order of `SplitFamily`'s bound, the
+least first, and solves each with zbopt's optimizer; it stops when the least bound of the splits
+left reaches the best makespan found (every other split is pruned: none can be shorter) or when
+time runs out. The certificate covers every split: the least of the solved splits' own lower
+bounds and the bound on the splits left.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+from zbopt.core import interrupt
+from zbopt.core.errors import NotApplicableError, ZboptError
+from zbopt.core.problem import Problem
+from zbopt.core.simulation import Simulation, simulate
+from zbopt.planning.model import Device, Model
+from zbopt.planning.planner.certify import SplitFamily, least_memory, split_bound
+from zbopt.planning.planner.result import OPTIMAL, OVER_THE_LIMIT, Outcome, PipelinePlan, Plan, PlanRow
+from zbopt.planning.planner.rules import RULES, split_by_rule
+from zbopt.planning.planner.split import Pipeline, Split, split_problem, splits_backward
+from zbopt.schedules import generate, get, registered
+from zbopt.solvers import lower_bounds, solve
+from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
+from zbopt.solvers.warm import best_of
+
+SOLVE_SHARE = 1 / 12  # of the plan's time limit: one split's solve, at most
+FAMILY_S = 5.0  # the most one step of the split family's CP-SAT may take
+MIN_SOLVE_S = 0.5  # no split is solved with less time left than this
+PRECHECK_SHARE = 0.1  # of a split's solve: its independent bounds, before any search
+FIRST_BOUND_SHARE = 0.1  # of a pipeline's time: the family's first bound, before any split is solved
+
+
+@dataclass
+class _Run:
+    """What every step of one pipeline's plan shares: the model on its pipeline, its share of the
+    plan's clock, and where splits are solved (here, or `parallel` at a time on `executor`)."""
+
+    model: Model
+    device: Device
+    pipeline: Pipeline
+    clock: interrupt.Clock
+    workers: int
+    executor: Executor | None = None
+    parallel: int = 1
+
+    def __post_init__(self) -> None:
+        self.solve_seconds = max(1.0, self.clock.left() * SOLVE_SHARE)  # one split's solve, at most
+        self.heuristics_cutoff = self.clock.share("heuristics cutoff", HEURISTICS_CUTOFF).deadline
+
+    def problem(self, split: Split) -> Problem:
+        return split_problem(self.model, self.device, self.pipeline, split)
+
+    def unsolved(self, split: Split) -> Outcome:
+        """A split not searched: no schedule, its closed-form bound (`certify.split_bound`)."""
+        return Outcome(split, None, split_bound(self.model, self.device, self.pipeline, split), "-")
+
+    def solve_all(self, splits: list[Split], incumbent: float = math.inf,
+                  warm: Simulation | None = None) -> dict[Split, Outcome]:
+        """Each split solved, at once on the executor when there is one (`solved_split`; one whose
+        bounds reach `incumbent` is not searched; `warm`, one split's schedule to start from). A
+        split outside zbopt's Problem (a stage with no time) keeps its closed-form bound."""
+        seconds, outcomes, problems = min(self.clock.left(), self.solve_seconds), {}, {}
+        for split in splits:
+            try:
+                problems[split] = self.problem(split)
+            except ZboptError:
+                outcomes[split] = self.unsolved(split)
+        if seconds < MIN_SOLVE_S:  # no time left: each keeps its closed-form bound
+            return {**outcomes, **{split: self.unsolved(split) for split in problems}}
+        if self.executor is None:
+            answers = {split: solved_split(problem, seconds, self.workers, incumbent, warm)
+                       for split, problem in problems.items()}
+        else:
+            futures = {split: self.executor.submit(solved_split, problem, seconds, self.workers, incumbent, warm)
+                       for split, problem in problems.items()}
+            answers = {split: future.result() for split, future in futures.items()}
+        for split, (simulation, lower_bound, name) in answers.items():
+            outcomes[split] = Outcome(split, simulation, lower_bound, name)
+        return outcomes
+
+
+def solved_split(problem: Problem, seconds: float, workers: int, incumbent: float = math.inf,
+                 warm: Simulation | None = None) -> tuple[Simulation | None, float, str]:
+    """(the best schedule's simulation, the lower bound, the schedule's name) of one split's
+    Problem: zbopt's optimizer within `seconds` (a module-level function, so an executor can run
+    it), from `warm` (the split's best row: the answer is never behind it) or else the best
+    heuristic; first its independent lower bounds for a tenth of that, and no search when they
+    already reach `incumbent`, the best makespan of another split (with one chunk, the device DP
+    proves most splits worse in milliseconds)."""
+    began = time.perf_counter()
+    if incumbent < math.inf:
+        bound = lower_bounds(problem, began + seconds * PRECHECK_SHARE).best
+        if bound >= incumbent:
+            return None, bound, "-"
+    try:
+        result = solve(problem, time_limit=max(seconds - (time.perf_counter() - began), MIN_SOLVE_S), workers=workers,
+                       warm_start=warm)
+    except interrupt.Interrupted as stop:  # Ctrl-C: the solve's best so far, if any; the plan stops after it
+        if stop.partial is None:
+            return None, 0.0, "-"
+        result = stop.partial
+    name = result.simulation.schedule.name if result.simulation is not None else "-"
+    return result.simulation, result.lower_bound, name or result.solver
+
+
+def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline], *,
+         schedules: Sequence[str] | None = None, rules: Sequence[str] = RULES,
+         time_limit: float | interrupt.Clock = 120.0, workers: int = 2, executor: Executor | None = None,
+         parallel: int = 1) -> Plan:
+    """The best split and schedule of `model` on each of `pipelines`, with rows for each rule ×
+    schedule (`schedules`: heuristics' names and OPTIMAL; None: every applicable one and OPTIMAL)
+    and a certificate over every split. `time_limit` (seconds, or a `Clock` the caller counts)
+    bounds the whole call, shared equally by the pipelines. With an `executor` (say, a dask
+    `Client(...).get_executor()`), the search solves `parallel` splits at a time there. A
+    ZboptError in one line when a pipeline has more stages than the model has layers, or when no
+    split of any pipeline runs in the device's memory."""
+    pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
+    _check_plan(model, pipelines, schedules, time_limit)
+    began, answers, clock = time.perf_counter(), [], interrupt.as_clock(time_limit, "plan")
+    with interrupt.stoppable():
+        for number, pipeline in enumerate(pipelines):
+            share = clock.share(f"pipeline {number}", 1 / (len(pipelines) - number))
+            run = _Run(model, device, pipeline, share, workers, executor, max(1, parallel))
+            answers.append(_plan_one(run, schedules, rules))
+            if interrupt.requested.is_set():
+                break
+        result = Plan(model, device, tuple(answers))
+        if interrupt.requested.is_set():  # Ctrl-C: the plan so far, for the caller to show
+            raise interrupt.Interrupted(result if result.best.best is not None else None)
+    if result.best.best is None:
+        raise ZboptError(_nothing_found(model, device, pipelines, time.perf_counter() - began))
+    return result
+
+
+def _check_plan(model: Model, pipelines: Sequence[Pipeline], schedules, time_limit: float) -> None:
+    """One line for what no search could fix: an unknown schedule, a time limit that is not a
+    positive number, a model mixing fused and split backwards, more stages than layers."""
+    for name in schedules or ():
+        if name != OPTIMAL:
+            get(name)  # an unknown name: UnknownScheduleError, naming the close ones
+    if not isinstance(time_limit, interrupt.Clock) and \
+            not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
+        raise ZboptError(f"plan: time_limit = {time_limit!r}: expected a number of seconds above 0")
+    splits_backward(model)
+    for pipeline in pipelines:
+        if pipeline.num_stages > len(model.layers):
+            raise ZboptError(f"plan: {pipeline.num_devices} devices x {pipeline.chunks_per_device} chunks make "
+                             f"{pipeline.num_stages} virtual stages, more than the model's {len(model.layers)} layers")
+
+
+def _nothing_found(model: Model, device: Device, pipelines: Sequence[Pipeline], seconds: float) -> str:
+    """Why no plan came: the device's memory (with the least any split needs, where CP-SAT proves
+    a positive amount in 2 s), else the time limit."""
+    needs = [least_memory(model, pipeline, seconds=2.0) for pipeline in pipelines]
+    least = min(needs)
+    if device.memory_gb is not None and least > device.memory_gb:
+        return (f"plan: no split of the model runs in {device.memory_gb:g} GB per device; every split needs at "
+                f"least {least:.4g} GB on its fullest device (parameters and one microbatch's activations)")
+    return f"plan: no schedule found for any split in {seconds:.3g} s; give more time (--time-limit)"
+
+
+def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
+    """One pipeline: the family's first bound (a bound on every split, before any is solved), the
+    rules' rows, then the search; the best of every schedule found, the optimizer's and the rows'."""
+    family = SplitFamily(run.model, run.device, run.pipeline)
+    family.next_split(min(FAMILY_S, FIRST_BOUND_SHARE * run.clock.left()))
+    solved: dict[Split, Outcome] = {}
+    simulated: dict[Split, dict[str, Simulation]] = {}
+    rows = []
+    for number, rule in enumerate(rules):  # each rule's heuristics: its part of the share, of what is left then
+        rows += _rule_rows(rule, run, schedules, solved, simulated,
+                           run.clock.share(f"{rule} heuristics", HEURISTICS_SHARE / (len(rules) - number)))
+    for split in solved:
+        family.exclude(split)
+    pruned = _search(run, family, solved)
+    found = [outcome for outcome in solved.values() if outcome.simulation is not None]
+    found += [Outcome(row.split, row.simulation, 0.0, row.schedule) for row in rows if row.simulation is not None]
+    best = min(found, key=lambda outcome: outcome.makespan) if found else None
+    lower = min([family.floor, *(outcome.lower_bound for outcome in solved.values())])
+    return PipelinePlan(run.pipeline, tuple(rows), best, lower, len(solved), pruned)
+
+
+def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
+               heuristics: interrupt.Clock) -> list[PlanRow]:
+    """The rows of one rule: its split under each schedule (the optimizer's answer recorded in
+    `solved`, the heuristics', built within `heuristics`, in `simulated`, both by split)."""
+    try:
+        split = split_by_rule(rule, run.model, run.pipeline, seconds=min(10.0, run.clock.left() / 4))
+        problem = run.problem(split)
+    except ZboptError as error:
+        return [PlanRow(rule, "-", None, None, str(error))]
+    rows = []
+    if split not in simulated:  # several rules often give one split: its heuristics once
+        simulated[split] = _simulated_heuristics(problem, schedules, heuristics.deadline, run.heuristics_cutoff)
+    heuristics = simulated[split]
+    for name in (schedules or (*heuristics, OPTIMAL)):
+        if name == OPTIMAL and split not in solved and (run.clock.left() < MIN_SOLVE_S or interrupt.requested.is_set()):
+            rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached, or Ctrl-C"))
+        elif name == OPTIMAL:
+            if split not in solved:
+                warm = best_of(simulation for simulation in heuristics.values() if simulation.valid)
+                solved.update(run.solve_all([split], warm=warm))
+            simulation = solved[split].simulation
+            rows.append(PlanRow(rule, OPTIMAL, split, simulation, None if simulation else "no schedule found in time"))
+        elif name in heuristics:
+            simulation = heuristics[name]
+            rows.append(PlanRow(rule, name, split, simulation if simulation.valid else None,
+                                None if simulation.valid else OVER_THE_LIMIT))
+        else:
+            rows.append(PlanRow(rule, name, split, None, "not applicable, or not built in the time limit"))
+    return rows
+
+
+def _simulated_heuristics(problem: Problem, schedules: Sequence[str] | None, deadline: float,
+                          cutoff: float) -> dict[str, Simulation]:
+    """The heuristics asked for (every registered one when None) that apply to `problem`, simulated:
+    those built by `deadline`, or while none of them is valid yet by `cutoff` (a plan with no row
+    has no answer: at m in the thousands one heuristic takes seconds); none starts after it."""
+    names = [entry.name for entry in registered()] if schedules is None else \
+        [name for name in schedules if name != OPTIMAL]
+    built: dict[str, Simulation] = {}
+    for name in names:
+        valid = any(simulation.valid for simulation in built.values())
+        if interrupt.past(cutoff) or (valid and interrupt.past(deadline)):
+            break
+        try:
+            with interrupt.deadline_scope(deadline if valid else cutoff):
+                built[name] = simulate(problem, generate(name, problem))
+        except (NotApplicableError, interrupt.TimeUp):
+            continue
+    return built
+
+
+def _search(run: _Run, family: SplitFamily, solved: dict) -> bool:
+    """Solve splits in the family's order, `run.parallel` at a time, until the splits left cannot
+    beat the best found or time runs out (`family.floor` then bounds every split not solved);
+    whether the splits left were all pruned."""
+    while run.clock.left() > MIN_SOLVE_S and not interrupt.requested.is_set():
+        best = min((outcome.makespan for outcome in solved.values()), default=math.inf)
+        batch: list[Split] = []
+        while len(batch) < run.parallel:
+            split, rest = family.next_split(min(FAMILY_S, run.clock.left() / 4))
+            if split is None or rest >= best:
+                break
+            family.exclude(split)
+            batch.append(split)
+        if not batch:
+            return family.exhausted or family.floor >= best
+        solved.update(run.solve_all(batch, best))
+    return False

@@ -1,0 +1,142 @@
+"""A plan shown: the text table of `zbopt plan` and its HTML report (the splits drawn above the best
+schedule's Gantt chart and memory timeline). Times in ms and memory in GB, the model's units."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from zbopt.planning.planner import Plan, stage_names
+from zbopt.planning.planner.result import OVER_THE_LIMIT, device_peaks, split_exports
+from zbopt.solvers.gap import gap_text, relative_gap
+
+COLUMNS = ("rule", "schedule", "split", "makespan (ms)", "bubble", "peak (GB) per device, parameters included", "gap")
+
+
+def _row_cells(plan: Plan, each, row) -> list[str]:
+    simulation = row.simulation
+    if simulation is None:
+        return [row.rule, row.schedule, _split(row.split), "-", "-", "-", row.note or "-"]
+    peaks = device_peaks(plan.model, each.pipeline, row.split, simulation)
+    return [row.rule, row.schedule, _split(row.split), f"{simulation.makespan:.5g}", f"{simulation.bubble_rate:.1%}",
+            ", ".join(f"{peak:.3g}" for peak in peaks), gap_text(relative_gap(simulation.makespan, each.lower_bound))]
+
+
+def _split(split) -> str:
+    return "-" if split is None else ", ".join(map(str, split))
+
+
+def _table(lines: list[list[str]]) -> list[str]:
+    widths = [max(len(line[column]) for line in lines) for column in range(len(lines[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+            for line in lines]
+
+
+def _pipeline_heading(each) -> str:
+    pipeline = each.pipeline
+    rest = "the splits left all pruned" if each.pruned else "splits left not all pruned: bound on them"
+    return (f"{pipeline.num_devices} devices x {_chunks(pipeline)} ({pipeline.placement}), "
+            f"m = {pipeline.num_microbatches}: lower bound over every split {each.lower_bound:.5g} ms "
+            f"({each.explored} splits solved; {rest})")
+
+
+def _chunks(pipeline) -> str:
+    return f"{pipeline.chunks_per_device} chunk{'s' * (pipeline.chunks_per_device > 1)}"
+
+
+def _model_line(plan: Plan) -> str:
+    groups = ", ".join(name if count == 1 else f"{name} x {count}" for name, count in plan.model.groups)
+    memory = "unlimited" if plan.device.memory_gb is None else f"{plan.device.memory_gb:g} GB"
+    return f"model: {len(plan.model.layers)} layers ({groups}); device memory {memory}"
+
+
+def _best_lines(plan: Plan) -> list[str]:
+    chosen, outcome = plan.best, plan.best.best
+    pipeline = chosen.pipeline
+    lines = [f"best: {_chunks(pipeline)} ({pipeline.placement}), schedule {outcome.schedule}: "
+             f"{outcome.makespan:.5g} ms; lower bound over every split {plan.lower_bound:.5g} ms; "
+             f"gap {gap_text(plan.gap)}"]
+    peaks = device_peaks(plan.model, pipeline, outcome.split, outcome.simulation)
+    for stage, names in enumerate(stage_names(plan.model, outcome.split)):
+        device = pipeline.device_of(stage)
+        lines.append(f"  stage {stage} on device {device}: {names}  (device peak {peaks[device]:.3g} GB, "
+                     "parameters included)")
+    found = split_exports(plan.model, pipeline, outcome.split)
+    lines.append(f"  Megatron-LM --pipeline-model-parallel-layout: {found['megatron_layout']}")
+    if isinstance(found["megatron_first_last"], dict):
+        lines.append("  Megatron-LM " + ", ".join(f"--{key.replace('_', '-')} {value}"
+                                                   for key, value in found["megatron_first_last"].items()))
+    lines.append("  torchtitan module_fqns_per_model_part: " + (
+        str(found["torchtitan_modules"]) if isinstance(found["torchtitan_modules"], list)
+        else found["torchtitan_modules"]))
+    return lines
+
+
+def format_plan(plan: Plan) -> str:
+    """The answer first: the best plan (its split as the model names the layers of each virtual
+    stage, its schedule, makespan, bound and gap, its exports); then per pipeline a heading and its
+    rows of rule × schedule, the schedules over the memory limit folded into one line."""
+    parts = [_model_line(plan), "", *_best_lines(plan)]
+    for each in plan.pipelines:
+        over = [row for row in each.rows if row.note == OVER_THE_LIMIT]
+        parts += ["", _pipeline_heading(each)]
+        parts += _table([list(COLUMNS), *(_row_cells(plan, each, row) for row in each.rows if row not in over)])
+        if over:
+            names = ", ".join(dict.fromkeys(f"{row.schedule} ({row.rule})" for row in over))
+            parts.append(f"over the memory limit: {names}")
+    return "\n".join(parts)
+
+
+def _html_tables(plan: Plan) -> list[str]:
+    """Per pipeline its heading and its rows as an HTML table."""
+    parts = []
+    for each in plan.pipelines:
+        head = "".join(f"<th>{html.escape(title)}</th>" for title in COLUMNS)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row_cells(plan, each, row))
+                       + "</tr>" for row in each.rows)
+        parts += [f"<h2>{html.escape(_pipeline_heading(each))}</h2>",
+                  f'<table class="plan"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>']
+    return parts
+
+
+def check_plan_report(path: str | Path) -> Path:
+    """The path, if it names an HTML file (`zbopt.presentation.report`'s rule)."""
+    from zbopt.presentation.report import check_report_path
+
+    return check_report_path(path)
+
+
+def render_plan_report(plan: Plan) -> str:
+    """The report: the rows per pipeline, the splits drawn, then the best schedule's Gantt chart and
+    memory timeline (the comparison report's viewer)."""
+    from zbopt import __version__
+    from zbopt.presentation.plot import figure_html
+    from zbopt.presentation.plot.split import plot_split
+    from zbopt.presentation.report import STYLE, VIEWER, schedule_section
+
+    text = html.escape
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', "<title>zbopt: plan</title>",
+             f"<style>{STYLE}</style></head><body>", "<h1>Layer split and schedule</h1>",
+             f"<p>{text(_model_line(plan))}</p>", *_html_tables(plan), '<h2 id="best">Best plan</h2>',
+             f'<pre style="white-space: pre-wrap">{text(chr(10).join(_best_lines(plan)))}</pre>',
+             '<h2 id="splits">Splits</h2>',
+             figure_html("split", plot_split(plan))]
+    outcome = plan.best.best
+    summary = (f"makespan {outcome.makespan:.5g} ms, lower bound over every split {plan.lower_bound:.5g} ms, "
+               f"gap {gap_text(plan.gap)}; peak GB per device (parameters included) "
+               + ", ".join(f"{peak:.3g}" for peak in device_peaks(plan.model, plan.best.pipeline, outcome.split,
+                                                                   outcome.simulation)))
+    parts += ['<h2 id="schedule">Best schedule</h2>',
+              schedule_section(f"joint optimum ({outcome.schedule})", summary, outcome.simulation,
+                               units={"time": "ms", "memory": "GB"}),
+              f"<script>{VIEWER}</script>", f"<p><small>Written by zbopt {__version__}.</small></p></body></html>"]
+    return "\n".join(parts)
+
+
+def write_plan_report(path: str | Path, plan: Plan) -> Path:
+    """Write `render_plan_report(plan)` to `path` (.html or .htm)."""
+    from zbopt.io.write import write_file
+
+    path = check_plan_report(path)
+    write_file(path, render_plan_report(plan))
+    return path

@@ -163,7 +163,7 @@ def test_quick_commands_load_no_heavy_library(command):
 
 
 def test_threads_asking_the_registry_at_once_all_see_the_block_built_schedules():
-    """The block-built schedules load at the registry's first lookup (zbopt.core.deferred): a thread that
+    """The block-built schedules load at the registry's first lookup (zbopt.core.wiring): a thread that
     asks while another is loading them waits, rather than see a list without them."""
     code = ("import threading\nfrom zbopt.schedules import registered\nseen = []\n"
             "threads = [threading.Thread(target=lambda: seen.append(len(registered()))) for _ in range(8)]\n"

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from zbopt import Problem, generate, simulate
 from zbopt.core.problem.config import KEYS as PROBLEM_KEYS
 from zbopt.interfaces.cli import main
-from zbopt.interfaces.cli.config import OPTION_KEYS
+from zbopt.interfaces.cli.inputs import OPTION_KEYS
 
 RUN_SECONDS = 20  # a hang, not a slow run: the problems drawn are small
 EXAMPLES = 150  # per test; the default suite draws 300 in all

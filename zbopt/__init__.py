@@ -17,8 +17,7 @@ import importlib.util
 import sys
 import warnings
 
-from zbopt.core.deferred import defer
-from zbopt.core.lazy import lazy_names
+from zbopt.core.wiring import defer, lazy_names
 from zbopt.presentation import display  # noqa: F401  (registers how results print and show in Jupyter)
 
 defer("zbopt.schedules.registry", lambda: importlib.import_module("zbopt.solvers.blocks.registered"))  # block-NAME
@@ -34,9 +33,8 @@ _PUBLIC = {
     "zbopt.planning.planner": ("Pipeline", "Plan", "plan"),
     "zbopt.core.ops": ("Op", "critical_path", "device_work", "op_graph"),
     "zbopt.core.problem": ("Problem",),
-    "zbopt.io.config": ("load_problem",),
     "zbopt.io.export": ("save_schedule",),
-    "zbopt.io.read": ("load_schedule",),
+    "zbopt.io.read": ("load_problem", "load_schedule"),
     "zbopt.core.schedule": ("Schedule",),
     "zbopt.schedules": ("generate", "registered"),
     "zbopt.core.simulation": ("MemoryViolation", "Simulation", "simulate"),
@@ -49,8 +47,8 @@ _MOVED = {  # where the modules of the flat layout went when the folders became 
     "zbopt.errors": "zbopt.core.errors", "zbopt.kinds": "zbopt.core.kinds",
     "zbopt.placement": "zbopt.core.placement", "zbopt.ops": "zbopt.core.ops",
     "zbopt.schedule": "zbopt.core.schedule", "zbopt.interrupt": "zbopt.core.interrupt",
-    "zbopt.tolerance": "zbopt.core.tolerance", "zbopt.shown": "zbopt.core.shown",
-    "zbopt.deferred": "zbopt.core.deferred", "zbopt.timeline": "zbopt.core.timeline",
+    "zbopt.tolerance": "zbopt.core.tolerance", "zbopt.shown": "zbopt.core.wiring",
+    "zbopt.deferred": "zbopt.core.wiring", "zbopt.timeline": "zbopt.core.timeline",
     "zbopt.ticks": "zbopt.core.ticks", "zbopt.units": "zbopt.core.units",
     "zbopt.paper_tables": "zbopt.core.paper_tables", "zbopt.microbatch_order": "zbopt.core.problem.order",
     "zbopt.problem": "zbopt.core.problem", "zbopt.simulation": "zbopt.core.simulation",
@@ -62,6 +60,7 @@ _MOVED = {  # where the modules of the flat layout went when the folders became 
     "zbopt.report": "zbopt.presentation.report", "zbopt.plan_report": "zbopt.presentation.plan_report",
     "zbopt.plot": "zbopt.presentation.plot",
     "zbopt.cli": "zbopt.interfaces.cli", "zbopt.runtime": "zbopt.interfaces.runtime",
+    "zbopt.io.config": "zbopt.io.read",  # merged: reading a config is reading a file
 }
 
 

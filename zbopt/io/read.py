@@ -1,5 +1,6 @@
 """Reading what a user gives: the one path every file zbopt reads takes (a config's YAML or JSON,
-a schedule's JSON, a torch CSV), and YAML text given on the command line.
+a schedule's JSON, a torch CSV), and YAML text given on the command line; a config file's mapping
+(`read_config_file`) and the Problem it describes (`load_problem`).
 
 A file is refused, in one line naming it, when it is larger than MAX_FILE_BYTES (a YAML file,
 MAX_YAML_BYTES), is not UTF-8 (the byte offset named), nests deeper than MAX_DEPTH, repeats a key
@@ -18,6 +19,7 @@ import yaml
 
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.problem import Problem
+from zbopt.core.problem.config import problem_from_config
 from zbopt.core.schedule import Schedule
 
 # A config is a few KB, a schedule JSON of 100k ops some 1.5 MB; 16 MiB is ten times the largest
@@ -60,6 +62,31 @@ def read_data(path: str | Path, what: str) -> object:
     if Path(path).suffix.lower() == ".json":
         return parse_json(read_text(path, what), where)
     return parse_yaml(read_text(path, what, MAX_YAML_BYTES), where)
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The key/value mapping of a YAML or JSON config file (JSON is read as YAML's subset unless
+    the file ends in .json), read through this module's limits."""
+    data = read_data(path, "config file")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ZboptError(f"config file '{path}': expected a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def load_problem(path: str | Path) -> Problem:
+    """The Problem a YAML or JSON config file describes, as `zbopt simulate CONFIG` reads it (the
+    same keys, aliases, batch keys and defaults; `output_file`, the command line's chart, is not
+    the problem's and is passed over). Every mistake is one ZboptError naming the file and key.
+
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
+    >>> _ = path.write_text("num_stages: 2\\nnum_microbatches: 4\\nforward_times: 1\\n")
+    >>> load_problem(path).describe()
+    'p=2 devices, m=4 microbatches, v=1 chunk per device (loop placement), fused backward (F, BW)'
+    """
+    return problem_from_config(read_config_file(path), source=str(path), ignored=("output_file",))
 
 
 def load_schedule(path: str | Path) -> tuple[Schedule, Problem | None]:

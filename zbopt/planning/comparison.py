@@ -10,14 +10,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zbopt.core import shown
 from zbopt.core.errors import NotApplicableError, ZboptError
 from zbopt.core.interrupt import Clock, Interrupted
 from zbopt.core.problem import Problem
 from zbopt.core.problem.order import ORDER_RULES, entry_order
-from zbopt.core.shown import Shown
 from zbopt.core.simulation import Simulation, simulate
 from zbopt.core.tolerance import RELATIVE_TOLERANCE
+from zbopt.core.wiring import Shown, dataframe
 from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
 from zbopt.schedules.ordering import Order
 from zbopt.solvers import SolveResult, lower_bounds, solve
@@ -129,7 +128,7 @@ class Comparison(Shown):
 
     def to_dataframe(self):
         """`to_dicts` as a pandas DataFrame (pandas is optional)."""
-        return shown.dataframe(self.to_dicts())
+        return dataframe(self.to_dicts())
 
 
 def row_order(row: ComparisonRow) -> tuple[bool, float]:

@@ -20,11 +20,11 @@ from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExe
 from dataclasses import dataclass, replace
 from itertools import accumulate
 
-from zbopt.core import interrupt, shown
+from zbopt.core import interrupt
 from zbopt.core.errors import ProblemError, ZboptError
 from zbopt.core.problem import Problem
-from zbopt.core.shown import Shown
 from zbopt.core.simulation import simulate
+from zbopt.core.wiring import Shown, dataframe
 from zbopt.schedules import generate_applicable
 from zbopt.solvers import solve
 from zbopt.solvers.gap import relative_gap, settle
@@ -111,7 +111,7 @@ class Frontier(Shown):
 
     def to_dataframe(self):
         """One row per memory limit (`FrontierPoint.to_dict`), as a pandas DataFrame (pandas is optional)."""
-        return shown.dataframe([point.to_dict() for point in self.points])
+        return dataframe([point.to_dict() for point in self.points])
 
 
 def parse_memory_limits(text: str) -> tuple[float, ...]:

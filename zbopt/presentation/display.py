@@ -1,7 +1,7 @@
 """How zbopt's results show themselves: `print()` gives the CLI's text table, Jupyter the same table
 beside its chart.
 
-The results (`Simulation`, `SolveResult`, `Comparison`, `Frontier`) inherit `zbopt.core.shown.Shown` and
+The results (`Simulation`, `SolveResult`, `Comparison`, `Frontier`) inherit `zbopt.core.wiring.Shown` and
 never name this module: importing it registers `text` and `rich` as their views (`zbopt/__init__`
 does), so the text is the CLI's (`zbopt.presentation.tables`) and the charts are the plots' (`zbopt.presentation.plot`).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 
-from zbopt.core.shown import register_views
+from zbopt.core.wiring import register_views
 
 MAX_CHART_OPS = 5000  # above this a notebook shows the table alone: an SVG Gantt of more takes seconds and MBs
 

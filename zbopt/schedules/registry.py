@@ -2,7 +2,7 @@
 
 The registry lists its schedules in the order they were registered (`zbopt schedules`, `compare`).
 Schedules a floor above builds (block-NAME, from the building blocks) are registered by that floor:
-the root package leaves their loader in `zbopt.core.deferred`, run here before the first lookup or listing.
+the root package leaves their loader in `zbopt.core.wiring`, run here before the first lookup or listing.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from zbopt.core.deferred import load_deferred
 from zbopt.core.errors import NotApplicableError, UnknownScheduleError, ZboptError
 from zbopt.core.problem import Problem
 from zbopt.core.problem.microbatches import every_microbatch_at
 from zbopt.core.schedule import Schedule
+from zbopt.core.wiring import load_deferred
 from zbopt.schedules.ordering import Order, in_order
 
 Generator = Callable[..., Schedule]

@@ -6,7 +6,7 @@ loads to list `block-NAME`, do not bring in the driver and OR-Tools with them.
 
 from __future__ import annotations
 
-from zbopt.core.lazy import lazy_names
+from zbopt.core.wiring import lazy_names
 
 __getattr__, __dir__, __all__ = lazy_names(__name__, {
     "SOLVERS": "zbopt.solvers.api", "solve": "zbopt.solvers.api", "LowerBounds": "zbopt.solvers.bounds",

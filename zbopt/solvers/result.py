@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from zbopt.core.errors import ZboptError
 from zbopt.core.schedule import Schedule
-from zbopt.core.shown import Shown
 from zbopt.core.simulation import Simulation
+from zbopt.core.wiring import Shown
 from zbopt.solvers.gap import relative_gap
 
 

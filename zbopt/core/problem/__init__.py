@@ -13,7 +13,7 @@ Problem exists (a new mechanism's row, in a test), without building the class fi
 
 from __future__ import annotations
 
-from zbopt.core.lazy import lazy_names
+from zbopt.core.wiring import lazy_names
 
 __getattr__, __dir__, __all__ = lazy_names(__name__, {
     "MAX_OPS": "zbopt.core.problem.checks", "PARAMETERS": "zbopt.core.problem.parameters",

@@ -12,7 +12,7 @@ import numpy as np
 from zbopt.core.ops import COMPUTE_LANE, Op, OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule, pair_text
-from zbopt.core.shown import Shown, dataframe
+from zbopt.core.wiring import Shown, dataframe
 
 
 class Pair(NamedTuple):

@@ -10,7 +10,7 @@ from zbopt.core.problem.batch import BATCH_FLAGS, BATCH_HELP
 from zbopt.core.problem.config import DEFAULTS, KEYS
 from zbopt.core.problem.order import ORDER_RULES
 from zbopt.core.problem.parameters import MECHANISMS, PARAMETERS
-from zbopt.interfaces.cli.config import OPTION_KEYS
+from zbopt.interfaces.cli.inputs import OPTION_KEYS
 from zbopt.io.read import parse_yaml
 from zbopt.schedules import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES
 

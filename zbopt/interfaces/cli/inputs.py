@@ -1,5 +1,6 @@
 """What a run is given (a config file, flag values, a schedule by name or as a file) -> the
-RunConfig and the Schedule to work on.
+RunConfig (the Problem, `zbopt.core.problem.config`, plus the run's own options: the charts to write)
+and the Schedule to work on.
 
 Flags win over the config file; a schedule file's own layout (a torch CSV's ranks, stages and
 microbatches) or stored problem (a zbopt JSON's) fills only what neither of them gives. An error
@@ -8,19 +9,39 @@ names each value where it came from: the flag, the config file's key or the sche
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from zbopt.core.errors import ZboptError
-from zbopt.core.problem.config import FLAG, KEYS, same_parameter
+from zbopt.core.errors import ZboptError, shorten
+from zbopt.core.problem import Problem
+from zbopt.core.problem.config import FLAG, KEYS, problem_from_config, same_parameter
 from zbopt.core.schedule import Schedule
 from zbopt.core.tolerance import latest_start
-from zbopt.interfaces.cli.config import RunConfig, build_run_config
-from zbopt.io.config import read_config_file
-from zbopt.io.read import load_schedule
+from zbopt.io.read import load_schedule, read_config_file
 from zbopt.io.torch_order import read_torch_csv
 from zbopt.schedules import named_schedule
 
 DEFAULT_SCHEDULE = "1f1b"
+OPTION_KEYS = ("output_file",)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A problem and the options that came with it."""
+
+    problem: Problem
+    outputs: tuple[str, ...] = ()  # the charts to write (-o, each time it is given; or the config's output_file)
+
+
+def build_run_config(values: dict, source: str = "config", sources: Mapping[str, str] | None = None) -> RunConfig:
+    """`values` (config keys, aliases allowed, and OPTION_KEYS) as a RunConfig; the errors are
+    `problem_from_config`'s, and one for an output file that is not a name (or a list of names)."""
+    output = values.get("output_file")
+    outputs = [] if output is None else output if isinstance(output, list) else [output]
+    if not all(isinstance(name, str) for name in outputs):
+        raise ZboptError(f"{source}: output_file = {shorten(output)}: expected a file name")
+    return RunConfig(problem_from_config(values, source, sources, ignored=OPTION_KEYS), tuple(outputs))
 
 
 def run_config(config_file: str | Path | None, flags: dict, implied: dict | None = None,

@@ -20,7 +20,7 @@ def _milliseconds(seconds: float) -> float:
 
 
 def profile_config(report: TorchRunReport) -> dict:
-    """A zbopt config (the keys of zbopt.interfaces.cli.config) with the run's measured costs.
+    """A zbopt config (the keys of zbopt.interfaces.cli.inputs) with the run's measured costs.
 
     Times are medians in milliseconds (medians: ranks share few cores, so a preempted op must not
     skew the mean); per virtual stage in stage order. backward_times is I and weight_times W when

@@ -29,9 +29,9 @@ from zbopt.presentation.plot.style import (
     check_figure_path,
     check_style,
     chunk_color,
+    figure_html,
     palette,
 )
-from zbopt.presentation.plot.svg import figure_html
 
 __all__ = [
     "BOX_HEIGHT",

@@ -1,14 +1,18 @@
-"""What every chart shares: the palette, the figure formats, the caption and the writing of the file."""
+"""What every chart shares: the palette, the figure formats, the caption and the writing of the file,
+or of the figure as inline SVG for HTML (the report's charts, a notebook's view of a result)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import io
 import logging
+import re
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
 import matplotlib.pyplot as plt
 import matplotlib.style
 from matplotlib.colors import to_rgb
@@ -194,3 +198,20 @@ def _freeze_layout(figure) -> None:
     """Run the constrained layout once and keep it, so label sizes measured now hold when saved."""
     figure.draw_without_rendering()
     figure.set_layout_engine("none")
+
+
+# text as text (a fraction of the size of glyph paths); where DejaVu Sans (what the labels were
+# measured with) is missing, the browser falls back to narrower fonts, so fitted labels still fit
+SVG_TEXT = {"svg.fonttype": "none", "font.sans-serif": ["DejaVu Sans", "Arial", "Helvetica"]}
+
+
+def figure_html(kind: str, figure) -> str:
+    """The figure as an inline SVG in a <figure class=kind>, and closed (a report draws many)."""
+    buffer = io.StringIO()
+    with matplotlib.rc_context(SVG_TEXT):
+        figure.savefig(buffer, format="svg")
+    plt.close(figure)
+    svg = buffer.getvalue()
+    svg = svg[svg.index("<svg"):]  # drop the XML prolog and the DTD, which names a URL
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.DOTALL)  # and the RDF metadata, which do too
+    return f'<figure class="{kind}">\n{svg}</figure>'

@@ -128,3 +128,24 @@ def test_the_table_derives_the_config_keys_and_the_flags_that_were_spelled_by_ha
     assert {"-s", "--num-devices", "-b", "--num-batches", "-v", "-f", "-bw", "-w", "--memory-limit",
             "--allow-recompute", "--shared-host-link", "--flush"} <= flags
     assert not {flag for flag in flags if "overlap" in flag or "microbatch-tokens" in flag}
+
+
+def test_each_optional_mechanism_is_one_record_or_none_with_its_defaults_filled_in():
+    """`problem.offload is not None` instead of four fields: a record holds the mechanism's values
+    as the checks expanded them (reload = offload, recompute = forward, one cost per device), and
+    a problem without the mechanism has None."""
+    from zbopt.core.problem.mechanisms import MicrobatchSizes, Offload, OverlappedPairs, Recomputation
+
+    plain = Problem(num_devices=2, num_microbatches=4)
+    assert (plain.recomputation, plain.offload, plain.pairs, plain.microbatch_sizes) == (None, None, None, None)
+    given = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, forward_times=[1, 2, 3, 4],
+                    allow_recompute=True, checkpoint_memory=0.25, allow_offload=True, offload_times=0.5,
+                    shared_host_link=True, overlap_times={"FBW": [2.5, 3]}, memory_limit=8)
+    assert given.recomputation == Recomputation(times=(1, 2, 3, 4), checkpoint_memory=(0.25,) * 4)
+    assert given.offload == Offload(offload_times=(0.5,) * 4, reload_times=(0.5,) * 4, shared_host_link=True)
+    assert given.pairs == OverlappedPairs((("FBW", (2.5, 3.0)),))
+    assert (given.pairs.kinds, given.pairs.cost("FBW", 1), given.pairs.cost("FB", 1)) == (("FBW",), 3.0, None)
+    assert [given.host_link(device) for device in range(2)] == [0, 0]  # the pair (0, 1) shares one link
+    sized = Problem(num_devices=2, num_microbatches=3, microbatch_tokens=[100, 200, 300], attention_share=0.5)
+    assert sized.microbatch_sizes == MicrobatchSizes(tokens=(100, 200, 300), attention_share=(0.5, 0.5),
+                                                     reference_tokens=None)

@@ -79,8 +79,8 @@ class OpTable:
 
     def __init__(self, problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset(),
                  offloaded: frozenset[tuple[int, int]] = frozenset()):
-        for pairs, kind, allowed, key in ((recomputed, RECOMPUTE, problem.allow_recompute, "allow_recompute"),
-                                          (offloaded, OFFLOAD, problem.allow_offload, "allow_offload")):
+        for pairs, kind, allowed, key in ((recomputed, RECOMPUTE, problem.recomputation is not None, "allow_recompute"),
+                                          (offloaded, OFFLOAD, problem.offload is not None, "allow_offload")):
             if pairs and not allowed:
                 what = "recomputation" if kind == RECOMPUTE else "offload"
                 raise ScheduleError(f"op {Op(kind, *min(pairs))}: {what} is not allowed in this problem "

@@ -52,7 +52,8 @@ def tick_scale(problem: Problem) -> TickScale:
         scale *= 10
     # rounding: every op and latency on a chain is off by <= half a tick (recomputes and copies are ops
     # too), or by < one tick where mechanisms round up (`tick_problem`)
-    ops = problem.num_ops + problem.num_activations * (int(problem.allow_recompute) + 2 * int(problem.allow_offload))
+    copies = int(problem.recomputation is not None) + 2 * int(problem.offload is not None)  # R; O and L
+    ops = problem.num_ops + problem.num_activations * copies
     chain = 2 * ops / problem.num_devices + 2 * problem.num_stages
     per_op = 1.0 if problem.mechanisms_matter else 0.5
     return TickScale(scale, False, per_op * chain / scale)
@@ -113,7 +114,7 @@ def cost_values(problem: Problem) -> list[float]:
         values = [value for key in TIME_KEYS for value in getattr(problem, key) or ()]
     else:
         values = [value for key in TIME_KEYS for row in rows.get(key, ()) for value in row]
-    return values + [cost for _, costs in problem.overlap_times or () for cost in costs]
+    return values + [cost for _, costs in (problem.pairs.costs if problem.pairs else ()) for cost in costs]
 
 
 def scaled_costs(problem: Problem, ticks) -> Problem:
@@ -127,8 +128,8 @@ def scaled_costs(problem: Problem, ticks) -> Problem:
     latency = ticks(problem.p2p_time) if problem.p2p_time > 0 else 0
     if problem.per_microbatch is None:
         return problem.replace(**{key: scaled(getattr(problem, key)) for key in TIME_KEYS}, p2p_time=latency,
-                               overlap_times=None if problem.overlap_times is None else
-                               {kind: scaled(costs) for kind, costs in problem.overlap_times})
+                               overlap_times=None if problem.pairs is None else
+                               {kind: scaled(costs) for kind, costs in problem.pairs.costs})
     rows = problem.per_microbatch
     changes = {key: [scaled(row) for row in rows[key]] if key in rows else None for key in TIME_KEYS}
     changes["activation_memory"] = [list(row) for row in rows["activation_memory"]]

@@ -49,9 +49,10 @@ def _time_parts(problem, one_microbatch: bool = False) -> Parts:
     counts = [1 if one_microbatch else len(problem.microbatches_of(stage)) for stage in range(problem.num_stages)]
     per_device = [sum(counts[stage] for stage in stages) for stages in problem.stages_of_device]
     keys = ["forward_times", "backward_times", "weight_times"]
-    keys += ["recompute_times"] * problem.allow_recompute + ["offload_times", "reload_times"] * problem.allow_offload
+    keys += ["recompute_times"] * (problem.recomputation is not None)
+    keys += ["offload_times", "reload_times"] * (problem.offload is not None)
     given = {key: (getattr(problem, key), counts) for key in keys}  # the normalised ones only
-    for kind, costs in problem.overlap_times or ():  # each pair holds a forward of its device
+    for kind, costs in problem.pairs.costs if problem.pairs else ():  # each pair holds a forward of its device
         given[f"overlap_times.{kind}"] = (costs, per_device)
     if problem.p2p_time > 0:  # at most one latency per op
         given["p2p_time"] = ((problem.p2p_time,), (problem.num_stages * len(problem.kinds) if one_microbatch

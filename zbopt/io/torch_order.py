@@ -164,10 +164,10 @@ class TorchOrder:
     def _pairs(self, problem: Problem, cells: dict, seen: dict) -> list[tuple[Op, ...]]:
         """The OVERLAP_F_B cells as overlapped pairs where the problem gives overlap costs (each
         pair kind it holds must have one), else none: their actions run one after another."""
-        if not problem.overlap_times:
+        if problem.pairs is None:
             return []
         shapes = {members: kind for (kind, split), members in PAIR_MEMBERS.items() if split == problem.split_backward}
-        given = {kind for kind, _ in problem.overlap_times}
+        given = set(problem.pairs.kinds)
         pairs = []
         for ops in cells.values():
             kind = shapes.get(tuple(op.kind for op in ops))

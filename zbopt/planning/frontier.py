@@ -292,8 +292,8 @@ def _best_known_at_each_limit(points: list[FrontierPoint]) -> tuple[FrontierPoin
 def counted_mechanisms(problem: Problem) -> list[tuple[str, str]]:
     """(letter, name) of each mechanism the problem allows, the name being both the FrontierPoint
     count and the op table's (stage, microbatch) pairs: ("R", "recomputed"), ("O", "offloaded")."""
-    return [(letter, name) for letter, name, allowed in (("R", "recomputed", problem.allow_recompute),
-                                                          ("O", "offloaded", problem.allow_offload)) if allowed]
+    return [(letter, name) for letter, name, allowed in (("R", "recomputed", problem.recomputation is not None),
+                                                          ("O", "offloaded", problem.offload is not None)) if allowed]
 
 
 def _preference(point: FrontierPoint) -> tuple:

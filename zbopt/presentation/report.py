@@ -196,7 +196,7 @@ def schedule_data(simulation: Simulation) -> dict:
         "kinds": [KINDS[kind].word for kind in kinds],
         "palette": [to_hex(chunk_color(kind, chunk, problem.chunks_per_device)) for kind, chunk in colours],
         "limit": None if problem.memory_limit is None else list(problem.memory_limit),
-        "tokens": None if problem.microbatch_tokens is None else  # per j % m (`tokens_of`)
+        "tokens": None if problem.microbatch_sizes is None else  # per j % m (`tokens_of`)
         [tokens_of(problem, j) for j in range(problem.num_microbatches)],
         "ops": {"name": [str(op) for op in ops], "d": list(table.device), "k": [kinds.index(op.kind) for op in ops],
                 "s": [op.stage for op in ops], "chunk": [chunk_of[op.stage] for op in ops],

@@ -31,9 +31,9 @@ def format_simulation(simulation: Simulation) -> str:
         f"zb_bubble_rate  {simulation.zb_bubble_rate:.4f}",
         f"valid           {'yes' if simulation.valid else 'no'}",
         *([f"recomputed      {len(simulation.table.recomputed)} of {problem.num_activations} activations"]
-          if problem.allow_recompute else []),
+          if problem.recomputation is not None else []),
         *([f"offloaded       {len(simulation.table.offloaded)} of {problem.num_activations} activations"]
-          if problem.allow_offload else []),
+          if problem.offload is not None else []),
         *([f"order           {','.join(map(str, entry_order(problem, simulation.schedule)))} (microbatches enter "
            "in this order)"] if not problem.microbatches_equal else []),
         "",

@@ -41,7 +41,7 @@ Passes = Callable[[int, range], tuple[list[Op], list[list[Op]]]]  # (device, mic
 def _pair_kind(problem: Problem, name: str) -> str:
     """The pair the steady state runs: FBW (a forward with a full backward) when `overlap_times`
     gives it, as both sources pair; else FB (with the input-gradient B, W right after the pair)."""
-    given = [kind for kind, _ in problem.overlap_times or ()]
+    given = list(problem.pairs.kinds if problem.pairs else ())
     require(bool(given), name, "overlap_times (the cost of a forward overlapped with another microbatch's "
                                "backward, e.g. {FBW: 2.5}): its steady state runs them as one op")
     return "FBW" if "FBW" in given else "FB"

@@ -68,7 +68,7 @@ class _DeviceProgram:
         first = len(self.order)
         self.forward(forward_stage)
         self.backward(backward_stage)
-        if overlap and any(kind == "FBW" for kind, _ in self.problem.overlap_times or ()):
+        if overlap and self.problem.pairs is not None and "FBW" in self.problem.pairs.kinds:
             self.pairs.append(tuple(self.order[first:]))
 
 

@@ -59,7 +59,7 @@ def _base_schedule(problem: Problem, base: str | None, name: str) -> Schedule:
 def pipeoffload(problem: Problem, base: str | None = None) -> Schedule:
     """See the module docstring. `base`: the registered schedule whose compute is kept (timed
     without the memory limit, which the copies are there to meet). Needs allow_offload."""
-    require(problem.allow_offload, "pipeoffload", _NEEDS)
+    require(problem.offload is not None, "pipeoffload", _NEEDS)
     schedule = _base_schedule(problem, base, "pipeoffload")
     timed = simulate(problem.replace(memory_limit=None), schedule)
     starts = {op: timed.times_of(op)[0] for op in timed.table.ops()}
@@ -69,7 +69,7 @@ def pipeoffload(problem: Problem, base: str | None = None) -> Schedule:
         for microbatch in range(problem.total_microbatches):
             forward_end = timed.times_of(Op(FORWARD, stage, microbatch))[1]
             backward_start, backward_end = timed.times_of(Op(gradient, stage, microbatch))
-            copies = problem.offload_times[stage] + problem.reload_times[stage]
+            copies = problem.offload.offload_times[stage] + problem.offload.reload_times[stage]
             if backward_start - (backward_end - backward_start) - forward_end > ROBUSTNESS_COPIES * copies:
                 candidates.append((forward_end, backward_start, backward_end - backward_start, stage, microbatch))
     offloaded = _place_offloads(problem, candidates, starts)
@@ -77,7 +77,7 @@ def pipeoffload(problem: Problem, base: str | None = None) -> Schedule:
     kept = set()
     for _, backward_start, length, stage, microbatch in sorted(candidates, key=lambda c: c[1], reverse=True):
         lane = problem.host_link(problem.device_of(stage))
-        begin = min(backward_start - length, in_free.get(lane, backward_start)) - problem.reload_times[stage]
+        begin = min(backward_start - length, in_free.get(lane, backward_start)) - problem.offload.reload_times[stage]
         if begin < offloaded[stage, microbatch]:  # no room for both copies in time: kept
             kept.add((stage, microbatch))
             continue
@@ -97,7 +97,7 @@ def _place_offloads(problem: Problem, candidates: list[tuple], starts: dict[Op, 
     for forward_end, _, _, stage, microbatch in sorted(candidates):
         lane = problem.host_link(problem.device_of(stage))
         begin = max(forward_end, out_free.get(lane, 0.0))
-        out_free[lane] = offloaded[stage, microbatch] = begin + problem.offload_times[stage]
+        out_free[lane] = offloaded[stage, microbatch] = begin + problem.offload.offload_times[stage]
         starts[Op(OFFLOAD, stage, microbatch)] = begin
     return offloaded
 
@@ -110,7 +110,7 @@ def serial_offload(problem: Problem) -> Schedule:
     device has freed the one before: a device holds at most one stage's activation, the least
     limit with offload (`Problem.min_memory_limit`). Slow, but it fits where nothing else does, so
     the optimizer always has a warm start. Any v and placement; needs allow_offload."""
-    require(problem.allow_offload, "serial-offload", _NEEDS)
+    require(problem.offload is not None, "serial-offload", _NEEDS)
     last = problem.num_stages - 1
     starts: dict[Op, float] = {}
     now = 0.0  # everything of the microbatches before has ended
@@ -145,7 +145,7 @@ def serial_offload(problem: Problem) -> Schedule:
             if stage != last:
                 if problem.device_of(stage + 1) != device:
                     arrival += problem.p2p_time
-                offload_end = starts[Op(OFFLOAD, stage, microbatch)] + problem.offload_times[stage]
+                offload_end = starts[Op(OFFLOAD, stage, microbatch)] + problem.offload.offload_times[stage]
                 reloaded = copy(Op(RELOAD, stage, microbatch), max(offload_end, held_until[device]), in_free)
                 arrival = max(arrival, reloaded)
             ops = backward_ops(problem, stage, microbatch)
@@ -169,7 +169,7 @@ def full_offload(problem: Problem, base: str | None = None) -> Schedule:
     warm start near the floor, where PipeOffload's fixed compute does not fit. NotApplicable
     when the order cannot fit the limit (an allocation waits on memory only later ops free).
     Needs allow_offload and one iteration."""
-    require(problem.allow_offload, "full-offload", _NEEDS)
+    require(problem.offload is not None, "full-offload", _NEEDS)
     require(problem.iterations == 1, "full-offload", "iterations = 1")
     schedule = _base_schedule(problem, base, "full-offload")
     last = problem.num_stages - 1

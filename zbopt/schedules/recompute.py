@@ -39,7 +39,7 @@ _NEEDS = "allow_recompute: true (and checkpoint_memory)"
 def _base(name: str, build, problem: Problem, *options) -> Schedule:
     """The schedule `build` makes for `problem`, once recomputation is allowed; a precondition of
     the base schedule is reported under `name`, the schedule asked for."""
-    require(problem.allow_recompute, name, _NEEDS)
+    require(problem.recomputation is not None, name, _NEEDS)
     try:
         return build(problem, *options)
     except NotApplicableError as error:
@@ -65,7 +65,7 @@ def recompute_everything(problem: Problem, schedule: Schedule, *, in_backward: b
         return Schedule(orders)
     stages = range(problem.num_stages)
     with_recompute = problem.replace(
-        backward_times=[problem.backward_times[s] + problem.recompute_times[s] for s in stages],
+        backward_times=[problem.backward_times[s] + problem.recomputation.times[s] for s in stages],
         allow_recompute=False, recompute_times=None, checkpoint_memory=None, memory_limit=None)
     timed = simulate(with_recompute, schedule)
     times = []
@@ -75,7 +75,7 @@ def recompute_everything(problem: Problem, schedule: Schedule, *, in_backward: b
             if op.kind == RECOMPUTE:
                 device_times.append(timed.times_of(Op(problem.input_gradient_kind, op.stage, op.microbatch))[0])
             elif op.kind == problem.input_gradient_kind:
-                device_times.append(timed.times_of(op)[0] + problem.recompute_times[op.stage])
+                device_times.append(timed.times_of(op)[0] + problem.recomputation.times[op.stage])
             else:
                 device_times.append(timed.times_of(op)[0])
         times.append(device_times)
@@ -87,7 +87,8 @@ def _one_f_one_b_memory(problem: Problem) -> list[float]:
     checkpoints and one whole activation (the one being recomputed; W follows its B at once)."""
     p = problem.num_devices
     m = problem.num_microbatches if problem.flush else problem.total_microbatches
-    return [(min(p - s, m) - 1) * problem.checkpoint_memory[s] + problem.activation_memory[s] for s in range(p)]
+    checkpoint = problem.recomputation.checkpoint_memory
+    return [(min(p - s, m) - 1) * checkpoint[s] + problem.activation_memory[s] for s in range(p)]
 
 
 @register("1f1b-recompute", "1F1B with full recomputation (Megatron-LM --recompute-granularity full): "
@@ -115,7 +116,7 @@ def _mario_warmups(problem: Problem) -> list[int]:
     warmups: list[int] = []
     for stage in range(problem.num_devices):
         warmup = 2 * (problem.num_devices - stage - 1)
-        checkpoint = problem.checkpoint_memory[stage]
+        checkpoint = problem.recomputation.checkpoint_memory[stage]
         room = memory_ceiling(problem.memory_caps[stage]) - problem.activation_memory[stage]
         if checkpoint > 0 and not math.isinf(room):
             warmup = max(0, min(warmup, math.floor(room / checkpoint + 1e-9)))
@@ -127,7 +128,7 @@ def _mario_memory(problem: Problem) -> list[float]:
     """Device s holds at most its warm-up's checkpoints (fewer with fewer microbatches) and the
     activation being recomputed (the last, with no warm-up, one activation at a time)."""
     m = problem.num_microbatches
-    return [min(warmup, m - 1) * problem.checkpoint_memory[s] + problem.activation_memory[s]
+    return [min(warmup, m - 1) * problem.recomputation.checkpoint_memory[s] + problem.activation_memory[s]
             for s, warmup in enumerate(_mario_warmups(problem))]
 
 
@@ -136,7 +137,7 @@ def _mario_memory(problem: Problem) -> list[float]:
 def mario_one_f_one_b(problem: Problem) -> Schedule:
     """See the module docstring. Needs v = 1 and allow_recompute. Device s holds at most
     w·c + M_B (w its warm-up forwards, c the checkpoint)."""
-    require(problem.allow_recompute, "mario-1f1b", _NEEDS)
+    require(problem.recomputation is not None, "mario-1f1b", _NEEDS)
     warmups = _mario_warmups(problem)
     base = warmup_then_alternate(problem, "mario-1f1b", lambda device, _: warmups[device],
                                  iteration_microbatches(problem))
@@ -151,7 +152,7 @@ def serial_recompute(problem: Problem) -> Schedule:
     holds at most one stage's activation and the checkpoints of its earlier stages, the least limit
     with recomputation (`Problem.recomputation_floor`). Slow, but it fits where nothing else does (V shapes near that
     limit), so the optimizer always has a warm start. Any v and placement; needs allow_recompute."""
-    require(problem.allow_recompute, "serial-recompute", _NEEDS)
+    require(problem.recomputation is not None, "serial-recompute", _NEEDS)
     last = problem.num_stages - 1
     orders: list[list[Op]] = []
     for stages in problem.stages_of_device:

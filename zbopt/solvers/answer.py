@@ -37,7 +37,7 @@ def simulated_answer(problem: Problem, found: Found, objective: str, solver: str
     # an offload has freed room, a recompute or reload not too early) and which copy goes first on a
     # shared host link are in the model's times only
     simulation = None
-    if not problem.shared_host_link:
+    if problem.offload is None or not problem.offload.shared_host_link:
         simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, pairs=found.pairs),
                               strict=not problem.mechanisms_matter)
     if simulation is None or not simulation.valid:

@@ -175,7 +175,7 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     original, problem = problem, pair_relaxed(problem)
     began = time.perf_counter()
     # the pair count builds a graph of its own: twice the graph's time with pairs
-    if began + (2 if original.overlap_times else 1) * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
+    if began + (2 if original.pairs is not None else 1) * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         return LowerBounds((Bound("critical_path", critical_path(problem)),
                             _on_device("device_load", device_work(problem), 0.0)), complete=False)
     graph = implied_graph(problem)
@@ -237,7 +237,7 @@ def _device_load(per_device: list[list[tuple[float, float, float]]]) -> list[flo
 def _pair_count(problem: Problem) -> Bound | None:
     """With overlapped pairs, the bound that prices how many pairs a device can form
     (`pair_relaxation.pair_count_bound`); None without."""
-    if not problem.overlap_times:
+    if problem.pairs is None:
         return None
     began = time.perf_counter()
     return Bound("pair_count", pair_count_bound(problem), time.perf_counter() - began)

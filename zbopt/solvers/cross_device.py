@@ -122,7 +122,7 @@ def _model(problem: Problem, devices: tuple[int, ...], graph: nx.DiGraph, heads:
            tails: dict[Op, float], floor: float) -> tuple[cp_model.CpModel, object, int]:
     """The relaxation of the group (see the module docstring): the model, its objective (a
     variable, at least `floor`) and the ticks per problem unit."""
-    paired = bool(problem.overlap_times)
+    paired = problem.pairs is not None
     if paired and (problem.mechanisms_matter or candidate_window(problem, None)[1]):
         problem = pair_relaxed(problem)  # the pairs would not all be candidates: every op shortened instead
     scale = _floor_scale(problem)
@@ -146,7 +146,7 @@ def _tail_from(variables: OpVars, op: Op, problem: Problem, paired: bool):
     a pair), its start plus that least duration, or only its start where the pairs were relaxed."""
     if not paired:
         return variables.end
-    return variables.start + (least_duration(problem, op) if problem.overlap_times else 0)
+    return variables.start + (least_duration(problem, op) if problem.pairs is not None else 0)
 
 
 def device_groups(problem: Problem, k: int, scores: list[float] | None = None) -> list[tuple[int, ...]]:
@@ -203,7 +203,7 @@ def _group(problem: Problem, devices: frozenset[int], graph: nx.DiGraph, heads: 
     precedences = [(source, target, ticks(data["latency"])) for source, target, data in graph.edges(data=True)
                    if source in present and target in present]
     linked = {(source, target) for source, target, _ in precedences}
-    least = [least_duration(floored, op) for op in op_table(floored).ops()] if floored.overlap_times else None
+    least = [least_duration(floored, op) for op in op_table(floored).ops()] if floored.pairs is not None else None
     precedences += [(earlier, later, round(lag)) for earlier, later, lag in chain_lags(floored, devices, least)
                     if (earlier, later) not in linked]
     head = {op: ticks(heads[op]) for op in mine}
@@ -227,7 +227,7 @@ def _intervals(model, group: _Group) -> tuple[dict[Op, OpVars], list[PairChoice]
         start = model.NewIntVar(group.head[op], horizon, f"s_{op}")
         ops[op] = OpVars(start, start + size, model.NewFixedSizeIntervalVar(start, size, f"i_{op}"))
     pairs: list[PairChoice] = []
-    if floored.overlap_times:  # every candidate: `cross_device_bound` relaxed the pairs away otherwise
+    if floored.pairs is not None:  # every candidate: `cross_device_bound` relaxed the pairs away otherwise
         pairs, members = pair_choices(model, floored, ops, horizon, candidate_window(floored, None)[0])
         ops.update(members)
     choices = None

@@ -95,7 +95,7 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 
 def refusal(problem: Problem) -> str | None:
     """Why this backend cannot model `problem`, or None."""
-    if problem.overlap_times and problem.mechanisms_matter:
+    if problem.pairs is not None and problem.mechanisms_matter:
         return "overlapped pairs together with recomputation or offload are not in its model"
     return None
 
@@ -125,7 +125,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     ops = _intervals(model, frame, task.objective == "makespan")  # 1.
     pairs: list[PairChoice] = []  # candidate overlapped pairs, each run as one op when its literal holds
     restricted = False  # some pairs left out: the model proves nothing about the problem
-    if integral.overlap_times:  # 2. (the pairs)
+    if integral.pairs is not None:  # 2. (the pairs)
         window, restricted = candidate_window(integral, pair_window)
         pairs, members = pair_choices(model, integral, ops, horizon, window)
         ops.update(members)
@@ -155,7 +155,7 @@ def _check_options(problem: Problem, memory_model: str, pair_window: int | None)
     if pair_window is not None and (isinstance(pair_window, bool) or not isinstance(pair_window, int)
                                     or pair_window < 0):
         raise ZboptError(f"pair_window {pair_window!r}: expected a whole number >= 0")
-    if pair_window is not None and not problem.overlap_times:
+    if pair_window is not None and problem.pairs is None:
         raise ZboptError("pair_window applies to overlapped pairs: the problem gives no overlap_times")
 
 
@@ -166,7 +166,7 @@ def _frame(problem: Problem, task: SearchTask, symmetry_breaking: bool) -> _Fram
     integral = tick_problem(problem, scale)
     table = op_table(integral)
     graph = implied_graph(integral) if symmetry_breaking else op_graph(integral)
-    heads, tails = heads_and_tails(as_paired(graph, integral) if integral.overlap_times else graph)
+    heads, tails = heads_and_tails(as_paired(graph, integral) if integral.pairs is not None else graph)
     # without a limit a recompute only adds work and an offload saves nothing
     optional = [RECOMPUTE] * problem.recomputation_matters + [OFFLOAD, RELOAD] * problem.offload_matters
     optional_work = sum(integral.cost(kind, stage, microbatch) for kind in optional

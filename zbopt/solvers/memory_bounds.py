@@ -99,7 +99,7 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
     best = 0.0
     for device, stages in enumerate(problem.stages_of_device):
         limit = problem.memory_limit[device]
-        if problem.recomputation_matters and not problem.allow_offload:
+        if problem.recomputation_matters and problem.offload is None:
             best = max(best, whole_activations_bound(problem, device, lifetimes, device_load[device]))
         if problem.offload_matters:
             best = max(best, whole_or_offloaded_bound(problem, device, lifetimes, device_load[device]))
@@ -114,7 +114,8 @@ def memory_bound(problem: Problem, lifetimes: list[tuple[float, float]], device_
             if problem.recomputation_matters:
                 saving = held - _recomputed_memory_time(problem, stage)
                 if saving > 0:
-                    trades.append((saving / problem.recompute_times[stage], count * problem.recompute_times[stage]))
+                    recompute = problem.recomputation.times[stage]
+                    trades.append((saving / recompute, count * recompute))
         if integral <= 0:  # a device that holds nothing (its limit is positive otherwise)
             continue
         if not problem.recomputation_matters:
@@ -161,15 +162,15 @@ def whole_activations_bound(problem: Problem, device: int, lifetimes: list[tuple
     stages, ceiling, whole, weight, edges = device_view
     count = problem.total_microbatches
     away = {s: lifetimes[s][0] - problem.forward_times[s] - problem.backward_times[s] for s in stages}
-    if whole + min(problem.checkpoint_memory[s] for s in stages) > ceiling:  # one stage per device: a
+    if whole + min(problem.recomputation.checkpoint_memory[s] for s in stages) > ceiling:  # one stage per device: a
         # device with more stages cannot go below one activation and a checkpoint (`min_memory_limit`)
         held = sum(count * (problem.forward_times[s] + away[s] + problem.backward_times[s]) for s in stages)
         return edges + held + max(0.0, sum(count * (weight[s] - away[s]) for s in stages))
-    base = edges + sum(count * (problem.recompute_times[s] + problem.backward_times[s]) for s in stages)
+    base = edges + sum(count * (problem.recomputation.times[s] + problem.backward_times[s]) for s in stages)
     outside = sum(count * (problem.forward_times[s] + weight[s]) for s in stages)
     last = max(stages)  # the only stage that may be kept
     c = problem.forward_times[last] + away[last]
-    a = c - problem.recompute_times[last]
+    a = c - problem.recomputation.times[last]
     breakpoints = {0.0, 1.0} | ({a / c} if c > 0 and 0 < a / c < 1 else set())
     return max(base + share * outside + count * min(0.0, a - share * c) for share in breakpoints)
 
@@ -197,15 +198,16 @@ def whole_or_offloaded_bound(problem: Problem, device: int, lifetimes: list[tupl
     if device_view is None:
         return 0.0
     stages, ceiling, whole, weight, total = device_view
-    if problem.recomputation_matters and whole + min(problem.checkpoint_memory[s] for s in stages) <= ceiling:
+    if problem.recomputation_matters and \
+            whole + min(problem.recomputation.checkpoint_memory[s] for s in stages) <= ceiling:
         return 0.0  # a recomputed activation's F may run while another is whole
     for s in stages:
         count = len(problem.microbatches_of(s))
         forward, backward = problem.forward_times[s], problem.backward_times[s]
         ways = [lifetimes[s][0],  # kept: F + rt + B
-                forward + problem.offload_times[s] + problem.reload_times[s] + backward]
+                forward + problem.offload.offload_times[s] + problem.offload.reload_times[s] + backward]
         if problem.recomputation_matters:
-            ways.append(forward + problem.recompute_times[s] + backward)
+            ways.append(forward + problem.recomputation.times[s] + backward)
         weight_alone = problem.split_backward and problem.weight_memory[s] + whole > ceiling
         total += count * (min(ways) + (weight[s] if weight_alone else 0.0))
     return total
@@ -249,15 +251,15 @@ def _memory_time(problem: Problem, stage: int, lifetime: tuple[float, float], mi
 def _recomputed_memory_time(problem: Problem, stage: int) -> float:
     """The least memory-time one recomputed activation of `stage` holds: its checkpoint from F's
     start to R's (at least F), then all of it for R and its backward."""
-    return problem.checkpoint_memory[stage] * problem.forward_times[stage] + \
-        _held_from_restore(problem, stage, problem.recompute_times[stage])
+    return problem.recomputation.checkpoint_memory[stage] * problem.forward_times[stage] + \
+        _held_from_restore(problem, stage, problem.recomputation.times[stage])
 
 
 def _offloaded_memory_time(problem: Problem, stage: int) -> float:
     """The least memory-time one offloaded activation of `stage` holds: all of it for F and its O,
     then from its L's start for L and its backward (the part W keeps, also W)."""
-    return problem.activation_memory[stage] * (problem.forward_times[stage] + problem.offload_times[stage]) + \
-        _held_from_restore(problem, stage, problem.reload_times[stage])
+    return problem.activation_memory[stage] * (problem.forward_times[stage] + problem.offload.offload_times[stage]) + \
+        _held_from_restore(problem, stage, problem.offload.reload_times[stage])
 
 
 def _held_from_restore(problem: Problem, stage: int, restore: float) -> float:

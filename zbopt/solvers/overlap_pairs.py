@@ -31,10 +31,10 @@ def least_duration(problem: Problem, op: Op) -> int:
     """The least time `op` can take: its own cost, or less in a pair of a cheaper cost (where the
     problem has pairs, `Problem.overlap_times`)."""
     size = int(problem.cost(op.kind, op.stage, op.microbatch))
-    if op.kind not in problem.kinds or not problem.overlap_times:
+    if op.kind not in problem.kinds or problem.pairs is None:
         return size
     device = problem.device_of(op.stage)
-    return min([size, *(int(problem.overlap_cost(kind, device)) for kind, _ in problem.overlap_times
+    return min([size, *(int(cost[device]) for kind, cost in problem.pairs.costs
                         if op.kind in PAIR_MEMBERS[kind, problem.split_backward])])
 
 
@@ -44,7 +44,7 @@ def as_paired(graph: nx.DiGraph, problem: Problem) -> nx.DiGraph:
     paired = graph.copy()
     for op in paired:
         paired.nodes[op]["duration"] = least_duration(problem, op)
-    whole = problem.split_backward and any(kind == "FBW" for kind, _ in problem.overlap_times)
+    whole = problem.split_backward and "FBW" in problem.pairs.kinds
     for source, target in paired.edges():
         if whole and source.kind == BACKWARD and target == Op(WEIGHT, source.stage, source.microbatch):
             paired.edges[source, target]["latency"] = -paired.nodes[source]["duration"]
@@ -69,7 +69,7 @@ def _pair_count(problem: Problem, window: int) -> int:
             backwards = len(problem.microbatches_of(backward_stage))
             count += sum(min(backwards, place + window + 1) - max(0, place - window)
                          for place in range(len(problem.microbatches_of(forward_stage))))
-    return count * len(problem.overlap_times)
+    return count * len(problem.pairs.costs)
 
 
 def pair_choices(model, problem: Problem, ops: dict[Op, OpVars], horizon: int,
@@ -90,7 +90,7 @@ def _candidates(model, problem: Problem, ops: dict[Op, OpVars], horizon: int,
     ends: dict[Op, list] = {}
     pairs = []
     for device, stages in enumerate(problem.stages_of_device):
-        for kind, costs in problem.overlap_times:
+        for kind, costs in problem.pairs.costs:
             cost = int(costs[device])
             kinds = PAIR_MEMBERS[kind, problem.split_backward]
             for forward_stage, backward_stage in itertools.product(stages, stages):

@@ -28,13 +28,13 @@ def pair_relaxed(problem: Problem) -> Problem:
     and ends no later: the relaxed problem's lower bounds bound `problem`'s optimum ("the cheapest
     way to run each op").
     """
-    if not problem.overlap_times:
+    if problem.pairs is None:
         return problem
     split = problem.split_backward
     ratio = [1.0] * problem.num_devices
     for device, stages in enumerate(problem.stages_of_device):
-        for kind, _ in problem.overlap_times:
-            cost = problem.overlap_cost(kind, device)
+        for kind, costs in problem.pairs.costs:
+            cost = costs[device]
             for forward, backward in itertools.product(stages, stages):
                 members = problem.forward_times[forward] + problem.backward_times[backward]
                 if kind == "FBW" and split:
@@ -70,7 +70,7 @@ def pair_count_bound(problem: Problem) -> float:
     bound is max(head + work - s·n + tail, the least C at which n pairs fit); the least over n is
     the bound.
     """
-    if not problem.overlap_times:
+    if problem.pairs is None:
         return 0.0
     graph = as_paired(implied_graph(problem), problem)
     heads, tails = heads_and_tails(graph)
@@ -105,8 +105,8 @@ def _pair_saving(problem: Problem, device: int) -> tuple[float, float]:
     """(the most one pair on `device` saves against its members run alone, the least a pair costs)."""
     stages = problem.stages_of_device[device]
     saving, least_cost = 0.0, math.inf
-    for kind, _ in problem.overlap_times:
-        cost = problem.overlap_cost(kind, device)
+    for kind, costs in problem.pairs.costs:
+        cost = costs[device]
         least_cost = min(least_cost, cost)
         members = PAIR_MEMBERS[kind, problem.split_backward]
         for forward, backward in itertools.product(stages, stages):

@@ -1,19 +1,80 @@
 """A Problem's optional parts checked and expanded: the split backward's weight memory,
-recomputation, offload and overlapped pairs (see `Problem` for what each means).
+recomputation, offload and overlapped pairs (see `Problem` for what each means); and each optional
+mechanism as one frozen record, so that code asks `problem.offload is not None` and reads
+`problem.offload.reload_times` rather than four flat fields.
 
-Each function takes the values as given and returns the normalised ones by key (per virtual
-stage, or per device for overlap costs), or raises a ProblemError naming the key.
+Each check takes the values as given and returns the normalised ones by key (per virtual stage,
+or per device for overlap costs), or raises a ProblemError naming the key.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from zbopt.core.errors import ProblemError, shorten
 from zbopt.core.kinds import PAIR_KINDS
 from zbopt.core.problem.checks import per_device, per_stage, unused_without
 
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Recomputation:
+    """Activations may be dropped after F and recomputed (R) before their B (`allow_recompute`).
+
+    times : R's duration per virtual stage (`recompute_times`).
+    checkpoint_memory : what a recomputed activation keeps from F to R, per virtual stage.
+    """
+
+    times: tuple[float, ...]
+    checkpoint_memory: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Offload:
+    """Activations may be copied to host memory (O) after F and back (L) before B (`allow_offload`).
+
+    offload_times, reload_times : each copy's duration per virtual stage.
+    shared_host_link : devices 2k and 2k+1 share one host link (their copies queue on it).
+    """
+
+    offload_times: tuple[float, ...]
+    reload_times: tuple[float, ...]
+    shared_host_link: bool
+
+
+@dataclass(frozen=True)
+class OverlappedPairs:
+    """A forward may run together with another microbatch's backward as one op (`overlap_times`).
+
+    costs : per pair kind present (in PAIR_KINDS order), the pair's duration per device.
+    """
+
+    costs: tuple[tuple[str, tuple[float, ...]], ...]
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The pair kinds that may run (FB, FBW)."""
+        return tuple(kind for kind, _ in self.costs)
+
+    def cost(self, kind: str, device: int) -> float | None:
+        """What a pair of `kind` costs on `device`, or None when no such pair may run."""
+        return next((costs[device] for given, costs in self.costs if given == kind), None)
+
+
+@dataclass(frozen=True)
+class MicrobatchSizes:
+    """Microbatches of different token counts, costed by a rule (`microbatch_tokens`).
+
+    tokens : each microbatch's tokens (or each sequence's, with sequence slices).
+    attention_share : per virtual stage, the part of F and B that grows with the square of tokens.
+    reference_tokens : the token count the per-stage costs are for (None: the mean).
+    """
+
+    tokens: tuple[int, ...]
+    attention_share: tuple[float, ...]
+    reference_tokens: float | None
 
 
 def split_backward(weight_times, weight_memory, activation_memory: tuple[float, ...]) -> dict:

@@ -29,7 +29,16 @@ from zbopt.core.kinds import (
 from zbopt.core.placement import check_placement, device_stage, route_stages, stage_device
 from zbopt.core.problem import checks, form, memory_floor, microbatches, slices
 from zbopt.core.problem.checks import known_parameters, per_device, per_stage, plain
-from zbopt.core.problem.mechanisms import offload, overlap, recomputation, split_backward
+from zbopt.core.problem.mechanisms import (
+    MicrobatchSizes,
+    Offload,
+    OverlappedPairs,
+    Recomputation,
+    offload,
+    overlap,
+    recomputation,
+    split_backward,
+)
 from zbopt.core.problem.parameters import PARAMETERS, docstring_section
 from zbopt.core.tolerance import check_ranges
 
@@ -120,12 +129,30 @@ class Problem(_Parameters):
         for entry in PARAMETERS:  # a list still as given (a row no mechanism expands) would make it unhashable
             object.__setattr__(self, entry.name, _frozen(getattr(self, entry.name)))
 
-    def overlap_cost(self, pair_kind: str, device: int) -> float | None:
-        """What a pair of `pair_kind` costs on `device`, or None when no such pair may run."""
-        for kind, costs in self.overlap_times or ():
-            if kind == pair_kind:
-                return costs[device]
-        return None
+    # ----------------------------------------------------------------- the optional mechanisms
+    @cached_property
+    def recomputation(self) -> Recomputation | None:
+        """Recomputation's durations and checkpoints, or None where it is not allowed."""
+        return Recomputation(self.recompute_times, self.checkpoint_memory) if self.allow_recompute else None
+
+    @cached_property
+    def offload(self) -> Offload | None:
+        """The copies' durations and host links, or None where offload is not allowed."""
+        if not self.allow_offload:
+            return None
+        return Offload(self.offload_times, self.reload_times, self.shared_host_link)
+
+    @cached_property
+    def pairs(self) -> OverlappedPairs | None:
+        """The overlapped pairs' costs per device, or None where no pair may run."""
+        return None if self.overlap_times is None else OverlappedPairs(self.overlap_times)
+
+    @cached_property
+    def microbatch_sizes(self) -> MicrobatchSizes | None:
+        """Each microbatch's tokens and the cost rule's values, or None where no tokens are given."""
+        if self.microbatch_tokens is None:
+            return None
+        return MicrobatchSizes(self.microbatch_tokens, self.attention_share, self.reference_tokens)
 
     # ----------------------------------------------------------------- derived structure
     @property
@@ -194,12 +221,12 @@ class Problem(_Parameters):
     def recomputation_matters(self) -> bool:
         """Recomputation is allowed and a memory limit could make it pay: without a limit a
         recompute only adds work, and every fact about kept activations still holds."""
-        return self.allow_recompute and self.memory_limit is not None
+        return self.recomputation is not None and self.memory_limit is not None
 
     @property
     def offload_matters(self) -> bool:
         """Offload is allowed and a memory limit could make it pay (without one, keeping is as fast)."""
-        return self.allow_offload and self.memory_limit is not None
+        return self.offload is not None and self.memory_limit is not None
 
     @property
     def mechanisms_matter(self) -> bool:
@@ -213,7 +240,7 @@ class Problem(_Parameters):
         microbatch order (see the CP-SAT module): not once some activation may be recomputed or
         offloaded (microbatches then differ in what they hold), nor with overlapped pairs (a pair's
         B and W must stay one microbatch's), nor with sequence slices (tied to their sequence)."""
-        return not (self.mechanisms_matter or self.overlap_times or self.sequence_slices > 1)
+        return not (self.mechanisms_matter or self.pairs is not None or self.sequence_slices > 1)
 
     @property
     def num_ops(self) -> int:
@@ -225,7 +252,7 @@ class Problem(_Parameters):
 
     def host_link(self, device: int) -> int:
         """The host link a device's copies use: its own, or its pair's (2k, 2k+1) when shared."""
-        return device // 2 if self.shared_host_link else device
+        return device // 2 if self.offload is not None and self.offload.shared_host_link else device
 
     @cached_property
     def stages_of_device(self) -> tuple[tuple[int, ...], ...]:

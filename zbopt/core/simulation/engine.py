@@ -63,7 +63,7 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
         start, end = time_orders(table, orders, pairs)
     else:
         start, end = verify_times(table, orders, schedule.start_times, pairs)
-    if problem.shared_host_link:
+    if problem.offload is not None and problem.offload.shared_host_link:
         check_shared_links(table, start, end, as_soon_as_possible=schedule.start_times is None)
     steps, memory_after = memory_steps(problem, table, start, end)
     violations = memory_violations(problem, steps)

@@ -52,9 +52,9 @@ def overlapped_pairs(problem: Problem, table: OpTable, schedule: Schedule, order
         device, place = position[indices[0]]
         if [position[index] for index in indices] != [(device, place + k) for k in range(len(indices))]:
             raise ScheduleError(f"pair {text}: its ops must be consecutive in one device's order")
-        cost = problem.overlap_cost(kind, device)
+        cost = None if problem.pairs is None else problem.pairs.cost(kind, device)
         if cost is None:
-            given = ", ".join(k for k, _ in problem.overlap_times or ()) or "none"
+            given = ", ".join(problem.pairs.kinds if problem.pairs else ()) or "none"
             raise ScheduleError(f"pair {text}: the problem's overlap_times gives no {kind} cost (it gives {given})")
         if paired & set(indices):
             raise ScheduleError(f"pair {text}: {table.op(min(paired & set(indices)))} is in another pair too")

@@ -145,7 +145,7 @@ def _check_searchable(problem: Problem, time_limit: float) -> None:
     if problem.bidirectional:
         raise ZboptError("the block search repeats one microbatch's block, and placement 'bidirectional' sends "
                          "microbatches two ways; use zbopt solve")
-    if problem.overlap_times:
+    if problem.pairs is not None:
         raise ZboptError("the block search does not model overlapped pairs (overlap_times); use zbopt solve")
     if not problem.microbatches_equal:
         raise ZboptError("the block search repeats one microbatch's block, and these microbatches differ "

@@ -1,4 +1,4 @@
-"""Draw the README's pictures into docs/images/, one of each kind zbopt makes: a Gantt chart, a
+"""Draw the pictures of docs/cli.md into docs/images/, one of each kind zbopt makes: a Gantt chart, a
 memory timeline, a comparison chart, a frontier, a building block and the HTML report with a hovered
 op (the last one needs Chromium, its driver and Selenium; it is left alone, said, without them).
 

@@ -2,6 +2,9 @@
 
 import reprlib
 
+__all__ = ["SHORT_LENGTH", "DeadlockError", "MemoryLimitError", "MissingSettingsError", "NotApplicableError",
+           "ProblemError", "ScheduleError", "UnknownScheduleError", "ZboptError", "clip", "escaped", "shorten"]
+
 SHORT_LENGTH = 80  # the most characters a message spends on one value the user gave
 
 _REPR = reprlib.Repr()

@@ -32,6 +32,10 @@ from typing import TypeVar
 
 from zbopt.core.errors import ZboptError
 
+__all__ = ["EXIT_INTERRUPTED", "MESSAGE", "START_UP_MOST_S", "Clock", "Interrupted", "T", "TimeUp", "answer_of",
+           "as_clock", "check", "deadline_scope", "exit_at_once", "leave", "past", "process_started", "requested",
+           "stoppable"]
+
 EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 MESSAGE = "zbopt: interrupted"
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+__all__ = ["BACKWARD", "COPY_KINDS", "FORWARD", "FUSED_BACKWARD", "FUSED_KINDS", "KINDS", "OFFLOAD", "PAIR_KINDS",
+           "PAIR_MEMBERS", "RECOMPUTE", "RELOAD", "SPLIT_KINDS", "WEIGHT", "Kind"]
+
 FORWARD, BACKWARD, WEIGHT, FUSED_BACKWARD, RECOMPUTE, OFFLOAD, RELOAD = "F", "B", "W", "BW", "R", "O", "L"
 
 

@@ -29,6 +29,9 @@ from zbopt.core.problem import Problem
 from zbopt.core.problem.microbatches import EQUAL_MICROBATCHES
 from zbopt.core.problem.slices import neighbour
 
+__all__ = ["COMPUTE_LANE", "LANE_OF_KIND", "OFFLOAD_LANE", "RELOAD_LANE", "Op", "OpTable", "critical_path",
+           "device_work", "earliest_finish", "one_per_route", "op_graph", "op_table"]
+
 if TYPE_CHECKING:
     import networkx as nx  # imported where a graph is built: it takes some 0.4 s to load
 
@@ -285,11 +288,23 @@ class OpTable:
 
 
 def op_graph(problem: Problem) -> nx.DiGraph:
-    """The op DAG of the ops every schedule runs (F, B, W or BW; no optional recompute): nodes are
-    Ops with `duration` and `device`; edges carry `latency`.
+    """The op DAG of the ops every schedule runs (F, B, W or BW; no optional recompute).
 
     With iterations > 1 the weight-update barrier is spelled out edge by edge (m² edges per stage
     and iteration boundary), which is fine for the problem sizes a solver takes.
+
+    Returns
+    -------
+    networkx.DiGraph : of `problem`'s ops (`OpTable`), with `duration` and `device`; edges carry `latency`.
+
+    Examples
+    --------
+    Two stages, a fused backward: each microbatch's F0 -> F1 -> BW1 -> BW0, 4 ops and 3 edges:
+
+    >>> from zbopt import Problem
+    >>> graph = op_graph(Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=2))
+    >>> graph.number_of_nodes(), graph.number_of_edges(), [str(op) for op in graph.successors(Op("F", 0, 0))]
+    (8, 6, ['1F0'])
     """
     import networkx as nx
 
@@ -336,6 +351,10 @@ def critical_path(problem: Problem) -> float:
     any schedule's makespan. Computed on the DAG of `one_per_route`, or where microbatches
     differ on the whole DAG (every microbatch's chain).
 
+    Returns
+    -------
+    float : the chain's length, in `problem`'s time unit.
+
     Examples
     --------
     One microbatch's F through 4 stages, then its backward back (F = 1, BW = 2): 4 · (1 + 2).
@@ -349,6 +368,10 @@ def critical_path(problem: Problem) -> float:
 
 def device_work(problem: Problem) -> list[float]:
     """Per device, the total duration of its ops: another lower bound on the makespan.
+
+    Returns
+    -------
+    list of float : per device, its ops' durations summed (no optional recompute or copy).
 
     Examples
     --------

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from zbopt.core.problem import Problem
 
+__all__ = ["SEQUENCE_LENGTH", "ZERO_BUBBLE_MODELS", "ZERO_BUBBLE_TABLE_5", "ZeroBubbleModel"]
+
 SEQUENCE_LENGTH = 1024
 
 

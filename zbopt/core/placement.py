@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from zbopt.core.errors import ProblemError
 
+__all__ = ["PLACEMENTS", "check_placement", "device_stage", "route_stages", "stage_device"]
+
 PLACEMENTS = ("loop", "v", "bidirectional")
 
 

@@ -13,6 +13,8 @@ from zbopt.core.errors import ScheduleError, shorten
 from zbopt.core.ops import Op
 from zbopt.core.problem.checks import is_number
 
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Schedule", "pair_text"]
+
 FORMAT_NAME = "zbopt-schedule"
 FORMAT_VERSION = 1
 

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from zbopt.core.problem import Problem
 from zbopt.core.problem.microbatches import EQUAL_MICROBATCHES, TABLE_KEYS
 
+__all__ = ["MAX_TICKS_PER_OP", "TIME_KEYS", "TickScale", "ceil_ticks", "cost_values", "memory_rounding", "memory_scale",
+           "scaled_costs", "tick_problem", "tick_scale", "whole_at"]
+
 MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
 
 

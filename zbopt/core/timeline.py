@@ -20,6 +20,8 @@ from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
 from zbopt.core.tolerance import memory_ceiling
 
+__all__ = ["PendingFrees", "Timeline", "compact"]
+
 
 class Timeline:
     """Ops placed one at a time on their devices (one iteration: no weight-update barriers).

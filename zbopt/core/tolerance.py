@@ -14,6 +14,9 @@ import math
 
 from zbopt.core.errors import ProblemError
 
+__all__ = ["MAX_TOTAL", "MICROBATCH_SPAN", "RELATIVE_TOLERANCE", "Parts", "check_ranges", "latest_start",
+           "memory_ceiling"]
+
 RELATIVE_TOLERANCE = 1e-9
 # The most all of a problem's ops together may take (in its time unit), and a device's activations
 # together may hold: float sums stay exact to the tolerance, and the solvers' integer ticks

@@ -13,6 +13,8 @@ import re
 
 from zbopt.core.errors import ZboptError, shorten
 
+__all__ = ["FLOPS_UNITS", "MEMORY_UNITS", "TIME_UNITS", "parse_flops", "parse_memory", "parse_time"]
+
 TIME_UNITS = {"ms": 1.0, "s": 1e3, "us": 1e-3, "µs": 1e-3}  # -> ms
 MEMORY_UNITS = {"B": 1e-9, "KB": 1e-6, "MB": 1e-3, "GB": 1.0, "TB": 1e3,  # -> GB
                 "KiB": 2**10 / 1e9, "MiB": 2**20 / 1e9, "GiB": 2**30 / 1e9, "TiB": 2**40 / 1e9}

@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 from zbopt.core.errors import ZboptError
 
+__all__ = ["Shown", "dataframe", "defer", "lazy_names", "load_deferred", "register_views"]
+
 
 def lazy_names(package: str, public: dict[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]],
                                                                 list[str]]:

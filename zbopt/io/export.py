@@ -19,6 +19,9 @@ from zbopt.io.torch_format import check_exportable, write_megatron_order, write_
 from zbopt.io.trace import TRACE_EXTENSION, write_chrome_trace
 from zbopt.io.write import check_writable, write_file
 
+__all__ = ["EXPORT_EXTENSIONS", "EXPORT_FORMATS", "check_export", "export_format", "order_note", "save_schedule",
+           "write_export"]
+
 EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON",
                   "chrome-trace": "Perfetto / chrome://tracing trace"}
 # the formats told by the file's name, longest ending first (a trace is JSON too: .json alone is zbopt's)
@@ -93,7 +96,23 @@ def order_note(simulation: Simulation, chosen: str) -> str | None:
 
 def save_schedule(path: str | Path, schedule: Schedule, problem: Problem | None = None,
                   split: dict | None = None) -> None:
-    """Write `schedule` (and the problem it is for, and a plan's split, when given) as JSON."""
+    """Write `schedule` (and the problem it is for, and a plan's split, when given) as JSON.
+
+    Parameters
+    ----------
+    path : the file to write (whole or not at all: a temporary beside it, then renamed).
+    schedule : the schedule.
+    problem : the problem it is for, stored beside it so that `load_schedule` returns it.
+    split : a plan's split (layers per stage), stored too.
+
+    Raises
+    ------
+    ZboptError : where the file cannot be written, naming it.
+
+    Examples
+    --------
+    See `load_schedule`, which reads the file back.
+    """
     data = schedule.to_dict()
     if problem is not None:
         data["problem"] = problem.to_dict()

@@ -22,6 +22,9 @@ from zbopt.core.problem import Problem
 from zbopt.core.problem.config import problem_from_config
 from zbopt.core.schedule import Schedule
 
+__all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "MAX_FILE_BYTES", "MAX_YAML_BYTES", "load_problem", "load_schedule",
+           "parse_json", "parse_yaml", "read_config_file", "read_data", "read_text"]
+
 # A config is a few KB, a schedule JSON of 100k ops some 1.5 MB; 16 MiB is ten times the largest
 # file zbopt writes for a documented workload, and reads in well under a second. YAML is read in
 # pure Python (the only parser whose nesting can be counted before it recurses), some 0.4 MB a
@@ -76,10 +79,24 @@ def read_config_file(path: str | Path) -> dict:
 
 
 def load_problem(path: str | Path) -> Problem:
-    """The Problem a YAML or JSON config file describes, as `zbopt simulate CONFIG` reads it (the
-    same keys, aliases, batch keys and defaults; `output_file`, the command line's chart, is not
-    the problem's and is passed over). Every mistake is one ZboptError naming the file and key.
+    """The Problem a YAML or JSON config file describes, as `zbopt simulate CONFIG` reads it.
 
+    Parameters
+    ----------
+    path : a config file: the same keys, aliases, batch keys and defaults as the command line
+        (`output_file`, the command line's chart, is not the problem's and is passed over).
+
+    Returns
+    -------
+    Problem
+
+    Raises
+    ------
+    ZboptError : one line naming the file and the key for every mistake (an unknown key, a wrong
+        value, a memory limit no schedule meets).
+
+    Examples
+    --------
     >>> import pathlib, tempfile
     >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.yaml"
     >>> _ = path.write_text("num_stages: 2\\nnum_microbatches: 4\\nforward_times: 1\\n")
@@ -90,7 +107,20 @@ def load_problem(path: str | Path) -> Problem:
 
 
 def load_schedule(path: str | Path) -> tuple[Schedule, Problem | None]:
-    """Read a schedule JSON written by `save_schedule`; returns the schedule and its problem if stored.
+    """Read a schedule JSON written by `save_schedule`.
+
+    Parameters
+    ----------
+    path : a JSON file of `save_schedule`'s form (a torch CSV goes through `zbopt.io.torch_order`).
+
+    Returns
+    -------
+    (Schedule, Problem or None) : the schedule, and the problem when the file stores one.
+
+    Raises
+    ------
+    ZboptError : for a file that is missing, too large, not UTF-8, not JSON, or not a schedule,
+        naming the file and what is wrong.
 
     Examples
     --------

@@ -35,6 +35,11 @@ from zbopt.core.schedule import Schedule, pair_text
 from zbopt.core.simulation import simulate
 from zbopt.io.write import write_file
 
+__all__ = ["MEGATRON_FORMAT", "MEGATRON_VERSION", "TORCH_FORWARD", "TORCH_FULL_BACKWARD", "TORCH_INPUT_BACKWARD",
+           "TORCH_KIND", "TORCH_KIND_NAMES", "TORCH_WEIGHT_BACKWARD", "TorchAction", "check_exportable",
+           "megatron_json", "megatron_order", "require_one_step_one_route", "torch_actions", "torch_csv",
+           "write_megatron_order", "write_torch_csv"]
+
 # torch's action letters (its _ComputationType), not zbopt's op kinds: torch's B is zbopt's BW
 TORCH_FORWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD, TORCH_FULL_BACKWARD = "F", "I", "W", "B"
 TORCH_KIND = {FORWARD: TORCH_FORWARD, BACKWARD: TORCH_INPUT_BACKWARD, WEIGHT: TORCH_WEIGHT_BACKWARD,

@@ -28,6 +28,8 @@ from zbopt.io.torch_format import (
     require_one_step_one_route,
 )
 
+__all__ = ["LAYOUT_KEYS", "TorchOrder", "parse_torch_csv", "read_torch_csv"]
+
 LAYOUT_KEYS = ("num_devices", "chunks_per_device", "placement", "num_microbatches")
 
 _COMPUTE = re.compile(r"(\d+)([FIWB])(\d*)")

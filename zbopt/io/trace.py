@@ -33,6 +33,10 @@ from zbopt.core.ticks import tick_scale
 from zbopt.io.torch_format import TORCH_KIND
 from zbopt.io.write import write_file
 
+__all__ = ["MIN_TICKS_PER_UNIT", "PAIR_TRACKS", "TORCH_KIND_WORDS", "TRACE_EXTENSION", "TRACK_NAMES", "chrome_trace",
+           "comparison_trace", "measured_trace", "trace_scale", "write_chrome_trace", "write_comparison_trace",
+           "write_measured_trace"]
+
 TRACE_EXTENSION = ".trace.json"  # a trace is JSON too: .json alone names zbopt's schedule JSON
 MIN_TICKS_PER_UNIT = 1000  # one problem unit shows as at least a millisecond
 PAIR_TRACKS = (3, 4, 5)  # an overlapped pair's forward, then its backward's one or two ops

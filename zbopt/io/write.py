@@ -23,6 +23,8 @@ from typing import BinaryIO
 
 from zbopt.core.errors import ZboptError
 
+__all__ = ["MAX_LINKS", "Content", "check_writable", "write_file"]
+
 Content = str | bytes | Callable[[BinaryIO], None]  # text is written as UTF-8; a callable writes into the file
 MAX_LINKS = 40  # as the kernel's limit on a chain of symbolic links
 

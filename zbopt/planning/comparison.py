@@ -23,6 +23,8 @@ from zbopt.solvers import SolveResult, lower_bounds, solve
 from zbopt.solvers.gap import gap_text, relative_gap
 from zbopt.solvers.warm import best_of
 
+__all__ = ["BOUNDS_S", "COLUMNS", "NO_BOUNDS", "OPTIMAL_ROW", "Comparison", "ComparisonRow", "compare", "row_order"]
+
 OPTIMAL_ROW = "cpsat"
 BOUNDS_S = 5.0  # the independent bounds' time in a comparison without the optimizer
 NO_BOUNDS = "none: bounds=False (--no-bounds) skips them"  # the source of a comparison without bounds
@@ -141,21 +143,40 @@ def row_order(row: ComparisonRow) -> tuple[bool, float]:
 def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
             time_limit: float | Clock = 60.0, workers: int = 2, progress: bool = False, bounds: bool = True,
             order: Order = None) -> Comparison:
-    """Simulate each schedule in `schedules` (default: every registered one that applies to
-    `problem`; "torch:NAME" is torch's built-in NAME, see `zbopt.schedules.torch_builtin`) and, with
-    `optimal`, the CP-SAT solver's answer within `time_limit` seconds. `bounds=False` skips the
-    lower bounds (up to BOUNDS_S a problem, where simulating takes hundredths of a second: for
-    sweeps over many problems); the comparison then has no bound and no gaps (None).
+    """Every chosen schedule, and optionally the optimum, on one problem, measured alike.
 
-    `order`: every schedule's microbatches enter in this order (`generate`). Left None on a problem
-    whose microbatches differ, each schedule has its row in the given order and, where one of the
-    other rules (`ORDER_RULES`) gives a shorter schedule (within the memory limit first), a row
-    "NAME (RULE order)" for the best of them: the order's worth per heuristic, one extra row each.
+    Parameters
+    ----------
+    problem : the problem every row runs on.
+    schedules : the schedules to simulate (default: every registered one that applies to
+        `problem`; "torch:NAME" is torch's built-in NAME, see `zbopt.schedules.torch_builtin`).
+    optimal : add the solver's answer (`solve`), started from the best row.
+    time_limit : seconds for the whole call (or a `Clock` the caller counts).
+    workers : the solver's threads.
+    progress : a live line on stderr while the solver runs.
+    bounds : False skips the lower bounds (up to BOUNDS_S a problem, where simulating takes
+        hundredths of a second: for sweeps over many problems); no bound and no gaps (None) then.
+    order : every schedule's microbatches enter in this order (`generate`). Left None on a problem
+        whose microbatches differ, each schedule has its row in the given order and, where one of
+        the other rules (`ORDER_RULES`) gives a shorter schedule (within the memory limit first), a
+        row "NAME (RULE order)" for the best of them: the order's worth per heuristic.
 
-    Raises UnknownScheduleError for an unknown name, NotApplicableError naming a requested
-    schedule whose preconditions do not hold, ZboptError for `optimal` without `bounds` (the
-    solver certifies with them); on Ctrl-C during the solve, `Interrupted` with the
-    Comparison of the rows so far (the solver's best schedule among them).
+    Returns
+    -------
+    Comparison : the rows, best first (within the memory limit first), the lower bound and what
+        proved it, the schedules that did not apply with their reasons.
+
+    Raises
+    ------
+    UnknownScheduleError : for an unknown name.
+    NotApplicableError : naming a requested schedule whose preconditions do not hold.
+    ZboptError : for `optimal` without `bounds` (the solver certifies with them).
+    zbopt.core.interrupt.Interrupted : on Ctrl-C during the solve, with the Comparison of the rows
+        so far (the solver's best schedule among them).
+
+    Examples
+    --------
+    With a fused backward of twice the forward, 1F1B and GPipe both take (m + p - 1)(F + BW):
 
     >>> from zbopt import Problem
     >>> problem = Problem(num_devices=2, num_microbatches=4, forward_times=1, backward_times=2)

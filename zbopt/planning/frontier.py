@@ -29,6 +29,9 @@ from zbopt.schedules import generate_applicable
 from zbopt.solvers import solve
 from zbopt.solvers.gap import relative_gap, settle
 
+__all__ = ["MAX_LIMITS", "STOP_POLL_S", "Frontier", "FrontierPoint", "HeuristicPoint", "counted_mechanisms",
+           "heuristic_points", "limits_at", "memory_frontier", "parse_memory_limits", "process_pool", "sweep_scale"]
+
 STOP_POLL_S = 0.05  # how often the sweep looks for Ctrl-C while solves run
 MAX_LIMITS = 10_000  # a sweep longer than this is a typo in START:STOP:STEP, not a plan
 
@@ -189,12 +192,29 @@ def memory_frontier(problem: Problem, memory_limits: Iterable[float], *, time_li
     workers : without `executor`, that many processes instead of one per core.
     progress : a one-line bar on stderr, advanced as solves finish.
 
+    Returns
+    -------
+    Frontier : one point per limit (its makespan, status, bound and schedule), never rising.
+
     Raises
     ------
-    ZboptError naming the first limit no schedule can meet, or an empty sweep.
-    zbopt.core.interrupt.Interrupted on Ctrl-C (in the main thread: see `zbopt.core.interrupt`): the pending
-    solves are cancelled, our own pool's workers stopped, and its `partial` is the Frontier of the
-    points finished so far (None if none).
+    ZboptError : naming the first limit no schedule can meet, or an empty sweep.
+    zbopt.core.interrupt.Interrupted : on Ctrl-C (in the main thread: see `zbopt.core.interrupt`):
+        the pending solves are cancelled, our own pool's workers stopped, and its `partial` is the
+        Frontier of the points finished so far (None if none).
+
+    Examples
+    --------
+    p = 2, m = 4, F = B = W = 1: one activation a device forces GPipe's serial 20; two already
+    allow 1F1B's 13, which more memory does not beat (threads stand in for the process pool here).
+
+    >>> from concurrent.futures import ThreadPoolExecutor
+    >>> from zbopt import Problem
+    >>> problem = Problem(num_devices=2, num_microbatches=4, forward_times=1, backward_times=1, weight_times=1)
+    >>> with ThreadPoolExecutor(2) as pool:
+    ...     frontier = memory_frontier(problem, [1, 2, 3], time_limit=10, executor=pool)
+    >>> [(point.memory_limit, point.makespan, point.status) for point in frontier.points]
+    [(1.0, 20.0, 'optimal'), (2.0, 13.0, 'optimal'), (3.0, 13.0, 'optimal')]
     """
     scaled = sweep_scale(problem)
     limits = sorted(_checked_limit(problem, scaled, limit) for limit in memory_limits)

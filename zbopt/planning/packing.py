@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 from zbopt.core.problem.batch import RULES, pack, packed_tokens
 
+__all__ = ["best_order_of", "order_makespans", "packing_gains"]
+
 
 def order_makespans(problem, name: str) -> dict[str, float | None]:
     """Per order rule (`zbopt.core.problem.order.ORDER_RULES`), schedule `name`'s makespan on

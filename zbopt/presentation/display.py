@@ -12,6 +12,8 @@ import html
 
 from zbopt.core.wiring import register_views
 
+__all__ = ["MAX_CHART_OPS", "rich", "text"]
+
 MAX_CHART_OPS = 5000  # above this a notebook shows the table alone: an SVG Gantt of more takes seconds and MBs
 
 

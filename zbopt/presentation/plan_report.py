@@ -10,6 +10,8 @@ from zbopt.planning.planner import Plan, stage_names
 from zbopt.planning.planner.result import OVER_THE_LIMIT, device_peaks, split_exports
 from zbopt.solvers.gap import gap_text, relative_gap
 
+__all__ = ["COLUMNS", "check_plan_report", "format_plan", "render_plan_report", "write_plan_report"]
+
 COLUMNS = ("rule", "schedule", "split", "makespan (ms)", "bubble", "peak (GB) per device, parameters included", "gap")
 
 

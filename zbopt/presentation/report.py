@@ -32,6 +32,9 @@ from zbopt.planning.comparison import COLUMNS, Comparison, ComparisonRow
 from zbopt.presentation import plot
 from zbopt.presentation.plot.style import chunk_color
 
+__all__ = ["NUMBER_COLUMNS", "PAIR_LANE", "REPORT_FORMATS", "STYLE", "VIEWER", "check_report_path", "render_report",
+           "schedule_data", "schedule_section", "write_report"]
+
 REPORT_FORMATS = (".html", ".htm")
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 1.5em 2em;

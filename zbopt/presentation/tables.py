@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+__all__ = ["format_block", "format_comparison", "format_frontier", "format_simulation", "format_solve", "limit_text"]
+
 if TYPE_CHECKING:
     from zbopt.core.simulation import Simulation
     from zbopt.planning.comparison import Comparison

@@ -45,6 +45,8 @@ from zbopt.core.schedule import Schedule
 from zbopt.schedules.common import backward_ops, require_two_ways
 from zbopt.schedules.registry import register
 
+__all__ = ["bitpipe", "bitpipe_orders"]
+
 _FORWARD_SLOTS, _BACKWARD_SLOTS = 1, 2  # the figures' widths: a backward twice a forward
 
 

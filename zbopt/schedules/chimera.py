@@ -24,6 +24,8 @@ from zbopt.core.schedule import Schedule
 from zbopt.schedules.common import backward_ops, require_two_ways
 from zbopt.schedules.registry import register
 
+__all__ = ["chimera", "chimera_roles"]
+
 
 class _Streams:
     """Per stage, its microbatches in route order, one stream for forwards and one for backwards

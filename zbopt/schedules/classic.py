@@ -15,6 +15,9 @@ from zbopt.core.schedule import Schedule
 from zbopt.schedules.common import alternate_passes, backward_ops, iteration_microbatches
 from zbopt.schedules.registry import register, require
 
+__all__ = ["WarmupRule", "alternate", "eager_one_f_one_b", "eager_one_f_one_b_2bw", "eager_warmup", "gpipe",
+           "in_flight_bound", "looped_bfs", "one_f_one_b", "one_f_one_b_2bw", "warmup_then_alternate"]
+
 WarmupRule = Callable[[int, int], int]  # (device, devices) -> warm-up forwards before the first backward
 
 

@@ -35,6 +35,8 @@ from zbopt.schedules.common import alternate_passes, backward_ops, iteration_mic
 from zbopt.schedules.interleaved import checked_group, memory_bound, schedule_table, table_passes, warmup_count
 from zbopt.schedules.registry import register, require
 
+__all__ = ["Passes", "combine", "interleaved_one_f_one_b_overlap", "one_f_one_b_overlap"]
+
 Passes = Callable[[int, range], tuple[list[Op], list[list[Op]]]]  # (device, microbatches) -> forwards, backwards
 
 

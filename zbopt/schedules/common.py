@@ -11,6 +11,10 @@ from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
 from zbopt.schedules.registry import require
 
+__all__ = ["alternate_passes", "backward_ops", "block_memory", "chunk_activations", "input_gradient",
+           "iteration_microbatches", "passes_to_schedule", "repeat_per_iteration", "require_two_ways",
+           "require_v_shape", "schedule_from_starts"]
+
 
 def backward_ops(problem: Problem, stage: int, microbatch: int) -> list[Op]:
     """The backward of one microbatch on one stage: [B, W] back to back when split, else [BW]."""

@@ -25,6 +25,8 @@ from zbopt.core.schedule import Schedule
 from zbopt.schedules.common import backward_ops, input_gradient, iteration_microbatches, require_two_ways
 from zbopt.schedules.registry import register, require
 
+__all__ = ["dualpipe", "dualpipe_v"]
+
 
 class _DeviceProgram:
     """One device's order for one iteration, built the way dualpipe.py and dualpipev.py issue their

@@ -35,6 +35,8 @@ from zbopt.core.timeline import Timeline
 from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.registry import register, require
 
+__all__ = ["greedy"]
+
 _BACKWARD, _CONTINUE, _TAKE_IN, _WEIGHT = range(4)  # priorities, first wins
 
 

@@ -28,6 +28,8 @@ from zbopt.core.schedule import Schedule
 from zbopt.schedules.interleaved import table_memory, table_order
 from zbopt.schedules.registry import register, require
 
+__all__ = ["NAME", "hanayo", "wave_table", "wave_warmup"]
+
 NAME = "hanayo"
 
 

@@ -20,6 +20,9 @@ from zbopt.core.schedule import Schedule
 from zbopt.schedules.common import backward_ops, iteration_microbatches
 from zbopt.schedules.registry import register, require
 
+__all__ = ["checked_group", "flexible_group", "interleaved_one_f_one_b", "memory_bound", "schedule_table",
+           "table_memory", "table_order", "table_passes", "torch_zb_interleaved", "warmup_count"]
+
 
 def schedule_table(microbatches: int, chunks: int, group_size: int) -> list[tuple[int, int]]:
     """Megatron's schedule table: the (microbatch, chunk) order every device follows. Microbatches

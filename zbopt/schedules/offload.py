@@ -33,6 +33,8 @@ from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import backward_ops, schedule_from_starts
 from zbopt.schedules.registry import generate, register, require
 
+__all__ = ["ROBUSTNESS_COPIES", "full_offload", "pipeoffload", "serial_offload"]
+
 _NEEDS = "allow_offload: true (and offload_times)"
 ROBUSTNESS_COPIES = 3  # offloading.py: an activation is offloaded only if its gap exceeds 3 (offload + reload)
 

@@ -36,6 +36,8 @@ from zbopt.core.problem.order import (
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import simulate
 
+__all__ = ["Build", "Order", "clusters", "dynapipe_candidates", "in_order"]
+
 Build = Callable[[Problem], Schedule]
 Order = Sequence[int] | str | None
 

@@ -33,6 +33,9 @@ from zbopt.schedules.common import backward_ops, iteration_microbatches
 from zbopt.schedules.interleaved import interleaved_one_f_one_b
 from zbopt.schedules.registry import register, require
 
+__all__ = ["interleaved_one_f_one_b_recompute", "mario_one_f_one_b", "one_f_one_b_recompute", "recompute_everything",
+           "serial_recompute"]
+
 _NEEDS = "allow_recompute: true (and checkpoint_memory)"
 
 

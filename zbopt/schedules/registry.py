@@ -20,6 +20,9 @@ from zbopt.core.schedule import Schedule
 from zbopt.core.wiring import load_deferred
 from zbopt.schedules.ordering import Order, in_order
 
+__all__ = ["RENAMED", "Generator", "MemoryBound", "RegisteredSchedule", "applicable", "generate",
+           "generate_applicable", "get", "options_of", "register", "registered", "require"]
+
 Generator = Callable[..., Schedule]
 MemoryBound = Callable[[Problem], Sequence[float]]
 
@@ -88,6 +91,11 @@ def _loaded() -> dict[str, RegisteredSchedule]:
 def registered() -> list[RegisteredSchedule]:
     """All registered schedules, in registration order.
 
+    Returns
+    -------
+    list of RegisteredSchedule : each with its `name`, `summary`, `source` and the checks of what
+        it applies to; the block-built schedules (`block-NAME`) among them.
+
     Examples
     --------
     >>> "1f1b" in [entry.name for entry in registered()]
@@ -118,10 +126,28 @@ def options_of(name: str) -> list[str]:
 
 
 def generate(name: str, problem: Problem, order: Order = None, **options) -> Schedule:
-    """Build the schedule `name` for `problem`, named after it; an option the generator does not
-    take is a ZboptError naming it. `order`: the microbatches enter the pipeline in this order, a
-    rule (given, longest-first, shortest-first, dynapipe) or a permutation, `order[k]` entering
-    k-th (`zbopt.schedules.ordering`); None: as the generator numbers them.
+    """Build the schedule `name` for `problem`, named after it.
+
+    Parameters
+    ----------
+    name : a registered schedule (`registered()`, `zbopt schedules`), or "torch:NAME" for torch's
+        built-in NAME.
+    problem : the problem to schedule.
+    order : the microbatches enter the pipeline in this order: a rule (given, longest-first,
+        shortest-first, dynapipe) or a permutation, `order[k]` entering k-th
+        (`zbopt.schedules.ordering`); None: as the generator numbers them.
+    **options : the generator's own options (`zbopt schedules --json` lists them).
+
+    Returns
+    -------
+    Schedule : the per-device op orders (start times only where the generator plans them).
+
+    Raises
+    ------
+    UnknownScheduleError : for a name no one registered (the message lists the known ones).
+    NotApplicableError : where the problem breaks the generator's preconditions (placement,
+        chunks, microbatch counts, mechanisms), saying which.
+    ZboptError : for an option the generator does not take, naming it.
 
     Examples
     --------

@@ -19,6 +19,8 @@ from zbopt.schedules.classic import warmup_then_alternate
 from zbopt.schedules.common import iteration_microbatches
 from zbopt.schedules.registry import register, require
 
+__all__ = ["seq1f1b"]
+
 
 def _backward_order(microbatches: range, slices: int) -> list[int]:
     """The slices of each sequence in reverse, sequence by sequence."""

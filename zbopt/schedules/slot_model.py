@@ -15,6 +15,9 @@ from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.timeline import Timeline
 
+__all__ = ["PERIOD", "Pass", "PassSlots", "controllable_memory_passes", "v_half_block", "v_half_peak", "v_min_block",
+           "v_min_peak", "weight_slots"]
+
 PERIOD = 6
 """Repetition interval of the building blocks in slots: each op lasts one slot (F = B = W per
 virtual stage) and a device runs six per microbatch (F, B, W on each of its two chunks)."""

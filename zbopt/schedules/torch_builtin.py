@@ -17,6 +17,8 @@ from zbopt.io.torch_order import TorchOrder
 from zbopt.schedules.ordering import Order, in_order
 from zbopt.schedules.registry import generate
 
+__all__ = ["TORCH_NEEDS", "TORCH_PREFIX", "TORCH_REFUSED", "TORCH_SCHEDULES", "named_schedule", "torch_schedule"]
+
 
 @dataclass(frozen=True)
 class _Needs:

@@ -38,6 +38,8 @@ from zbopt.schedules.slot_model import (
     v_min_peak,
 )
 
+__all__ = ["v_half_squeezed", "v_min", "zero_bubble_v_rule"]
+
 # --------------------------------------------------------------------------------------- ZB-V
 
 

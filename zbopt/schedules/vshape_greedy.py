@@ -2,10 +2,9 @@
 
 "Zero Bubble Pipeline Parallelism" (Qi et al., ICLR 2024), section 6, describes ZB-V by a figure;
 the authors' repository (sail-sg/zero-bubble-pipeline-parallelism, `zerobubble/scheduler/zbv.py`)
-builds it with a greedy that times every op as it places it, so unequal F, B, W shift where the
-W's go. This module is zbopt's own account of that algorithm, in zbopt's terms (device d's chunk 0
-is stage d, chunk 1 stage 2p-1-d; a microbatch's forward runs chunk 0 down the devices and chunk 1
-back up, its backward the other way):
+builds it with a greedy that times every op as it places it, so unequal F, B, W shift the W's.
+This is zbopt's own account of it, in zbopt's terms (device d's chunk 0 is stage d, chunk 1 stage
+2p-1-d; a forward runs chunk 0 down the devices and chunk 1 back up, a backward the other way):
 
 - warm-up: every device one chunk-0 F; then, from the last device up, as many further chunk-0 F's
   (on that device and all above it) as arrive before the device's first chunk-1 F can start and
@@ -19,12 +18,11 @@ back up, its backward the other way):
 - cool-down: the W's left.
 
 Each of the four fill variants is rerun with the previous run's idle per device as an allowance
-(a device that idled less may fill more) while that shortens the worst device's idle; of the four
-rebalanced runs zbopt keeps the shortest by simulated makespan. Costs, latency and memory are each
-op's own (the authors' code takes one F, B, W for all stages). Where their code would stop on an
-op whose input is not placed yet or that does not fit (unequal costs or memory per stage, small
-m), zbopt passes that device by for the round, and its warm-up leaves each device room for its
-chunk-1 F (on the equal-cost problems tried, p <= 6, m <= 3p + 1, it never had to)."""
+while that shortens the worst device's idle; zbopt keeps the shortest rebalanced run by simulated
+makespan. Costs, latency and memory are each op's own (the authors' code takes one F, B, W for all
+stages). Where their code would stop on an op whose input is not placed yet or that does not fit
+(unequal costs or memory per stage, small m), zbopt passes that device by for the round, and its
+warm-up leaves room for the chunk-1 F (on equal costs, p <= 6, m <= 3p + 1, it never had to)."""
 
 from __future__ import annotations
 
@@ -43,6 +41,8 @@ from zbopt.schedules.common import block_memory, chunk_activations, passes_to_sc
 from zbopt.schedules.registry import register
 from zbopt.schedules.slot_model import Pass, v_half_block, v_half_peak
 from zbopt.schedules.vshape_reorder import reordered_passes
+
+__all__ = ["greedy_candidates", "v_half", "v_zb", "zero_bubble_v", "zero_bubble_v_auto"]
 
 _LANES = ((FORWARD, 0), (FORWARD, 1), (BACKWARD, 1), (BACKWARD, 0), (WEIGHT, 1), (WEIGHT, 0))
 # the pass on a device before each lane's pass of the same microbatch (a W follows its own B)

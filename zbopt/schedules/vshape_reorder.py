@@ -20,6 +20,8 @@ from zbopt.core import interrupt
 from zbopt.core.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.schedules.slot_model import PERIOD, Pass, PassSlots
 
+__all__ = ["Plan", "reordered_passes"]
+
 # A device's passes in slot order break ties in this order (one device never holds two per slot);
 # W's are anonymous until the last step: (W, -1, k) is the device's k-th W, after its k-th B.
 _RANK = {(FORWARD, 0): 0, (FORWARD, 1): 1, (BACKWARD, 1): 2, (BACKWARD, 0): 3, (WEIGHT, -1): 4,

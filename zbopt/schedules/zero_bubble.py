@@ -26,6 +26,8 @@ from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import repeat_per_iteration
 from zbopt.schedules.registry import register, require
 
+__all__ = ["GreedyChoices", "zb_1p", "zb_2p", "zb_auto", "zb_h1", "zb_h2"]
+
 
 def _require_split_single_chunk(problem: Problem, name: str) -> None:
     require(problem.split_backward, name, "a split backward (weight_times given)")

@@ -15,6 +15,9 @@ from zbopt.core.simulation import Simulation, simulate
 from zbopt.schedules.common import schedule_from_starts
 from zbopt.solvers.task import Found
 
+__all__ = ["OBJECTIVES", "check_close", "objective_value", "simulated_answer", "start_times",
+           "without_needless_mechanisms"]
+
 OBJECTIVES = ("makespan", "span")
 
 

@@ -32,6 +32,10 @@ from zbopt.solvers.result import SolveResult
 from zbopt.solvers.task import Found, SearchTask, ignore
 from zbopt.solvers.warm import warm_start_simulation
 
+__all__ = ["ANSWER_SECONDS_PER_OP", "BACKENDS", "BOUNDS_SHARE", "CP_SAT_STOP_S", "HEURISTICS_CUTOFF",
+           "HEURISTICS_SHARE", "LIVE_LINE_PERIOD_S", "MILP_STOP_S", "SOLVERS", "STOP_GRACE_S", "STOP_POLL_S",
+           "Backend", "search_deadline", "solve"]
+
 
 class Backend(NamedTuple):
     """A solve method: `search(problem, task, **options) -> Found`; `refusal(problem)`: why it

@@ -63,6 +63,9 @@ from zbopt.solvers.pair_relaxation import pair_count_bound, pair_relaxed
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive, order_value
 from zbopt.solvers.span_bound import span_bound
 
+__all__ = ["BOUND_NAMES", "CROSS_SHARE", "GRAPH_SECONDS_PER_OP", "RELAXATION_MAX_S", "SEQUENCING_SHARE", "Bound",
+           "LowerBounds", "lower_bounds", "span_bounds"]
+
 RELAXATION_MAX_S = 20.0  # the device bounds' total time (v >= 2 or mechanisms), or less if the deadline says so
 SEQUENCING_SHARE = 0.4  # of it, for the device sequencing dynamic program before the CP-SAT relaxations
 CROSS_SHARE = 0.2  # of it, for the two-device relaxation last (it proves more on small problems only)
@@ -145,22 +148,26 @@ class _GraphBounds(NamedTuple):
 
 
 def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
-    """All lower bounds of `problem` (see the module docstring), each with the seconds it took and
-    the device it binds on, within `deadline` (`time.perf_counter()`) where one is given.
+    """All lower bounds of `problem` (see the module docstring) within `deadline`.
 
-    The bounds on the op graph cost about GRAPH_SECONDS_PER_OP per op (networkx; the time of the
-    graph and its heads and tails counts as the critical path's); when that does not fit before
-    the deadline only the two that need no graph are computed (the longest microbatch's critical
-    path, the busiest device's work) and `complete` is False. With one stage per device, every
-    activation kept and one route, the device sequencing bound stops at the deadline, device by
-    device (0 where it did not finish). With recomputation, offload or the bidirectional placement,
-    none (see the module docstring). Otherwise the device bounds share the time left before the
-    deadline, at most RELAXATION_MAX_S: first the device sequencing (SEQUENCING_SHARE of it), then
-    the CP-SAT relaxation of each device alone, then of two linked devices (CROSS_SHARE), each
-    started from the best bound so far and reporting the bound CP-SAT proved; the single-device
-    phases give their time only to the devices that can still raise the best bound, by what they
-    can gain (`_share_by_gain`). With overlapped pairs allowed, the bounds of
-    `pair_relaxed(problem)` and the pair count.
+    The graph bounds cost about GRAPH_SECONDS_PER_OP per op; where that does not fit, only the
+    critical path and the busiest device's work are computed (`complete` False). With one stage per
+    device, every activation kept and one route, the device sequencing bound stops at the deadline,
+    device by device (0 where it did not finish); with recomputation, offload or both ways, none.
+    Otherwise the device bounds share the time left, at most RELAXATION_MAX_S: the sequencing
+    (SEQUENCING_SHARE), then CP-SAT on each device alone, then on two linked ones (CROSS_SHARE), each
+    from the best bound so far, the time going to the devices that can still raise it
+    (`_share_by_gain`). With overlapped pairs, the bounds of `pair_relaxed(problem)` and the pair count.
+
+    Parameters
+    ----------
+    problem : the problem bounded.
+    deadline : a `time.perf_counter()` moment by which the call returns (inf: every bound in full).
+
+    Returns
+    -------
+    LowerBounds : the named `Bound` records (value, seconds, the device each binds on), `best`,
+        `binding_bound`, and whether every bound was computed in full (`complete`).
 
     Examples
     --------

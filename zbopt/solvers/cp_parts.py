@@ -18,6 +18,9 @@ from zbopt.core.problem import Problem
 from zbopt.core.ticks import memory_rounding, memory_scale
 from zbopt.solvers.task import SearchTask
 
+__all__ = ["STOP_POLL_S", "Choice", "Lifetime", "OpVars", "lifetime_intervals", "solve_stoppable", "task_stopped",
+           "timed_solver"]
+
 STOP_POLL_S = 0.05  # how often a running solve checks for the deadline and Ctrl-C
 
 

@@ -25,6 +25,8 @@ from zbopt.solvers import full_model, lns
 from zbopt.solvers.answer import simulated_answer
 from zbopt.solvers.task import Found, SearchTask
 
+__all__ = ["LNS_MIN_OPS", "LNS_SHARE", "search"]
+
 LNS_MIN_OPS = 600  # between the sizes measured: the full model wins at 432 ops, LNS at 768
 LNS_SHARE = 0.5  # of the search time, for LNS after the full model
 

@@ -56,6 +56,8 @@ from zbopt.solvers.overlap_pairs import PairChoice, candidate_window, least_dura
 from zbopt.solvers.pair_relaxation import pair_relaxed
 from zbopt.solvers.sequencing import chain_lags
 
+__all__ = ["SEED", "SUBSOLVERS", "GroupBound", "cross_device_bound", "device_groups", "group_relaxation"]
+
 # two workers that prove these models fast together (measured on the single device: p = 4, v = 2, V-Min's
 # memory: optima proven in 2-7 s, where the default search's bound stalls ~10% lower after 20 s)
 SUBSOLVERS = ("max_lp", "core")

@@ -59,6 +59,8 @@ from zbopt.solvers.model_memory import activation_choice_literals, limited_lifet
 from zbopt.solvers.overlap_pairs import PairChoice, as_paired, candidate_window, least_duration, pair_choices
 from zbopt.solvers.task import Found, SearchTask
 
+__all__ = ["MEMORY_MODELS", "refusal", "search"]
+
 MEMORY_MODELS = ("cumulative", "reservoir")
 _STATUS = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible",
            cp_model.MODEL_INVALID: "unknown", cp_model.UNKNOWN: "unknown"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from zbopt.core.tolerance import RELATIVE_TOLERANCE
 
+__all__ = ["gap_text", "meets", "optimality_tolerance", "relative_gap", "settle"]
+
 
 def relative_gap(value: float | None, lower_bound: float) -> float | None:
     """The one gap formula: (value - lower_bound) / value; None without a positive value; 0 where

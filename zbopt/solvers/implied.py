@@ -18,6 +18,9 @@ from zbopt.core.kinds import BACKWARD, FORWARD, WEIGHT
 from zbopt.core.ops import Op, earliest_finish, op_graph
 from zbopt.core.problem import Problem
 
+__all__ = ["heads_and_tails", "implied_graph", "memory_disjunctions", "memory_precedences", "order_runs",
+           "symmetric_successors"]
+
 
 def order_runs(problem: Problem) -> dict[int, tuple[tuple[int, ...], int]]:
     """Per microbatch, (the microbatches symmetry breaking orders with it, in increasing order;

@@ -29,6 +29,8 @@ from zbopt.core.timeline import compact
 from zbopt.solvers.cp_parts import lifetime_intervals, solve_stoppable, task_stopped, timed_solver
 from zbopt.solvers.task import Found, SearchTask, keeps_every_activation
 
+__all__ = ["FIRST_WINDOW_OPS", "MIN_WINDOW_OPS", "STEP_S", "applies", "refusal", "search"]
+
 FIRST_WINDOW_OPS = 120
 MIN_WINDOW_OPS = 30
 STEP_S = 2.0  # the most one window's model gets

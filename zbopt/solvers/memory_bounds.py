@@ -13,6 +13,9 @@ from zbopt.core.ops import Op, earliest_finish, one_per_route, op_graph, op_tabl
 from zbopt.core.problem import Problem
 from zbopt.core.tolerance import memory_ceiling
 
+__all__ = ["activation_lifetimes", "memory_bound", "microbatch_memory_bound", "whole_activations_bound",
+           "whole_or_offloaded_bound"]
+
 
 def activation_lifetimes(problem: Problem) -> list[tuple[float, float]]:
     """Per stage, the least time from F(s) start to the end of B(s) and of W(s) (or BW(s))."""

@@ -34,6 +34,8 @@ from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
 from zbopt.solvers.task import Found, SearchTask, keeps_every_activation
 
+__all__ = ["DEADLINE_GRACE_S", "ENGINES", "MIN_SEARCH_S", "RESOLUTION", "build_model", "refusal", "search"]
+
 ENGINES = ("cbc", "highs")
 DEADLINE_GRACE_S = 2.0  # past the deadline the child is killed: its solver had its own limit, this covers start-up
 MIN_SEARCH_S = 0.1  # the least time a solver is given, even past the deadline (it needs one to answer)

@@ -10,6 +10,8 @@ from zbopt.core.problem import Problem
 from zbopt.core.ticks import memory_scale
 from zbopt.solvers.cp_parts import Choice, Lifetime, OpVars, lifetime_intervals
 
+__all__ = ["activation_choice_literals", "limited_lifetimes", "peak_memory"]
+
 
 def activation_choice_literals(model, problem: Problem, ops: dict[Op, OpVars],
                         horizon: int) -> tuple[dict[tuple[int, int], Choice], dict[Op, OpVars]]:

@@ -13,6 +13,8 @@ from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.solvers.cp_parts import OpVars
 
+__all__ = ["MAX_PAIR_CANDIDATES", "PairChoice", "as_paired", "candidate_window", "least_duration", "pair_choices"]
+
 MAX_PAIR_CANDIDATES = 20_000  # every candidate pair up to this many (p = 4, m = 32 both ways: 4,096 per kind)
 
 

@@ -12,6 +12,8 @@ from zbopt.core.problem import Problem
 from zbopt.solvers.implied import heads_and_tails, implied_graph
 from zbopt.solvers.overlap_pairs import as_paired
 
+__all__ = ["pair_count_bound", "pair_relaxed"]
+
 
 def pair_relaxed(problem: Problem) -> Problem:
     """The problem whose bounds also bound `problem` where overlapped pairs may run

@@ -11,6 +11,8 @@ from zbopt.core.simulation import Simulation
 from zbopt.core.wiring import Shown
 from zbopt.solvers.gap import relative_gap
 
+__all__ = ["SolveResult"]
+
 
 @dataclass(frozen=True)
 class SolveResult(Shown):

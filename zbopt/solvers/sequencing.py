@@ -16,6 +16,8 @@ from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.tolerance import memory_ceiling
 
+__all__ = ["chain_lags", "device_sequencing", "jackson_preemptive", "order_value"]
+
 
 def jackson_preemptive(jobs: list[tuple[float, float, float]]) -> float:
     """max(completion + tail) of the preemptive largest-tail-first schedule on one machine; jobs

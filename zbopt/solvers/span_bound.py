@@ -27,6 +27,8 @@ from zbopt.solvers.implied import implied_graph
 from zbopt.solvers.pair_relaxation import pair_relaxed
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive
 
+__all__ = ["RELAXATION_MAX_S", "RELAXATION_SHARE", "relative_heads_and_tails", "span_bound"]
+
 RELAXATION_SHARE = 0.5  # of the time left, for the CP-SAT relaxations (v >= 2) after the dynamic programs
 RELAXATION_MAX_S = 10.0  # per device
 

@@ -12,6 +12,8 @@ from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.simulation import Simulation
 
+__all__ = ["Found", "SearchTask", "ignore", "keeps_every_activation"]
+
 
 def ignore(*_args) -> None:
     """A hook nobody listens to: `report` without a live line, `on_stop` before the driver sets one."""

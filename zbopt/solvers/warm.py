@@ -16,6 +16,8 @@ from zbopt.schedules.ordering import Order
 from zbopt.solvers.answer import objective_value
 from zbopt.solvers.gap import meets
 
+__all__ = ["best_heuristic", "best_of", "planning_problem", "warm_start_simulation"]
+
 
 def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = math.inf,
                    cutoff: float = math.inf, order: tuple[str, tuple[int, ...]] | None = None,

@@ -24,6 +24,9 @@ from collections.abc import Callable, Sequence
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.problem.slices import span_factor
 
+__all__ = ["BATCH_FLAGS", "BATCH_HELP", "COUNT_KEYS", "PACKING_KEYS", "RULES", "WORK_SCALE", "batch_microbatches",
+           "check_lengths", "document_work", "pack", "packed_microbatches", "packed_tokens"]
+
 # config key -> its flag; micro_batch_size and data_parallel default to 1
 BATCH_FLAGS = {"global_batch_size": "--global-batch", "micro_batch_size": "--micro-batch-size",
                "data_parallel": "--data-parallel"}

@@ -9,6 +9,9 @@ from numbers import Real
 
 from zbopt.core.errors import ProblemError, clip
 
+__all__ = ["MAX_OPS", "boolean", "check_op_count", "is_number", "known_parameters", "nonnegative_number", "per_device",
+           "per_stage", "plain", "positive_int", "unused_without"]
+
 
 def is_number(value: object) -> bool:
     """A finite real number, not a bool (True is an int to Python, not a count to a user)."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 from zbopt.core.problem.parameters import ALWAYS_WRITTEN, PARAMETERS
 from zbopt.core.problem.slices import total_tokens
 
+__all__ = ["as_dict", "describe"]
+
 
 def _compact(values):
     """A scalar where every stage (or device) agrees, else the list."""

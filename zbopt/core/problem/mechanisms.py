@@ -16,6 +16,9 @@ from zbopt.core.errors import ProblemError, shorten
 from zbopt.core.kinds import PAIR_KINDS
 from zbopt.core.problem.checks import per_device, per_stage, unused_without
 
+__all__ = ["DEFAULT_WEIGHT_MEMORY_FRACTION", "MicrobatchSizes", "Offload", "OverlappedPairs", "Recomputation",
+           "offload", "overlap", "recomputation", "split_backward"]
+
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from zbopt.core.errors import ProblemError
 
+__all__ = ["check_memory_limit", "min_memory_limit", "one_microbatch_memory", "recomputation_floor"]
+
 
 def _largest(problem, floor) -> tuple[float, ...]:
     """Per device, the most `floor(activation, checkpoint)` gives over the microbatches (per

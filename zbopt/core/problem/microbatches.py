@@ -35,6 +35,9 @@ from zbopt.core.errors import ProblemError
 from zbopt.core.problem.checks import is_number, per_stage
 from zbopt.core.problem.slices import Span, check_sequence_tokens, slice_bounds, span_factor, spans, total_tokens
 
+__all__ = ["EQUAL_MICROBATCHES", "FOLLOWS", "TABLE_KEYS", "WITH_ATTENTION", "Rows", "at_stage_values", "check_tokens",
+           "classes", "every_microbatch_at", "is_table", "per_microbatch", "take_tables", "tokens_of"]
+
 TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "recompute_times", "offload_times", "reload_times",
               "activation_memory")
 # every per-stage key whose value differs by microbatch, and the tabled key it follows

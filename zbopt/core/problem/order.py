@@ -25,6 +25,9 @@ from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
 
+__all__ = ["ORDER_KEY", "ORDER_RULES", "SEARCHED_RULES", "SORTED_RULES", "check_order", "entry_order", "relabelled",
+           "reordered", "route_groups", "sizes", "sorted_order"]
+
 SORTED_RULES = ("given", "longest-first", "shortest-first")
 SEARCHED_RULES = ("dynapipe",)  # zbopt.schedules.ordering
 ORDER_RULES = SORTED_RULES + SEARCHED_RULES

@@ -170,6 +170,8 @@ PARAMETERS: tuple[Parameter, ...] = (
               "k > 1 splits each sequence into k slices (Seq1F1B), which are the microbatches",
               "m counts slices, microbatch_tokens sequences (`zbopt.core.problem.slices`, which checks it)."),
 )
+
+
 def config_keys() -> dict[str, str]:
     """Config key (aliases included) -> parameter name; the stored-only keys are not config keys."""
     return {key: entry.name for entry in PARAMETERS if entry.shape != "stored" for key in entry.config_keys}

@@ -42,6 +42,8 @@ from zbopt.core.problem.mechanisms import (
 from zbopt.core.problem.parameters import PARAMETERS, docstring_section
 from zbopt.core.tolerance import check_ranges
 
+__all__ = ["PerStage", "Problem"]
+
 PerStage = float | Sequence[float]
 _COST_KEYS = {FORWARD: "forward_times", BACKWARD: "backward_times", WEIGHT: "weight_times",
               FUSED_BACKWARD: "backward_times", RECOMPUTE: "recompute_times", OFFLOAD: "offload_times",

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 from zbopt.core.errors import ProblemError
 
+__all__ = ["Span", "check_sequence_tokens", "check_slices", "neighbour", "slice_bounds", "span_factor", "spans",
+           "total_tokens"]
+
 Span = tuple[float, float]  # a slice's first and last token boundary, in reference lengths
 
 

@@ -19,6 +19,8 @@ from zbopt.core.simulation.result import Simulation
 from zbopt.core.simulation.timing import time_orders
 from zbopt.core.simulation.verify import check_shared_links, verify_times
 
+__all__ = ["simulate"]
+
 
 def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> Simulation:
     """Time (or verify) `schedule` on `problem` and compute its metrics.

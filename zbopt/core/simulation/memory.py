@@ -10,6 +10,8 @@ from zbopt.core.problem import Problem
 from zbopt.core.simulation.result import MemoryViolation
 from zbopt.core.tolerance import RELATIVE_TOLERANCE, memory_ceiling
 
+__all__ = ["memory_steps", "memory_violations"]
+
 
 def memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray):
     """Per device, the memory step function (times, levels) from the alloc/free events; and per op,

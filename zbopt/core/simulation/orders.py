@@ -10,6 +10,8 @@ from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule, pair_text
 from zbopt.core.simulation.result import Pair
 
+__all__ = ["activation_choices", "index_orders", "overlapped_pairs"]
+
 
 def activation_choices(schedule: Schedule) -> tuple[frozenset, frozenset]:
     """The (stage, microbatch) pairs a schedule recomputes (those of its R ops) and offloads (of

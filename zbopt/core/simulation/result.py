@@ -14,6 +14,8 @@ from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule, pair_text
 from zbopt.core.wiring import Shown, dataframe
 
+__all__ = ["MemoryViolation", "Pair", "Simulation"]
+
 
 class Pair(NamedTuple):
     """An overlapped pair as the simulator runs it: its members' op numbers (the forward first),

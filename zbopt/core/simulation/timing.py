@@ -12,6 +12,8 @@ from zbopt.core.ops import Op, OpTable
 from zbopt.core.schedule import pair_text
 from zbopt.core.simulation.result import Pair
 
+__all__ = ["barrier_groups", "same_device_input_name", "time_orders"]
+
 
 def same_device_input_name(table: OpTable, index: int, other: int) -> str:
     """How a message names an op's same-device input: "its recompute 0R1", "its slice 0F2"."""

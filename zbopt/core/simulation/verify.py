@@ -14,6 +14,8 @@ from zbopt.core.simulation.result import Pair
 from zbopt.core.simulation.timing import barrier_groups, same_device_input_name
 from zbopt.core.tolerance import RELATIVE_TOLERANCE
 
+__all__ = ["check_shared_links", "verify_times"]
+
 
 def verify_times(table: OpTable, orders: list[list[int]], start_times,
                   pairs: tuple[Pair, ...] = ()) -> tuple[np.ndarray, np.ndarray]:

@@ -20,6 +20,8 @@ from zbopt.core import interrupt
 from zbopt.core.errors import MissingSettingsError, ZboptError, clip, escaped
 from zbopt.interfaces.cli.parser import build_parser
 
+__all__ = ["EXIT_BAD_INPUT", "EXIT_BROKEN_PIPE", "main"]
+
 EXIT_BAD_INPUT = 2
 EXIT_BROKEN_PIPE = 128 + 13  # as a shell reports a process ended by SIGPIPE
 

@@ -32,6 +32,8 @@ from zbopt.interfaces.cli.output import (
 from zbopt.io.trace import TRACE_EXTENSION
 from zbopt.presentation.tables import format_block, format_comparison, format_frontier
 
+__all__ = ["add_commands"]
+
 
 def add_commands(commands) -> None:
     """Add `compare`, `block` and `frontier` to the subcommands `commands`."""

@@ -7,6 +7,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+__all__ = ["COLUMNS", "SUMMED", "add_commands", "format_costs"]
+
 if TYPE_CHECKING:
     from zbopt.planning.model import Model
 

@@ -14,6 +14,10 @@ from zbopt.interfaces.cli.inputs import OPTION_KEYS
 from zbopt.io.read import parse_yaml
 from zbopt.schedules import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES
 
+__all__ = ["DASK_CONNECT_TIMEOUT_S", "RUNNABLE_TORCH_SCHEDULES", "add_input_flags", "add_order_flag",
+           "add_problem_flags", "add_quiet_flag", "add_schedule_flags", "add_style_flag", "config_file", "dask_client",
+           "flag_values"]
+
 DASK_CONNECT_TIMEOUT_S = 10
 
 RUNNABLE_TORCH_SCHEDULES = [name for name in TORCH_SCHEDULES if name not in TORCH_REFUSED]  # named in --help

@@ -22,6 +22,9 @@ from zbopt.io.read import load_schedule, read_config_file
 from zbopt.io.torch_order import read_torch_csv
 from zbopt.schedules import named_schedule
 
+__all__ = ["DEFAULT_SCHEDULE", "OPTION_KEYS", "RunConfig", "build_run_config", "is_schedule_file", "run_and_schedule",
+           "run_config", "schedule_from_file"]
+
 DEFAULT_SCHEDULE = "1f1b"
 OPTION_KEYS = ("output_file",)
 

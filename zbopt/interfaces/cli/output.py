@@ -16,6 +16,9 @@ from zbopt.core.interrupt import Clock
 from zbopt.core.simulation import Simulation
 from zbopt.io.write import check_writable
 
+__all__ = ["EXIT_INVALID_SCHEDULE", "OUTPUT_RESERVE_S", "check_outputs", "command_clock", "exit_status", "figure_flag",
+           "figure_paths", "figure_style", "json_text", "live", "output_flag", "talks"]
+
 EXIT_INVALID_SCHEDULE = 1
 
 

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from zbopt.core.errors import ZboptError
 from zbopt.interfaces.cli import compare, costs, plan, simulate, solve, torch_run
 
+__all__ = ["COMMAND_FAMILIES", "build_parser"]
+
 COMMAND_FAMILIES = (simulate, solve, compare, costs, plan, torch_run)  # in --help's order
 
 

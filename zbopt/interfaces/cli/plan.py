@@ -12,6 +12,8 @@ from zbopt.core.errors import ZboptError
 from zbopt.interfaces.cli.flags import dask_client
 from zbopt.interfaces.cli.output import command_clock, json_text
 
+__all__ = ["add_commands"]
+
 
 def add_commands(commands) -> None:
     """Add `plan` to the subcommands `commands`."""

@@ -15,6 +15,8 @@ from zbopt.io.export import EXPORT_FORMATS, check_export, order_note, write_expo
 from zbopt.presentation.tables import format_simulation
 from zbopt.schedules import registered
 
+__all__ = ["add_commands"]
+
 
 def add_commands(commands) -> None:
     """Add `schedules`, `simulate` and `export` to the subcommands `commands`."""

@@ -32,6 +32,8 @@ from zbopt.io.torch_order import read_torch_csv
 from zbopt.presentation.tables import format_solve
 from zbopt.schedules import get
 
+__all__ = ["add_commands"]
+
 
 def add_commands(commands) -> None:
     """Add `solve` to the subcommands `commands`; its flags when it is parsed (they name the solvers)."""

@@ -10,6 +10,8 @@ from zbopt.core.errors import ZboptError
 from zbopt.interfaces.cli.output import EXIT_INVALID_SCHEDULE, check_outputs, json_text
 from zbopt.io.trace import write_measured_trace
 
+__all__ = ["PROFILE_FORMATS", "add_commands"]
+
 PROFILE_FORMATS = (".yaml", ".yml", ".json")  # what profile-torch writes: YAML, or JSON for .json
 
 

@@ -28,18 +28,5 @@ from zbopt.interfaces.runtime.run_report import (
     format_report,
 )
 
-__all__ = [
-    "ATOL",
-    "RTOL",
-    "OpTime",
-    "ParameterCheck",
-    "StageReport",
-    "TorchRunReport",
-    "ToyModel",
-    "compare_gradients",
-    "format_report",
-    "profile_config",
-    "profile_torch",
-    "run_torch",
-    "save_profile",
-]
+__all__ = ["ATOL", "RTOL", "OpTime", "ParameterCheck", "StageReport", "TorchRunReport", "ToyModel",
+           "compare_gradients", "format_report", "profile_config", "profile_torch", "run_torch", "save_profile"]

@@ -12,6 +12,8 @@ from zbopt.core.simulation import simulate
 from zbopt.io.torch_format import TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD
 from zbopt.io.torch_order import TorchOrder, read_torch_csv
 
+__all__ = ["CheckedCsv", "check_csv"]
+
 
 @dataclass(frozen=True)
 class CheckedCsv:

@@ -27,6 +27,8 @@ from zbopt.interfaces.runtime.run_report import (
     compare_gradients,
 )
 
+__all__ = ["run_torch"]
+
 
 def _context():
     """forkserver: torch is imported once in the fork server, not in every rank (~4 s each on a

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["ToyModel", "named_gradients"]
+
 
 @dataclass(frozen=True)
 class ToyModel:

@@ -11,6 +11,8 @@ from zbopt.interfaces.runtime.run_report import TorchRunReport
 from zbopt.io.torch_format import TORCH_FORWARD, TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD
 from zbopt.io.write import write_file
 
+__all__ = ["MIB", "profile_config", "profile_torch", "save_profile"]
+
 MIB = 2**20
 
 

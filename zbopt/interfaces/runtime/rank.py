@@ -15,6 +15,8 @@ from pathlib import Path
 from zbopt.interfaces.runtime.model import ToyModel, named_gradients
 from zbopt.io.torch_format import TORCH_FORWARD, TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD
 
+__all__ = ["P2P_ROUNDS", "RankJob", "rank_main"]
+
 # A one-way p2p time is the median of this many ping-pong round trips (after 3 untimed ones), halved.
 P2P_ROUNDS = 20
 

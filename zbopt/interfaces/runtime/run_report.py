@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from zbopt.interfaces.runtime.model import ToyModel
 from zbopt.io.torch_format import TORCH_FORWARD, TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD
 
+__all__ = ["ATOL", "OP_KINDS", "RTOL", "OpTime", "ParameterCheck", "StageReport", "TorchRunReport",
+           "compare_gradients", "format_report"]
+
 # the kinds of op a stage can run, in the table's column order
 OP_KINDS = (TORCH_FORWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD, TORCH_FULL_BACKWARD)
 # torch.testing.assert_close's defaults for float32: the pipelined and the single-process sums of

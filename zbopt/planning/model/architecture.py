@@ -10,6 +10,8 @@ from dataclasses import MISSING, dataclass, fields
 
 from zbopt.core.errors import ZboptError, shorten
 
+__all__ = ["NORMALIZATIONS", "POSITION_EMBEDDINGS", "Architecture"]
+
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 

@@ -19,6 +19,9 @@ from zbopt.planning.model.parts import Device, Layer, check_repeat
 from zbopt.planning.model.presets import preset
 from zbopt.planning.model.profile import read_profile
 
+__all__ = ["LAYER_KEYS", "MODEL_KEYS", "REQUIRED_LAYER_KEYS", "SOURCES", "TRAINING_KEYS", "model_layers",
+           "spelled_layers"]
+
 SOURCES = ("layers", "profile", "architecture", "preset")
 TRAINING_KEYS = ("dtype", "data_parallel", "use_distributed_optimizer")
 MODEL_KEYS = SOURCES + TRAINING_KEYS

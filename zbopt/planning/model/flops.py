@@ -18,6 +18,9 @@ from zbopt.core.errors import ZboptError, shorten
 from zbopt.planning.model.architecture import Architecture
 from zbopt.planning.model.parts import Device, Layer
 
+__all__ = ["ELEMENT_BYTES", "LOGIT_BYTES", "MASK_BYTES", "PARAMETER_BYTES", "Costs", "Training", "architecture_layers",
+           "decoder_costs", "decoder_parameters", "embedding_costs", "lm_head_costs"]
+
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Bytes per parameter of mixed-precision Adam in Megatron-LM (its distributed-optimizer guide):
 # (kept whole on every rank, shardable optimizer part). bf16: 2 weight + 4 fp32 main gradient, then

@@ -21,6 +21,8 @@ from zbopt.planning.model.flops import Training, architecture_layers
 from zbopt.planning.model.parts import Device, Layer
 from zbopt.planning.model.profile import read_profile
 
+__all__ = ["FILE_KEYS", "Model", "load_model"]
+
 FILE_KEYS = ("model", "device")
 
 
@@ -100,7 +102,31 @@ class Model:
 
 def load_model(path: str | Path) -> tuple[Model, Device]:
     """A model file: {model: ..., device: ...} in YAML or JSON, read through `zbopt.io.read`'s
-    limits; a relative profile path is taken from the file's folder."""
+    limits; a relative profile path is taken from the file's folder.
+
+    Parameters
+    ----------
+    path : the model file (`examples/model_*.yaml`; see docs/planning.md for its keys).
+
+    Returns
+    -------
+    (Model, Device) : the layers in order (repeats expanded, times in ms, memory in GB), and the
+        device they run on.
+
+    Raises
+    ------
+    ZboptError : naming the file and the key for every mistake.
+
+    Examples
+    --------
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "model.yaml"
+    >>> _ = path.write_text("{model: {layers: [{name: decoder, forward: 1.5 ms, backward: 3 ms, activation: 2 GB, "
+    ...                     "parameters: 1 GB, repeat: 4}]}, device: {memory: 80 GB}}")
+    >>> model, device = load_model(path)
+    >>> model.labels, device.memory_gb
+    (('decoder 0', 'decoder 1', 'decoder 2', 'decoder 3'), 80.0)
+    """
     data = read_data(path, "model file")
     where = f"model file '{path}'"
     if not isinstance(data, dict):

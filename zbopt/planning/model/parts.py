@@ -13,6 +13,8 @@ from numbers import Real
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.units import parse_flops, parse_memory, parse_time
 
+__all__ = ["DEVICE_KEYS", "MAX_REPEAT", "WEIGHT_MEMORY_SHARE", "Device", "Layer", "check_amount", "check_repeat"]
+
 WEIGHT_MEMORY_SHARE = 0.5  # zbopt's rule for M_W when a layer gives none: half of M_B
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.paper_tables import SEQUENCE_LENGTH, ZERO_BUBBLE_MODELS
 
+__all__ = ["GPT2_PADDED_VOCABULARY", "PRESETS", "preset"]
+
 GPT2_PADDED_VOCABULARY = 50304
 # ZB Table 3: model -> (layers, microbatch size); h and a from zbopt.core.paper_tables.
 _ZERO_BUBBLE_SHAPES = {"1.5B": (22, 6), "6.2B": (30, 3), "14.6B": (46, 1), "28.3B": (62, 1)}

@@ -20,6 +20,8 @@ from zbopt.core.errors import ZboptError, shorten
 from zbopt.io.read import read_data, read_text
 from zbopt.planning.model.parts import Layer, check_repeat
 
+__all__ = ["AMOUNTS", "COLUMNS", "OPTIONAL_COLUMNS", "read_profile"]
+
 COLUMNS = ("name", "forward_ms", "backward_ms", "weight_ms", "activation_gb", "parameters_gb")
 OPTIONAL_COLUMNS = ("repeat", "weight_activation_gb")
 AMOUNTS = ("forward_ms", "backward_ms", "weight_ms", "activation_gb", "parameters_gb", "weight_activation_gb")

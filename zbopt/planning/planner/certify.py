@@ -24,6 +24,8 @@ from zbopt.planning.model import Device, Model
 from zbopt.planning.planner.split import Pipeline, Split, stage_layers
 from zbopt.planning.planner.split_model import MEMORY_SLACK, SCALE, BoundaryModel
 
+__all__ = ["SplitFamily", "least_memory", "split_bound"]
+
 
 def _changes(pipeline: Pipeline, first: int, last: int) -> int:
     """How many of the edges stage k -> k+1, first <= k < last, join two devices."""

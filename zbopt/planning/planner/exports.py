@@ -46,6 +46,11 @@ from zbopt.core.placement import PLACEMENTS
 from zbopt.core.problem.checks import plain
 from zbopt.planning.model import Model
 
+__all__ = ["END_KINDS", "FIRST_KEY", "KIND_NAMES", "KIND_OF_NAME", "LAST_KEY", "MAX_EXPANDED", "MEGATRON_SYMBOL",
+           "SYMBOL_NAMES", "check_split", "layer_kinds", "megatron_counts", "megatron_first_last", "megatron_layout",
+           "megatron_symbols", "parse_megatron_layout", "stage_of_layers", "torchtitan_counts", "torchtitan_modules",
+           "torchtitan_names"]
+
 KIND_NAMES = {  # a layer's name (lower case, '_' for spaces and '-') -> what kind of layer it is
     "embedding": ("embedding", "embeddings", "embed", "embed_tokens", "tok_embeddings", "word_embeddings", "wte"),
     "decoder": ("decoder", "decoder_layer", "transformer", "transformer_layer", "layer", "block", "dense", "moe"),

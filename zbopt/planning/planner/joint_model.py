@@ -25,6 +25,8 @@ from zbopt.planning.model import Device, Model
 from zbopt.planning.planner.split import Pipeline, Split, split_problem
 from zbopt.planning.planner.split_model import SCALE, BoundaryModel
 
+__all__ = ["JointAnswer", "joint_search"]
+
 _QUANTITY = {"F": "forward", "B": "backward", "W": "weight", "BW": "gradient"}
 
 

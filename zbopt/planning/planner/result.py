@@ -12,6 +12,8 @@ from zbopt.planning.model import Device, Model
 from zbopt.planning.planner.split import Pipeline, Split, device_parameters, stage_names
 from zbopt.solvers.gap import relative_gap
 
+__all__ = ["OPTIMAL", "OVER_THE_LIMIT", "Outcome", "PipelinePlan", "Plan", "PlanRow", "device_peaks", "split_exports"]
+
 OPTIMAL = "optimal"  # the optimizer's row, beside the heuristics' names
 OVER_THE_LIMIT = "over the memory limit"  # the note of a heuristic's row whose schedule breaks the device memory
 

@@ -24,6 +24,9 @@ from zbopt.core.errors import ZboptError
 from zbopt.planning.model import Layer, Model
 from zbopt.planning.planner.split import Pipeline, Split, stage_layers
 
+__all__ = ["RULES", "body", "device_balanced_split", "even_split", "first_last_split", "layer_time", "split_by_rule",
+           "stage_balanced_split", "stage_times"]
+
 RULES = ("even", "first-last", "stage-balanced", "device-balanced")
 
 

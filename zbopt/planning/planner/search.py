@@ -30,6 +30,8 @@ from zbopt.solvers import lower_bounds, solve
 from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
 from zbopt.solvers.warm import best_of
 
+__all__ = ["FAMILY_S", "FIRST_BOUND_SHARE", "MIN_SOLVE_S", "PRECHECK_SHARE", "SOLVE_SHARE", "plan", "solved_split"]
+
 SOLVE_SHARE = 1 / 12  # of the plan's time limit: one split's solve, at most
 FAMILY_S = 5.0  # the most one step of the split family's CP-SAT may take
 MIN_SOLVE_S = 0.5  # no split is solved with less time left than this
@@ -115,12 +117,43 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
          time_limit: float | interrupt.Clock = 120.0, workers: int = 2, executor: Executor | None = None,
          parallel: int = 1) -> Plan:
     """The best split and schedule of `model` on each of `pipelines`, with rows for each rule ×
-    schedule (`schedules`: heuristics' names and OPTIMAL; None: every applicable one and OPTIMAL)
-    and a certificate over every split. `time_limit` (seconds, or a `Clock` the caller counts)
-    bounds the whole call, shared equally by the pipelines. With an `executor` (say, a dask
-    `Client(...).get_executor()`), the search solves `parallel` splits at a time there. A
-    ZboptError in one line when a pipeline has more stages than the model has layers, or when no
-    split of any pipeline runs in the device's memory."""
+    schedule and a certificate over every split.
+
+    Parameters
+    ----------
+    model : the layers in order (`load_model`, `Model.from_config`, ...).
+    device : the device every stage runs on (its memory is the limit).
+    pipelines : one or several (devices, chunks, placement, microbatches) to plan for.
+    schedules : the rows' schedules: heuristics' names and OPTIMAL; None: every applicable one and
+        OPTIMAL.
+    rules : the named splits that get rows (`RULES`).
+    time_limit : seconds (or a `Clock` the caller counts) for the whole call, shared equally by
+        the pipelines.
+    workers : the solver's threads.
+    executor, parallel : with an `executor` (say, a dask `Client(...).get_executor()`), the search
+        solves `parallel` splits at a time there.
+
+    Returns
+    -------
+    Plan : per pipeline its rows, its best split and schedule, and a lower bound on every split
+        with every schedule; `best`, `makespan`, `lower_bound` and `gap` over the pipelines.
+
+    Raises
+    ------
+    ZboptError : in one line, when a pipeline has more stages than the model has layers, or when no
+        split of any pipeline runs in the device's memory.
+
+    Examples
+    --------
+    Eight equal layers (F = B = W = 1 ms) on 4 devices, 8 microbatches: two layers a stage, and no
+    schedule beats the bound over every split.
+
+    >>> from zbopt import Device, Layer, Model, Pipeline
+    >>> layers = Model.from_repeats([(Layer("decoder", 1.0, 1.0, 1.0, activation_gb=1, parameters_gb=1), 8)])
+    >>> answer = plan(layers, Device(memory_gb=20), Pipeline(4, 1, "loop", 8), schedules=["zb-h1"], time_limit=10)
+    >>> answer.best.best.split, answer.makespan, answer.gap
+    ((2, 2, 2, 2), 54.0, 0.0)
+    """
     pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
     _check_plan(model, pipelines, schedules, time_limit)
     began, answers, clock = time.perf_counter(), [], interrupt.as_clock(time_limit, "plan")

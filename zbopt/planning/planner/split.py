@@ -18,6 +18,9 @@ from zbopt.core.placement import stage_device
 from zbopt.core.problem import Problem
 from zbopt.planning.model import Device, Model
 
+__all__ = ["Pipeline", "Split", "activation_limits", "check_split", "device_parameters", "split_problem",
+           "splits_backward", "stage_layers", "stage_names"]
+
 Split = tuple[int, ...]
 
 

@@ -16,6 +16,8 @@ import math
 from zbopt.planning.model import Layer, Model
 from zbopt.planning.planner.split import Pipeline, Split
 
+__all__ = ["MEMORY_SLACK", "SCALE", "BoundaryModel"]
+
 SCALE = 1000  # ticks per ms (microseconds) and per GB (MB)
 MEMORY_SLACK = 1e-6  # ticks: a device memory written in decimal GB (4.1 GB) is not floored a tick short
 

@@ -24,6 +24,8 @@ from zbopt.presentation.plot.style import (
 )
 from zbopt.solvers.blocks import Block, repeat, steady_peak
 
+__all__ = ["REPEATS_SHOWN", "plot_block"]
+
 REPEATS_SHOWN = 6  # microbatches in the third panel, at most
 
 

@@ -11,6 +11,8 @@ from matplotlib.patches import Patch
 
 from zbopt.presentation.plot.style import DPI, _finish, _output_path, _style_axes, _title, palette, styled
 
+__all__ = ["plot_comparison"]
+
 
 @styled
 def plot_comparison(comparison, path: str | Path | None = None, *, title: str | None = None):

@@ -23,6 +23,8 @@ from zbopt.presentation.plot.style import (
     styled,
 )
 
+__all__ = ["BREAK_SHARE", "LABEL_DIRECTIONS", "LABEL_DISTANCES", "LABEL_GAP", "MARKER_CLEARANCE", "plot_frontier"]
+
 LABEL_DISTANCES = (8, 16, 28, 42, 60, 80, 110)  # points from a heuristic's marker to its label, tried in order
 LABEL_DIRECTIONS = ((1, 0), (1, 1), (1, -1), (0, 1), (0, -1), (-1, 0), (-1, 1), (-1, -1))
 MARKER_CLEARANCE = 7.0  # pixels around a marker that no label may cover

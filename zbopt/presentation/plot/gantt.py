@@ -32,6 +32,8 @@ from zbopt.presentation.plot.style import (
     styled,
 )
 
+__all__ = ["BOX_HEIGHT", "COPY_ROWS", "MAX_HEIGHT_IN", "MAX_LABEL_POINTS", "MIN_LABEL_POINTS", "plot_gantt"]
+
 MAX_HEIGHT_IN = 12.0
 BOX_HEIGHT = 0.8  # of a device row; the lane behind it is 0.9, leaving a white gap between rows
 # (offset from the row's centre, height) of compute boxes and of each copy lane, when there are copies

@@ -22,6 +22,8 @@ from zbopt.presentation.plot.style import (
     styled,
 )
 
+__all__ = ["MEMORY_PANEL_ROWS", "plot_memory"]
+
 MEMORY_PANEL_ROWS = 8  # more devices than this go into further columns of panels
 
 

@@ -9,6 +9,8 @@ import matplotlib.pyplot as plt
 from zbopt.core.kinds import FORWARD
 from zbopt.presentation.plot.style import DPI, _finish, _output_path, _style_axes, _title, chunk_color, styled
 
+__all__ = ["plot_split"]
+
 
 @styled
 def plot_split(plan, path: str | Path | None = None, *, title: str | None = None):

@@ -23,6 +23,10 @@ from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, 
 from zbopt.core.simulation import Simulation
 from zbopt.io.write import write_file
 
+__all__ = ["DPI", "FIGURE_FORMATS", "FIGURE_STYLES", "KIND_NAMES", "MAX_WIDTH_IN", "PAPER_PALETTE", "RECOMPUTE_HATCH",
+           "SCREEN_PALETTE", "STYLE_DOC", "SVG_TEXT", "FigureStyle", "Palette", "check_figure_path", "check_style",
+           "chunk_color", "figure_html", "palette", "styled"]
+
 FIGURE_FORMATS = (".png", ".svg", ".pdf")
 KIND_NAMES = {letter: kind.legend for letter, kind in KINDS.items()}
 RECOMPUTE_HATCH = "////"

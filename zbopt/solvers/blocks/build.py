@@ -23,6 +23,8 @@ from zbopt.core.timeline import PendingFrees, Timeline, compact
 from zbopt.core.tolerance import memory_ceiling
 from zbopt.solvers.blocks.model import Block
 
+__all__ = ["block_schedule", "repeat"]
+
 
 def repeat(block: Block, microbatches: int | None = None) -> dict[Op, float]:
     """Every op's start when the block repeats for `microbatches` (default: the problem's m):

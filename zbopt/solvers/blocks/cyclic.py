@@ -19,6 +19,8 @@ from zbopt.core.problem import Problem
 from zbopt.core.ticks import tick_scale
 from zbopt.solvers.blocks.model import Block, BlockError, block_ops, group_table, input_of
 
+__all__ = ["Step", "tightest_block"]
+
 Step = tuple[Op, int]
 """An op of the block (its microbatch field is its place i in the group) and its lag: in cycle c
 the device runs it for group c - lag."""

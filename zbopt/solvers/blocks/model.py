@@ -23,6 +23,9 @@ from zbopt.core.ops import Op, OpTable, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.tolerance import RELATIVE_TOLERANCE
 
+__all__ = ["Block", "BlockError", "Lifespan", "block_ops", "check_block", "group_table", "input_of", "lifespan_bound",
+           "lifespans", "steady_peak"]
+
 
 class BlockError(ZboptError):
     """A block that cannot repeat: a missing op, a broken dependency, an overlap modulo its period."""

@@ -19,6 +19,9 @@ from zbopt.schedules.slot_model import PERIOD, v_half_block, v_min_block, weight
 from zbopt.solvers.blocks.cyclic import Step, tightest_block
 from zbopt.solvers.blocks.model import Block
 
+__all__ = ["PUBLISHED", "Cycles", "interleaved_cycles", "one_f_one_b_cycles", "published_block", "v_half_cycles",
+           "v_min_cycles", "v_zb_cycles", "zb_h1_cycles"]
+
 Cycles = list[list[Step]]
 
 

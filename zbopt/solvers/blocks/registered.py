@@ -21,6 +21,8 @@ from zbopt.solvers.blocks.build import block_schedule
 from zbopt.solvers.blocks.model import steady_peak
 from zbopt.solvers.blocks.published import PUBLISHED, published_block
 
+__all__ = ["BLOCK_PREFIX"]
+
 BLOCK_PREFIX = "block-"
 
 

@@ -37,6 +37,9 @@ from zbopt.solvers.blocks.model import Block, block_ops, group_table, input_of, 
 from zbopt.solvers.blocks.published import PUBLISHED, published_block
 from zbopt.solvers.cp_parts import solve_stoppable, timed_solver
 
+__all__ = ["FINAL_SHARE", "PLACEMENT_SHARE", "PLACEMENT_STEP", "BlockSearch", "best_published_block",
+           "block_objective", "optimal_block", "published_rows"]
+
 FINAL_SHARE = 0.2  # of the time limit, kept for the shortest block at the least T
 PLACEMENT_SHARE = 0.1  # of the time limit, at most, for the modulo placements below the bisection's upper end
 PLACEMENT_STEP = 0.005  # relative step between the periods tried by modulo placement

@@ -245,3 +245,22 @@ def test_the_optimizer_is_never_behind_a_row_where_microbatches_differ():
         (optimal,) = [row for row in comparison.rows if row.name == "cpsat"]
         within = [row.makespan for row in comparison.rows if row.within_memory_limit and row.name != "cpsat"]
         assert within and optimal.makespan <= min(within) + 1e-9
+
+
+def test_schedules_past_the_heuristics_share_are_named_not_run_and_none_starts_after_a_valid_row():
+    """The one loop of compare's and plan's rows under a clock: while no row is valid the cutoff
+    rules (a first row however late), after one the deadline does; what did not start is named,
+    what does not apply has its reason, and the rows built are the simulator's."""
+    from zbopt.planning.comparison import simulated_in_time
+    from zbopt.presentation.tables import NOT_RUN, format_comparison
+
+    problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2)
+    reasons, late = {}, []
+    built = simulated_in_time(problem, ["zb-v", "1f1b", "gpipe", "zb-h1"], deadline=0.0, reasons=reasons, late=late)
+    assert list(built) == ["1f1b"] and built["1f1b"].makespan == simulate(problem, generate("1f1b", problem)).makespan
+    assert list(reasons) == ["zb-v"] and late == ["gpipe", "zb-h1"]
+    with pytest.raises(NotApplicableError, match="schedule 'zb-v' does not apply"):
+        simulated_in_time(problem, ["zb-v"])
+    comparison = compare(problem, ["1f1b"])
+    shown = format_comparison(type(comparison)(**{**comparison.__dict__, "not_run": ("gpipe", "zb-h1")}))
+    assert f"not run (2, {NOT_RUN}): gpipe, zb-h1" in shown

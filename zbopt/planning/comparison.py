@@ -6,24 +6,28 @@ any of them is the simulator's own.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from zbopt.core import interrupt
 from zbopt.core.errors import NotApplicableError, ZboptError
-from zbopt.core.interrupt import Clock, Interrupted
+from zbopt.core.interrupt import Clock, Interrupted, as_clock
 from zbopt.core.problem import Problem
 from zbopt.core.problem.order import ORDER_RULES, entry_order
 from zbopt.core.simulation import Simulation, simulate
 from zbopt.core.tolerance import RELATIVE_TOLERANCE
 from zbopt.core.wiring import Shown, dataframe
-from zbopt.schedules import TORCH_PREFIX, generate_applicable, get, named_schedule
+from zbopt.schedules import TORCH_PREFIX, get, named_schedule, registered
 from zbopt.schedules.ordering import Order
 from zbopt.solvers import SolveResult, lower_bounds, solve
+from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
 from zbopt.solvers.gap import gap_text, relative_gap
 from zbopt.solvers.warm import best_of
 
-__all__ = ["BOUNDS_S", "COLUMNS", "NO_BOUNDS", "OPTIMAL_ROW", "Comparison", "ComparisonRow", "compare", "row_order"]
+__all__ = ["BOUNDS_S", "COLUMNS", "NO_BOUNDS", "OPTIMAL_ROW", "Comparison", "ComparisonRow", "compare", "row_order",
+           "simulated_in_time"]
 
 OPTIMAL_ROW = "cpsat"
 BOUNDS_S = 5.0  # the independent bounds' time in a comparison without the optimizer
@@ -110,8 +114,9 @@ class ComparisonRow:
 @dataclass(frozen=True)
 class Comparison(Shown):
     """The rows (see `row_order`), the lower bound they are measured against (None: skipped) and
-    where it came from, the schedules left out because they do not apply (name, reason), and the solver's full
-    answer when it ran (its row is missing when it found no schedule in time)."""
+    where it came from, the schedules left out because they do not apply (name, reason), the solver's full
+    answer when it ran (its row is missing when it found no schedule in time), and the schedules not
+    built within the heuristics' share of the time limit (`not_run`)."""
 
     problem: Problem
     rows: tuple[ComparisonRow, ...]
@@ -119,6 +124,7 @@ class Comparison(Shown):
     lower_bound_source: str
     not_applicable: tuple[tuple[str, str], ...] = ()
     solve_result: SolveResult | None = None
+    not_run: tuple[str, ...] = ()
 
     @property
     def best_within_limit(self) -> ComparisonRow | None:
@@ -151,7 +157,9 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
     schedules : the schedules to simulate (default: every registered one that applies to
         `problem`; "torch:NAME" is torch's built-in NAME, see `zbopt.schedules.torch_builtin`).
     optimal : add the solver's answer (`solve`), started from the best row.
-    time_limit : seconds for the whole call (or a `Clock` the caller counts).
+    time_limit : with `optimal`, seconds for the whole call (or a `Clock` the caller counts): the
+        schedules get HEURISTICS_SHARE of it (none starts later once one is valid; those left are
+        `not_run`), the solver the rest.
     workers : the solver's threads.
     progress : a live line on stderr while the solver runs.
     bounds : False skips the lower bounds (up to BOUNDS_S a problem, where simulating takes
@@ -186,17 +194,19 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
     if optimal and not bounds:
         raise ZboptError("bounds=False (--no-bounds) with optimal=True (--optimal): the optimizer certifies its "
                          "answer with the lower bounds; give one of the two")
-    simulations, not_applicable = _simulate_schedules(problem, schedules, order)
+    clock = as_clock(time_limit, "compare") if optimal else None
+    deadline, cutoff = (math.inf, math.inf) if clock is None else \
+        (clock.share("heuristics", HEURISTICS_SHARE).deadline, clock.share("a first row", HEURISTICS_CUTOFF).deadline)
+    simulations, not_applicable, not_run = _simulate_schedules(problem, schedules, order, deadline, cutoff)
     if order is None and not problem.microbatches_equal and problem.sequence_slices == 1:  # slices keep theirs
-        simulations += _best_orders(problem, simulations)
+        simulations += _best_orders(problem, simulations, deadline)
     stop = None
     if optimal:
         best = best_of(simulation for _, simulation, _ in simulations if simulation.valid)
         # from the best row (with the heuristics where the rows are not every one's): never behind a row
         warm = [best] if best is not None and schedules is not None else best
         try:
-            result = solve(problem, "cpsat", time_limit=time_limit, workers=workers, progress=progress,
-                           warm_start=warm)
+            result = solve(problem, "cpsat", time_limit=clock, workers=workers, progress=progress, warm_start=warm)
         except Interrupted as interruption:  # the table with the solver's best so far, then the interruption
             result, stop = interruption.partial, interruption
         lower_bound, source = result.lower_bound, _proved_by(result)
@@ -211,7 +221,7 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
         lower_bound, source = bounds.best, bounds.binding_bound.describe()
     rows = [ComparisonRow(name, simulation, lower_bound, status) for name, simulation, status in simulations]
     rows.sort(key=row_order)
-    comparison = Comparison(problem, tuple(rows), lower_bound, source, tuple(not_applicable), result)
+    comparison = Comparison(problem, tuple(rows), lower_bound, source, tuple(not_applicable), result, tuple(not_run))
     if stop is not None:
         raise Interrupted(comparison)
     return comparison
@@ -228,16 +238,20 @@ def _proved_by(result: SolveResult) -> str:
     return f"{result.binding_bound}{where}"
 
 
-def _best_orders(problem: Problem, simulations: list) -> list:
+def _best_orders(problem: Problem, simulations: list, deadline: float = math.inf) -> list:
     """[("NAME (RULE order)", simulation, None)] per schedule of `simulations` (in the given order)
-    that another order rule makes shorter: the best rule's, within the memory limit first."""
+    that another order rule makes shorter: the best rule's, within the memory limit first; none
+    started after `deadline` (they are the order's worth, not rows anyone asked for)."""
     rows = []
     for name, given, _ in simulations:
         best = (not given.valid, given.makespan * (1 - RELATIVE_TOLERANCE), None, None)  # shorter, not a rounding
         for rule in ORDER_RULES[1:]:
+            if interrupt.past(deadline):
+                return rows
             try:
-                simulation = simulate(problem, named_schedule(name, problem, rule))
-            except NotApplicableError:  # e.g. a greedy that no candidate of fits the limit in this order
+                with interrupt.deadline_scope(deadline):
+                    simulation = simulate(problem, named_schedule(name, problem, rule))
+            except (NotApplicableError, interrupt.TimeUp):  # a greedy no candidate of fits in this order
                 continue
             best = min(best, (not simulation.valid, simulation.makespan, rule, simulation), key=lambda item: item[:2])
         if best[2] is not None:
@@ -245,22 +259,46 @@ def _best_orders(problem: Problem, simulations: list) -> list:
     return rows
 
 
-def _simulate_schedules(problem: Problem, names: Sequence[str] | None, order: Order = None):
-    """[(name, simulation, None)] for the requested schedules in `order`, and [(name, reason)] for
-    the registered ones skipped because they do not apply (only when none were requested)."""
-    if names is None:
-        schedules, reasons = generate_applicable(problem, order)
-        simulations = [(name, simulate(problem, schedule), None) for name, schedule in schedules.items()]
-        return simulations, list(reasons.items())
-    names = list(dict.fromkeys(names))
-    for name in names:
-        if not name.startswith(TORCH_PREFIX):
-            get(name)  # an unknown name fails before any work
-    simulations = []
-    for name in names:
+def _simulate_schedules(problem: Problem, names: Sequence[str] | None, order: Order, deadline: float,
+                        cutoff: float) -> tuple[list, list, list]:
+    """[(name, simulation, None)] for the requested schedules (every registered one when None) in
+    `order`, [(name, reason)] for the registered ones skipped because they do not apply (a requested
+    one that does not apply is an error), and the names not built in time (`simulated_in_time`)."""
+    if names is not None:
+        names = list(dict.fromkeys(names))
+        for name in names:
+            if not name.startswith(TORCH_PREFIX):
+                get(name)  # an unknown name fails before any work
+    reasons: dict[str, str] = {}
+    late: list[str] = []
+    built = simulated_in_time(problem, [entry.name for entry in registered()] if names is None else names,
+                              order=order, deadline=deadline, cutoff=cutoff,
+                              reasons=reasons if names is None else None, late=late)
+    return [(name, simulation, None) for name, simulation in built.items()], list(reasons.items()), late
+
+
+def simulated_in_time(problem: Problem, names: Sequence[str], *, order: Order = None, deadline: float = math.inf,
+                      cutoff: float = math.inf, reasons: dict[str, str] | None = None,
+                      late: list[str] | None = None) -> dict[str, Simulation]:
+    """The schedules `names` ("torch:NAME" too) built for `problem` in `order` and simulated, in
+    their order: those built by `deadline`, or while none is valid yet by `cutoff` (a table with no
+    valid row has no answer, and at m in the thousands one schedule takes seconds); none starts
+    after it, and the names left for time go into `late`. One that does not apply goes into
+    `reasons` (name -> why), or where `reasons` is None is a NotApplicableError naming it."""
+    built: dict[str, Simulation] = {}
+    for index, name in enumerate(names):
+        valid = any(simulation.valid for simulation in built.values())
+        if interrupt.past(cutoff) or (valid and interrupt.past(deadline)):
+            (late if late is not None else []).extend(names[index:])
+            break
         try:
-            schedule = named_schedule(name, problem, order)
+            with interrupt.deadline_scope(deadline if valid else cutoff):
+                built[name] = simulate(problem, named_schedule(name, problem, order))
         except NotApplicableError as error:
-            raise NotApplicableError(f"schedule '{name}' does not apply to this problem: {error}") from None
-        simulations.append((name, simulate(problem, schedule), None))
-    return simulations, []
+            if reasons is None:
+                raise NotApplicableError(f"schedule '{name}' does not apply to this problem: {error}") from None
+            reasons[name] = str(error)
+        except interrupt.TimeUp:
+            if late is not None:
+                late.append(name)
+    return built

@@ -31,6 +31,7 @@ from zbopt.io.write import write_file
 from zbopt.planning.comparison import COLUMNS, Comparison, ComparisonRow
 from zbopt.presentation import plot
 from zbopt.presentation.plot.style import chunk_color
+from zbopt.presentation.tables import NOT_RUN
 
 __all__ = ["NUMBER_COLUMNS", "PAIR_LANE", "REPORT_FORMATS", "STYLE", "VIEWER", "check_report_path", "render_report",
            "schedule_data", "schedule_section", "write_report"]
@@ -127,6 +128,7 @@ def _problem_table(comparison: Comparison) -> str:
     bound, source = comparison.lower_bound, comparison.lower_bound_source
     entries.append(("lower bound", source if bound is None else f"{bound:.6g} ({source})"))
     entries += [(f"not applicable: {name}", reason) for name, reason in comparison.not_applicable]
+    entries += [(f"not run: {name}", NOT_RUN) for name in comparison.not_run]
     body = "".join(f"<tr><th>{_text(key)}</th><td>{_text(value)}</td></tr>" for key, value in entries)
     return f'<table class="problem">{body}</table>'
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__all__ = ["format_block", "format_comparison", "format_frontier", "format_simulation", "format_solve", "limit_text"]
+__all__ = ["NOT_RUN", "format_block", "format_comparison", "format_frontier", "format_simulation", "format_solve",
+           "limit_text"]
+
+NOT_RUN = "not built within the heuristics' share of the time limit"  # a comparison's `not_run`
 
 if TYPE_CHECKING:
     from zbopt.core.simulation import Simulation
@@ -141,6 +144,8 @@ def format_comparison(comparison: Comparison, verbose: bool = False) -> str:
     if result is not None and result.simulation is None:
         lines.append(f"cpsat found no schedule in {result.solve_time_s:.1f} s (status {result.status})")
     lines += _not_applicable_lines(comparison.not_applicable, verbose)
+    if comparison.not_run:
+        lines += ["", f"not run ({len(comparison.not_run)}, {NOT_RUN}): {', '.join(comparison.not_run)}"]
     best = comparison.best_within_limit
     label = "best" if problem.memory_limit is None else "best within the limit"
     if best is None:

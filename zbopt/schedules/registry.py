@@ -7,7 +7,6 @@ the root package leaves their loader in `zbopt.core.wiring`, run here before the
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -174,7 +173,7 @@ def generate(name: str, problem: Problem, order: Order = None, **options) -> Sch
     schedule = in_order(lambda planned: entry.generator(planned, **options), problem, order)
     if schedule.start_times is not None and not problem.microbatches_equal:
         schedule = schedule.without_times()  # planned with the stage values: the simulator times each microbatch
-    return dataclasses.replace(schedule, name=name)
+    return schedule.renamed(name)
 
 
 def applicable(problem: Problem, reasons: dict[str, str] | None = None,

@@ -101,7 +101,7 @@ class _Call:
         value = None if simulation is None else objective_value(simulation, self.objective)
         if simulation is not None:
             name = self.warm[0] if warm_kept and self.warm is not None else self.solver
-            simulation = replace(simulation, schedule=replace(simulation.schedule, name=name))
+            simulation = replace(simulation, schedule=simulation.schedule.renamed(name))
         return SolveResult(status=status, simulation=simulation, objective=value, lower_bound=lower,
                            solver=self.solver, objective_kind=self.objective,
                            solve_time_s=time.perf_counter() - self.began,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 
 from zbopt.core import interrupt
 from zbopt.core.errors import ZboptError
@@ -119,6 +120,10 @@ def _show_comparison(args: argparse.Namespace, kinds: list[tuple[str, str]], com
     """Print the comparison (and the frontier) and write what each `-o` asked for."""
     if args.json:
         print(json_text(comparison.to_dicts()))
+        if comparison.not_run:  # the rows are the JSON: say on stderr which schedules have none
+            from zbopt.presentation.tables import NOT_RUN
+
+            print(f"zbopt: not run ({NOT_RUN}): {', '.join(comparison.not_run)}", file=sys.stderr)
     elif talks(args):
         print(format_comparison(comparison, verbose=args.verbose))
         if frontier is not None:

@@ -17,15 +17,16 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from zbopt.core import interrupt
-from zbopt.core.errors import NotApplicableError, ZboptError
+from zbopt.core.errors import ZboptError
 from zbopt.core.problem import Problem
-from zbopt.core.simulation import Simulation, simulate
+from zbopt.core.simulation import Simulation
+from zbopt.planning.comparison import simulated_in_time
 from zbopt.planning.model import Device, Model
 from zbopt.planning.planner.certify import SplitFamily, least_memory, split_bound
 from zbopt.planning.planner.result import OPTIMAL, OVER_THE_LIMIT, Outcome, PipelinePlan, Plan, PlanRow
 from zbopt.planning.planner.rules import RULES, split_by_rule
 from zbopt.planning.planner.split import Pipeline, Split, split_problem, splits_backward
-from zbopt.schedules import generate, get, registered
+from zbopt.schedules import get, registered
 from zbopt.solvers import lower_bounds, solve
 from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
 from zbopt.solvers.warm import best_of
@@ -231,7 +232,10 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
         return [PlanRow(rule, "-", None, None, str(error))]
     rows = []
     if split not in simulated:  # several rules often give one split: its heuristics once
-        simulated[split] = _simulated_heuristics(problem, schedules, heuristics.deadline, run.heuristics_cutoff)
+        names = [entry.name for entry in registered()] if schedules is None else \
+            [name for name in schedules if name != OPTIMAL]
+        simulated[split] = simulated_in_time(problem, names, deadline=heuristics.deadline,
+                                             cutoff=run.heuristics_cutoff, reasons={})
     heuristics = simulated[split]
     for name in (schedules or (*heuristics, OPTIMAL)):
         if name == OPTIMAL and split not in solved and (run.clock.left() < MIN_SOLVE_S or interrupt.requested.is_set()):
@@ -249,26 +253,6 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
         else:
             rows.append(PlanRow(rule, name, split, None, "not applicable, or not built in the time limit"))
     return rows
-
-
-def _simulated_heuristics(problem: Problem, schedules: Sequence[str] | None, deadline: float,
-                          cutoff: float) -> dict[str, Simulation]:
-    """The heuristics asked for (every registered one when None) that apply to `problem`, simulated:
-    those built by `deadline`, or while none of them is valid yet by `cutoff` (a plan with no row
-    has no answer: at m in the thousands one heuristic takes seconds); none starts after it."""
-    names = [entry.name for entry in registered()] if schedules is None else \
-        [name for name in schedules if name != OPTIMAL]
-    built: dict[str, Simulation] = {}
-    for name in names:
-        valid = any(simulation.valid for simulation in built.values())
-        if interrupt.past(cutoff) or (valid and interrupt.past(deadline)):
-            break
-        try:
-            with interrupt.deadline_scope(deadline if valid else cutoff):
-                built[name] = simulate(problem, generate(name, problem))
-        except (NotApplicableError, interrupt.TimeUp):
-            continue
-    return built
 
 
 def _search(run: _Run, family: SplitFamily, solved: dict) -> bool:

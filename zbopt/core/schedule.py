@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from zbopt.core import interrupt
 from zbopt.core.errors import ScheduleError, shorten
 from zbopt.core.ops import Op
 from zbopt.core.problem.checks import is_number
@@ -85,6 +86,7 @@ class Schedule:
         pairs = [tuple(_as_op(op) for op in members) for members in self.pairs]
         orders, times = [], []
         for device, order in enumerate(self.orders):
+            interrupt.check()  # a device's order at m = 10^4 takes a tenth of a second: a deadline stops it
             ops, device_times = [], []
             given = None if self.start_times is None or device >= len(self.start_times) else self.start_times[device]
             for position, item in enumerate(order):

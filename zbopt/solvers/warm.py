@@ -28,8 +28,9 @@ def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = m
     model (which then has no such choice) cannot match. They run in registry order; past `deadline`
     (`time.perf_counter()`) none starts once one is valid, and one still running then stops
     (`interrupt.check`: at p = 32, m = 512 some take seconds); while none is valid they may run to
-    `cutoff` (after it, one that checks the time stops at once, one that does not runs to its end:
-    a warm start however late), and none starts after `stop` (the caller's whole time limit). After
+    `cutoff` (after it each stops at once: every generator's `Schedule` checks the time device by
+    device, so past the cutoff there is no warm start), and none starts after `stop` (the caller's
+    whole time limit). After
     Ctrl-C none runs on, so an interrupt under a limit no heuristic fits yet answers at once, with
     no warm start. `order` (its label, the microbatches in the order they enter): every heuristic in
     that order only."""

@@ -3,6 +3,7 @@ its device), the activations it recomputes or offloads, and its overlapped pairs
 
 from __future__ import annotations
 
+from zbopt.core import interrupt
 from zbopt.core.errors import ScheduleError
 from zbopt.core.kinds import COPY_KINDS, PAIR_MEMBERS, RECOMPUTE
 from zbopt.core.ops import OpTable
@@ -75,6 +76,7 @@ def index_orders(problem: Problem, table: OpTable, schedule: Schedule) -> list[l
     placed: list[tuple[int, int] | None] = [None] * table.size
     orders = []
     for device, order in enumerate(schedule.orders):
+        interrupt.check()  # one device's order at a time: a deadline (or Ctrl-C) stops the check between them
         indices = []
         for position, op in enumerate(order):
             index = table.index(op)

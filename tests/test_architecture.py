@@ -196,3 +196,19 @@ def test_the_flat_layouts_paths_still_import_the_same_modules_with_a_warning():
     same, warned = done.stdout.strip().splitlines()
     assert same.split() == ["True", "zbopt.planning.planner.search", "zbopt.presentation.plot.gantt", "presentation"]
     assert warned == str(["zbopt.planner", "zbopt.planner.search", "zbopt.plot"])
+
+
+def test_every_module_of_a_moved_package_imports_under_its_old_path():
+    """Each entry of the root's table of moved paths, and every module inside a moved package,
+    imports under the old name as the module at the new one; a name that never existed does not."""
+    code = ("import importlib, pkgutil, warnings\nwarnings.simplefilter('ignore')\nimport zbopt\nbad = []\n"
+            "for old, new in zbopt._MOVED.items():\n"
+            "    target = importlib.import_module(new)\n"
+            "    names = [(old, new)] + [(old + m.name[len(new):], m.name) for m in\n"
+            "             pkgutil.walk_packages(getattr(target, '__path__', []), new + '.')]\n"
+            "    bad += [o for o, n in names if importlib.import_module(o) is not importlib.import_module(n)]\n"
+            "print(len(zbopt._MOVED), bad, importlib.util.find_spec('zbopt.plot.nothing_here'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    count, rest = done.stdout.split(" ", 1)
+    assert int(count) >= 30 and rest.strip() == "[] None"

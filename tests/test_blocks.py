@@ -166,3 +166,15 @@ def test_a_block_that_cannot_repeat_names_its_fault():
     with pytest.raises(BlockError, match="deadlock"):
         tightest_block(problem, [[(Op("F", 0, 0), 0), (Op("B", 0, 0), 0), (Op("W", 0, 0), 0)],
                                  [(Op("B", 1, 0), 0), (Op("F", 1, 0), 0), (Op("W", 1, 0), 0)]])
+
+
+def test_microbatches_given_alike_as_tokens_or_rows_build_the_block_schedules_of_their_stage_values():
+    """A per-microbatch table whose columns are equal, or equal token counts, is the problem with
+    one value per stage (issue 42, item 7): every block-built schedule has the same makespan as on
+    that problem (they raised a ProblemError from the block's one-group copy before)."""
+    plain = Problem(num_devices=2, num_microbatches=4, forward_times=1, backward_times=2, weight_times=1)
+    rows = plain.replace(activation_memory=[[1, 1, 1, 1], [1, 1, 1, 1]])
+    tokens = plain.replace(microbatch_tokens=[512] * 4, attention_share=0.3)
+    for name in ("block-1f1b", "block-zb-h1"):
+        expected = simulate(plain, generate(name, plain)).makespan
+        assert [simulate(alike, generate(name, alike)).makespan for alike in (rows, tokens)] == [expected, expected]

@@ -48,10 +48,11 @@ def problems(draw) -> Problem:
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_compares_optimal_row_is_never_behind_a_row_within_the_limit(problem):
-    comparison = compare(problem, optimal=True, time_limit=3)
+    comparison = compare(problem, optimal=True, time_limit=5)
     rows = [row for row in comparison.rows if row.within_memory_limit]
-    answer = next(row for row in comparison.rows if row.name == OPTIMAL_ROW)
-    assert answer.within_memory_limit
+    answers = [row for row in comparison.rows if row.name == OPTIMAL_ROW]
+    assert answers and answers[0].within_memory_limit, "the optimizer has no row within the limit"
+    answer = answers[0]
     best = min(row.makespan for row in rows)
     assert answer.makespan <= best * (1 + RELATIVE_TOLERANCE), [(row.name, row.makespan) for row in rows]
 

@@ -61,6 +61,7 @@ _MOVED = {  # where the modules of the flat layout went when the folders became 
     "zbopt.plot": "zbopt.presentation.plot",
     "zbopt.cli": "zbopt.interfaces.cli", "zbopt.runtime": "zbopt.interfaces.runtime",
     "zbopt.io.config": "zbopt.io.read",  # merged: reading a config is reading a file
+    "zbopt.cli.config": "zbopt.interfaces.cli.inputs", "zbopt.plot.svg": "zbopt.presentation.plot.style",
 }
 
 
@@ -82,11 +83,13 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def find_spec(self, name, path=None, target=None):
         new = moved_to(name)
-        return None if new is None else importlib.machinery.ModuleSpec(name, self, origin=new)
+        if new is None or importlib.util.find_spec(new) is None:
+            return None
+        return importlib.machinery.ModuleSpec(name, self, origin=new)
 
     def create_module(self, spec):
         warnings.warn(f"{spec.name} moved to {spec.origin}; the old path will be removed",
-                      DeprecationWarning, stacklevel=2)
+                      DeprecationWarning, stacklevel=_callers_level())
         module = importlib.import_module(spec.origin)
         spec.loader_state = module.__spec__  # the import system sets __spec__ to this one: put it back
         return module
@@ -96,4 +99,16 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__spec__ = module.__spec__.loader_state
 
 
+def _callers_level() -> int:
+    """The stack level of the first frame outside the import system and zbopt: the user's line
+    that named the old path, however it got here (`import`, `from zbopt import planner`)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(("<frozen importlib", _IMPORTLIB))
+                                 or frame.f_code.co_filename.startswith(_PACKAGE)):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_IMPORTLIB = importlib.__file__.rsplit("/", 1)[0]
+_PACKAGE = __file__.rsplit("/", 1)[0] + "/"
 sys.meta_path.insert(0, _MovedModules())

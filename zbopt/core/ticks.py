@@ -65,8 +65,8 @@ def tick_scale(problem: Problem) -> TickScale:
 def _memory_amounts(problem: Problem) -> list[float]:
     """Every memory amount and limit the problem has, each microbatch's where they differ."""
     rows = problem.per_microbatch or {}
-    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *(problem.checkpoint_memory or ()),
-               *(problem.memory_limit or ())]
+    checkpoints = problem.recomputation.checkpoint_memory if problem.recomputation else ()
+    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *checkpoints, *(problem.memory_limit or ())]
     return amounts + [value for key in ("activation_memory", "weight_memory", "checkpoint_memory")
                       for row in rows.get(key, ()) for value in row]
 

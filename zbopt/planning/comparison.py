@@ -289,7 +289,8 @@ def simulated_in_time(problem: Problem, names: Sequence[str], *, order: Order = 
     for index, name in enumerate(names):
         valid = any(simulation.valid for simulation in built.values())
         if interrupt.past(cutoff) or (valid and interrupt.past(deadline)):
-            (late if late is not None else []).extend(names[index:])
+            if late is not None:
+                late.extend(names[index:])
             break
         try:
             with interrupt.deadline_scope(deadline if valid else cutoff):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 __all__ = ["NOT_RUN", "format_block", "format_comparison", "format_frontier", "format_simulation", "format_solve",
            "limit_text"]
 
-NOT_RUN = "not built within the heuristics' share of the time limit"  # a comparison's `not_run`
+NOT_RUN = "not tried in the heuristics' share of the time limit; some may not apply"  # a comparison's `not_run`
 
 if TYPE_CHECKING:
     from zbopt.core.simulation import Simulation
@@ -120,7 +120,7 @@ def format_block(search: BlockSearch, simulation: Simulation, published: list[di
 def format_comparison(comparison: Comparison, verbose: bool = False) -> str:
     """The problem, the lower bound, one aligned line per row (in the comparison's order), the
     schedules left out (one line of names; with `verbose` a line each with its reason: a problem
-    leaves out 18-22 of them, which would bury the table), and the best row within the limit."""
+    leaves out the many that do not apply, which would bury the table), and the best row within the limit."""
     from zbopt.planning.comparison import COLUMNS
 
     problem, result = comparison.problem, comparison.solve_result

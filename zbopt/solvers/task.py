@@ -79,8 +79,9 @@ class Found:
 def keeps_every_activation(problem: Problem, backend: str) -> str | None:
     """Why `backend` (one that keeps every activation and runs every op alone: the MILP, LNS)
     cannot take `problem`, or None."""
-    for key, what in (("allow_recompute", "recomputation"), ("allow_offload", "offload"),
-                      ("overlap_times", "overlapped pairs")):
-        if getattr(problem, key):
+    for record, key, what in ((problem.recomputation, "allow_recompute", "recomputation"),
+                              (problem.offload, "allow_offload", "offload"),
+                              (problem.pairs, "overlap_times", "overlapped pairs")):
+        if record is not None:
             return f"{backend} does not model {what} ({key}); use cpsat"
     return None

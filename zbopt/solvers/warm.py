@@ -121,7 +121,7 @@ def warm_start_simulation(problem: Problem, warm_start: str | Schedule | Simulat
     (see `best_heuristic` for the deadlines); a list of schedules or simulations: the best of them
     and of the heuristics (compare's rows when they are not every heuristic's). `order`: a
     heuristic's microbatches enter in this order (a sorting rule of
-    `microbatch_order.SORTED_RULES`, or a permutation)."""
+    `zbopt.core.problem.order.SORTED_RULES`, or a permutation)."""
     entering = _entering(problem, order)
     if warm_start is None or isinstance(warm_start, list):
         found = [best_heuristic(problem, kind, deadline, cutoff, entering, stop),

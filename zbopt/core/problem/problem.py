@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import textwrap
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -130,6 +131,12 @@ class Problem(_Parameters):
             memory_floor.check_memory_limit(self)
         for entry in PARAMETERS:  # a list still as given (a row no mechanism expands) would make it unhashable
             object.__setattr__(self, entry.name, _frozen(getattr(self, entry.name)))
+
+    def overlap_cost(self, pair_kind: str, device: int) -> float | None:
+        """Deprecated: `problem.pairs.cost(pair_kind, device)` (None without pairs)."""
+        warnings.warn("Problem.overlap_cost is deprecated: use problem.pairs.cost(kind, device)", DeprecationWarning,
+                      stacklevel=2)
+        return None if self.pairs is None else self.pairs.cost(pair_kind, device)
 
     # ----------------------------------------------------------------- the optional mechanisms
     @cached_property

@@ -206,7 +206,7 @@ def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
     family = SplitFamily(run.model, run.device, run.pipeline)
     family.next_split(min(FAMILY_S, FIRST_BOUND_SHARE * run.clock.left()))
     solved: dict[Split, Outcome] = {}
-    simulated: dict[Split, dict[str, Simulation]] = {}
+    simulated: dict[Split, tuple[dict[str, Simulation], list[str]]] = {}  # built, and not tried in time
     rows = []
     for number, rule in enumerate(rules):  # each rule's heuristics: its part of the share, of what is left then
         rows += _rule_rows(rule, run, schedules, solved, simulated,
@@ -234,9 +234,10 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
     if split not in simulated:  # several rules often give one split: its heuristics once
         names = [entry.name for entry in registered()] if schedules is None else \
             [name for name in schedules if name != OPTIMAL]
+        late: list[str] = []
         simulated[split] = simulated_in_time(problem, names, deadline=heuristics.deadline,
-                                             cutoff=run.heuristics_cutoff, reasons={})
-    heuristics = simulated[split]
+                                             cutoff=run.heuristics_cutoff, reasons={}, late=late), late
+    heuristics, late = simulated[split]
     for name in (schedules or (*heuristics, OPTIMAL)):
         if name == OPTIMAL and split not in solved and (run.clock.left() < MIN_SOLVE_S or interrupt.requested.is_set()):
             rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached, or Ctrl-C"))
@@ -252,6 +253,9 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
                                 None if simulation.valid else OVER_THE_LIMIT))
         else:
             rows.append(PlanRow(rule, name, split, None, "not applicable, or not built in the time limit"))
+    if late and schedules is None:  # the ones asked for by name have their rows above
+        rows.append(PlanRow(rule, "-", split, None,
+                            f"not tried in the heuristics' share of the time: {', '.join(late)}"))
     return rows
 
 

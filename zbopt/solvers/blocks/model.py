@@ -21,6 +21,7 @@ from zbopt.core.errors import ZboptError
 from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT
 from zbopt.core.ops import Op, OpTable, op_table
 from zbopt.core.problem import Problem
+from zbopt.core.problem.microbatches import every_microbatch_at
 from zbopt.core.tolerance import RELATIVE_TOLERANCE
 
 __all__ = ["Block", "BlockError", "Lifespan", "block_ops", "check_block", "group_table", "input_of", "lifespan_bound",
@@ -92,8 +93,10 @@ def block_ops(problem: Problem, group: int) -> list[Op]:
 
 def group_table(problem: Problem, group: int) -> OpTable:
     """The op table of one group of `group` microbatches, one iteration, no memory limit: the ops,
-    predecessors and latencies a block's offsets refer to."""
-    return op_table(problem.replace(num_microbatches=group, iterations=1, memory_limit=None))
+    predecessors and latencies a block's offsets refer to. Microbatches given by their tokens or
+    rows (all alike: a block repeats one) become per-stage values, which a shorter problem can hold."""
+    alike = problem if problem.per_microbatch is None else every_microbatch_at(problem, min, sequence_slices=1)
+    return op_table(alike.replace(num_microbatches=group, iterations=1, memory_limit=None))
 
 
 def input_of(table: OpTable, op: Op) -> tuple[Op, float] | None:

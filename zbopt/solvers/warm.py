@@ -29,8 +29,8 @@ def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = m
     (`time.perf_counter()`) none starts once one is valid, and one still running then stops
     (`interrupt.check`: at p = 32, m = 512 some take seconds); while none is valid they may run to
     `cutoff` (after it each stops at once: every generator's `Schedule` checks the time device by
-    device, so past the cutoff there is no warm start), and none starts after `stop` (the caller's
-    whole time limit). After
+    device, so past the cutoff there is no warm start), none starts after `stop` (the caller's
+    whole time limit) and one built is simulated up to it (at m = 10^4 that takes half a second). After
     Ctrl-C none runs on, so an interrupt under a limit no heuristic fits yet answers at once, with
     no warm start. `order` (its label, the microbatches in the order they enter): every heuristic in
     that order only."""
@@ -43,9 +43,10 @@ def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = m
         try:
             with interrupt.deadline_scope(cutoff if best is None else deadline):
                 schedule = generate(name, planned, order=None if entering is None else entering[1])
+            with interrupt.deadline_scope(stop):  # one built is timed up to the whole limit: it may be the only one
+                result = _timed(problem, schedule)
         except (NotApplicableError, interrupt.TimeUp):
             continue
-        result = _timed(problem, schedule)  # a schedule built is timed, however late: it may be the only one
         needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
         if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
             best = (name if entering is None else f"{name} ({entering[0]} order)", result)

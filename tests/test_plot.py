@@ -5,7 +5,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from zbopt import Problem, generate, simulate
+from zbopt import Problem, compare, generate, simulate
 from zbopt.core.errors import ZboptError
 from zbopt.presentation.plot import chunk_color, plot_gantt, plot_memory
 
@@ -270,4 +270,18 @@ def test_block_drawing_folds_each_device_into_one_full_period():
     assert covered == pytest.approx(work)
     starts = sorted(path.vertices[0][0] for path in collection(first, "block-ops").get_paths())
     assert starts == pytest.approx(sorted(block.offsets.values()))
+    plt.close(figure)
+
+
+def test_a_long_title_wraps_inside_the_figure():
+    """The comparison's default title names the whole problem; with microbatches of many lengths it
+    is longer than the figure is wide, and must wrap rather than run off both edges."""
+    from zbopt.presentation.plot import plot_comparison
+
+    problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=1, weight_times=1,
+                      microbatch_tokens=[4096, 512, 8192, 1024, 2048, 6144, 768, 3072], attention_share=0.3)
+    figure = plot_comparison(compare(problem, ["1f1b", "zb-h1"], bounds=False))
+    figure.canvas.draw()
+    box = figure._suptitle.get_window_extent(figure.canvas.get_renderer())
+    assert box.x0 >= 0 and box.x1 <= figure.bbox.width
     plt.close(figure)

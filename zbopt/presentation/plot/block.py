@@ -53,7 +53,7 @@ def plot_block(block: Block, path: str | Path | None = None, *, title: str | Non
                   fontsize=8)
     if heading := _title(title, f"block '{block.name}': p={p}, v={problem.chunks_per_device}, "
                                 f"T = {block.interval:.4g} per microbatch"):
-        figure.suptitle(heading, fontsize=10)
+        figure.suptitle(heading, fontsize=10, wrap=True)
     return _finish(figure, path)
 
 

@@ -68,7 +68,7 @@ def plot_comparison(comparison, path: str | Path | None = None, *, title: str | 
     if handles := _legend_handles(bounds, limits, any(over)):  # no bound and no limit: nothing to key
         figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
     if heading := _title(title, f"Schedules compared on {problem.describe()}"):
-        figure.suptitle(heading, fontsize=10)
+        figure.suptitle(heading, fontsize=10, wrap=True)
     return _finish(figure, path)
 
 

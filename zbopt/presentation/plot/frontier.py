@@ -82,7 +82,7 @@ def plot_frontier(frontier, path: str | Path | None = None, *, title: str | None
     if heading := _title(title, f"memory–makespan frontier | p={problem.num_devices}, m={problem.num_microbatches}, "
                                 f"v={problem.chunks_per_device}, {backward} backward | CP-SAT, "
                                 f"{frontier.time_limit:g} s per limit"):
-        panels[0].set_title(heading, fontsize=10)
+        panels[0].set_title(heading, fontsize=10, wrap=True)
     _freeze_layout(figure)
     owners = [(axes, owned) for axes, (_, owned) in zip(panels, ranges, strict=True)]
     marks = _mechanism_marks(owners, frontier, marked) if marked else []

@@ -65,7 +65,7 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     figure.legend(handles=handles, loc="outside lower center", ncol=len(handles) // v, frameon=False, fontsize=8)
     if heading := _title(title, f"{_caption(simulation)} | makespan {simulation.makespan:.4g}, bubble "
                                 f"{simulation.bubble_rate:.1%}, ZB bubble {simulation.zb_bubble_rate:.1%}"):
-        axes.set_title(heading, fontsize=10)
+        axes.set_title(heading, fontsize=10, wrap=True)
     _freeze_layout(figure)
     step = _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v)
     if step > 1:

@@ -83,5 +83,5 @@ def plot_memory(simulation: Simulation, path: str | Path | None = None, *, title
     figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=False, fontsize=8)
     busiest = int(np.argmax(peaks))
     if heading := _title(title, f"{_caption(simulation)} | peak memory {peaks[busiest]:g} (device {busiest})"):
-        figure.suptitle(heading, fontsize=10)
+        figure.suptitle(heading, fontsize=10, wrap=True)
     return _finish(figure, path)

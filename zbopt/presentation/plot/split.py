@@ -61,7 +61,7 @@ def plot_split(plan, path: str | Path | None = None, *, title: str | None = None
     heading = _title(title, f"Layer splits, {pipeline.num_devices} devices x {pipeline.chunks_per_device} chunks "
                             f"({pipeline.placement})")
     if heading:
-        figure.suptitle(heading, fontsize=10)
+        figure.suptitle(heading, fontsize=10, wrap=True)
     return _finish(figure, path)
 
 

@@ -141,8 +141,9 @@ def _check_searchable(problem: Problem, time_limit: float) -> None:
     seconds); NotApplicableError for more than one iteration."""
     if not (isinstance(time_limit, (int, float)) and time_limit > 0):
         raise ZboptError(f"time_limit = {time_limit!r}: must be a positive number of seconds")
-    for key, what in (("allow_recompute", "recomputation"), ("allow_offload", "offload")):
-        if getattr(problem, key):
+    for record, key, what in ((problem.recomputation, "allow_recompute", "recomputation"),
+                              (problem.offload, "allow_offload", "offload")):
+        if record is not None:
             raise ZboptError(f"the block search keeps every activation: it does not model {what} ({key}); "
                              "use zbopt solve")
     if problem.bidirectional:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from tests.reference import brute_force_optimum, timed_search_optimum
 from zbopt import Problem, ZboptError, solve
 from zbopt.core.ops import Op, op_graph
+from zbopt.core.problem.order import ORDER_RULES
 from zbopt.solvers.bounds import lower_bounds
 from zbopt.solvers.cross_device import cross_device_bound, device_groups
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_precedences, symmetric_successors
@@ -116,10 +117,10 @@ def test_an_answer_under_a_limit_with_token_memory_is_within_the_limit():
     assert result.simulation.valid and max(result.simulation.peak_memory) <= 3 + 1e-9
 
 
-def test_the_warm_start_tries_the_sorting_orders_where_microbatches_differ():
-    """The warm start is no longer than 1F1B, ZB-H1 and GPipe in the given, longest-first and
-    shortest-first orders (these plan alike whatever the costs); here shortest-first wins and the
-    warm start says so in its name."""
+def test_the_warm_start_tries_the_order_rules_where_microbatches_differ():
+    """The warm start is no longer than any heuristic in any order rule (DynaPipe's searched one
+    too, and greedy, which reads each microbatch's costs: issue 41 found `solve`'s start 17% behind
+    greedy in DynaPipe's order, planned on the stage values); the warm start says its order."""
     from zbopt import generate, simulate
     from zbopt.solvers.warm import best_heuristic
 
@@ -127,7 +128,7 @@ def test_the_warm_start_tries_the_sorting_orders_where_microbatches_differ():
                       microbatch_tokens=[512, 1024, 4096, 700, 800, 2048, 300, 1500])
     name, warm = best_heuristic(problem)
     direct = min(simulate(problem, generate(schedule, problem, order=rule)).makespan
-                 for schedule in ("1f1b", "zb-h1", "gpipe") for rule in ("given", "longest-first", "shortest-first"))
+                 for schedule in ("1f1b", "zb-h1", "gpipe", "greedy") for rule in ORDER_RULES)
     assert warm.makespan <= direct + 1e-9 and name.endswith("order)")
 
 
@@ -155,5 +156,7 @@ def test_solve_starts_from_a_schedule_given_or_the_heuristics_in_an_order_given(
     assert result.warm_start == "1f1b" and result.objective <= simulate(problem, given).makespan + 1e-9
     ordered = solve(problem, order="longest-first", time_limit=2, lower_peak=False)
     assert ordered.warm_start.endswith("(longest-first order)")
-    with pytest.raises(ZboptError, match="order 'dynapipe'"):
-        solve(problem, order="dynapipe", time_limit=2)
+    searched = solve(problem, order="dynapipe", time_limit=2, lower_peak=False)
+    assert searched.warm_start.endswith("(dynapipe order)")
+    with pytest.raises(ZboptError, match="order 'fastest-first'"):
+        solve(problem, order="fastest-first", time_limit=2)

@@ -170,10 +170,13 @@ def generate(name: str, problem: Problem, order: Order = None, **options) -> Sch
     if problem.sequence_slices > 1 and not entry.sliced:
         raise NotApplicableError(f"{name} needs sequence_slices = 1 (it does not run a sequence's slices in the "
                                  "order their attention needs: forwards first to last, backwards last to first)")
-    schedule = in_order(lambda planned: entry.generator(planned, **options), problem, order)
-    if schedule.start_times is not None and not problem.microbatches_equal:
-        schedule = schedule.without_times()  # planned with the stage values: the simulator times each microbatch
-    return schedule.renamed(name)
+    def build(planned: Problem) -> Schedule:
+        schedule = entry.generator(planned, **options)
+        if schedule.start_times is not None and not problem.microbatches_equal:
+            schedule = schedule.without_times()  # planned with the stage values: the simulator times each microbatch
+        return schedule
+
+    return in_order(build, problem, order).renamed(name)
 
 
 def applicable(problem: Problem, reasons: dict[str, str] | None = None,

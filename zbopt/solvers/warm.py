@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 from zbopt.core import interrupt
 from zbopt.core.errors import NotApplicableError, ProblemError, ZboptError
 from zbopt.core.problem import Problem
 from zbopt.core.problem.microbatches import EQUAL_MICROBATCHES, every_microbatch_at
-from zbopt.core.problem.order import SORTED_RULES, check_order, sorted_order
+from zbopt.core.problem.order import ORDER_RULES, SORTED_RULES, check_order, sorted_order
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import Simulation, simulate
 from zbopt.schedules import generate, registered
@@ -20,54 +21,79 @@ __all__ = ["best_heuristic", "best_of", "planning_problem", "warm_start_simulati
 
 
 def best_heuristic(problem: Problem, kind: str = "makespan", deadline: float = math.inf,
-                   cutoff: float = math.inf, order: tuple[str, tuple[int, ...]] | None = None,
+                   cutoff: float = math.inf, order: tuple[str, Order] | None = None,
                    stop: float = math.inf) -> tuple[str, Simulation] | None:
     """The registered heuristic with the best objective among those valid under the memory limit;
     at equal objective, the one with the lower highest peak memory (1f1b before gpipe). Without a
     limit, none that recomputes or offloads: that only adds work or traffic, and lowers a peak the
-    model (which then has no such choice) cannot match. They run in registry order; past `deadline`
-    (`time.perf_counter()`) none starts once one is valid, and one still running then stops
-    (`interrupt.check`: at p = 32, m = 512 some take seconds); while none is valid they may run to
-    `cutoff` (after it each stops at once: every generator's `Schedule` checks the time device by
-    device, so past the cutoff there is no warm start), none starts after `stop` (the caller's
-    whole time limit) and one built is simulated up to it (at m = 10^4 that takes half a second). After
-    Ctrl-C none runs on, so an interrupt under a limit no heuristic fits yet answers at once, with
-    no warm start. `order` (its label, the microbatches in the order they enter): every heuristic in
-    that order only."""
+    model (which then has no such choice) cannot match. Where microbatches differ, each heuristic
+    also in every order rule (`ORDER_RULES`: the sorted ones and DynaPipe's searched one), as
+    `compare` shows them, so that no row of a table beats the solver's start. They run in
+    registry order; past `deadline` (`time.perf_counter()`) none starts once one is valid, and one
+    still running then stops (`interrupt.check`: at p = 32, m = 512 some take seconds); while none
+    is valid they may run to `cutoff` (after it each stops at once: every generator's `Schedule`
+    checks the time device by device, so past the cutoff there is no warm start), none starts
+    after `stop` (the caller's whole time limit) and one built is simulated up to it (at m = 10^4
+    that takes half a second). After Ctrl-C none runs on, so an interrupt under a limit no
+    heuristic fits yet answers at once, with no warm start. `order` (its label, a rule or the
+    microbatches in the order they enter): every heuristic in that order only."""
     best: tuple[str, Simulation] | None = None
-    planned = planning_problem(problem)
-    candidates = list(_candidates(problem)) if order is None else [(entry.name, order) for entry in registered()]
-    for name, entering in candidates:
+    orders = [None, *((rule, rule) for rule in ORDER_RULES[1:])] if order is None else [order]
+    candidates = _candidates(problem, orders)
+    for name, label, build in candidates:
         if interrupt.past(stop) or (best is not None and interrupt.past(deadline)):
             break
         try:
             with interrupt.deadline_scope(cutoff if best is None else deadline):
-                schedule = generate(name, planned, order=None if entering is None else entering[1])
+                schedule = build()
             with interrupt.deadline_scope(stop):  # one built is timed up to the whole limit: it may be the only one
                 result = _timed(problem, schedule)
         except (NotApplicableError, interrupt.TimeUp):
             continue
         needless = not problem.mechanisms_matter and (result.table.recomputed or result.table.offloaded)
         if result.valid and not needless and (best is None or _preferred(result, best[1], kind)):
-            best = (name if entering is None else f"{name} ({entering[0]} order)", result)
+            best = (name if label is None else f"{name} ({label} order)", result)
     return best
 
 
-def _candidates(problem: Problem):
-    """(registered name, None or (rule, order)) in registry order: each heuristic as numbered and,
-    where microbatches differ, in the sorting rules' orders too (computed on the problem itself:
-    the heuristics plan with stage values, where every order looks alike)."""
-    rules = []
-    if not problem.microbatches_equal and problem.sequence_slices == 1:
-        given = tuple(range(problem.num_microbatches))
-        for rule in ("longest-first", "shortest-first"):
-            order = sorted_order(problem, rule)
-            if order != given and order not in [chosen for _, chosen in rules]:
-                rules.append((rule, order))
+def _candidates(problem: Problem, orders: list):
+    """(registered name, order label or None, a call building it) in registry order, each
+    heuristic in each of `orders` ((label, rule or permutation), or None: as numbered) where
+    microbatches differ (and are not a sequence's slices, which enter together), as numbered
+    otherwise: built on the problem itself, as `compare` builds its rows, and where it has rows
+    per microbatch also planned on `planning_problem` (whose stage values keep some heuristics
+    within a limit that the rows' own costs mislead), there in the sorted orders only."""
+    if problem.microbatches_equal or problem.sequence_slices > 1:
+        orders = orders[:1] if orders[0] is None else orders
+    planned = planning_problem(problem) if problem.per_microbatch is not None else None
     for entry in registered():
-        yield entry.name, None
-        for rule in rules:
-            yield entry.name, rule
+        for order in orders:
+            label, rule = (None, None) if order is None else order
+            yield entry.name, label, partial(_built, entry.name, problem, rule)
+            if planned is not None and not (isinstance(rule, str) and rule not in SORTED_RULES):
+                sorted_rule = sorted_order(problem, rule) if isinstance(rule, str) else rule
+                yield entry.name, label, partial(_built, entry.name, planned, sorted_rule)
+
+
+def _named(name: str, problem: Problem, order: Order) -> Schedule:
+    """The warm start the caller named: built on the problem itself, or where it cannot take the
+    problem's rows per microbatch, planned on `planning_problem` (see `_candidates`)."""
+    try:
+        return generate(name, problem, order=order)
+    except ProblemError:
+        if problem.per_microbatch is None or (isinstance(order, str) and order not in SORTED_RULES):
+            raise
+    return generate(name, planning_problem(problem), order=sorted_order(problem, order) if isinstance(order, str)
+                    else order)
+
+
+def _built(name: str, problem: Problem, order: Order) -> Schedule:
+    """Heuristic `name` for `problem` in `order`; NotApplicableError where it cannot take the
+    problem (a generator that builds a one-microbatch copy, which rows per microbatch do not fit)."""
+    try:
+        return generate(name, problem, order=order)
+    except ProblemError as error:
+        raise NotApplicableError(f"{name}: {error}") from None
 
 
 def planning_problem(problem: Problem) -> Problem:
@@ -141,7 +167,7 @@ def warm_start_simulation(problem: Problem, warm_start: str | Schedule | Simulat
         return given.schedule.name or "the schedule given", given
     try:
         with interrupt.deadline_scope(cutoff):
-            schedule = generate(warm_start, planning_problem(problem), order=None if entering is None else entering[1])
+            schedule = _named(warm_start, problem, None if entering is None else entering[1])
     except interrupt.TimeUp:
         if interrupt.requested.is_set():
             return None
@@ -162,14 +188,14 @@ def _given_schedule(problem: Problem, schedule: Schedule) -> Simulation:
                          f"{error}") from None
 
 
-def _entering(problem: Problem, order: Order) -> tuple[str, tuple[int, ...]] | None:
-    """(label, permutation) of `order`, computed on the problem itself (the heuristics plan with stage
-    values, where every sorting rule gives the identity); None for the heuristics' own numbering."""
+def _entering(problem: Problem, order: Order) -> tuple[str, Order] | None:
+    """(label, order) of `order`: a rule of `ORDER_RULES` by its name, a permutation checked;
+    None for the heuristics' own numbering."""
     if order is None:
         return None
     if isinstance(order, str):
-        if order not in SORTED_RULES:
-            raise ZboptError(f"order '{order}': the warm start takes {', '.join(SORTED_RULES)} or the microbatches "
-                             "in the order they enter (compare shows DynaPipe's order)")
-        return order, sorted_order(problem, order)
+        if order not in ORDER_RULES:
+            raise ZboptError(f"order '{order}': the warm start takes {', '.join(ORDER_RULES)} or the microbatches "
+                             "in the order they enter")
+        return order, order
     return "chosen", check_order(problem, order)

@@ -14,6 +14,14 @@ The one clock: a command's time budget is one `Clock`, made where the command st
 command line's from its process's start, `process_started`, so that `--time-limit` holds from
 start to exit), passed down and split by named shares (`Clock.share`); the stages read their
 deadlines from it, none from a start time of its own.
+
+Deterministic time (`--deterministic`): a Clock may count work instead of wall time, so two runs
+decide alike. Its `Meter` sums what CP-SAT reports as its deterministic time (`spend`, after
+every solve); all other work counts nothing and so runs to its end, and no wall clock decides
+anything. While a metered clock's work runs (`metered`), `now()`, `past` and `check` read the
+meter, so code that holds only a deadline (a float) needs no change. A budget is given in seconds
+and converted at WORK_PER_SECOND: CP-SAT's deterministic time runs several times slower than the
+wall clock on one worker.
 """
 
 from __future__ import annotations
@@ -32,8 +40,9 @@ from typing import TypeVar
 
 from zbopt.core.errors import ZboptError
 
-__all__ = ["EXIT_INTERRUPTED", "MESSAGE", "START_UP_MOST_S", "Clock", "Interrupted", "T", "TimeUp", "answer_of",
-           "as_clock", "check", "deadline_scope", "exit_at_once", "leave", "past", "process_started", "requested",
+__all__ = ["EXIT_INTERRUPTED", "MESSAGE", "MIN_SPEND", "START_UP_MOST_S", "WORK_PER_SECOND", "Clock", "Interrupted",
+           "Meter", "T", "TimeUp", "answer_of", "as_clock", "check", "clock_of", "deadline_scope", "deterministic",
+           "exit_at_once", "leave", "metered", "now", "past", "process_started", "requested", "span", "spend",
            "stoppable"]
 
 EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
@@ -64,9 +73,60 @@ def answer_of(work: Callable[[], T]) -> tuple[T, Interrupted | None]:
         return stop.partial, stop
 
 
+# CP-SAT's deterministic time per wall second, one worker (measured on 2 cores: a loop p = 4, m = 8, v = 2
+# model spent 5.9 units in 27 s; 0.2-0.25 on the models of bench_certify)
+WORK_PER_SECOND = 0.25
+MIN_SPEND = 1e-3  # what any solve costs at least: a loop of solves that spend nothing still ends
+
+
+class Meter:
+    """Deterministic time spent: the sum of what CP-SAT reported after each solve (`spend`)."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self._lock = threading.Lock()
+
+    def spend(self, seconds: float) -> None:
+        with self._lock:
+            self.spent += max(MIN_SPEND, seconds)
+
+
+_meter: contextvars.ContextVar[Meter | None] = contextvars.ContextVar("zbopt_meter", default=None)
+
+
+def now() -> float:
+    """The time deadlines are read against: `time.perf_counter()`, or inside `metered` the work
+    spent so far (deterministic time)."""
+    meter = _meter.get()
+    return time.perf_counter() if meter is None else meter.spent
+
+
+def span(seconds: float) -> float:
+    """A fixed budget of `seconds` (a stage's cap, say) on the clock under way: as it is, or inside
+    `metered` in deterministic time (WORK_PER_SECOND)."""
+    return seconds if _meter.get() is None else seconds * WORK_PER_SECOND
+
+
+def clock_of(seconds: float, name: str) -> Clock:
+    """A Clock of `seconds` from now on the clock under way (counting its meter inside `metered`)."""
+    return Clock(now() + seconds, name, _meter.get())
+
+
+def deterministic() -> bool:
+    """Whether the work under way counts deterministic time (`metered`)."""
+    return _meter.get() is not None
+
+
+def spend(seconds: float) -> None:
+    """Count a solve's deterministic time (CP-SAT's `deterministic_time`) on the meter, if any."""
+    meter = _meter.get()
+    if meter is not None:
+        meter.spend(seconds)
+
+
 def past(deadline: float) -> bool:
-    """Whether the work should stop: `deadline` (`time.perf_counter()`) has passed or Ctrl-C came."""
-    return requested.is_set() or time.perf_counter() > deadline
+    """Whether the work should stop: `deadline` (`now()`) has passed or Ctrl-C came."""
+    return requested.is_set() or now() > deadline
 
 
 class TimeUp(Exception):
@@ -80,28 +140,52 @@ class Clock:
 
     deadline: float
     name: str = "work"
+    meter: Meter | None = None  # counting deterministic time (`metered`), not the wall clock
 
     @classmethod
-    def start(cls, seconds: float, name: str = "work", began: float | None = None) -> Clock:
-        """`seconds` from `began` (a `time.perf_counter()`; default now); a ZboptError unless positive."""
+    def start(cls, seconds: float, name: str = "work", began: float | None = None,
+              deterministic: bool = False) -> Clock:
+        """`seconds` from `began` (a `time.perf_counter()`; default now); a ZboptError unless
+        positive. `deterministic`: `seconds` of work at WORK_PER_SECOND on a fresh `Meter`."""
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:  # NaN too
             raise ZboptError(f"time limit {seconds:g}: must be positive" if isinstance(seconds, (int, float))
                              else f"time limit {seconds!r}: expected a number of seconds")
+        if deterministic:
+            return cls(seconds * WORK_PER_SECOND, name, Meter())
         return cls((time.perf_counter() if began is None else began) + seconds, name)
 
+    def now(self) -> float:
+        """This clock's time: `time.perf_counter()`, or the work its meter counted."""
+        return time.perf_counter() if self.meter is None else self.meter.spent
+
     def left(self) -> float:
-        """Seconds to the deadline, never below 0."""
-        return max(0.0, self.deadline - time.perf_counter())
+        """Seconds to the deadline (of work, on a meter), never below 0."""
+        return max(0.0, self.deadline - self.now())
 
     def past(self) -> bool:
         """Whether the work should stop: the deadline has passed or Ctrl-C came."""
-        return past(self.deadline)
+        return requested.is_set() or self.now() > self.deadline
 
     def share(self, name: str, fraction: float = 1.0, *, most: float = math.inf, reserve: float = 0.0) -> Clock:
         """A stage's part of what is left: `fraction` of it after `reserve` seconds kept for what
         follows (the answer's output, say), at most `most` seconds."""
         seconds = min(most, fraction * max(0.0, self.left() - reserve))
-        return Clock(time.perf_counter() + seconds, f"{self.name}.{name}")
+        return Clock(self.now() + seconds, f"{self.name}.{name}", self.meter)
+
+
+@contextlib.contextmanager
+def metered(clock: Clock | None) -> Iterator[None]:
+    """While the block runs, `now()` (and so `past`, `check`) reads `clock`'s meter where it has
+    one; else (no clock, or one on the wall clock) nothing changes. Threads started in the block see it only through
+    `contextvars.copy_context()`."""
+    if clock is None or clock.meter is None:
+        yield
+        return
+    token = _meter.set(clock.meter)
+    try:
+        yield
+    finally:
+        _meter.reset(token)
 
 
 START_UP_MOST_S = 10.0  # more is no start-up: a process that ran other work before it exec'd zbopt
@@ -119,9 +203,15 @@ def process_started() -> float:
     return time.perf_counter() - min(max(age, 0.0), START_UP_MOST_S)
 
 
-def as_clock(time_limit: float | Clock, name: str) -> Clock:
-    """A function's `time_limit`: seconds from now, or a Clock its caller is already counting."""
-    return time_limit if isinstance(time_limit, Clock) else Clock.start(time_limit, name)
+def as_clock(time_limit: float | Clock, name: str, deterministic: bool = False) -> Clock:
+    """A function's `time_limit`: seconds from now (of work with `deterministic`), or a Clock its
+    caller is already counting (then `deterministic` must match it)."""
+    if not isinstance(time_limit, Clock):
+        return Clock.start(time_limit, name, deterministic=deterministic)
+    if deterministic and time_limit.meter is None:
+        raise ZboptError(f"{name}: deterministic=True with a wall-clock time_limit Clock; give seconds, or a Clock "
+                         "made with deterministic=True")
+    return time_limit
 
 
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("zbopt_deadline", default=None)
@@ -129,7 +219,7 @@ _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("zbopt_
 
 @contextlib.contextmanager
 def deadline_scope(deadline: float) -> Iterator[None]:
-    """While the block runs, `check` raises `TimeUp` past `deadline` (`time.perf_counter()`), or
+    """While the block runs, `check` raises `TimeUp` past `deadline` (`now()`), or
     past an enclosing scope's deadline if that comes first, or after Ctrl-C."""
     enclosing = _deadline.get()
     token = _deadline.set(deadline if enclosing is None else min(deadline, enclosing))

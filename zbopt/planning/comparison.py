@@ -7,7 +7,6 @@ any of them is the simulator's own.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -148,7 +147,7 @@ def row_order(row: ComparisonRow) -> tuple[bool, float]:
 
 def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
             time_limit: float | Clock = 60.0, workers: int = 2, progress: bool = False, bounds: bool = True,
-            order: Order = None) -> Comparison:
+            order: Order = None, deterministic: bool = False) -> Comparison:
     """Every chosen schedule, and optionally the optimum, on one problem, measured alike.
 
     Parameters
@@ -168,6 +167,8 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
         whose microbatches differ, each schedule has its row in the given order and, where one of
         the other rules (`ORDER_RULES`) gives a shorter schedule (within the memory limit first), a
         row "NAME (RULE order)" for the best of them: the order's worth per heuristic.
+    deterministic : two calls give the same table (`solve`'s `deterministic`: the time limit a
+        budget of work, no wall clock deciding what runs); only the reported times differ.
 
     Returns
     -------
@@ -194,8 +195,15 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
     if optimal and not bounds:
         raise ZboptError("bounds=False (--no-bounds) with optimal=True (--optimal): the optimizer certifies its "
                          "answer with the lower bounds; give one of the two")
-    clock = as_clock(time_limit, "compare") if optimal else None
-    deadline, cutoff = (math.inf, math.inf) if clock is None else \
+    clock = as_clock(time_limit, "compare", deterministic) if optimal or deterministic else None
+    with interrupt.metered(clock):
+        return _compared(problem, schedules, optimal, clock, workers, progress, bounds, order)
+
+
+def _compared(problem: Problem, schedules: Sequence[str] | None, optimal: bool, clock: Clock | None, workers: int,
+              progress: bool, bounds: bool, order: Order) -> Comparison:
+    """`compare`'s work, its clock (with `optimal` or `deterministic`) read through `interrupt.metered`."""
+    deadline, cutoff = (math.inf, math.inf) if not optimal else \
         (clock.share("heuristics", HEURISTICS_SHARE).deadline, clock.share("a first row", HEURISTICS_CUTOFF).deadline)
     simulations, not_applicable, not_run = _simulate_schedules(problem, schedules, order, deadline, cutoff)
     if order is None and not problem.microbatches_equal and problem.sequence_slices == 1:  # slices keep theirs
@@ -206,7 +214,8 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
         # from the best row (with the heuristics where the rows are not every one's): never behind a row
         warm = [best] if best is not None and schedules is not None else best
         try:
-            result = solve(problem, "cpsat", time_limit=clock, workers=workers, progress=progress, warm_start=warm)
+            result = solve(problem, "cpsat", time_limit=clock, workers=workers, progress=progress, warm_start=warm,
+                           deterministic=clock.meter is not None)
         except Interrupted as interruption:  # the table with the solver's best so far, then the interruption
             result, stop = interruption.partial, interruption
         lower_bound, source = result.lower_bound, _proved_by(result)
@@ -217,7 +226,7 @@ def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal
     else:
         result = None
         # without --optimal the bounds stay quick: the v >= 2 relaxations get BOUNDS_S in all
-        bounds = lower_bounds(problem, time.perf_counter() + BOUNDS_S)
+        bounds = lower_bounds(problem, interrupt.now() + interrupt.span(BOUNDS_S))
         lower_bound, source = bounds.best, bounds.binding_bound.describe()
     rows = [ComparisonRow(name, simulation, lower_bound, status) for name, simulation, status in simulations]
     rows.sort(key=row_order)

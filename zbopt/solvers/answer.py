@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 
+from zbopt.core import interrupt
 from zbopt.core.kinds import OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
@@ -62,14 +62,14 @@ def without_needless_mechanisms(problem: Problem, simulation: Simulation, object
     """The schedule with every recompute (R) and offload (O and L) dropped (the activation kept
     instead) that is not needed: one at a time, in (stage, microbatch) order, while the schedule
     stays within the memory limit and its objective does not grow, until `deadline`
-    (`time.perf_counter()`; one simulation per activation; a timed schedule keeps its times). A
+    (`interrupt.now()`; one simulation per activation; a timed schedule keeps its times). A
     solver may leave an R in idle time, or a pair of copies anywhere, where it costs nothing; a
     user reading the schedule should not have to wonder why it recomputes or offloads with memory
     to spare."""
     table = simulation.table
     for kinds, pairs in (((RECOMPUTE,), table.recomputed), ((OFFLOAD, RELOAD), table.offloaded)):
         for stage, microbatch in pairs:
-            if time.perf_counter() > deadline:
+            if interrupt.now() > deadline:
                 return simulation
             candidate = simulate(problem, _dropped(simulation, {Op(kind, stage, microbatch) for kind in kinds}))
             if candidate.valid and objective_value(candidate, objective) <= objective_value(simulation, objective):

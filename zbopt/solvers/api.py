@@ -9,7 +9,9 @@ and the gap, and the second phase that lowers the peak memory at the makespan fo
 
 from __future__ import annotations
 
+import contextvars
 import inspect
+import math
 import sys
 import threading
 import time
@@ -75,8 +77,9 @@ class _Call:
     problem: Problem
     solver: str
     objective: str
-    began: float
-    deadline: float  # of the whole call (`time.perf_counter()`)
+    began: float  # `time.perf_counter()`: the wall time the call reports (`solve_time_s`)
+    started: float  # `interrupt.now()`: where its shares are counted from
+    deadline: float  # of the whole call (`interrupt.now()`)
     warm: tuple[str, Simulation] | None
     bounds: LowerBounds  # on the objective: `lower_bounds` on the makespan, `span_bounds` on the span
 
@@ -114,7 +117,8 @@ class _Call:
 def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float | interrupt.Clock = 60.0,
           objective: str = "makespan", warm_start: str | Schedule | Simulation | list | None = None,
           use_warm_start: bool = True, lower_peak: bool = True, workers: int = 2,
-          seed: int = 0, progress: bool = False, order: Order = None, **options) -> SolveResult:
+          seed: int = 0, progress: bool = False, order: Order = None, deterministic: bool = False,
+          **options) -> SolveResult:
     """The schedule with the smallest makespan (or longest device span) within the memory limit,
     with its status, lower bound and gap.
 
@@ -144,6 +148,11 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float | interr
         1 s, within the time limit) lowering the highest peak memory while keeping the objective
         (CP-SAT only; skipped when less time than that is left).
     workers, seed : solver threads and random seed; one worker and a seed repeat exactly.
+    deterministic : two calls give the same answer, bound and status: `time_limit` is then a budget
+        of work, CP-SAT's deterministic time at `interrupt.WORK_PER_SECOND` per second (on 2 cores
+        about the wall time; not a wall-clock limit), its searches run on one worker, and no wall
+        clock decides anything (`interrupt.metered`); only the reported times differ. CP-SAT and
+        LNS only: the MILP solvers' limits are wall-clock.
     progress : a live line on stderr (incumbent, bound, gap, elapsed time), redrawn twice a second.
     options : the backend's own options (CP-SAT: memory_model, symmetry_breaking, lns_share, pair_window).
 
@@ -162,8 +171,9 @@ def solve(problem: Problem, solver: str = "cpsat", *, time_limit: float | interr
     >>> result.status, result.objective
     ('optimal', 9.0)
     """
-    backend, clock = _backend(problem, solver, objective, time_limit, workers, options)
-    with interrupt.stoppable():
+    backend, clock = _backend(problem, solver, objective, interrupt.as_clock(time_limit, "solve", deterministic),
+                              workers, options)
+    with interrupt.stoppable(), interrupt.metered(clock):
         result = _solved(problem, solver, backend, clock, objective,
                          (warm_start, order), use_warm_start, lower_peak, workers, seed, progress, options)
         if interrupt.requested.is_set():
@@ -175,17 +185,17 @@ def _solved(problem: Problem, solver: str, backend: Backend, clock: interrupt.Cl
             warm_start: tuple, use_warm_start: bool, lower_peak: bool, workers: int, seed: int,
             progress: bool, options: dict) -> SolveResult:
     """`solve`'s stages, each cut short by Ctrl-C (`interrupt.past`): the heuristics, the bounds, the search."""
-    began, deadline = time.perf_counter(), clock.deadline
+    began, started, deadline = time.perf_counter(), interrupt.now(), clock.deadline
     time_limit = clock.left()
     # the stages share the limit: heuristics, then bounds, each up to a share; the search gets the rest
     warm = None
     if use_warm_start:
         given, order = warm_start
-        warm = warm_start_simulation(problem, given, objective, began + HEURISTICS_SHARE * time_limit,
-                                     began + HEURISTICS_CUTOFF * time_limit, order, deadline)
+        warm = warm_start_simulation(problem, given, objective, started + HEURISTICS_SHARE * time_limit,
+                                     started + HEURISTICS_CUTOFF * time_limit, order, deadline)
     bounded = lower_bounds if objective == "makespan" else span_bounds
-    bounds = bounded(problem, time.perf_counter() + BOUNDS_SHARE * max(0.0, deadline - time.perf_counter()))
-    call = _Call(problem, solver, objective, began, deadline, warm, bounds)
+    bounds = bounded(problem, interrupt.now() + BOUNDS_SHARE * max(0.0, deadline - interrupt.now()))
+    call = _Call(problem, solver, objective, began, started, deadline, warm, bounds)
     if warm is not None and meets(objective_value(warm[1], objective), call.independent_bound):
         # no model is built: the warm start is proven optimal by the bound alone
         simulation = without_needless_mechanisms(problem, warm[1], objective, deadline)
@@ -194,15 +204,17 @@ def _solved(problem: Problem, solver: str, backend: Backend, clock: interrupt.Cl
     return _search(call, backend, options, workers, seed, progress, lower_peak)
 
 
-def _backend(problem: Problem, solver: str, objective: str, time_limit: float | interrupt.Clock, workers: int,
+def _backend(problem: Problem, solver: str, objective: str, clock: interrupt.Clock, workers: int,
              options: dict) -> tuple[Backend, interrupt.Clock]:
-    """The backend and the call's clock (`interrupt.as_clock`, which refuses a time limit that is
-    not positive), once the arguments, the backend's refusal and its options are checked."""
+    """The backend and the call's clock, once the arguments, the backend's refusal and its
+    options are checked."""
     if solver not in BACKENDS:
         raise ZboptError(f"unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
     if objective not in OBJECTIVES:
         raise ZboptError(f"unknown objective '{objective}' (known: {', '.join(OBJECTIVES)})")
-    clock = interrupt.as_clock(time_limit, "solve")
+    if clock.meter is not None and solver in ("cbc", "highs"):
+        raise ZboptError(f"solver '{solver}' with deterministic=True (--deterministic): its time limit is "
+                         "wall-clock; use cpsat or lns")
     if workers < 1:
         raise ZboptError(f"workers {workers}: must be at least 1")
     backend = BACKENDS[solver]
@@ -234,7 +246,7 @@ def _search(call: _Call, backend: Backend, options: dict, workers: int, seed: in
                       workers, seed, report=live.update if live else ignore)
     found = Found("unknown", None, 0.0, None, None)  # Ctrl-C before the search: the warm start stands
     if not interrupt.requested.is_set():
-        found = _run_stoppable(search, problem, task, options, live, call.deadline)
+        found = _run_stoppable(search, problem, task, options, live, _abandon_at(call.deadline))
     simulation = simulated_answer(problem, found, objective, call.solver)
     if simulation is None and warm is None:
         proved = "solver" if found.status == "infeasible" else None
@@ -275,7 +287,8 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
         for hook in stops:
             hook()
 
-    threading.Thread(target=work, name="zbopt-search", daemon=True).start()
+    # the backend reads the caller's meter (`interrupt.metered`) through a copy of its context
+    threading.Thread(target=contextvars.copy_context().run, args=(work,), name="zbopt-search", daemon=True).start()
     drawn = time.perf_counter()
     try:
         while not done.wait(max(0.0, min(STOP_POLL_S, abandon_at - time.perf_counter()))):
@@ -297,6 +310,13 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
     if "error" in outcome:
         raise outcome["error"]
     return outcome["found"]
+
+
+def _abandon_at(deadline: float) -> float:
+    """When `_run_stoppable` leaves a backend behind (`time.perf_counter()`): at the call's
+    deadline; never under a metered clock, where the backend stops on the work it did and no
+    wall clock decides."""
+    return math.inf if interrupt.deterministic() else deadline
 
 
 def _verdict(found: Found, simulation: Simulation | None, warm: tuple[str, Simulation] | None, objective: str,
@@ -329,13 +349,13 @@ def _lower_peak(search, task: SearchTask, options: dict, simulation: Simulation,
     most as long again as the call took so far (at least 1 s). Skipped when less time is left than
     that: its model costs about as much to build as the first one."""
     value = objective_value(simulation, task.objective)
-    elapsed = time.perf_counter() - call.began
+    elapsed = interrupt.now() - call.started
     budget = min(task.remaining(), max(1.0, elapsed))
     if task.remaining() < elapsed or budget <= 0.05:
         return simulation
-    phase = replace(task, warm=simulation, peak_cap=value, deadline=time.perf_counter() + budget,
+    phase = replace(task, warm=simulation, peak_cap=value, deadline=interrupt.now() + budget,
                     report=ignore, stopped=task.stopped)
-    found = _run_stoppable(search, call.problem, phase, options, None, call.deadline)
+    found = _run_stoppable(search, call.problem, phase, options, None, _abandon_at(call.deadline))
     leaner = simulated_answer(call.problem, found, task.objective, call.solver)
     if leaner is None or objective_value(leaner, task.objective) > value:  # not even a rounding worse
         return simulation

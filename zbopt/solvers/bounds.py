@@ -46,7 +46,6 @@ the optimum.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -162,7 +161,7 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     Parameters
     ----------
     problem : the problem bounded.
-    deadline : a `time.perf_counter()` moment by which the call returns (inf: every bound in full).
+    deadline : an `interrupt.now()` moment by which the call returns (inf: every bound in full).
 
     Returns
     -------
@@ -180,7 +179,7 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     (33.0, 'device_load on device 3')
     """
     original, problem = problem, pair_relaxed(problem)
-    began = time.perf_counter()
+    began = interrupt.now()
     # the pair count builds a graph of its own: twice the graph's time with pairs
     if began + (2 if original.pairs is not None else 1) * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         return LowerBounds((Bound("critical_path", critical_path(problem)),
@@ -246,22 +245,22 @@ def _pair_count(problem: Problem) -> Bound | None:
     (`pair_relaxation.pair_count_bound`); None without."""
     if problem.pairs is None:
         return None
-    began = time.perf_counter()
-    return Bound("pair_count", pair_count_bound(problem), time.perf_counter() - began)
+    began = interrupt.now()
+    return Bound("pair_count", pair_count_bound(problem), interrupt.now() - began)
 
 
 def span_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     """Lower bounds on the span objective (the longest device span): the busiest device's own work,
     and `span_bound.span_bound` within `deadline`, which is at least that."""
-    began = time.perf_counter()
-    busiest = _on_device("device_work", device_work(pair_relaxed(problem)), time.perf_counter() - began)
+    began = interrupt.now()
+    busiest = _on_device("device_work", device_work(pair_relaxed(problem)), interrupt.now() - began)
     # its graph walks: a few per op; with recomputation or offload (only the first stage's forwards
     # in order) one per microbatch from each candidate first and last op
     walks = 3 * (problem.num_microbatches if problem.mechanisms_matter else 1)
     if began + walks * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         return LowerBounds((busiest,), complete=False)
-    began = time.perf_counter()
-    relative = Bound("span", span_bound(problem, deadline), time.perf_counter() - began)
+    began = interrupt.now()
+    relative = Bound("span", span_bound(problem, deadline), interrupt.now() - began)
     return LowerBounds((busiest, relative), complete=not interrupt.past(deadline))
 
 
@@ -271,12 +270,12 @@ def _graph_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], t
     the memory bound's lifetimes and prices on `uniform`, and where microbatches differ also
     each microbatch's own (`memory_bounds.microbatch_memory_bound`)."""
     critical = max(heads[op] + graph.nodes[op]["duration"] + tails[op] for op in graph)
-    graph_done = time.perf_counter()
+    graph_done = interrupt.now()
     per_device = _device_jobs(problem.num_devices, graph, heads, tails)
     device_load = _device_load(per_device)
-    load_done = time.perf_counter()
+    load_done = interrupt.now()
     preemptive = [jackson_preemptive(jobs) for jobs in per_device]
-    preemptive_done = time.perf_counter()
+    preemptive_done = interrupt.now()
     memory = memory_bound(uniform.problem, activation_lifetimes(uniform.problem),
                           device_load if uniform.problem is problem else uniform.device_load())
     if uniform.problem is not problem:
@@ -284,7 +283,7 @@ def _graph_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], t
     return _GraphBounds((Bound("critical_path", critical, graph_done - began),
                          _on_device("device_load", device_load, load_done - graph_done),
                          _on_device("one_machine", preemptive, preemptive_done - load_done),
-                         Bound("memory", memory, time.perf_counter() - preemptive_done)), preemptive)
+                         Bound("memory", memory, interrupt.now() - preemptive_done)), preemptive)
 
 
 def _on_device(name: str, values: list[float], seconds: float) -> Bound:
@@ -296,7 +295,7 @@ def _on_device(name: str, values: list[float], seconds: float) -> Bound:
 def _sequenced_devices(problem: Problem, heads: dict[Op, float], tails: dict[Op, float], found: _GraphBounds,
                        deadline: float) -> LowerBounds:
     """With one stage per device: the device sequencing bound, device by device until the deadline."""
-    began = time.perf_counter()
+    began = interrupt.now()
     sequencing, where = 0.0, ()
     complete = True
     for device in range(problem.num_devices):
@@ -307,7 +306,7 @@ def _sequenced_devices(problem: Problem, heads: dict[Op, float], tails: dict[Op,
         if value > sequencing:
             sequencing, where = value, (device,)
     complete = complete and not interrupt.past(deadline)
-    bound = Bound("device_sequencing", sequencing, time.perf_counter() - began, where)
+    bound = Bound("device_sequencing", sequencing, interrupt.now() - began, where)
     return LowerBounds((*found.bounds, bound), complete)
 
 
@@ -316,7 +315,7 @@ def _device_relaxations(problem: Problem, graph: nx.DiGraph, heads: dict[Op, flo
     """The device sequencing (SEQUENCING_SHARE of the time, on `uniform`), the CP-SAT relaxation of
     each device alone, then that of two linked devices (CROSS_SHARE), sharing the time left (at
     most RELAXATION_MAX_S; see `lower_bounds`)."""
-    until = min(time.perf_counter() + RELAXATION_MAX_S, deadline)
+    until = min(interrupt.now() + interrupt.span(RELAXATION_MAX_S), deadline)
     # what a device's single-device bounds can reach at most: one order of its ops (`order_value`;
     # not known where microbatches differ: the CP-SAT relaxations read each one's own costs)
     reach = [order_value(uniform.problem, device, uniform.heads, uniform.tails) if not interrupt.past(until)
@@ -330,11 +329,11 @@ def _device_relaxations(problem: Problem, graph: nx.DiGraph, heads: dict[Op, flo
 
     phases = (("device_sequencing", SEQUENCING_SHARE, reach,
                lambda device, best, seconds: device_sequencing(uniform.problem, device, uniform.heads, uniform.tails,
-                                                               best, time.perf_counter() + seconds)),
+                                                               best, interrupt.now() + seconds)),
               ("device_relaxation", 1.0 - CROSS_SHARE / (1.0 - SEQUENCING_SHARE), relaxation_reach,
                lambda device, best, seconds: relaxed((device,), best, seconds)))
     for name, share, reaches, method in phases:
-        ends = time.perf_counter() + share * (until - time.perf_counter())
+        ends = interrupt.now() + share * (until - interrupt.now())
         bound, finished = _share_by_gain(name, reaches, found.preemptive, max(bound.value for bound in bounds), ends,
                                          method)
         bounds.append(bound)
@@ -347,16 +346,16 @@ def _linked_devices(problem: Problem, scores: list[float], best: float, until: f
     """The CP-SAT relaxation of two devices a microbatch's route links (`cross_device`), from the
     best bound so far, on the most promising pair first (`device_groups` by `scores`), each with
     the time left until `until`; where a pair proves its optimum early, the next."""
-    began = time.perf_counter()
+    began = interrupt.now()
     value, where = 0.0, ()
     for group in device_groups(problem, 2, scores) if problem.num_devices > 1 else []:
-        seconds = until - time.perf_counter()
+        seconds = until - interrupt.now()
         if seconds <= 0.01 or interrupt.requested.is_set():
             break
         found = relaxed(group, best, seconds)
         if found > value and not meets(found, best):  # it proved more than it started from
             value, where = found, group
-    return Bound("cross_device", value, time.perf_counter() - began, where)
+    return Bound("cross_device", value, interrupt.now() - began, where)
 
 
 def _share_by_gain(name: str, reach: list[float], preemptive: list[float], best: float, ends: float,
@@ -369,7 +368,7 @@ def _share_by_gain(name: str, reach: list[float], preemptive: list[float], best:
     time left before `ends` in proportion to what it can gain, but at least half of it (the last
     all of it); a device done early leaves its time to the rest, and one whose reach the bound
     has meanwhile passed is skipped."""
-    began = time.perf_counter()
+    began = interrupt.now()
     value, where = 0.0, ()
     finished = True
 
@@ -384,14 +383,14 @@ def _share_by_gain(name: str, reach: list[float], preemptive: list[float], best:
         if gains[0] <= 0 or meets(reach[device], best):
             continue
         # at least half of the time left: a dynamic program cut short proves nothing at all
-        seconds = (ends - time.perf_counter()) * max(0.5 if waiting else 1.0, gains[0] / sum(gains))
+        seconds = (ends - interrupt.now()) * max(0.5 if waiting else 1.0, gains[0] / sum(gains))
         if seconds <= 0.01 or interrupt.requested.is_set():
-            return Bound(name, value, time.perf_counter() - began, where), False
-        share_ends = time.perf_counter() + seconds
+            return Bound(name, value, interrupt.now() - began, where), False
+        share_ends = interrupt.now() + seconds
         found = method(device, best, seconds)
         # still running when its share ran out: cut short, it may have proved less than it could
         finished = finished and not interrupt.past(share_ends)
         if found > value and not meets(found, best):  # a relaxation started from `best` proved more
             value, where = found, (device,)
         best = max(best, found)
-    return Bound(name, value, time.perf_counter() - began, where), finished
+    return Bound(name, value, interrupt.now() - began, where), finished

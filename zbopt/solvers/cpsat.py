@@ -17,9 +17,9 @@ iteration from a warm start (`lns.applies`); otherwise the full model runs alone
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
+from zbopt.core import interrupt
 from zbopt.core.problem import Problem
 from zbopt.solvers import full_model, lns
 from zbopt.solvers.answer import simulated_answer
@@ -45,7 +45,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     if lns_share == 0 or task.warm is None or not lns.applies(problem, task):
         # without a warm start the full model may find no schedule in its share, and LNS none without one
         return full_model.search(problem, task, **model_options)
-    first = replace(task, deadline=time.perf_counter() + (1 - lns_share) * task.remaining())
+    first = replace(task, deadline=interrupt.now() + (1 - lns_share) * task.remaining())
     found = full_model.search(problem, first, **model_options)
     if found.status in ("optimal", "infeasible") or task.stopped.is_set() or task.remaining() <= 0:
         return found

@@ -53,7 +53,7 @@ from zbopt.core.problem import Problem
 from zbopt.core.simulation import simulate
 from zbopt.core.ticks import TickScale, ceil_ticks, tick_problem, tick_scale
 from zbopt.solvers.answer import objective_value, start_times
-from zbopt.solvers.cp_parts import OpVars, solve_stoppable, task_stopped
+from zbopt.solvers.cp_parts import OpVars, limit, solve_stoppable, task_stopped
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
 from zbopt.solvers.model_memory import activation_choice_literals, limited_lifetimes, peak_memory
 from zbopt.solvers.overlap_pairs import PairChoice, as_paired, candidate_window, least_duration, pair_choices
@@ -291,12 +291,9 @@ def _hint(model, hint: dict[Op, int], ops: dict[Op, OpVars], choices, pairs: lis
 def _solve(solver: cp_model.CpSolver, model, task: SearchTask, scale: TickScale, ops: dict[Op, OpVars], choices,
            pairs: list[PairChoice], goal, restricted: bool) -> Found:
     """Solve until the deadline (or a stop) and read the answer in problem units."""
-    solver.parameters.max_time_in_seconds = max(0.01, task.remaining())
+    limit(solver, task.remaining(), task.workers, task.seed)
     if task.peak_cap is not None:  # the second phase stops on work done, so one worker and a seed repeat
         solver.parameters.max_deterministic_time = max(0.01, task.remaining())
-    solver.parameters.num_workers = task.workers
-    solver.parameters.random_seed = task.seed
-    solver.parameters.catch_sigint_signal = False  # Ctrl-C is `zbopt.core.interrupt`'s: the watcher calls StopSearch
     if task.peak_cap is None:
         solver.best_bound_callback = lambda bound: task.report(None, scale.units(bound) - scale.error_bound)
     code = solve_stoppable(solver, model, _Progress(scale, task.report) if task.peak_cap is None else None,

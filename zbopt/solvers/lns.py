@@ -16,10 +16,10 @@ one iteration; otherwise it returns no schedule and the driver keeps the warm st
 from __future__ import annotations
 
 import random
-import time
 
 from ortools.sat.python import cp_model
 
+from zbopt.core import interrupt
 from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
@@ -45,9 +45,9 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
     integral = tick_problem(problem, scale)
     caps = problem.memory_caps
     table = op_table(integral)
-    began = time.perf_counter()
+    began = interrupt.now()
     current = _timed(integral, _by_start(table, task.warm.start.tolist()), caps)
-    finishing = 2 * (time.perf_counter() - began)  # kept for the final compaction and its simulation
+    finishing = 2 * (interrupt.now() - began)  # kept for the final compaction and its simulation (0 on a meter)
     rng = random.Random(task.seed)
     size = window_ops
     while task.remaining() > 0.05 + finishing and not stopped():
@@ -55,7 +55,7 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
         # half the windows at the cool-down, where the makespan is decided; the rest anywhere
         middle = table.size - 1 - size // 2 if rng.random() < 0.5 else rng.randrange(table.size)
         free = order[max(0, middle - size // 2): middle + size // 2 + 1]
-        solver = timed_solver(min(STEP_S, task.remaining()), task.workers, rng.randrange(1 << 30))
+        solver = timed_solver(min(interrupt.span(STEP_S), task.remaining()), task.workers, rng.randrange(1 << 30))
         placed, solved = _reoptimise(integral, table, current, set(free), solver, caps, stopped)
         size = min(table.size, int(size * 1.25)) if solved else max(MIN_WINDOW_OPS, int(size * 0.8))
         if placed is None:
@@ -171,7 +171,7 @@ def _limit_memory(model, problem: Problem, table, current, free, start, end, ear
         last_end = max(current[i] + table.duration[i] for i in lifetime)
         if any(i in free for i in lifetime) or (current[index] < latest and last_end > earliest):
             touching.update(table.op(i) for i in lifetime)
-    forwards = [op for op in touching if op.kind == FORWARD]
+    forwards = sorted(op for op in touching if op.kind == FORWARD)  # one order, whatever the hash seed
     held = lifetime_intervals(model, problem, forwards, start, end, int(max(_ends(table, current))))
     unit = memory_scale(problem)
     for device, lives in enumerate(held):

@@ -14,7 +14,6 @@ span. On d's own ops the single-device bounds on the makespan (`sequencing.devic
 from __future__ import annotations
 
 import math
-import time
 from typing import NamedTuple
 
 import networkx as nx
@@ -35,7 +34,7 @@ RELAXATION_MAX_S = 10.0  # per device
 
 def span_bound(problem: Problem, deadline: float = math.inf, graph: nx.DiGraph | None = None) -> float:
     """A lower bound on the longest device span of any valid schedule of `problem`, within
-    `deadline` (`time.perf_counter()`); `graph` is `implied_graph(pair_relaxed(problem))` where
+    `deadline` (`interrupt.now()`); `graph` is `implied_graph(pair_relaxed(problem))` where
     the caller has it. At least the busiest device's work.
 
     Notes
@@ -85,9 +84,9 @@ def _single_device_bounds(problem: Problem, graph: nx.DiGraph, own: list, bound:
         best = max(best, device_sequencing(problem, device, *own[device], best, deadline))
     if problem.chunks_per_device == 1:
         return best
-    until = time.perf_counter() + RELAXATION_SHARE * (deadline - time.perf_counter())
+    until = interrupt.now() + RELAXATION_SHARE * (deadline - interrupt.now())
     for turn, device in enumerate(devices):
-        seconds = min(until - time.perf_counter(), RELAXATION_MAX_S) / min(2, problem.num_devices - turn)
+        seconds = min(until - interrupt.now(), interrupt.span(RELAXATION_MAX_S)) / min(2, problem.num_devices - turn)
         if seconds <= 0.01 or interrupt.requested.is_set():
             break
         best = max(best, cross_device_bound(problem, (device,), graph, *own[device], seconds, floor=best))

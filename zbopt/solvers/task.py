@@ -4,10 +4,10 @@ of the backends that keep every activation."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from zbopt.core import interrupt
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.simulation import Simulation
@@ -29,7 +29,7 @@ class SearchTask:
         backend that cannot says so with `Found(status="unknown")`.
     warm : the warm start (valid under the memory limit) to hint and to cap the horizon with, or None.
     independent_bound : the driver's lower bound on the objective (problem units).
-    deadline : `time.perf_counter()` by which the backend should stop searching and return; the
+    deadline : `interrupt.now()` by which the backend should stop searching and return; the
         driver waits its `Backend.stop_s` past it for the answer, then leaves it behind.
     report : call with (incumbent, bound) in problem units whenever either improves.
     on_stop : register a callable that stops the search (Ctrl-C); the backend then returns its best.
@@ -47,7 +47,8 @@ class SearchTask:
     stopped: threading.Event = field(default_factory=threading.Event)
 
     def remaining(self) -> float:
-        return self.deadline - time.perf_counter()
+        """Seconds to the deadline (of work under a metered clock, `interrupt.now`)."""
+        return self.deadline - interrupt.now()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from zbopt.core import interrupt
 from zbopt.core.errors import ZboptError
 from zbopt.core.simulation import simulate
 from zbopt.interfaces.cli.flags import (
+    add_deterministic_flag,
     add_input_flags,
     add_order_flag,
     add_quiet_flag,
@@ -51,6 +52,7 @@ def add_commands(commands) -> None:
                            help="list each schedule that does not apply with its reason (default: their names)")
     comparing.add_argument("--json", action="store_true", help="print the rows as a JSON list")
     add_order_flag(comparing)
+    add_deterministic_flag(comparing)
     add_quiet_flag(comparing)
     add_input_flags(comparing, output_help="write an HTML report (.html) with every schedule's charts, every row's "
                                            "trace for Perfetto (.trace.json) or the comparison chart (.png, .svg, "
@@ -91,6 +93,8 @@ def _command_compare(args: argparse.Namespace) -> int:
 
     if args.time_limit is not None and not (args.optimal or args.frontier):
         raise ZboptError("--time-limit applies to --optimal and --frontier only")
+    if args.deterministic and args.frontier is not None:
+        raise ZboptError("--deterministic applies to the table (and --optimal), not to --frontier")
     if args.verbose and (args.json or args.quiet):
         raise ZboptError(f"--verbose lengthens the printed table; {'--json' if args.json else '--quiet'} prints none")
     run = run_config(config_file(args), flag_values(args))
@@ -105,7 +109,7 @@ def _command_compare(args: argparse.Namespace) -> int:
         {"time_limit": command_clock(args, "compare")}
     comparison, stop = interrupt.answer_of(lambda: compare(run.problem, args.schedule, optimal=args.optimal,
                                                  progress=live(args), bounds=args.bounds, order=args.order,
-                                                 **(clock or limit)))
+                                                 deterministic=args.deterministic, **(clock or limit)))
     frontier = None
     if frontier_limits is not None and stop is None:
         frontier, stop = interrupt.answer_of(lambda: memory_frontier(run.problem, frontier_limits, progress=live(args),

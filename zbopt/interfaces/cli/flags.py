@@ -14,7 +14,8 @@ from zbopt.interfaces.cli.inputs import OPTION_KEYS
 from zbopt.io.read import parse_yaml
 from zbopt.schedules import TORCH_PREFIX, TORCH_REFUSED, TORCH_SCHEDULES
 
-__all__ = ["DASK_CONNECT_TIMEOUT_S", "RUNNABLE_TORCH_SCHEDULES", "add_input_flags", "add_order_flag",
+__all__ = ["DASK_CONNECT_TIMEOUT_S", "RUNNABLE_TORCH_SCHEDULES", "add_deterministic_flag", "add_input_flags",
+           "add_order_flag",
            "add_problem_flags", "add_quiet_flag", "add_schedule_flags", "add_style_flag", "config_file", "dask_client",
            "flag_values"]
 
@@ -66,6 +67,13 @@ def add_order_flag(parser: argparse.ArgumentParser, whose: str = "") -> None:
                         help=f"{whose}the order microbatches enter the pipeline: a rule ({', '.join(ORDER_RULES)}: "
                              "as given, by total work, or DynaPipe's search over size clusters) or a permutation, "
                              "the microbatch entering first first (default: as given)")
+
+
+def add_deterministic_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--deterministic", action="store_true",
+                        help="the same answer and bound on every run: the solver on one worker, --time-limit a "
+                             "budget of work (CP-SAT's deterministic time; about as long in wall time on 2 cores, "
+                             "not bounded by it), no wall clock deciding anything")
 
 
 def add_problem_flags(parser: argparse.ArgumentParser) -> None:

@@ -110,7 +110,10 @@ OUTPUT_RESERVE_S = 0.5
 def command_clock(args, name: str) -> Clock:
     """The command's one clock: `--time-limit` from the program's start (`main`'s `started`: the
     `zbopt` process's, so the limit holds from start to exit), less OUTPUT_RESERVE_S for the
-    output (at most a tenth of the limit); the work's stages share it."""
+    output (at most a tenth of the limit); the work's stages share it. With `--deterministic`,
+    `--time-limit` of work on a fresh meter (`zbopt.core.interrupt.metered`): no wall clock."""
+    if getattr(args, "deterministic", False):
+        return Clock.start(args.time_limit, name, deterministic=True)
     clock = Clock.start(args.time_limit, name, began=args.started)
     return clock.share("work", reserve=min(OUTPUT_RESERVE_S, 0.1 * args.time_limit))
 

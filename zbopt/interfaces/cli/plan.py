@@ -9,7 +9,7 @@ import math
 
 from zbopt.core import interrupt
 from zbopt.core.errors import ZboptError
-from zbopt.interfaces.cli.flags import dask_client
+from zbopt.interfaces.cli.flags import add_deterministic_flag, dask_client
 from zbopt.interfaces.cli.output import command_clock, json_text
 
 __all__ = ["add_commands"]
@@ -38,6 +38,7 @@ def add_commands(commands) -> None:
     planning.add_argument("--workers", type=int, default=2, help="solver threads per split (default 2)")
     planning.add_argument("--dask", metavar="ADDRESS", help="solve splits on a dask.distributed cluster, as many at a "
                                                          "time as its threads hold --workers each, e.g. tcp://host:8786")
+    add_deterministic_flag(planning)
     planning.add_argument("--json", action="store_true", help="print one JSON object: best, pipelines, rows")
     planning.add_argument("-o", "--output", metavar="report.html", help="write the HTML report")
     planning.add_argument("--export", metavar="FILE", help="write the best schedule: .csv torch CSV, .json zbopt JSON "
@@ -77,7 +78,8 @@ def _command_plan(args: argparse.Namespace) -> int:
         clock = command_clock(args, "plan")
         answer, stop = interrupt.answer_of(lambda: plan(model, device, pipelines, schedules=args.schedule,
                                                         time_limit=clock,
-                                                        workers=args.workers, executor=executor, parallel=parallel))
+                                                        workers=args.workers, executor=executor, parallel=parallel,
+                                                        deterministic=args.deterministic))
     if args.json:
         print(json_text(answer.to_dict()))
     else:

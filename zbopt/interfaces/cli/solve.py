@@ -8,6 +8,7 @@ from pathlib import Path
 
 from zbopt.core.interrupt import answer_of
 from zbopt.interfaces.cli.flags import (
+    add_deterministic_flag,
     add_input_flags,
     add_order_flag,
     add_quiet_flag,
@@ -60,6 +61,7 @@ def _add_solve_flags(solving: argparse.ArgumentParser) -> None:
     solving.add_argument("--export", metavar="FILE", help="write the schedule found: .csv torch CSV, .json zbopt JSON, "
                                                          ".trace.json a trace for Perfetto")
     add_order_flag(solving, "the warm start's heuristics: ")
+    add_deterministic_flag(solving)
     add_input_flags(solving)
     add_style_flag(solving)
     solving.set_defaults(run=_command_solve)
@@ -77,7 +79,8 @@ def _command_solve(args: argparse.Namespace) -> int:
     clock = command_clock(args, "solve")
     result, stop = answer_of(lambda: solve(run.problem, args.solver, time_limit=clock,
                                            objective=args.objective, warm_start=warm, order=args.order,
-                                           workers=args.workers, seed=args.seed, progress=live(args)))
+                                           workers=args.workers, seed=args.seed, progress=live(args),
+                                           deterministic=args.deterministic))
     _show(args, result, figures)
     if stop is not None:
         raise stop

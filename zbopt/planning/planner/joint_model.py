@@ -47,6 +47,8 @@ def joint_search(model: Model, device: Device, pipeline: Pipeline, seconds: floa
     (optionally from a `hint`: a split and its simulated schedule)."""
     from ortools.sat.python import cp_model
 
+    from zbopt.solvers.cp_parts import limit, solve_stoppable
+
     boundaries = BoundaryModel(model, pipeline)
     cp, m, stages = boundaries.model, pipeline.num_microbatches, pipeline.num_stages
     kinds = ("F", "B", "W") if all(layer.weight_ms is not None for layer in model.layers) else ("F", "BW")
@@ -71,10 +73,8 @@ def joint_search(model: Model, device: Device, pipeline: Pipeline, seconds: floa
     if hint is not None:
         _hint(cp, boundaries, hint, start)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = seconds
-    solver.parameters.num_workers = workers
-    solver.parameters.catch_sigint_signal = False
-    status = solver.Solve(cp)
+    limit(solver, seconds, workers)
+    status = solve_stoppable(solver, cp)
     bound = 0.0 if status == cp_model.INFEASIBLE else solver.BestObjectiveBound() / SCALE
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return JointAnswer(None, None, bound, status == cp_model.INFEASIBLE)

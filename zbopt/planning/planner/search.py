@@ -54,7 +54,7 @@ class _Run:
     parallel: int = 1
 
     def __post_init__(self) -> None:
-        self.solve_seconds = max(1.0, self.clock.left() * SOLVE_SHARE)  # one split's solve, at most
+        self.solve_seconds = max(interrupt.span(1.0), self.clock.left() * SOLVE_SHARE)  # one split's solve, at most
         self.heuristics_cutoff = self.clock.share("heuristics cutoff", HEURISTICS_CUTOFF).deadline
 
     def problem(self, split: Split) -> Problem:
@@ -75,36 +75,53 @@ class _Run:
                 problems[split] = self.problem(split)
             except ZboptError:
                 outcomes[split] = self.unsolved(split)
-        if seconds < MIN_SOLVE_S:  # no time left: each keeps its closed-form bound
+        if seconds < interrupt.span(MIN_SOLVE_S):  # no time left: each keeps its closed-form bound
             return {**outcomes, **{split: self.unsolved(split) for split in problems}}
         if self.executor is None:
             answers = {split: solved_split(problem, seconds, self.workers, incumbent, warm)
                        for split, problem in problems.items()}
         else:
-            futures = {split: self.executor.submit(solved_split, problem, seconds, self.workers, incumbent, warm)
+            # another process: a split counts its work on a meter of its own, added to this one's after
+            futures = {split: self.executor.submit(solved_split, problem, seconds, self.workers, incumbent, warm,
+                                                   interrupt.deterministic())
                        for split, problem in problems.items()}
             answers = {split: future.result() for split, future in futures.items()}
-        for split, (simulation, lower_bound, name) in answers.items():
+            for *_, work in answers.values():
+                interrupt.spend(work)
+        for split, (simulation, lower_bound, name, _) in answers.items():
             outcomes[split] = Outcome(split, simulation, lower_bound, name)
         return outcomes
 
 
 def solved_split(problem: Problem, seconds: float, workers: int, incumbent: float = math.inf,
-                 warm: Simulation | None = None) -> tuple[Simulation | None, float, str]:
-    """(the best schedule's simulation, the lower bound, the schedule's name) of one split's
-    Problem: zbopt's optimizer within `seconds` (a module-level function, so an executor can run
-    it), from `warm` (the split's best row: the answer is never behind it) or else the best
-    heuristic; first its independent lower bounds for a tenth of that, and no search when they
-    already reach `incumbent`, the best makespan of another split (with one chunk, the device DP
-    proves most splits worse in milliseconds)."""
-    began = time.perf_counter()
+                 warm: Simulation | None = None,
+                 deterministic: bool = False) -> tuple[Simulation | None, float, str, float]:
+    """(the best schedule's simulation, the lower bound, the schedule's name, the work it counted
+    on a meter of its own) of one split's Problem: zbopt's optimizer within `seconds` (a
+    module-level function, so an executor can run it), from `warm` (the split's best row: the
+    answer is never behind it) or else the best heuristic; first its independent lower bounds
+    for a tenth of that, and no search when they already reach `incumbent`, the best makespan of
+    another split (with one chunk, the device DP proves most splits worse in milliseconds).
+    `deterministic` in another process (which does not see the caller's meter): `seconds` of
+    work on a meter of its own, whose count it returns (else 0)."""
+    own = interrupt.Clock(seconds, "split", interrupt.Meter()) if deterministic and not interrupt.deterministic() \
+        else None
+    with interrupt.metered(own):
+        return (*_solved_split(problem, seconds, workers, incumbent, warm), 0.0 if own is None else own.meter.spent)
+
+
+def _solved_split(problem: Problem, seconds: float, workers: int, incumbent: float,
+                  warm: Simulation | None) -> tuple[Simulation | None, float, str]:
+    """`solved_split` on the clock under way."""
+    began = interrupt.now()
     if incumbent < math.inf:
         bound = lower_bounds(problem, began + seconds * PRECHECK_SHARE).best
         if bound >= incumbent:
             return None, bound, "-"
     try:
-        result = solve(problem, time_limit=max(seconds - (time.perf_counter() - began), MIN_SOLVE_S), workers=workers,
-                       warm_start=warm)
+        left = max(seconds - (interrupt.now() - began), interrupt.span(MIN_SOLVE_S))
+        result = solve(problem, time_limit=interrupt.clock_of(left, "split"), workers=workers, warm_start=warm,
+                       deterministic=interrupt.deterministic())
     except interrupt.Interrupted as stop:  # Ctrl-C: the solve's best so far, if any; the plan stops after it
         if stop.partial is None:
             return None, 0.0, "-"
@@ -116,7 +133,7 @@ def solved_split(problem: Problem, seconds: float, workers: int, incumbent: floa
 def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline], *,
          schedules: Sequence[str] | None = None, rules: Sequence[str] = RULES,
          time_limit: float | interrupt.Clock = 120.0, workers: int = 2, executor: Executor | None = None,
-         parallel: int = 1) -> Plan:
+         parallel: int = 1, deterministic: bool = False) -> Plan:
     """The best split and schedule of `model` on each of `pipelines`, with rows for each rule ×
     schedule and a certificate over every split.
 
@@ -133,6 +150,9 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     workers : the solver's threads.
     executor, parallel : with an `executor` (say, a dask `Client(...).get_executor()`), the search
         solves `parallel` splits at a time there.
+    deterministic : two calls give the same plan and certificate (`solve`'s `deterministic`: the
+        time limit a budget of work, shared by the same rule; no wall clock decides which splits
+        are solved); only the reported times differ.
 
     Returns
     -------
@@ -157,8 +177,8 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     """
     pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
     _check_plan(model, pipelines, schedules, time_limit)
-    began, answers, clock = time.perf_counter(), [], interrupt.as_clock(time_limit, "plan")
-    with interrupt.stoppable():
+    began, answers, clock = time.perf_counter(), [], interrupt.as_clock(time_limit, "plan", deterministic)
+    with interrupt.stoppable(), interrupt.metered(clock):
         for number, pipeline in enumerate(pipelines):
             share = clock.share(f"pipeline {number}", 1 / (len(pipelines) - number))
             run = _Run(model, device, pipeline, share, workers, executor, max(1, parallel))
@@ -204,7 +224,7 @@ def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
     """One pipeline: the family's first bound (a bound on every split, before any is solved), the
     rules' rows, then the search; the best of every schedule found, the optimizer's and the rows'."""
     family = SplitFamily(run.model, run.device, run.pipeline)
-    family.next_split(min(FAMILY_S, FIRST_BOUND_SHARE * run.clock.left()))
+    family.next_split(min(interrupt.span(FAMILY_S), FIRST_BOUND_SHARE * run.clock.left()))
     solved: dict[Split, Outcome] = {}
     simulated: dict[Split, tuple[dict[str, Simulation], list[str]]] = {}  # built, and not tried in time
     rows = []
@@ -226,7 +246,7 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
     """The rows of one rule: its split under each schedule (the optimizer's answer recorded in
     `solved`, the heuristics', built within `heuristics`, in `simulated`, both by split)."""
     try:
-        split = split_by_rule(rule, run.model, run.pipeline, seconds=min(10.0, run.clock.left() / 4))
+        split = split_by_rule(rule, run.model, run.pipeline, seconds=min(interrupt.span(10.0), run.clock.left() / 4))
         problem = run.problem(split)
     except ZboptError as error:
         return [PlanRow(rule, "-", None, None, str(error))]
@@ -239,7 +259,8 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
                                              cutoff=run.heuristics_cutoff, reasons={}, late=late), late
     heuristics, late = simulated[split]
     for name in (schedules or (*heuristics, OPTIMAL)):
-        if name == OPTIMAL and split not in solved and (run.clock.left() < MIN_SOLVE_S or interrupt.requested.is_set()):
+        if name == OPTIMAL and split not in solved and (run.clock.left() < interrupt.span(MIN_SOLVE_S)
+                                                        or interrupt.requested.is_set()):
             rows.append(PlanRow(rule, OPTIMAL, split, None, "the time limit was reached, or Ctrl-C"))
         elif name == OPTIMAL:
             if split not in solved:
@@ -263,11 +284,11 @@ def _search(run: _Run, family: SplitFamily, solved: dict) -> bool:
     """Solve splits in the family's order, `run.parallel` at a time, until the splits left cannot
     beat the best found or time runs out (`family.floor` then bounds every split not solved);
     whether the splits left were all pruned."""
-    while run.clock.left() > MIN_SOLVE_S and not interrupt.requested.is_set():
+    while run.clock.left() > interrupt.span(MIN_SOLVE_S) and not interrupt.requested.is_set():
         best = min((outcome.makespan for outcome in solved.values()), default=math.inf)
         batch: list[Split] = []
         while len(batch) < run.parallel:
-            split, rest = family.next_split(min(FAMILY_S, run.clock.left() / 4))
+            split, rest = family.next_split(min(interrupt.span(FAMILY_S), run.clock.left() / 4))
             if split is None or rest >= best:
                 break
             family.exclude(split)

@@ -94,16 +94,16 @@ class BoundaryModel:
         objective bound it proved, `self.proven` whether it is the optimum."""
         from ortools.sat.python import cp_model
 
+        from zbopt.solvers.cp_parts import limit, solve_stoppable
+
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(seconds, 0.01)
-        solver.parameters.num_workers = workers
-        solver.parameters.catch_sigint_signal = False  # Ctrl-C is `zbopt.core.interrupt`'s (a step lasts 5 s at most)
+        limit(solver, seconds, workers)  # Ctrl-C is `zbopt.core.interrupt`'s (a step lasts 5 s at most)
         # one presolve pass, no probing: full presolve took 2-4 s of a 5 s step on 80-layer models
         # (element constraints over 83 prefix sums), none at all left bounds unproven; measured on
         # the 32- and 82-layer models at p = 4, 8, v = 1, 2: every first step proven in 0.05-1.8 s
         solver.parameters.max_presolve_iterations = 1
         solver.parameters.cp_model_probing_level = 0
-        status = solver.Solve(self.model)
+        status = solve_stoppable(solver, self.model)
         self.proven = status == cp_model.OPTIMAL
         self.infeasible = status == cp_model.INFEASIBLE
         # CP-SAT's bound holds whenever it did not prove the model infeasible, a split found or not

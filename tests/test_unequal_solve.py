@@ -160,3 +160,21 @@ def test_solve_starts_from_a_schedule_given_or_the_heuristics_in_an_order_given(
     assert searched.warm_start.endswith("(dynapipe order)")
     with pytest.raises(ZboptError, match="order 'fastest-first'"):
         solve(problem, order="fastest-first", time_limit=2)
+
+
+def test_a_limit_met_exactly_by_amounts_no_unit_makes_whole_is_no_tighter_in_the_model():
+    """Review of issue 41: activations in proportion to tokens are whole in no power of ten; the
+    model rounded each up and its capacity down, so at a limit a schedule meets exactly (here every
+    microbatch in flight on device 0, ZB-H1's peak) it held more than the simulator counts: with the
+    warm start it said infeasible, without it it 'proved' 24.49 while 1F1B in shortest-first order
+    takes 24.30. The model's memory unit is now fine enough that rounding changes no verdict."""
+    from zbopt import generate, simulate
+
+    free = Problem(num_devices=4, num_microbatches=4, weight_times=1.0, attention_share=0.3,
+                   microbatch_tokens=[4096, 2476, 1228, 512])
+    problem = free.replace(memory_limit=max(simulate(free, generate("zb-h1", free)).peak_memory))
+    heuristic = simulate(problem, generate("1f1b", problem, order="shortest-first"))
+    assert heuristic.valid
+    alone = solve(problem, time_limit=30, use_warm_start=False, lower_peak=False)
+    assert alone.lower_bound <= heuristic.makespan * (1 + 1e-9)
+    assert alone.objective <= heuristic.makespan * (1 + 1e-6)

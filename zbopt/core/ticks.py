@@ -7,11 +7,14 @@ from dataclasses import dataclass
 
 from zbopt.core.problem import Problem
 from zbopt.core.problem.microbatches import EQUAL_MICROBATCHES, TABLE_KEYS
+from zbopt.core.tolerance import RELATIVE_TOLERANCE, memory_ceiling
 
-__all__ = ["MAX_TICKS_PER_OP", "TIME_KEYS", "TickScale", "ceil_ticks", "cost_values", "memory_rounding", "memory_scale",
-           "scaled_costs", "tick_problem", "tick_scale", "whole_at"]
+__all__ = ["LIFETIMES_PER_ACTIVATION", "MAX_TICKS_PER_OP", "TIME_KEYS", "TickScale", "ceil_ticks", "cost_values",
+           "memory_capacity", "memory_rounding", "memory_scale", "scaled_costs", "tick_problem", "tick_scale",
+           "whole_at"]
 
 MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
+LIFETIMES_PER_ACTIVATION = 4  # the parts B and W free, a checkpoint, a recomputed or reloaded part
 
 
 @dataclass(frozen=True)
@@ -74,19 +77,38 @@ def _memory_amounts(problem: Problem) -> list[float]:
 def memory_rounding(problem: Problem, unit: int):
     """How a model turns an amount in `unit`s (`memory_scale`, which the caller has) into a whole
     one: exactly where the unit makes every amount whole, else up (the model then holds at least
-    what the simulator counts, so an answer within its capacity is within the limit)."""
+    what the simulator counts, so an answer within its capacity is within the limit; the unit is
+    fine enough that this refuses no schedule the simulator accepts)."""
     if whole_at(_memory_amounts(problem), unit):
         return round
-    return lambda scaled: math.ceil(scaled - 1e-9 * max(1.0, scaled))
+    return lambda scaled: math.ceil(scaled - 1e-6)
 
 
 def memory_scale(problem: Problem) -> int:
-    """A power of ten making every memory amount whole (up to 1e6), for cumulative demands; no
-    larger than keeps a device's whole memory an exact integer (2^53) in these units."""
+    """A power of ten making every memory amount whole (up to 1e6); else one fine enough that
+    rounding each amount up (`memory_rounding`) adds less than the simulator's tolerance
+    (`memory_capacity`), however many lifetimes a device holds at once: the model then accepts
+    exactly the schedules the simulator does, one at the limit included. No larger than keeps a
+    device's whole memory an exact integer (2^53) in these units (beyond, amounts are rounded up,
+    and a schedule at the limit may be refused)."""
     amounts = _memory_amounts(problem)
-    most = max(amounts) * problem.total_microbatches * problem.chunks_per_device
-    exponents = [exponent for exponent in range(7) if 10**exponent * most <= 2**53] or [0]
-    return next((10**exponent for exponent in exponents if whole_at(amounts, 10**exponent)), 10**exponents[-1])
+    activations = problem.total_microbatches * problem.chunks_per_device
+    most = max(amounts) * activations
+    units = [10**exponent for exponent in range(16) if 10**exponent * most <= 2**53] or [1]
+    whole = next((unit for unit in units[:7] if whole_at(amounts, unit)), None)
+    if whole is not None:
+        return whole
+    # each lifetime rounds up by less than two units with float noise; a device holds at most
+    # LIFETIMES_PER_ACTIVATION per activation on it
+    needed = (2 * LIFETIMES_PER_ACTIVATION * activations + 1) / (RELATIVE_TOLERANCE * max(1.0, min(
+        problem.memory_limit or (1.0,))))
+    return next((unit for unit in units if unit >= needed), units[-1])
+
+
+def memory_capacity(limit: float, unit: int) -> int:
+    """A device's `limit` in `memory_scale` units: the simulator's ceiling (`memory_ceiling`),
+    rounded down, so the model holds no more than the simulator allows."""
+    return math.floor(memory_ceiling(limit) * unit)
 
 
 def ceil_ticks(value: float, scale: TickScale) -> int:

@@ -24,7 +24,7 @@ from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.simulation import simulate
-from zbopt.core.ticks import memory_scale, tick_problem, tick_scale
+from zbopt.core.ticks import memory_capacity, memory_scale, tick_problem, tick_scale
 from zbopt.core.timeline import compact
 from zbopt.solvers.cp_parts import lifetime_intervals, solve_stoppable, task_stopped, timed_solver
 from zbopt.solvers.task import Found, SearchTask, keeps_every_activation
@@ -177,4 +177,4 @@ def _limit_memory(model, problem: Problem, table, current, free, start, end, ear
     for device, lives in enumerate(held):
         if lives:
             model.AddCumulative([life.interval for life in lives], [life.amount for life in lives],
-                                int(caps[device] * unit + 1e-6))
+                                memory_capacity(caps[device], unit))

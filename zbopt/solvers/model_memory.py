@@ -7,7 +7,7 @@ from __future__ import annotations
 from zbopt.core.kinds import FORWARD, OFFLOAD, RECOMPUTE, RELOAD
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
-from zbopt.core.ticks import memory_scale
+from zbopt.core.ticks import memory_capacity, memory_scale
 from zbopt.solvers.cp_parts import Choice, Lifetime, OpVars, lifetime_intervals
 
 __all__ = ["activation_choice_literals", "limited_lifetimes", "peak_memory"]
@@ -70,7 +70,7 @@ def _limit_memory(model, problem: Problem, lifetimes, memory_model: str) -> None
     """Per device, the activations held at any moment within its limit."""
     unit = memory_scale(problem)
     for device, held in enumerate(lifetimes):
-        capacity = int(problem.memory_limit[device] * unit + 1e-6)
+        capacity = memory_capacity(problem.memory_limit[device], unit)
         if capacity >= sum(life.amount for life in held):
             continue  # the limit can never bind on this device
         if memory_model == "cumulative":

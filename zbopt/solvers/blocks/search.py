@@ -30,7 +30,7 @@ from zbopt.core.errors import NotApplicableError, ZboptError
 from zbopt.core.kinds import FORWARD, WEIGHT
 from zbopt.core.ops import Op, critical_path, device_work, earliest_finish, op_graph
 from zbopt.core.problem import Problem
-from zbopt.core.ticks import memory_scale, tick_problem, tick_scale, whole_at
+from zbopt.core.ticks import memory_capacity, memory_scale, tick_problem, tick_scale, whole_at
 from zbopt.core.timeline import Timeline
 from zbopt.core.tolerance import memory_ceiling
 from zbopt.solvers.blocks.model import Block, block_ops, group_table, input_of, lifespan_bound, steady_peak
@@ -351,7 +351,7 @@ class _Shape:
                     intervals.append(model.NewIntervalVar(phase[forward] + shift, rest, until, f"m_{freer}_{shift}"))
                     demands.append(demand)
                 always.append((copies, demand))
-        capacity = int(limit * unit + 1e-6)
+        capacity = memory_capacity(limit, unit)
         room = model.NewIntVar(0, capacity, "room")
         model.Add(room + sum(copies * demand for copies, demand in always) == capacity)
         model.AddCumulative(intervals, demands, room)

@@ -315,3 +315,21 @@ def test_bounds_are_incomplete_when_a_device_method_uses_up_its_share(overrun):
     assert finished is not overrun
     if not overrun:  # device 1 (the larger one-machine bound) first proves 11, then device 0 12
         assert (bound.value, bound.devices) == (12.0, (0,))
+
+
+def test_a_backend_left_behind_answers_with_the_incumbent_it_kept(stand_in):
+    """A backend that does not return by the call's limit is left behind; its kept incumbent (as
+    CP-SAT's callback keeps it) is the answer, not nothing (issue 41: a 600 s run whose CP-SAT did
+    not stop in time answered with the warm start, its own better schedules lost)."""
+    zb = simulate(LOOSE, generate("zb-h1", LOOSE.replace(memory_limit=None)))
+    kept = Found("feasible", start_times(zb), 0.0, zb.makespan, 1.0)
+
+    def stuck(problem, task):
+        task.incumbent = kept
+        time.sleep(task.remaining() + 2 * api.STOP_GRACE_S + 1)  # past the call's limit: left behind
+        return Found("unknown", None, 0.0, None, 1.0)
+
+    stand_in["found"] = stuck
+    result = solve(LOOSE.replace(memory_limit=None), "stand-in", time_limit=2, use_warm_start=False,
+                   lower_peak=False)
+    assert result.objective == pytest.approx(zb.makespan) and result.status in ("feasible", "optimal")

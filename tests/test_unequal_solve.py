@@ -1,6 +1,8 @@
 """Solvers and bounds where microbatches differ (issue 32): symmetry only among equal microbatches,
 each op's own costs in the models, and every bound below the brute-force optimum."""
 
+import math
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -178,3 +180,50 @@ def test_a_limit_met_exactly_by_amounts_no_unit_makes_whole_is_no_tighter_in_the
     alone = solve(problem, time_limit=30, use_warm_start=False, lower_peak=False)
     assert alone.lower_bound <= heuristic.makespan * (1 + 1e-9)
     assert alone.objective <= heuristic.makespan * (1 + 1e-6)
+
+
+def test_the_heaviest_microbatches_bound_is_the_optimum_of_the_heaviest_alone():
+    """With three microbatches only the two heaviest are solved: the bound is their own brute-force
+    optimum (its costs and memory those of the problem), at most the problem's."""
+    from zbopt.core.problem.order import selected
+    from zbopt.solvers.heaviest import heaviest_microbatches_bound
+
+    problem = Problem(num_devices=2, num_microbatches=3, forward_times=[[1, 3, 2], [2, 3, 1]],
+                      backward_times=[[2, 4, 1], [2, 4, 2]], activation_memory=[[1, 2, 1], [1, 2, 1]], memory_limit=3)
+    bound = heaviest_microbatches_bound(problem, math.inf)
+    assert bound == pytest.approx(brute_force_optimum(selected(problem, [0, 1])))  # work 7 and 14; 6 left out
+    assert bound <= brute_force_optimum(problem) + 1e-9
+
+
+def test_the_heaviest_microbatches_bound_refuses_a_subset_whose_derived_values_change():
+    """Review: with tables, the subset derived weight memory anew from its own activations' mean
+    (1.0 became 1.17), and the bound said 12 where ZB-auto's schedule takes 10.5."""
+    from zbopt import generate, simulate
+
+    problem = Problem(num_devices=2, num_microbatches=3, forward_times=[[1, 1, .1], [1, 1, .1]],
+                      backward_times=[[1, 1, .1], [1, 1, .1]], weight_times=[[2, 2, .1], [2, 2, .1]],
+                      activation_memory=[[2, 2, 3], [2, 2, 3]], memory_limit=3)
+    schedule = simulate(problem, generate("zb-auto", problem))
+    assert schedule.valid
+    assert lower_bounds(problem).best <= schedule.makespan * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("problem", [
+    Problem(num_devices=2, num_microbatches=3, weight_times=1.0, microbatch_tokens=[[100, 300], 200, [50, 50, 400]]),
+    Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, weight_times=1.0, allow_recompute=True,
+            checkpoint_memory=0.05, microbatch_tokens=[4096, 2476, 1228, 512], memory_limit=2.2),
+], ids=["packed documents", "recomputation below one activation"])
+def test_solve_answers_where_the_heaviest_microbatches_cannot_be_taken_apart(problem):
+    """Review: packed documents without reference_tokens raised a TypeError in the subset, and
+    greedy's refusal below one microbatch's activations (with recomputation) failed solve."""
+    result = solve(problem, time_limit=8, lower_peak=False)
+    assert result.simulation is not None and result.simulation.valid and result.lower_bound <= result.objective
+
+
+def test_a_named_warm_start_that_does_not_fit_the_rows_is_planned_on_the_stage_values():
+    """Review: zb-auto on each microbatch's own costs finds no candidate within this limit; named
+    as the warm start, it is planned on the stage values, as before the warm start read the rows."""
+    free = Problem(num_devices=2, num_microbatches=4, weight_times=1.0, microbatch_tokens=[256, 512, 512, 512])
+    problem = free.replace(memory_limit=1.9428)
+    result = solve(problem, warm_start="zb-auto", time_limit=5, lower_peak=False)
+    assert result.warm_start == "zb-auto" and result.simulation.valid

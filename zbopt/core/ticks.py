@@ -14,6 +14,7 @@ __all__ = ["LIFETIMES_PER_ACTIVATION", "MAX_TICKS_PER_OP", "TIME_KEYS", "TickSca
            "whole_at"]
 
 MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
+WHOLE_EXPONENTS = 6  # the powers of ten tried to make memory amounts whole (1 to 1e6)
 LIFETIMES_PER_ACTIVATION = 4  # the parts B and W free, a checkpoint, a recomputed or reloaded part
 
 
@@ -79,8 +80,8 @@ def memory_rounding(problem: Problem, unit: int):
     one: exactly where the unit makes every amount whole, else up (the model then holds at least
     what the simulator counts, so an answer within its capacity is within the limit; the unit is
     fine enough that this refuses no schedule the simulator accepts)."""
-    if whole_at(_memory_amounts(problem), unit):
-        return round
+    if unit <= 10**WHOLE_EXPONENTS and whole_at(_memory_amounts(problem), unit):  # relative: at a fine unit
+        return round                                                              # all looks whole
     return lambda scaled: math.ceil(scaled - 1e-6)
 
 
@@ -95,7 +96,7 @@ def memory_scale(problem: Problem) -> int:
     activations = problem.total_microbatches * problem.chunks_per_device
     most = max(amounts) * activations
     units = [10**exponent for exponent in range(16) if 10**exponent * most <= 2**53] or [1]
-    whole = next((unit for unit in units[:7] if whole_at(amounts, unit)), None)
+    whole = next((unit for unit in units[:WHOLE_EXPONENTS + 1] if whole_at(amounts, unit)), None)
     if whole is not None:
         return whole
     # each lifetime rounds up by less than two units with float noise; a device holds at most

@@ -230,7 +230,10 @@ def _backend(problem: Problem, solver: str, objective: str, clock: interrupt.Clo
 
 def search_deadline(call: _Call, backend: Backend) -> float:
     """The backend's deadline: the call's, less the time it may take to stop and the driver to
-    re-simulate its answer, so that the whole call ends within its limit."""
+    re-simulate its answer, so that the whole call ends within its limit; under a metered clock
+    the call's own (stopping and re-simulating count no work)."""
+    if interrupt.deterministic():
+        return call.deadline
     return call.deadline - backend.stop_s - ANSWER_SECONDS_PER_OP * call.problem.num_ops
 
 
@@ -267,8 +270,8 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
     Ctrl-C (`interrupt.requested`): then it sets `task.stopped` and calls the stop hooks the
     backend registered, and the backend returns its best so far. A backend still busy at
     `abandon_at`, or STOP_GRACE_S after Ctrl-C (say, building a model too large), is stopped and
-    left behind: no schedule. A KeyboardInterrupt here (a second Ctrl-C from Python) stops the
-    backend on its way out."""
+    left behind: the answer is the incumbent it kept (`SearchTask.incumbent`), if any. A
+    KeyboardInterrupt here (a second Ctrl-C from Python) stops the backend on its way out."""
     stops: list[Callable[[], None]] = []
     task.on_stop = stops.append
     outcome: dict[str, object] = {}
@@ -296,8 +299,8 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
                 stop()
                 abandon_at = min(abandon_at, time.perf_counter() + STOP_GRACE_S)
             if time.perf_counter() >= abandon_at:
-                stop()
-                return Found("unknown", None, 0.0, None, None)
+                stop()  # its best so far, if it kept one (a CP-SAT incumbent), nothing proven
+                return task.incumbent or Found("unknown", None, 0.0, None, None)
             if live is not None and time.perf_counter() - drawn >= LIVE_LINE_PERIOD_S:
                 live.draw()
                 drawn = time.perf_counter()
@@ -350,7 +353,7 @@ def _lower_peak(search, task: SearchTask, options: dict, simulation: Simulation,
     that: its model costs about as much to build as the first one."""
     value = objective_value(simulation, task.objective)
     elapsed = interrupt.now() - call.started
-    budget = min(task.remaining(), max(1.0, elapsed))
+    budget = min(task.remaining(), max(interrupt.span(1.0), elapsed))
     if task.remaining() < elapsed or budget <= 0.05:
         return simulation
     phase = replace(task, warm=simulation, peak_cap=value, deadline=interrupt.now() + budget,

@@ -19,19 +19,16 @@ answers are checked against them, and `lower_bounds` gives them all and the best
   dependencies between them (`cross_device`): the one bound here that sees a device wait for its
   busy neighbour;
 - pair count (with overlapped pairs): per device, its work less what the pairs it can form by the
-  makespan save (`pair_relaxation.pair_count_bound`).
+  makespan save (`pair_relaxation.pair_count_bound`);
+- heaviest microbatches (where they differ): the whole pipeline with only the k heaviest, by the
+  full CP-SAT model (`heaviest`): large microbatches queueing behind each other on every device.
 
 On the span objective (the longest device span) `span_bounds` gives the busiest device's work and
 `span_bound.span_bound`, which reasons from heads and tails relative to a device's first and last op.
 
-With recomputation allowed, the memory bound prices it (a recomputed activation holds less for
-more work, `memory_bounds`, and where a device holds one whole activation at a time,
-`whole_activations_bound`); the device bounds are 0 then and with the bidirectional placement:
-the dynamic program assumes every activation kept and every microbatch through every stage of
-the device, and the CP-SAT relaxations, whose model holds there too (`cross_device`), proved
-nothing more at issue 30's sizes while costing their whole budget on small problems. With
-overlapped pairs every other bound is that of `pair_relaxation.pair_relaxed` (every op shortened
-as if it paired).
+With recomputation allowed, the memory bound prices it (`memory_bounds`); the device bounds are
+0 then and with the both-ways placement (see `lower_bounds`). With overlapped pairs every other
+bound is that of `pair_relaxation.pair_relaxed` (every op shortened as if it paired).
 
 Notes
 -----
@@ -41,7 +38,6 @@ and stage in microbatch order obeys (same-device order, and the memory precedenc
 schedule has that order (see `full_model`), so bounds computed on the implied graph still bound
 the optimum.
 """
-
 
 from __future__ import annotations
 
@@ -56,14 +52,15 @@ from zbopt.core.ops import Op, critical_path, device_work
 from zbopt.core.problem import Problem
 from zbopt.solvers.cross_device import cross_device_bound, device_groups
 from zbopt.solvers.gap import meets
+from zbopt.solvers.heaviest import heaviest_microbatches_bound, selectable
 from zbopt.solvers.implied import heads_and_tails, implied_graph
 from zbopt.solvers.memory_bounds import activation_lifetimes, memory_bound, microbatch_memory_bound
 from zbopt.solvers.pair_relaxation import pair_count_bound, pair_relaxed
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive, order_value
 from zbopt.solvers.span_bound import span_bound
 
-__all__ = ["BOUND_NAMES", "CROSS_SHARE", "GRAPH_SECONDS_PER_OP", "RELAXATION_MAX_S", "SEQUENCING_SHARE", "Bound",
-           "LowerBounds", "lower_bounds", "span_bounds"]
+__all__ = ["BOUND_NAMES", "CROSS_SHARE", "GRAPH_SECONDS_PER_OP", "HEAVIEST_SHARE", "RELAXATION_MAX_S",
+           "SEQUENCING_SHARE", "Bound", "LowerBounds", "lower_bounds", "span_bounds"]
 
 RELAXATION_MAX_S = 20.0  # the device bounds' total time (v >= 2 or mechanisms), or less if the deadline says so
 SEQUENCING_SHARE = 0.4  # of it, for the device sequencing dynamic program before the CP-SAT relaxations
@@ -71,8 +68,9 @@ CROSS_SHARE = 0.2  # of it, for the two-device relaxation last (it proves more o
 GRAPH_SECONDS_PER_OP = 1e-4  # building the implied graph and its heads and tails (measured: 4 s for 49k ops)
 _UNKNOWN_GAIN = 0.1  # what a device whose reach is infinite (`order_value`) may gain, relative to the best bound
 # every bound's name, in the order ties go (the cheaper first); the last two bound the span objective
-BOUND_NAMES = ("critical_path", "device_load", "one_machine", "memory", "pair_count", "device_sequencing",
-               "device_relaxation", "cross_device", "device_work", "span")
+BOUND_NAMES = ("critical_path", "device_load", "one_machine", "memory", "pair_count", "heaviest_microbatches",
+               "device_sequencing", "device_relaxation", "cross_device", "device_work", "span")
+HEAVIEST_SHARE = 0.5  # of the device bounds' time, where microbatches differ: the heaviest microbatches first
 
 
 @dataclass(frozen=True)
@@ -181,7 +179,8 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     original, problem = problem, pair_relaxed(problem)
     began = interrupt.now()
     # the pair count builds a graph of its own: twice the graph's time with pairs
-    if began + (2 if original.pairs is not None else 1) * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
+    if not interrupt.deterministic() and \
+            began + (2 if original.pairs is not None else 1) * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         return LowerBounds((Bound("critical_path", critical_path(problem)),
                             _on_device("device_load", device_work(problem), 0.0)), complete=False)
     graph = implied_graph(problem)
@@ -191,6 +190,11 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     paired = _pair_count(original)
     if paired is not None:
         found = found._replace(bounds=(*found.bounds, paired))
+    if selectable(original):
+        began = interrupt.now()
+        until = began + HEAVIEST_SHARE * (min(began + interrupt.span(RELAXATION_MAX_S), deadline) - began)
+        value = heaviest_microbatches_bound(original, until, found.best)
+        found = found._replace(bounds=(*found.bounds, Bound("heaviest_microbatches", value, interrupt.now() - began)))
     if problem.mechanisms_matter or problem.bidirectional:
         # the relaxations hold with the mechanisms and the bidirectional placement (`cross_device`),
         # but proved nothing above these bounds at issue 30's sizes (recomputation p = 4, m = 8,
@@ -257,7 +261,7 @@ def span_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     # its graph walks: a few per op; with recomputation or offload (only the first stage's forwards
     # in order) one per microbatch from each candidate first and last op
     walks = 3 * (problem.num_microbatches if problem.mechanisms_matter else 1)
-    if began + walks * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
+    if not interrupt.deterministic() and began + walks * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         return LowerBounds((busiest,), complete=False)
     began = interrupt.now()
     relative = Bound("span", span_bound(problem, deadline), interrupt.now() - began)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import networkx as nx
 from ortools.sat.python import cp_model
@@ -84,15 +85,19 @@ class _Frame:
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
-    """Hands each new incumbent and the solver's bound (problem units) to the driver's live line."""
+    """Hands each new incumbent and the solver's bound (problem units) to the driver's live line,
+    and keeps the incumbent's schedule in `task.incumbent`: where CP-SAT does not stop in time
+    after its deadline (its LP worker, on long runs) the driver leaves the search behind and
+    answers with that, not with the warm start (a 600 s run at p = 4, m = 16 lost its answer so)."""
 
-    def __init__(self, scale, report):
+    def __init__(self, task: SearchTask, scale: TickScale, read):
         super().__init__()
-        self.scale, self.report = scale, report
+        self.task, self.scale, self.read = task, scale, read
 
     def on_solution_callback(self) -> None:
         units = self.scale.units
-        self.report(units(self.ObjectiveValue()), units(self.BestObjectiveBound()) - self.scale.error_bound)
+        self.task.incumbent = self.read(self, "feasible", 0.0)
+        self.task.report(units(self.ObjectiveValue()), units(self.BestObjectiveBound()) - self.scale.error_bound)
 
 
 def refusal(problem: Problem) -> str | None:
@@ -296,27 +301,34 @@ def _solve(solver: cp_model.CpSolver, model, task: SearchTask, scale: TickScale,
         solver.parameters.max_deterministic_time = max(0.01, task.remaining())
     if task.peak_cap is None:
         solver.best_bound_callback = lambda bound: task.report(None, scale.units(bound) - scale.error_bound)
-    code = solve_stoppable(solver, model, _Progress(scale, task.report) if task.peak_cap is None else None,
+    read = partial(_answer, scale=scale, ops=ops, choices=choices, pairs=pairs, goal=goal)
+    code = solve_stoppable(solver, model, _Progress(task, scale, read) if task.peak_cap is None else None,
                            stop_when=task_stopped(task))
     status = _STATUS[code]
     if restricted:
         status = {"optimal": "feasible", "infeasible": "unknown"}.get(status, status)
-    found = code in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    if not found and task.stopped.is_set():
-        return _hinted_only(task, scale)
-    starts = None
-    if found:
-        starts = {op: scale.units(solver.Value(variables.start)) for op, variables in ops.items()
-                  if op.kind not in (RECOMPUTE, OFFLOAD, RELOAD) or solver.BooleanValue(_chosen(choices, op))}
-    proves = task.peak_cap is None and status != "infeasible" and not restricted  # a bound on the objective
-    return Found(
-        pairs=tuple(pair.members for pair in pairs if found and solver.BooleanValue(pair.chosen)),
-        status=status,
-        starts=starts,
-        bound=scale.units(solver.BestObjectiveBound()) - scale.error_bound if proves else 0.0,
-        modelled=scale.units(solver.Value(goal)) if found else None,
-        resolution=scale.resolution, error_bound=scale.error_bound, exact=scale.exact,
-    )
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        if task.stopped.is_set():
+            return _hinted_only(task, scale)
+        return Found(status, None, _proved(solver, task, scale, status, restricted), None, scale.resolution,
+                     error_bound=scale.error_bound, exact=scale.exact)
+    return read(solver, status, _proved(solver, task, scale, status, restricted))
+
+
+def _proved(solver: cp_model.CpSolver, task: SearchTask, scale: TickScale, status: str, restricted: bool) -> float:
+    """CP-SAT's bound on the objective (problem units, the rounding taken off), where it is one."""
+    proves = task.peak_cap is None and status != "infeasible" and not restricted
+    return scale.units(solver.BestObjectiveBound()) - scale.error_bound if proves else 0.0
+
+
+def _answer(source, status: str, bound: float, *, scale: TickScale, ops: dict[Op, OpVars], choices,
+            pairs: list[PairChoice], goal) -> Found:
+    """The schedule `source` holds (the solver after its search, or the callback on a solution)."""
+    starts = {op: scale.units(source.Value(variables.start)) for op, variables in ops.items()
+              if op.kind not in (RECOMPUTE, OFFLOAD, RELOAD) or source.BooleanValue(_chosen(choices, op))}
+    return Found(pairs=tuple(pair.members for pair in pairs if source.BooleanValue(pair.chosen)), status=status,
+                 starts=starts, bound=bound, modelled=scale.units(source.Value(goal)), resolution=scale.resolution,
+                 error_bound=scale.error_bound, exact=scale.exact)
 
 
 def _chosen(choices: dict, op: Op):

@@ -50,7 +50,7 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
     finishing = 2 * (interrupt.now() - began)  # kept for the final compaction and its simulation (0 on a meter)
     rng = random.Random(task.seed)
     size = window_ops
-    while task.remaining() > 0.05 + finishing and not stopped():
+    while task.remaining() > interrupt.span(0.05) + finishing and not stopped():
         order = sorted(range(table.size), key=lambda i: current[i])
         # half the windows at the cool-down, where the makespan is decided; the rest anywhere
         middle = table.size - 1 - size // 2 if rng.random() < 0.5 else rng.randrange(table.size)

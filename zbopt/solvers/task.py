@@ -33,6 +33,8 @@ class SearchTask:
         driver waits its `Backend.stop_s` past it for the answer, then leaves it behind.
     report : call with (incumbent, bound) in problem units whenever either improves.
     on_stop : register a callable that stops the search (Ctrl-C); the backend then returns its best.
+    incumbent : where the backend keeps its best schedule so far (a Found, nothing proven), which the
+        driver answers with when the backend does not return in time.
     """
 
     objective: str
@@ -45,6 +47,7 @@ class SearchTask:
     on_stop: Callable[[Callable[[], None]], None] = ignore
     peak_cap: float | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
+    incumbent: Found | None = None  # the backend's best schedule so far, for a driver that leaves it behind
 
     def remaining(self) -> float:
         """Seconds to the deadline (of work under a metered clock, `interrupt.now`)."""

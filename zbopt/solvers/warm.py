@@ -66,8 +66,8 @@ def _candidates(problem: Problem, orders: list):
     if problem.microbatches_equal or problem.sequence_slices > 1:
         orders = orders[:1] if orders[0] is None else orders
     planned = planning_problem(problem) if problem.per_microbatch is not None else None
-    for entry in registered():
-        for order in orders:
+    for order in orders:  # every heuristic in the given order first: a searched order takes longest
+        for entry in registered():
             label, rule = (None, None) if order is None else order
             yield entry.name, label, partial(_built, entry.name, problem, rule)
             if planned is not None and not (isinstance(rule, str) and rule not in SORTED_RULES):
@@ -75,16 +75,25 @@ def _candidates(problem: Problem, orders: list):
                 yield entry.name, label, partial(_built, entry.name, planned, sorted_rule)
 
 
-def _named(name: str, problem: Problem, order: Order) -> Schedule:
-    """The warm start the caller named: built on the problem itself, or where it cannot take the
-    problem's rows per microbatch, planned on `planning_problem` (see `_candidates`)."""
-    try:
-        return generate(name, problem, order=order)
-    except ProblemError:
-        if problem.per_microbatch is None or (isinstance(order, str) and order not in SORTED_RULES):
-            raise
-    return generate(name, planning_problem(problem), order=sorted_order(problem, order) if isinstance(order, str)
-                    else order)
+def _named(name: str, problem: Problem, order: Order) -> Simulation:
+    """The warm start the caller named, simulated: built on the problem itself, or where that does
+    not apply or breaks the limit and the problem has rows per microbatch, planned on
+    `planning_problem` (see `_candidates`); the first one within the limit, else the last built."""
+    builds = [partial(generate, name, problem, order=order)]
+    if problem.per_microbatch is not None and not (isinstance(order, str) and order not in SORTED_RULES):
+        planned_order = sorted_order(problem, order) if isinstance(order, str) else order
+        builds.append(partial(generate, name, planning_problem(problem), order=planned_order))
+    result = None
+    for number, build in enumerate(builds):
+        try:
+            result = _timed(problem, build())
+        except (ProblemError, NotApplicableError):
+            if number == len(builds) - 1 and result is None:
+                raise
+            continue
+        if result.valid:
+            break
+    return result
 
 
 def _built(name: str, problem: Problem, order: Order) -> Schedule:
@@ -167,12 +176,11 @@ def warm_start_simulation(problem: Problem, warm_start: str | Schedule | Simulat
         return given.schedule.name or "the schedule given", given
     try:
         with interrupt.deadline_scope(cutoff):
-            schedule = _named(warm_start, problem, None if entering is None else entering[1])
+            result = _named(warm_start, problem, None if entering is None else entering[1])
     except interrupt.TimeUp:
         if interrupt.requested.is_set():
             return None
         raise ZboptError(f"warm start '{warm_start}' did not finish within the time limit") from None
-    result = _timed(problem, schedule)
     if not result.valid:
         raise ZboptError(f"warm start '{warm_start}' breaks the memory limit: {result.violations[0]}")
     return warm_start if entering is None else f"{warm_start} ({entering[0]} order)", result

@@ -23,10 +23,11 @@ from zbopt.core.errors import ProblemError
 from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
+from zbopt.core.problem.slices import total_tokens
 from zbopt.core.schedule import Schedule
 
 __all__ = ["ORDER_KEY", "ORDER_RULES", "SEARCHED_RULES", "SORTED_RULES", "check_order", "entry_order", "relabelled",
-           "reordered", "route_groups", "sizes", "sorted_order"]
+           "reordered", "route_groups", "selected", "sizes", "sorted_order"]
 
 SORTED_RULES = ("given", "longest-first", "shortest-first")
 SEARCHED_RULES = ("dynapipe",)  # zbopt.schedules.ordering
@@ -85,11 +86,29 @@ def reordered(problem: Problem, order: Sequence[int]) -> Problem:
     column of every table); the problem itself where its microbatches are equal or the order is 0..m-1."""
     if problem.microbatches_equal or tuple(order) == tuple(range(problem.num_microbatches)):
         return problem
+    return problem.replace(**_columns(problem, order))
+
+
+def selected(problem: Problem, microbatches: Sequence[int]) -> Problem:
+    """`problem` with only `microbatches` (in this order), each costing what it costs in `problem`
+    (its tokens at the problem's reference length, or its column of every table). Every schedule
+    of `problem`, its other microbatches' ops left out, is one of this: a relaxation, whose
+    optimum bounds the problem's. Microbatches that differ, one iteration."""
+    changes = _columns(problem, microbatches)
     if problem.microbatch_tokens is not None:
-        return problem.replace(microbatch_tokens=[problem.microbatch_tokens[j] for j in order])
-    tables = tuple((key, tuple(tuple(row[j] for j in order) for row in rows))
-                   for key, rows in problem.microbatch_tables)
-    return problem.replace(microbatch_tables=tables)
+        tokens = problem.microbatch_tokens
+        changes["reference_tokens"] = problem.reference_tokens or sum(map(total_tokens, tokens)) / len(tokens)
+    return problem.replace(num_microbatches=len(microbatches), **changes)
+
+
+def _columns(problem: Problem, microbatches: Sequence[int]) -> dict:
+    """The per-microbatch key of `problem` (tokens or tables) with `microbatches`' entries, in order."""
+    if problem.microbatch_tokens is not None:
+        return {"microbatch_tokens": [problem.microbatch_tokens[j] for j in microbatches]}
+    if not problem.microbatch_tables:
+        return {}
+    return {"microbatch_tables": tuple((key, tuple(tuple(row[j] for j in microbatches) for row in rows))
+                                       for key, rows in problem.microbatch_tables)}
 
 
 def relabelled(schedule: Schedule, order: Sequence[int], microbatches: int) -> Schedule:

@@ -306,3 +306,16 @@ def test_json_numbers_carry_no_float_noise(capsys):
     assert simulate(problem, generate("1f1b", problem)).makespan != 3.3  # the noise is there to remove
     status, out, _ = run(capsys, "simulate", "-s", "4", "-b", "8", "-f", "0.1", "-bw", "0.2", "--json")
     assert status == 0 and json.loads(out)["makespan"] == 3.3
+
+
+def test_a_worker_thread_left_running_ends_the_process_with_the_commands_status():
+    """A solver thread the driver left behind at the time limit is still inside C++ at exit, where
+    the interpreter's shutdown aborts (exit 134 after a complete output: issue 42, item 4); the
+    command then leaves at once with its own status, its output flushed."""
+    import subprocess
+    import sys
+
+    code = ("import sys, threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); "
+            "sys.argv = ['zbopt', 'schedules']; from zbopt.__main__ import run; run()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and "zb-h1" in done.stdout

@@ -6,6 +6,7 @@ imports take a few tenths of a second, and a traceback of them helps no one.
 
 import signal
 import sys
+import threading
 
 from zbopt.core import interrupt
 
@@ -15,9 +16,15 @@ def run() -> None:
     from zbopt.interfaces.cli import main
 
     code = main(started=interrupt.process_started())  # the time limit counts start-up and imports too
-    if code == interrupt.EXIT_INTERRUPTED:
-        interrupt.leave()
+    if code == interrupt.EXIT_INTERRUPTED or _left_behind():
+        interrupt.leave(code)
     sys.exit(code)
+
+
+def _left_behind() -> bool:
+    """Whether a worker thread still runs (a solver the driver left behind at the time limit, inside
+    C++): the interpreter's shutdown would then abort the process after its complete output."""
+    return any(thread.daemon and thread.is_alive() for thread in threading.enumerate())
 
 
 if __name__ == "__main__":

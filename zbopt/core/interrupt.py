@@ -245,14 +245,15 @@ def exit_at_once(_signum=None, _frame=None) -> None:
     leave()
 
 
-def leave() -> None:
-    """Exit 130 at once, what was printed flushed: no interpreter shutdown, which would wait for
-    nothing useful, could meet a solver thread still inside C++, and lets a further Ctrl-C end the
-    process by the signal."""
+def leave(status: int = EXIT_INTERRUPTED) -> None:
+    """Exit with `status` (130) at once, what was printed flushed: no interpreter shutdown, which
+    would wait for nothing useful, could meet a solver thread still inside C++ (it aborts the
+    process: "terminate called without an active exception", exit 134, after a complete output),
+    and lets a further Ctrl-C end the process by the signal."""
     with contextlib.suppress(OSError, RuntimeError, ValueError):  # a write under way, or stdout closed
         sys.stdout.flush()
         sys.stderr.flush()
-    os._exit(EXIT_INTERRUPTED)
+    os._exit(status)
 
 
 def _mid_line() -> bool:

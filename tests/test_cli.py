@@ -315,7 +315,8 @@ def test_a_worker_thread_left_running_ends_the_process_with_the_commands_status(
     import subprocess
     import sys
 
-    code = ("import sys, threading, time; threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); "
+    code = ("import sys, threading, time; "
+            "threading.Thread(target=time.sleep, args=(60,), daemon=True, name='zbopt-search').start(); "
             "sys.argv = ['zbopt', 'schedules']; from zbopt.__main__ import run; run()")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0 and "zb-h1" in done.stdout

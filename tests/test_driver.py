@@ -325,7 +325,7 @@ def test_a_backend_left_behind_answers_with_the_incumbent_it_kept(stand_in):
     kept = Found("feasible", start_times(zb), 0.0, zb.makespan, 1.0)
 
     def stuck(problem, task):
-        task.incumbent = kept
+        task.kept["incumbent"] = kept
         time.sleep(task.remaining() + 2 * api.STOP_GRACE_S + 1)  # past the call's limit: left behind
         return Found("unknown", None, 0.0, None, 1.0)
 

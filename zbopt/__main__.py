@@ -10,6 +10,8 @@ import threading
 
 from zbopt.core import interrupt
 
+LEFT_BEHIND = ("zbopt-search", "zbopt-cp-sat")  # the solve driver's threads (`solvers.api`, `cp_parts`)
+
 
 def run() -> None:
     signal.signal(signal.SIGINT, interrupt.exit_at_once)
@@ -24,7 +26,7 @@ def run() -> None:
 def _left_behind() -> bool:
     """Whether a worker thread still runs (a solver the driver left behind at the time limit, inside
     C++): the interpreter's shutdown would then abort the process after its complete output."""
-    return any(thread.daemon and thread.is_alive() for thread in threading.enumerate())
+    return any(thread.name in LEFT_BEHIND and thread.is_alive() for thread in threading.enumerate())
 
 
 if __name__ == "__main__":

@@ -270,7 +270,7 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
     Ctrl-C (`interrupt.requested`): then it sets `task.stopped` and calls the stop hooks the
     backend registered, and the backend returns its best so far. A backend still busy at
     `abandon_at`, or STOP_GRACE_S after Ctrl-C (say, building a model too large), is stopped and
-    left behind: the answer is the incumbent it kept (`SearchTask.incumbent`), if any. A
+    left behind: the answer is the incumbent it kept (`SearchTask.kept`), if any. A
     KeyboardInterrupt here (a second Ctrl-C from Python) stops the backend on its way out."""
     stops: list[Callable[[], None]] = []
     task.on_stop = stops.append
@@ -300,7 +300,7 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
                 abandon_at = min(abandon_at, time.perf_counter() + STOP_GRACE_S)
             if time.perf_counter() >= abandon_at:
                 stop()  # its best so far, if it kept one (a CP-SAT incumbent), nothing proven
-                return task.incumbent or Found("unknown", None, 0.0, None, None)
+                return task.kept.get("incumbent") or Found("unknown", None, 0.0, None, None)
             if live is not None and time.perf_counter() - drawn >= LIVE_LINE_PERIOD_S:
                 live.draw()
                 drawn = time.perf_counter()
@@ -357,7 +357,7 @@ def _lower_peak(search, task: SearchTask, options: dict, simulation: Simulation,
     if task.remaining() < elapsed or budget <= 0.05:
         return simulation
     phase = replace(task, warm=simulation, peak_cap=value, deadline=interrupt.now() + budget,
-                    report=ignore, stopped=task.stopped)
+                    report=ignore, stopped=task.stopped, kept={})  # not the first phase's incumbent
     found = _run_stoppable(search, call.problem, phase, options, None, _abandon_at(call.deadline))
     leaner = simulated_answer(call.problem, found, task.objective, call.solver)
     if leaner is None or objective_value(leaner, task.objective) > value:  # not even a rounding worse

@@ -86,7 +86,7 @@ class _Frame:
 
 class _Progress(cp_model.CpSolverSolutionCallback):
     """Hands each new incumbent and the solver's bound (problem units) to the driver's live line,
-    and keeps the incumbent's schedule in `task.incumbent`: where CP-SAT does not stop in time
+    and keeps the incumbent's schedule in `task.kept`: where CP-SAT does not stop in time
     after its deadline (its LP worker, on long runs) the driver leaves the search behind and
     answers with that, not with the warm start (a 600 s run at p = 4, m = 16 lost its answer so)."""
 
@@ -96,7 +96,7 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 
     def on_solution_callback(self) -> None:
         units = self.scale.units
-        self.task.incumbent = self.read(self, "feasible", 0.0)
+        self.task.kept["incumbent"] = self.read(self, "feasible", 0.0)
         self.task.report(units(self.ObjectiveValue()), units(self.BestObjectiveBound()) - self.scale.error_bound)
 
 

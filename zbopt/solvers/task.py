@@ -33,8 +33,9 @@ class SearchTask:
         driver waits its `Backend.stop_s` past it for the answer, then leaves it behind.
     report : call with (incumbent, bound) in problem units whenever either improves.
     on_stop : register a callable that stops the search (Ctrl-C); the backend then returns its best.
-    incumbent : where the backend keeps its best schedule so far (a Found, nothing proven), which the
-        driver answers with when the backend does not return in time.
+    kept : where the backend keeps its best schedule so far (`kept["incumbent"]`, a Found, nothing
+        proven), which the driver answers with when the backend does not return in time; a task
+        copied with `dataclasses.replace` (a backend's first stage) shares it.
     """
 
     objective: str
@@ -47,7 +48,7 @@ class SearchTask:
     on_stop: Callable[[Callable[[], None]], None] = ignore
     peak_cap: float | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
-    incumbent: Found | None = None  # the backend's best schedule so far, for a driver that leaves it behind
+    kept: dict[str, Found] = field(default_factory=dict)  # "incumbent": the backend's best so far
 
     def remaining(self) -> float:
         """Seconds to the deadline (of work under a metered clock, `interrupt.now`)."""

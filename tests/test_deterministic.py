@@ -45,11 +45,10 @@ def _twice(arguments: list[str]) -> list[object]:
 
 @pytest.mark.parametrize("arguments", [
     ["solve", *LOOP, "--time-limit", "2"],
-    ["solve", str(EXAMPLES / "unequal.yaml"), "--time-limit", "2"],
     ["compare", *LOOP, "--optimal", "--time-limit", "2"],
     ["plan", str(EXAMPLES / "model_layers.yaml"), "--devices", "4", "--microbatches", "8", "--chunks", "1,2",
-     "--time-limit", "6"],
-], ids=["solve", "solve-unequal", "compare", "plan"])
+     "--time-limit", "3"],
+], ids=["solve", "compare", "plan"])
 def test_two_deterministic_runs_print_the_same_answer_and_certificate(arguments):
     first, second = _twice([*arguments, "--deterministic"])
     assert first == second

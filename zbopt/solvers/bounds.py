@@ -70,7 +70,7 @@ _UNKNOWN_GAIN = 0.1  # what a device whose reach is infinite (`order_value`) may
 # every bound's name, in the order ties go (the cheaper first); the last two bound the span objective
 BOUND_NAMES = ("critical_path", "device_load", "one_machine", "memory", "pair_count", "heaviest_microbatches",
                "device_sequencing", "device_relaxation", "cross_device", "device_work", "span")
-HEAVIEST_SHARE = 0.5  # of the device bounds' time, where microbatches differ: the heaviest microbatches first
+HEAVIEST_SHARE = 0.25  # of the device bounds' time, where microbatches differ: the heaviest microbatches first
 
 
 @dataclass(frozen=True)

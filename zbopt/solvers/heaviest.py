@@ -58,7 +58,7 @@ def heaviest_microbatches_bound(problem: Problem, deadline: float, floor: float 
         if interrupt.past(deadline):
             break
         kept = sorted(heaviest[:count])
-        subset = _faithful(problem, kept)
+        subset = _faithful(problem, table, kept)
         if subset is None:
             break
         if _greedy_makespan(subset) <= max(floor, value):
@@ -71,9 +71,9 @@ def heaviest_microbatches_bound(problem: Problem, deadline: float, floor: float 
     return value
 
 
-def _faithful(problem: Problem, kept: list[int]) -> Problem | None:
-    """`problem` with only the microbatches `kept` (`order.selected`), or None where that problem
-    does not give each op the duration and memory it has in `problem`: values that follow from
+def _faithful(problem: Problem, table, kept: list[int]) -> Problem | None:
+    """`problem` (`table`: its op table) with only the microbatches `kept` (`order.selected`), or
+    None where that problem does not give each op the duration and memory it has in `problem`: values that follow from
     others per microbatch (say, weight memory from the activations' mean) would be derived anew
     from the subset's, and a bound on such a problem is no bound on this one (a review found one
     at 12 where the optimum is 10.5)."""
@@ -81,7 +81,7 @@ def _faithful(problem: Problem, kept: list[int]) -> Problem | None:
         subset = selected(problem, kept)
     except ZboptError:
         return None
-    table, own = op_table(problem), op_table(subset)
+    own = op_table(subset)
     for index in range(own.size):
         kind, stage, microbatch = own.op(index)
         original = table.index(Op(kind, stage, kept[microbatch]))

@@ -60,39 +60,43 @@ def _candidates(problem: Problem, orders: list):
     """(registered name, order label or None, a call building it) in registry order, each
     heuristic in each of `orders` ((label, rule or permutation), or None: as numbered) where
     microbatches differ (and are not a sequence's slices, which enter together), as numbered
-    otherwise: built on the problem itself, as `compare` builds its rows, and where it has rows
-    per microbatch also planned on `planning_problem` (whose stage values keep some heuristics
-    within a limit that the rows' own costs mislead), there in the sorted orders only."""
+    otherwise, each in every build of `_builds`."""
     if problem.microbatches_equal or problem.sequence_slices > 1:
         orders = orders[:1] if orders[0] is None else orders
     planned = planning_problem(problem) if problem.per_microbatch is not None else None
     for order in orders:  # every heuristic in the given order first: a searched order takes longest
+        label, rule = (None, None) if order is None else order
         for entry in registered():
-            label, rule = (None, None) if order is None else order
-            yield entry.name, label, partial(_built, entry.name, problem, rule)
-            if planned is not None and not (isinstance(rule, str) and rule not in SORTED_RULES):
-                sorted_rule = sorted_order(problem, rule) if isinstance(rule, str) else rule
-                yield entry.name, label, partial(_built, entry.name, planned, sorted_rule)
+            for build in _builds(entry.name, problem, rule, planned):
+                yield entry.name, label, build
+
+
+def _builds(name: str, problem: Problem, order: Order, planned: Problem | None) -> list:
+    """The calls building heuristic `name` in `order`: on the problem itself, as `compare` builds
+    its rows, then, where the problem has rows per microbatch (`planned`: its `planning_problem`),
+    planned on the stage values, whose plans keep some heuristics within a limit that the rows' own
+    costs mislead; there in the sorted orders only (every searched order looks alike)."""
+    builds = [partial(_built, name, problem, order)]
+    if planned is not None and not (isinstance(order, str) and order not in SORTED_RULES):
+        builds.append(partial(_built, name, planned, sorted_order(problem, order) if isinstance(order, str) else order))
+    return builds
 
 
 def _named(name: str, problem: Problem, order: Order) -> Simulation:
-    """The warm start the caller named, simulated: built on the problem itself, or where that does
-    not apply or breaks the limit and the problem has rows per microbatch, planned on
-    `planning_problem` (see `_candidates`); the first one within the limit, else the last built."""
-    builds = [partial(generate, name, problem, order=order)]
-    if problem.per_microbatch is not None and not (isinstance(order, str) and order not in SORTED_RULES):
-        planned_order = sorted_order(problem, order) if isinstance(order, str) else order
-        builds.append(partial(generate, name, planning_problem(problem), order=planned_order))
-    result = None
-    for number, build in enumerate(builds):
+    """The warm start the caller named, simulated: the first of its builds (`_builds`) that
+    applies and holds the limit, else the last one built; the last refusal where none applies."""
+    planned = planning_problem(problem) if problem.per_microbatch is not None else None
+    result, refusal = None, None
+    for build in _builds(name, problem, order, planned):
         try:
             result = _timed(problem, build())
-        except (ProblemError, NotApplicableError):
-            if number == len(builds) - 1 and result is None:
-                raise
+        except NotApplicableError as error:
+            refusal = error
             continue
         if result.valid:
             break
+    if result is None:
+        raise refusal
     return result
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 
 import pytest
@@ -185,3 +186,23 @@ def test_a_published_seed_off_the_tick_grid_is_not_rounded_into_a_broken_block()
     found = optimal_block(problem, time_limit=0.2, workers=1)
     assert all(peak <= 5 + 1e-9 for peak in steady_peak(found.block))
     assert simulate(problem, block_schedule(found.block), strict=True).valid
+
+
+@pytest.mark.parametrize("placement, chunks", [("loop", 1), ("loop", 2), ("loop", 3), ("v", 2)])
+def test_the_block_built_start_holds_the_limit_below_at_and_above_the_blocks_size(placement, chunks):
+    """`solve`'s start under a memory limit (the optimal block repeated for the instance's m and
+    squeezed) is valid within the limit whether m is below, at or above the number of
+    microbatches one block keeps in flight, and never longer than the block repeated unsqueezed."""
+    stages = 3 * chunks
+    base = Problem(num_devices=3, num_microbatches=6, chunks_per_device=chunks, placement=placement,
+                   forward_times=[2 + stage % 2 for stage in range(stages)], backward_times=3, weight_times=1,
+                   p2p_time=1)
+    limit = 1.5 * max(base.min_memory_limit)
+    block = optimal_block(base.replace(memory_limit=limit), time_limit=2).block
+    size = math.ceil(block.length / block.period)
+    for m in sorted({1, max(1, size - 1), size, 2 * size + 1}):
+        problem = base.replace(num_microbatches=m, memory_limit=limit)
+        built = simulate(problem, block_schedule(Block(problem, block.offsets, block.period, 1, block.name)),
+                         strict=True)
+        assert built.valid and max(built.peak_memory) <= limit + 1e-9
+        assert built.makespan <= block.repeated_span(m) + 1e-9

@@ -138,3 +138,55 @@ def test_an_answer_that_meets_the_full_models_bound_is_optimal_decided_by_the_so
                         Found("feasible", start_times(first.warm), optimum, None, 1.0))
     result = solve(problem, "cpsat", time_limit=3, warm_start="1f1b", lower_peak=False, lns_share=0.5)
     assert (result.status, result.objective, result.decided_by) == ("optimal", pytest.approx(optimum), "solver")
+
+
+@pytest.mark.parametrize("limit", [None, 3.0])
+def test_under_a_memory_limit_the_default_backend_starts_from_the_optimal_block(monkeypatch, limit):
+    """With a full model that finds nothing (stood in for), the answer is the optimal block repeated
+    and squeezed where it beats the best heuristic, valid under the limit; without a limit the
+    block is not searched (the heuristics' warm-ups are not what limits the answer there)."""
+    from zbopt.solvers.blocks import block_schedule
+    from zbopt.solvers.blocks.search import optimal_block
+    from zbopt.solvers.warm import best_heuristic
+
+    problem = Problem(num_devices=3, num_microbatches=6, chunks_per_device=2, forward_times=[2, 1, 2, 1, 2, 1],
+                      backward_times=2, weight_times=1, p2p_time=0.5, memory_limit=limit)
+    warm = best_heuristic(problem)[1]  # at the limit: greedy, 132 against the block's 103.5
+    task = replace(_task(problem, "interleaved-1f1b", 10.0), warm=warm)
+    monkeypatch.setattr(full_model, "search", lambda problem, first, **options: Found("unknown", None, 0.0, None, 1.0))
+    monkeypatch.setattr(cpsat, "LNS_MIN_OPS", 10**9)  # the full model alone: its answer is the start's
+    found = cpsat.search(problem, task)
+    if limit is None:
+        assert found.starts is None
+        return
+    built = simulate(problem, block_schedule(optimal_block(problem, time_limit=1.0).block))
+    assert built.valid and built.makespan < warm.makespan  # the case has something to show
+    answer = simulate(problem, schedule_from_starts(problem, found.starts, "test"))
+    assert answer.valid and answer.makespan == pytest.approx(built.makespan)
+
+
+def test_two_microbatches_trading_places_keep_a_valid_schedule_under_the_limit():
+    """LNS's swap move where microbatches differ: every device's order with two microbatches
+    traded, compacted under the caps, is a valid schedule of the problem (the simulator's word)."""
+    import random
+
+    from zbopt.core.ops import op_table
+    from zbopt.core.ticks import tick_problem, tick_scale
+
+    problem = Problem(num_devices=3, num_microbatches=6, forward_times=1, backward_times=1, weight_times=1,
+                      microbatch_tokens=[512, 4096, 1024, 2048, 768, 3072], attention_share=0.3)
+    problem = problem.replace(memory_limit=max(simulate(problem, generate("zb-h1", problem)).peak_memory))
+    integral = tick_problem(problem, tick_scale(problem))
+    table = op_table(integral)
+    started = simulate(integral, generate("zb-h1", integral))
+    in_time_order = [op for _, op in sorted(zip(started.start.tolist(), started.table.ops(), strict=True))]
+    current = lns._timed(integral, in_time_order, problem.memory_caps)
+    rng, valid = random.Random(0), 0
+    for _ in range(20):
+        swapped = lns._swapped(integral, table, current, problem.memory_caps, rng)
+        if swapped is not None:
+            order = sorted(range(table.size), key=lambda i: swapped[i])
+            schedule = schedule_from_starts(integral, {table.op(i): swapped[i] for i in order}, "swapped")
+            assert simulate(integral, schedule).valid
+            valid += 1
+    assert valid > 0

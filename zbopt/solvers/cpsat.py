@@ -21,14 +21,19 @@ from dataclasses import replace
 
 from zbopt.core import interrupt
 from zbopt.core.problem import Problem
+from zbopt.core.simulation import simulate
 from zbopt.solvers import full_model, lns
-from zbopt.solvers.answer import simulated_answer
+from zbopt.solvers.answer import simulated_answer, start_times
+from zbopt.solvers.blocks.build import block_schedule
+from zbopt.solvers.blocks.search import block_refusal, optimal_block
 from zbopt.solvers.task import Found, SearchTask
 
-__all__ = ["LNS_MIN_OPS", "LNS_SHARE", "search"]
+__all__ = ["BLOCK_MIN_OPS", "BLOCK_SHARE", "LNS_MIN_OPS", "LNS_SHARE", "search"]
 
 LNS_MIN_OPS = 600  # between the sizes measured: the full model wins at 432 ops, LNS at 768
 LNS_SHARE = 0.5  # of the search time, for LNS after the full model
+BLOCK_SHARE = 0.1  # of the search time, for the optimal block a memory-bound search may start from
+BLOCK_MIN_OPS = 100  # below, the full model proves its optimum in seconds and the block search only costs time
 
 
 def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulative", symmetry_breaking: bool = True,
@@ -41,7 +46,19 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         lns_share = LNS_SHARE if problem.num_ops >= LNS_MIN_OPS else 0.0
     if not 0 <= lns_share < 1:
         raise ValueError(f"lns_share {lns_share}: must be at least 0 and below 1")
-    model_options = dict(memory_model=memory_model, symmetry_breaking=symmetry_breaking, pair_window=pair_window)
+    started = _from_the_block(problem, task)
+    found = _full_then_lns(problem, started, lns_share, dict(memory_model=memory_model,
+                                                              symmetry_breaking=symmetry_breaking,
+                                                              pair_window=pair_window))
+    block = started.warm
+    if block is task.warm or (found.starts is not None and found.modelled <= block.makespan):
+        return found
+    return replace(found, status="feasible" if found.status == "unknown" else found.status,
+                   starts=start_times(block), modelled=block.makespan)
+
+
+def _full_then_lns(problem: Problem, task: SearchTask, lns_share: float, model_options: dict) -> Found:
+    """The full model, then LNS from its best for `lns_share` of the search time (see `search`)."""
     if lns_share == 0 or task.warm is None or not lns.applies(problem, task):
         # without a warm start the full model may find no schedule in its share, and LNS none without one
         return full_model.search(problem, task, **model_options)
@@ -56,3 +73,23 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     if improved.modelled > start.makespan:  # rounded ticks: keep the better
         return found
     return replace(found, status="feasible", starts=improved.starts, modelled=improved.modelled)
+
+
+def _from_the_block(problem: Problem, task: SearchTask) -> SearchTask:
+    """`task`, starting instead from the optimal repeating block (`optimal_block`, BLOCK_SHARE of
+    the search time) repeated for the problem's m and squeezed (`block_schedule`: a fill, the
+    steady state, a drain) where that is shorter than its warm start. Only under a memory limit,
+    where the best schedules are block-shaped and the heuristics' warm-up counts miss the limit;
+    on problems of at least BLOCK_MIN_OPS ops (a test's 36-op splits lost a second each to it);
+    for the makespan of one iteration with every activation kept and equal microbatches (what the
+    block search models); from a warm start (a caller who gave none wants no hint)."""
+    if (problem.memory_limit is None or problem.num_ops < BLOCK_MIN_OPS or task.objective != "makespan"
+            or task.peak_cap is not None or task.warm is None or problem.iterations != 1
+            or block_refusal(problem) is not None or task.remaining() <= 0):
+        return task
+    found = optimal_block(problem, time_limit=BLOCK_SHARE * task.remaining(), workers=task.workers, seed=task.seed)
+    built = simulate(problem, block_schedule(found.block))
+    if not built.valid or built.makespan >= task.warm.makespan:
+        return task
+    task.report(built.makespan, None)
+    return replace(task, warm=built)

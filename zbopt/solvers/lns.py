@@ -7,7 +7,10 @@ every activation's lifetime within the device's memory limit) so the window ends
 can; then compact the whole schedule in its new order (`timeline.compact`: every op as early as
 its device, input and memory allow, never later than before) and keep it if the makespan fell,
 or stayed and the ops start earlier in sum. The window grows while CP-SAT solves it to optimality
-quickly and shrinks when it does not.
+quickly and shrinks when it does not. Half the windows sit at the drain, a quarter at the fill
+(where a schedule built from a repeating block, `cpsat`'s start under a memory limit, follows a
+rule rather than a search), the rest anywhere. Where microbatches differ, each round also tries
+two of them trading places (the order of entry decides how well long and short ones interleave).
 
 It proves nothing: the driver's independent lower bounds give the gap. Makespan objective,
 one iteration; otherwise it returns no schedule and the driver keeps the warm start.
@@ -50,10 +53,14 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
     finishing = 2 * (interrupt.now() - began)  # kept for the final compaction and its simulation (0 on a meter)
     rng = random.Random(task.seed)
     size = window_ops
+    swaps = not problem.microbatches_equal and problem.sequence_slices == 1 and problem.num_microbatches > 1
     while task.remaining() > interrupt.span(0.05) + finishing and not stopped():
+        if swaps:
+            current = _better(table, current, _swapped(integral, table, current, caps, rng), task, scale)
         order = sorted(range(table.size), key=lambda i: current[i])
-        # half the windows at the cool-down, where the makespan is decided; the rest anywhere
-        middle = table.size - 1 - size // 2 if rng.random() < 0.5 else rng.randrange(table.size)
+        # half the windows at the drain, where the makespan is decided; a quarter at the fill (both
+        # follow a rule in a block-built start); the rest anywhere
+        middle = rng.choice((table.size - 1 - size // 2,) * 2 + (size // 2, rng.randrange(table.size)))
         free = order[max(0, middle - size // 2): middle + size // 2 + 1]
         solver = timed_solver(min(interrupt.span(STEP_S), task.remaining()), task.workers, rng.randrange(1 << 30))
         placed, solved = _reoptimise(integral, table, current, set(free), solver, caps, stopped)
@@ -64,9 +71,7 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
             candidate = _timed(integral, _by_start(table, placed), caps)
         except ValueError:  # cannot happen for a model that holds the limit; keep the incumbent
             continue
-        if (max(_ends(table, candidate)), sum(candidate)) < (max(_ends(table, current)), sum(current)):
-            current = candidate
-            task.report(scale.units(max(_ends(table, current))), None)
+        current = _better(table, current, candidate, task, scale)
     schedule = compact(problem, [table.op(i) for i in sorted(range(table.size), key=lambda i: current[i])], caps)
     result = simulate(problem, schedule)
     starts = dict(zip(result.table.ops(), result.start.tolist(), strict=True))
@@ -85,6 +90,29 @@ def applies(problem: Problem, task: SearchTask) -> bool:
     every activation kept."""
     return task.objective == "makespan" and problem.iterations == 1 and task.peak_cap is None \
         and refusal(problem) is None
+
+
+def _better(table, current: list[float], candidate: list[float] | None, task: SearchTask, scale) -> list[float]:
+    """The candidate where it ends sooner, or as soon with the ops starting earlier in sum (reported
+    to the task); else the incumbent."""
+    if candidate is None or (max(_ends(table, candidate)), sum(candidate)) >= (max(_ends(table, current)),
+                                                                              sum(current)):
+        return current
+    task.report(scale.units(max(_ends(table, candidate))), None)
+    return candidate
+
+
+def _swapped(problem: Problem, table, current: list[float], caps, rng: random.Random) -> list[float] | None:
+    """Where microbatches differ, the incumbent with two of them trading places (every op of the
+    one where the other's ran, in every device's order: still a valid order, each microbatch's
+    chain keeps its sequence), compacted under the caps; None where that cannot fit them."""
+    first, second = rng.sample(range(problem.num_microbatches), 2)
+    trade = {first: second, second: first}
+    order = [Op(op.kind, op.stage, trade.get(op.microbatch, op.microbatch)) for op in _by_start(table, current)]
+    try:
+        return _timed(problem, order, caps)
+    except ValueError:
+        return None
 
 
 def _by_start(table, starts) -> list[Op]:

@@ -21,11 +21,11 @@ reported as the best block, not as a lower bound.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from zbopt.core import interrupt
 from zbopt.core.errors import NotApplicableError, ZboptError
 from zbopt.core.kinds import FORWARD, WEIGHT
 from zbopt.core.ops import Op, critical_path, device_work, earliest_finish, op_graph
@@ -38,7 +38,7 @@ from zbopt.solvers.blocks.published import PUBLISHED, published_block
 from zbopt.solvers.cp_parts import solve_stoppable, timed_solver
 
 __all__ = ["FINAL_SHARE", "PLACEMENT_SHARE", "PLACEMENT_STEP", "BlockSearch", "best_published_block",
-           "block_objective", "optimal_block", "published_rows"]
+           "block_objective", "block_refusal", "optimal_block", "published_rows"]
 
 FINAL_SHARE = 0.2  # of the time limit, kept for the shortest block at the least T
 PLACEMENT_SHARE = 0.1  # of the time limit, at most, for the modulo placements below the bisection's upper end
@@ -111,7 +111,7 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     smaller than the block found (costs not whole ticks, a search cut short, or a small m), it is
     the answer instead, with status "feasible"."""
     _check_searchable(problem, time_limit)
-    deadline = time.perf_counter() + time_limit
+    deadline = interrupt.now() + time_limit
     scale = tick_scale(problem)
     integral = tick_problem(problem, scale)
     start = best_published_block(problem)
@@ -120,7 +120,7 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
     found = _blocks_to_start_from(shape, seed_block, scale, PLACEMENT_SHARE * time_limit)
     final_share = FINAL_SHARE * time_limit  # kept for the shortest block at the least T
     high, refuted = _bisect(shape, found, deadline - final_share, workers, seed)
-    code, offsets = shape.solve(high, max(0.01, deadline - time.perf_counter()), workers, seed,
+    code, offsets = shape.solve(high, max(0.01, deadline - interrupt.now()), workers, seed,
                                 hint=found.get(high), shortest=True)
     if offsets is None:
         offsets, code = found[high], cp_model.FEASIBLE
@@ -136,24 +136,31 @@ def optimal_block(problem: Problem, *, time_limit: float = 10.0, workers: int = 
                        start.name if start is not None else "none")
 
 
-def _check_searchable(problem: Problem, time_limit: float) -> None:
-    """A ZboptError for what the block search does not model (or a time limit that is no number of
-    seconds); NotApplicableError for more than one iteration."""
-    if not (isinstance(time_limit, (int, float)) and time_limit > 0):
-        raise ZboptError(f"time_limit = {time_limit!r}: must be a positive number of seconds")
+def block_refusal(problem: Problem) -> str | None:
+    """Why the block search cannot take `problem` (what it does not model), or None."""
     for record, key, what in ((problem.recomputation, "allow_recompute", "recomputation"),
                               (problem.offload, "allow_offload", "offload")):
         if record is not None:
-            raise ZboptError(f"the block search keeps every activation: it does not model {what} ({key}); "
-                             "use zbopt solve")
+            return f"the block search keeps every activation: it does not model {what} ({key}); use zbopt solve"
     if problem.bidirectional:
-        raise ZboptError("the block search repeats one microbatch's block, and placement 'bidirectional' sends "
-                         "microbatches two ways; use zbopt solve")
+        return ("the block search repeats one microbatch's block, and placement 'bidirectional' sends "
+                "microbatches two ways; use zbopt solve")
     if problem.pairs is not None:
-        raise ZboptError("the block search does not model overlapped pairs (overlap_times); use zbopt solve")
+        return "the block search does not model overlapped pairs (overlap_times); use zbopt solve"
     if not problem.microbatches_equal:
-        raise ZboptError("the block search repeats one microbatch's block, and these microbatches differ "
-                         "(microbatch_tokens, rows per microbatch or sequence_slices); use zbopt solve")
+        return ("the block search repeats one microbatch's block, and these microbatches differ "
+                "(microbatch_tokens, rows per microbatch or sequence_slices); use zbopt solve")
+    return None
+
+
+def _check_searchable(problem: Problem, time_limit: float) -> None:
+    """A ZboptError for what the block search does not model (`block_refusal`) or a time limit
+    that is no number of seconds; NotApplicableError for more than one iteration."""
+    if not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        raise ZboptError(f"time_limit = {time_limit!r}: must be a positive number of seconds")
+    refusal = block_refusal(problem)
+    if refusal is not None:
+        raise ZboptError(refusal)
     if problem.iterations != 1:
         raise NotApplicableError(f"a block schedule needs iterations = 1 (got {problem.iterations})")
 
@@ -165,7 +172,7 @@ def _blocks_to_start_from(shape: _Shape, seed_block: Block | None, scale, placin
     seed when it lies on the tick grid (rounding one off it could break the block)."""
     period, serial = shape.serial()
     found = {period: serial}
-    placed = shape.first_placed(period, time.perf_counter() + placing_time)
+    placed = shape.first_placed(period, interrupt.now() + placing_time)
     if placed is not None:
         found[placed[0]] = placed[1]
     if seed_block is not None and scale.exact and whole_at([seed_block.period, *seed_block.offsets.values()],
@@ -180,9 +187,9 @@ def _bisect(shape: _Shape, found: dict[int, dict[Op, int]], stop: float, workers
     block found goes into `found`, the hint for the next period)."""
     high = min(found)
     low = refuted = shape.least_period - 1  # no block at `low`; proven none at `refuted`
-    while high - low > 1 and time.perf_counter() < stop:
+    while high - low > 1 and interrupt.now() < stop:
         middle = (low + high) // 2
-        remaining = (stop - time.perf_counter()) / max(1, math.ceil(math.log2(high - low)))
+        remaining = (stop - interrupt.now()) / max(1, math.ceil(math.log2(high - low)))
         code, offsets = shape.solve(middle, remaining, workers, seed, hint=found.get(high), shortest=False)
         if offsets is not None:
             found[middle], high = offsets, middle
@@ -278,7 +285,7 @@ class _Shape:
         """(T, offsets) of the first `placed` block within the memory limit with T from the least
         period up by PLACEMENT_STEP each time, below `high`; None if there is none (or no time)."""
         period = self.least_period
-        while period < high and time.perf_counter() < deadline:
+        while period < high and interrupt.now() < deadline:
             offsets = self.placed(period)
             if offsets is not None and _fits(self.problem, steady_peak(Block(self.integral, offsets, period))):
                 return period, offsets

@@ -1,7 +1,8 @@
-"""The fuzz test of `tests/test_fuzz.py`, longer: EXAMPLES random config files with flags and as
-many random schedule files, each run through `zbopt.interfaces.cli.main`; prints a table of what they ended in
-and writes benchmarks/results/bench_fuzz.json. Any run that breaks the property (a traceback, a
-second stderr line, another exit status, a hang) stops the run with hypothesis's smallest example.
+"""The fuzz test of `tests/test_fuzz.py`, longer: EXAMPLES random config files with flags, as
+many random schedule files and as many model files (`costs`, `plan`), each run through
+`zbopt.interfaces.cli.main`; prints a table of what they ended in and writes
+benchmarks/results/bench_fuzz.json. Any run that breaks the property (a traceback, a second
+stderr line, another exit status, a hang) stops the run with hypothesis's smallest example.
 
 Usage: python benchmarks/bench_fuzz.py [EXAMPLES]   (default 1,000 of each kind)
 """
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from record import write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.test_fuzz import CONFIG_CASES, SCHEDULE_CASES, config_case, schedule_case
+from tests.test_fuzz import CONFIG_CASES, MODEL_CASES, SCHEDULE_CASES, config_case, model_case, schedule_case
 
 EXAMPLES = 1_000
 
@@ -40,7 +41,8 @@ def fuzz(name: str, case, cases: dict, examples: int) -> dict:
 def main() -> None:
     examples = int(sys.argv[1]) if len(sys.argv) > 1 else EXAMPLES
     rows = [fuzz("config file + flags", config_case, CONFIG_CASES, examples),
-            fuzz("schedule file + flags", schedule_case, SCHEDULE_CASES, examples)]
+            fuzz("schedule file + flags", schedule_case, SCHEDULE_CASES, examples),
+            fuzz("model file: costs, plan", model_case, MODEL_CASES, examples)]
     print(f"{'inputs':<24}{'runs':>7}{'exit 0':>8}{'exit 1':>8}{'exit 2':>8}{'seconds':>9}")
     for row in rows:
         print(f"{row['name']:<24}{row['runs']:>7}{row['exit 0']:>8}{row['exit 1']:>8}{row['exit 2']:>8}"

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zbopt import Problem, generate, simulate
+from zbopt.core.problem.batch import COUNT_KEYS, PACKING_KEYS
 from zbopt.core.problem.config import KEYS as PROBLEM_KEYS
 from zbopt.interfaces.cli import main
 from zbopt.interfaces.cli.inputs import OPTION_KEYS
@@ -28,15 +29,20 @@ from zbopt.interfaces.cli.inputs import OPTION_KEYS
 RUN_SECONDS = 20  # a hang, not a slow run: the problems drawn are small
 EXAMPLES = 150  # per test; the default suite draws 300 in all
 
-KEYS = st.sampled_from([*PROBLEM_KEYS, *OPTION_KEYS]) | st.text(max_size=12)
+BATCH_KEYS = [*COUNT_KEYS, *PACKING_KEYS]
+KEYS = st.sampled_from([*PROBLEM_KEYS, *BATCH_KEYS, *OPTION_KEYS]) | st.text(max_size=12)
 NUMBERS = (st.integers(-3, 12) | st.sampled_from([0.5, 1e-12, 1e9, 1e308, -1.0, 2**63, 10**30])
            | st.floats(allow_nan=True, allow_infinity=True))
 SCALARS = NUMBERS | st.booleans() | st.none() | st.text(max_size=10) | st.sampled_from(["loop", "v", "FBW", "FB"])
 VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(KEYS, inner, max_size=3),
                       max_leaves=12)
 SENSIBLE = (st.integers(1, 6) | st.sampled_from([0.5, 1.5, 2.0, 3.0]) | st.booleans()
-            | st.lists(st.integers(1, 4) | st.just(0.5), min_size=1, max_size=4) | st.sampled_from(["loop", "v"]))
-CONFIGS = (st.dictionaries(st.sampled_from(list(PROBLEM_KEYS)), SENSIBLE, max_size=4)  # mostly runs
+            | st.lists(st.integers(1, 4) | st.just(0.5), min_size=1, max_size=4) | st.sampled_from(["loop", "v"])
+            # cost rows per microbatch, token counts and packed documents, packing rules (issue 42)
+            | st.lists(st.lists(st.sampled_from([1, 2, 0.5, 512, 4096]), min_size=1, max_size=4), min_size=1,
+                       max_size=4)
+            | st.sampled_from(["loader", "first-fit-decreasing", "balanced"]))
+CONFIGS = (st.dictionaries(st.sampled_from([*PROBLEM_KEYS, *BATCH_KEYS]), SENSIBLE, max_size=4)  # mostly runs
            | st.dictionaries(KEYS, VALUES, max_size=6) | VALUES)
 ENCODINGS = st.sampled_from(["utf-8", "utf-8", "utf-16", "latin-1"])
 FLAG_NAMES = ["-s", "-b", "-v", "--placement", "-f", "-bw", "-w", "--p2p-time", "--activation-memory",
@@ -163,3 +169,77 @@ def test_any_config_file_and_flags_exit_0_or_2_in_one_line(drawn, flags, command
 @given(**SCHEDULE_CASES)
 def test_any_schedule_file_exits_0_or_2_in_one_line(data, suffix, encoding, noise, at, flags):
     schedule_case(data, suffix, encoding, noise, at, flags)
+
+
+# ------------------------------------------------------------------- model files: `costs` and `plan` (issue 42)
+ODD_QUANTITIES = (st.sampled_from(["0 ms", "1e16 ms", "-1 ms", "1", "1e308 GB", "nan ms", "1e-300 GFLOPS", "1 MB"])
+                  | NUMBERS | st.text(max_size=6))
+TIMES = st.one_of(*[st.sampled_from(["1 ms", "0.5 ms", "2 ms", "300 us", "1.7 ms", "0.01 s"])] * 8, ODD_QUANTITIES)
+MEMORY = st.one_of(*[st.sampled_from(["1 GB", "0.5 GB", "2 GB", "512 MiB", "0 GB", "3 GB"])] * 8, ODD_QUANTITIES)
+QUANTITIES = TIMES | MEMORY
+LAYER = st.fixed_dictionaries(
+    {"name": st.one_of(*[st.sampled_from(["decoder", "embedding", "lm_head"])] * 4, st.text(max_size=5)),
+     "forward": TIMES,
+     "backward": TIMES, "activation": MEMORY, "parameters": MEMORY},
+    optional={"weight": TIMES, "weight_activation": MEMORY,
+              "repeat": st.one_of(*[st.integers(1, 6)] * 6, st.sampled_from([0, 100_000, 100_001, 10**12]), SCALARS)})
+ARCHITECTURE = st.fixed_dictionaries(
+    {"num_layers": st.integers(-1, 4) | st.sampled_from([10**8]), "hidden_size": st.sampled_from([64, 96, 0, 10**12]),
+     "num_attention_heads": st.sampled_from([4, 3, 0]), "seq_length": st.sampled_from([128, 1, 10**9]),
+     "vocab_size": st.sampled_from([1000, 1, 10**12])},
+    optional={"swiglu": st.booleans() | SCALARS, "num_query_groups": st.sampled_from([1, 2, 5]),
+              "micro_batch_size": st.integers(0, 3)})
+PROFILES = st.lists(st.tuples(st.sampled_from(["d", "e", "", "1"]),
+                              st.lists(st.sampled_from(["1", "1", "2", "0.5", "0", "-1", "1e308", "nan", "", "x"]),
+                                       min_size=5, max_size=6)).map(lambda row: [row[0], *row[1]]), max_size=6)
+LAYERS = st.fixed_dictionaries({"layers": st.lists(LAYER, min_size=1, max_size=4)})
+MODEL_SECTIONS = (LAYERS | LAYERS | LAYERS
+                  | st.fixed_dictionaries({"layers": VALUES})
+                  | st.fixed_dictionaries({"architecture": ARCHITECTURE}, optional={"dtype": SCALARS})
+                  | st.fixed_dictionaries({"preset": st.sampled_from(["llama-3-8b", "gpt"]) | SCALARS})
+                  | st.just({"profile": "layers.csv"}) | VALUES)
+DEVICES = st.fixed_dictionaries({}, optional={"memory": st.sampled_from(["20 GB", "80 GB", "4 GB"]) | MEMORY,
+                                              "flops": st.sampled_from(["100 TFLOPS", "1 PFLOP/s"]) | QUANTITIES,
+                                              "p2p": TIMES}) | VALUES
+GOOD_TIMES = st.sampled_from(["1 ms", "0.5 ms", "2 ms", "300 us", "1.7 ms"])
+GOOD_MEMORY = st.sampled_from(["1 GB", "0.5 GB", "2 GB", "512 MiB", "0 GB"])
+GOOD_LAYER = st.fixed_dictionaries(
+    {"name": st.sampled_from(["decoder", "embedding", "lm_head"]), "forward": GOOD_TIMES, "backward": GOOD_TIMES,
+     "activation": GOOD_MEMORY, "parameters": GOOD_MEMORY},
+    optional={"weight": GOOD_TIMES, "repeat": st.integers(1, 6)})
+GOOD_MODELS = (st.fixed_dictionaries({"layers": st.lists(GOOD_LAYER, min_size=1, max_size=3)})
+               | st.fixed_dictionaries({"architecture": st.fixed_dictionaries(
+                   {"num_layers": st.integers(1, 6), "hidden_size": st.just(64), "num_attention_heads": st.just(4),
+                    "seq_length": st.sampled_from([128, 512]), "vocab_size": st.just(1000)})}))
+GOOD_FILES = st.fixed_dictionaries({"model": GOOD_MODELS, "device": st.fixed_dictionaries(
+    {"memory": st.sampled_from(["20 GB", "80 GB", "6 GB"]), "flops": st.just("100 TFLOPS")},
+    optional={"p2p": st.sampled_from(["0.1 ms", "0 ms"])})})
+MODEL_FILES = (GOOD_FILES | GOOD_FILES | st.fixed_dictionaries({"model": MODEL_SECTIONS}, optional={"device": DEVICES})
+               | VALUES)
+PLAN_FLAGS = st.lists(st.sampled_from([["--chunks", "2"], ["--microbatches", "3"], ["--device-memory", "1e16 GB"],
+                                       ["--device-memory", "20 GB"], ["--schedule", "1f1b"], ["--placement", "loop"],
+                                       ["--global-batch", "6"]]), max_size=3)
+MODEL_CASES = {"data": MODEL_FILES, "profile": PROFILES, "suffix": st.sampled_from([".yaml", ".json"]),
+               "command": st.sampled_from(["costs", "costs", "plan"]), "devices": st.integers(1, 3),
+               "flags": PLAN_FLAGS}
+MODEL_EXAMPLES = 60  # each plan takes up to its second of time limit
+
+
+def model_case(data: object, profile: list, suffix: str, command: str, devices: int, flags: list) -> int:
+    """`zbopt costs MODEL` or `zbopt plan MODEL --devices D --time-limit 1 FLAGS` on a model file
+    drawn from MODEL_FILES (with a profile CSV beside it); asserts the property, returns the status."""
+    with tempfile.TemporaryDirectory() as directory, contextlib.chdir(directory):
+        path = Path(directory) / f"model{suffix}"
+        path.write_bytes(encoded(data, suffix, "utf-8", b"", 0))
+        header = "name,forward_ms,backward_ms,weight_ms,activation_gb,parameters_gb"
+        (Path(directory) / "layers.csv").write_text("\n".join([header, *(",".join(row) for row in profile)]))
+        if command == "costs":
+            return check_run(["costs", str(path)])
+        return check_run(["plan", str(path), "--devices", str(devices), "--time-limit", "1",
+                          *(token for flag in flags for token in flag)])
+
+
+@settings(max_examples=MODEL_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(**MODEL_CASES)
+def test_any_model_file_exits_0_or_2_in_one_line(data, profile, suffix, command, devices, flags):
+    model_case(data, profile, suffix, command, devices, flags)

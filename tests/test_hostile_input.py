@@ -205,3 +205,49 @@ def test_a_short_latency_is_no_shortest_cost():
 def test_a_huge_count_is_named_shortly(capsys):
     line = refused(capsys, "simulate", "-b", str(10**400))
     assert len(line) < 300 and line.startswith("zbopt: --num-microbatches 1000")
+
+
+# ------------------------------------------------------------------- issue 42: messages that blame the right key
+COSTS = "num_stages: 2\nbackward_times: 1\nweight_times: 1\n"
+
+
+@pytest.mark.parametrize("config, message", [
+    # a row's largest value is what is out of range, not the row's mean
+    ("num_microbatches: 2\nforward_times: [[1, 1e308], [1, 1]]\n",
+     "forward_times = 1e+308: one microbatch's ops take 1e+308"),
+    ("num_microbatches: 2\nforward_times: 1\nmicrobatch_tokens: [100, 200]\nreference_tokens: 1e-300\n",
+     "reference_tokens = 1e-300: the largest microbatch's 200 tokens are more than 1e+09 times it"),
+    # packed sequences in slices: the slices are refused for what they are, not as a count of sequences
+    ("forward_times: 1\nsequence_lengths: [100, 200, 300]\ntoken_budget: 400\nsequence_slices: 2\n",
+     "sequence_slices = 2: not with packed documents (sequence 0: [100, 200]): a slice is part of one sequence"),
+])
+def test_the_message_names_the_key_at_fault(tmp_path, capsys, config, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(COSTS + config)
+    assert refused(capsys, "simulate", path, "--schedule", "1f1b", "--no-visualization") \
+        .startswith(f"zbopt: {path}: {message}")
+
+
+def test_rows_with_equal_columns_are_the_stage_values_in_every_command():
+    """Issue 42 item 7: a table per microbatch whose columns agree is one value per stage; the
+    block built from it (a copy of one microbatch) is the one built from the stage values."""
+    from zbopt import generate
+
+    table = Problem(num_devices=2, num_microbatches=3, forward_times=1, backward_times=1, weight_times=1,
+                    activation_memory=[[0.5, 0.5, 0.5], [1, 1, 1]])
+    plain = Problem(num_devices=2, num_microbatches=3, forward_times=1, backward_times=1, weight_times=1,
+                    activation_memory=[0.5, 1])
+    assert table.microbatches_equal
+    assert table.replace(num_microbatches=1) == plain.replace(num_microbatches=1)
+    assert generate("block-1f1b", table).orders == generate("block-1f1b", plain).orders
+
+
+def test_a_problem_one_command_refuses_for_its_range_no_command_accepts(tmp_path, capsys):
+    """Tokens spread 1e12 : 1 make the shortest microbatch's costs fall below the tolerance: simulate
+    refuses it as compare does (before, simulate ran it and compare's relaxation refused it)."""
+    path = tmp_path / "spread.yaml"
+    path.write_text("num_stages: 2\nnum_microbatches: 4\nforward_times: 1\nbackward_times: 1\nweight_times: 1\n"
+                    "microbatch_tokens: [1000000000000, 1, 1, 1]\n")
+    messages = {refused(capsys, *argv) for argv in (("simulate", path, "--schedule", "1f1b", "--no-visualization"),
+                                                    ("compare", path), ("solve", path, "--time-limit", "2"))}
+    assert len(messages) == 1 and "the shortest cost must be at least 1e-09" in messages.pop()

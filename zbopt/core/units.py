@@ -12,6 +12,7 @@ import math
 import re
 
 from zbopt.core.errors import ZboptError, shorten
+from zbopt.core.tolerance import MAX_TOTAL
 
 __all__ = ["FLOPS_UNITS", "MEMORY_UNITS", "TIME_UNITS", "parse_flops", "parse_memory", "parse_time"]
 
@@ -26,13 +27,21 @@ _QUANTITY = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(\S.*?
 
 
 def parse_time(text: object, key: str) -> float:
-    """`text` ("1.7 ms", "2 s", "300 us") in ms; at least 0. `key` names it in a message."""
-    return _parse(text, key, TIME_UNITS, "time", "1.7 ms")
+    """`text` ("1.7 ms", "2 s", "300 us") in ms; at least 0, at most MAX_TOTAL ms (zbopt's range).
+    `key` names it in a message."""
+    return _within_range(_parse(text, key, TIME_UNITS, "time", "1.7 ms"), text, key, "ms")
 
 
 def parse_memory(text: object, key: str) -> float:
-    """`text` ("80 GB", "0.5 GiB", "512 MiB") in GB (10^9 bytes); at least 0."""
-    return _parse(text, key, MEMORY_UNITS, "memory", "80 GB")
+    """`text` ("80 GB", "0.5 GiB", "512 MiB") in GB (10^9 bytes); at least 0, at most MAX_TOTAL GB."""
+    return _within_range(_parse(text, key, MEMORY_UNITS, "memory", "80 GB"), text, key, "GB")
+
+
+def _within_range(value: float, text: object, key: str, unit: str) -> float:
+    """`value`, or one line where it is beyond what zbopt's times and memory may reach."""
+    if value > MAX_TOTAL:
+        raise ZboptError(f"{key} = {shorten(text)}: at most {MAX_TOTAL:g} {unit} (zbopt's range)")
+    return value
 
 
 def parse_flops(text: object, key: str) -> float:

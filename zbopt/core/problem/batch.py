@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.problem.slices import span_factor
 
-__all__ = ["BATCH_FLAGS", "BATCH_HELP", "COUNT_KEYS", "PACKING_KEYS", "RULES", "WORK_SCALE", "batch_microbatches",
-           "check_lengths", "document_work", "pack", "packed_microbatches", "packed_tokens"]
+__all__ = ["BATCH_FLAGS", "BATCH_HELP", "COUNT_KEYS", "MAX_BALANCED_CHOICES", "PACKING_KEYS", "RULES", "WORK_SCALE",
+           "batch_microbatches", "check_lengths", "document_work", "pack", "packed_microbatches", "packed_tokens"]
 
 # config key -> its flag; micro_batch_size and data_parallel default to 1
 BATCH_FLAGS = {"global_batch_size": "--global-batch", "micro_batch_size": "--micro-batch-size",
@@ -96,6 +96,7 @@ def packed_microbatches(values: dict, name: Callable[[str], str]) -> tuple[int, 
 
 
 RULES = ("loader", "first-fit-decreasing", "balanced")
+MAX_BALANCED_CHOICES = 100_000  # sequences x microbatches: the balanced packing's Booleans (measured in the note)
 WORK_SCALE = 1000  # CP-SAT takes integers: each document's work in thousandths of the largest's
 
 
@@ -177,6 +178,10 @@ def _balanced(lengths: Sequence[int], budget: int, attention_share: float, micro
         raise ZboptError(f"microbatches = {count!r}: expected a whole number from 1 to the {len(lengths)} sequences")
     if sum(lengths) > count * budget:
         raise ZboptError(f"microbatches = {count}: {sum(lengths)} tokens do not fit in {count} of {budget}")
+    if len(lengths) * count > MAX_BALANCED_CHOICES:
+        raise ZboptError(f"packing: balanced: {len(lengths)} sequences into {count} microbatches are "
+                         f"{len(lengths) * count:,} choices, more than the {MAX_BALANCED_CHOICES:,} its CP-SAT model "
+                         "builds in seconds; use first-fit-decreasing, or pack fewer sequences at a time")
     reference = max(lengths)
     work = [round(WORK_SCALE * document_work(length, attention_share, reference)) for length in lengths]
     model = cp_model.CpModel()

@@ -69,7 +69,9 @@ def _batch(values: Mapping, name) -> tuple[dict, dict[str, str]]:
     if counted := batch_microbatches(values, name):
         parameters["num_microbatches"], written_as["num_microbatches"] = counted
     if packed := packed_microbatches(values, name):
-        parameters["num_microbatches"], parameters["microbatch_tokens"] = packed
+        sequences, parameters["microbatch_tokens"] = packed
+        slices = values.get("sequence_slices", 1)  # each sequence is that many microbatches (then refused by name)
+        parameters["num_microbatches"] = sequences * slices if isinstance(slices, int) and slices > 1 else sequences
         written_as["num_microbatches"] = written_as["microbatch_tokens"] = "sequence_lengths"
         if "reference_tokens" not in values:
             parameters["reference_tokens"], written_as["reference_tokens"] = values["token_budget"], "token_budget"

@@ -35,8 +35,9 @@ from zbopt.core.errors import ProblemError
 from zbopt.core.problem.checks import is_number, per_stage
 from zbopt.core.problem.slices import Span, check_sequence_tokens, slice_bounds, span_factor, spans, total_tokens
 
-__all__ = ["EQUAL_MICROBATCHES", "FOLLOWS", "TABLE_KEYS", "WITH_ATTENTION", "Rows", "at_stage_values", "check_tokens",
-           "classes", "every_microbatch_at", "is_table", "per_microbatch", "take_tables", "tokens_of"]
+__all__ = ["EQUAL_MICROBATCHES", "FOLLOWS", "MAX_TOKEN_RATIO", "TABLE_KEYS", "WITH_ATTENTION", "Rows",
+           "at_stage_values", "check_tokens", "classes", "every_microbatch_at", "is_table", "per_microbatch",
+           "take_tables", "tokens_of"]
 
 TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "recompute_times", "offload_times", "reload_times",
               "activation_memory")
@@ -96,6 +97,9 @@ def _rows(key: str, value, stages: int, microbatches: int, positive: bool) -> Ro
     return tuple(rows)
 
 
+MAX_TOKEN_RATIO = 1e9  # a microbatch's tokens over reference_tokens: beyond, its costs (squared) leave the range
+
+
 def check_tokens(tokens, attention_share, reference_tokens, stages: int, microbatches: int,
                  tables, slices: int = 1) -> dict:
     """microbatch_tokens (positive integers, one per microbatch, or per sequence of `slices`
@@ -130,6 +134,10 @@ def check_tokens(tokens, attention_share, reference_tokens, stages: int, microba
     share = _shares(attention_share, stages)
     if reference_tokens is not None and (not is_number(reference_tokens) or reference_tokens <= 0):
         raise ProblemError("reference_tokens", reference_tokens, "expected a number > 0")
+    largest = max(total_tokens(count) for count in documents)
+    if reference_tokens is not None and largest > MAX_TOKEN_RATIO * reference_tokens:
+        raise ProblemError("reference_tokens", reference_tokens, f"the largest microbatch's {largest} tokens are "
+                                                                 f"more than {MAX_TOKEN_RATIO:g} times it")
     # None stays None (the mean, `slices.spans`): a copy with other tokens takes their mean
     reference = None if reference_tokens is None else float(reference_tokens)
     return {"microbatch_tokens": tuple(documents), "attention_share": share, "reference_tokens": reference}

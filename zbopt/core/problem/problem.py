@@ -124,9 +124,10 @@ class Problem(_Parameters):
             raise ProblemError("overlap_times", dict(self.overlap_times), "overlapped pairs need microbatches "
                                                                           "that cost the same (a pair's cost is one "
                                                                           "per device)")
+        if not self.microbatches_equal:  # first: a row's extreme values, not its mean, are what is out of range
+            for extreme in (max, min):  # min: the relaxation the bounds solve must be a problem too
+                check_ranges(microbatches.every_microbatch_at(self, extreme, sequence_slices=1, memory_limit=None))
         check_ranges(self)
-        if not self.microbatches_equal:
-            check_ranges(microbatches.every_microbatch_at(self, max, sequence_slices=1, memory_limit=None))
         if self.memory_limit is not None:
             memory_floor.check_memory_limit(self)
         for entry in PARAMETERS:  # a list still as given (a row no mechanism expands) would make it unhashable
@@ -358,7 +359,10 @@ class Problem(_Parameters):
 
     def replace(self, **changes) -> Problem:
         """A copy with some parameters changed (validated again); a cost key given anew replaces
-        its rows per microbatch, as do new tokens."""
+        its rows per microbatch, as do new tokens. Rows whose microbatches all cost the stage's value
+        (equal columns) are the stage values: a copy with another m keeps those, not rows of the old m."""
+        if "num_microbatches" in changes and self.microbatch_tables and self.microbatches_equal:
+            changes.setdefault("microbatch_tables", None)
         if "microbatch_tables" not in changes and self.microbatch_tables:
             kept = tuple((key, rows) for key, rows in self.microbatch_tables if key not in changes)
             changes["microbatch_tables"] = None if changes.get("microbatch_tokens") else kept or None

@@ -10,7 +10,7 @@ import math
 from zbopt.core import interrupt
 from zbopt.core.errors import ZboptError
 from zbopt.interfaces.cli.flags import add_deterministic_flag, dask_client
-from zbopt.interfaces.cli.output import command_clock, json_text
+from zbopt.interfaces.cli.output import check_outputs, command_clock, json_text
 
 __all__ = ["add_commands"]
 
@@ -51,8 +51,8 @@ def _command_plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from zbopt.core.units import parse_memory
-    from zbopt.planning.model import load_model
-    from zbopt.planning.planner import Pipeline, plan
+    from zbopt.planning.model import load_model, model_files
+    from zbopt.planning.planner import Pipeline, check_stages, plan
 
     _check_numbers(args)
     model, device = load_model(args.model)
@@ -66,6 +66,9 @@ def _command_plan(args: argparse.Namespace) -> int:
         from zbopt.io.export import check_export
 
         check_export(args.export)
+    check_outputs(args, [("-o", args.output), ("--export", args.export)], inputs=model_files(args.model))
+    for chunks in _chunks(args.chunks):  # before m's default of 4 per device is blamed for the size
+        check_stages(model, args.devices, chunks)
     microbatches = _microbatches(args)
     pipelines = [Pipeline(args.devices, chunks, "loop" if chunks == 1 else args.placement, microbatches)
                  for chunks in _chunks(args.chunks)]

@@ -7,8 +7,8 @@ from a measured profile, or counted from a transformer's shape and a device's FL
 
 from zbopt.planning.model.architecture import Architecture
 from zbopt.planning.model.flops import Training
-from zbopt.planning.model.model import Model, load_model
+from zbopt.planning.model.model import Model, load_model, model_files
 from zbopt.planning.model.parts import Device, Layer
 from zbopt.planning.model.presets import PRESETS
 
-__all__ = ["PRESETS", "Architecture", "Device", "Layer", "Model", "Training", "load_model"]
+__all__ = ["PRESETS", "Architecture", "Device", "Layer", "Model", "Training", "load_model", "model_files"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 
 from zbopt.core.errors import ZboptError, shorten
+from zbopt.planning.model.parts import check_repeat
 
 __all__ = ["NORMALIZATIONS", "POSITION_EMBEDDINGS", "Architecture"]
 
@@ -50,6 +51,7 @@ class Architecture:
                 raise ZboptError(f"{field.name} = {shorten(value)}: expected a positive whole number")
             if field.type == "bool" and not isinstance(value, bool):
                 raise ZboptError(f"{field.name} = {shorten(value)}: expected true or false")
+        check_repeat(self.num_layers, "num_layers")  # each becomes a layer of the model: the same cap
         for name, choices in (("normalization", NORMALIZATIONS), ("position_embedding_type", POSITION_EMBEDDINGS)):
             if getattr(self, name) not in choices:
                 raise ZboptError(f"{name} = {shorten(getattr(self, name))}: expected one of {', '.join(choices)}")

@@ -147,7 +147,10 @@ def architecture_layers(arch: Architecture, device: Device, training: Training) 
                          "FLOP/s, e.g. flops: 400 TFLOPS")
     parts = (("embedding", embedding_costs(arch), 1), ("decoder", decoder_costs(arch, training.dtype), arch.num_layers),
              ("lm_head", lm_head_costs(arch, training.dtype), 1))
-    return [(_layer(name, costs, device.flops, training), repeat) for name, costs, repeat in parts]
+    try:
+        return [(_layer(name, costs, device.flops, training), repeat) for name, costs, repeat in parts]
+    except ZboptError as error:  # a cost out of range: the architecture's size or the device's rate
+        raise ZboptError(f"{error}, from the architecture at device.flops = {device.flops:g} FLOP/s") from None
 
 
 def _layer(name: str, costs: Costs, flops: float, training: Training) -> Layer:

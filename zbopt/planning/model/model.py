@@ -21,7 +21,7 @@ from zbopt.planning.model.flops import Training, architecture_layers
 from zbopt.planning.model.parts import Device, Layer
 from zbopt.planning.model.profile import read_profile
 
-__all__ = ["FILE_KEYS", "Model", "load_model"]
+__all__ = ["FILE_KEYS", "Model", "load_model", "model_files"]
 
 FILE_KEYS = ("model", "device")
 
@@ -141,3 +141,16 @@ def load_model(path: str | Path) -> tuple[Model, Device]:
         return Model.from_config(data["model"], device, base=Path(path).parent), device
     except ZboptError as error:
         raise ZboptError(f"{path}: {error}") from None
+
+
+def model_files(path: str | Path) -> dict[str, str]:
+    """The files reading the model file `path` reads (what they are -> path): the file itself and
+    the profile it names, if any; a command's outputs must be none of them. Call after
+    `load_model` has accepted the file."""
+    files = {"the model file": str(path)}
+    section = read_data(path, "model file").get("model")
+    if isinstance(section, dict) and isinstance(section.get("profile"), str):
+        profile = Path(section["profile"])
+        profile = profile if profile.is_absolute() else Path(path).parent / profile
+        files["the profile the model file names"] = str(profile)
+    return files

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from numbers import Real
 
 from zbopt.core.errors import ZboptError, shorten
+from zbopt.core.tolerance import MAX_TOTAL
 from zbopt.core.units import parse_flops, parse_memory, parse_time
 
 __all__ = ["DEVICE_KEYS", "MAX_REPEAT", "WEIGHT_MEMORY_SHARE", "Device", "Layer", "check_amount", "check_repeat"]
@@ -18,12 +19,15 @@ __all__ = ["DEVICE_KEYS", "MAX_REPEAT", "WEIGHT_MEMORY_SHARE", "Device", "Layer"
 WEIGHT_MEMORY_SHARE = 0.5  # zbopt's rule for M_W when a layer gives none: half of M_B
 
 
-def check_amount(key: str, value: object, optional: bool = False) -> float | None:
-    """`value` as a float, finite and at least 0 (None passes when `optional`)."""
+def check_amount(key: str, value: object, optional: bool = False, most: float | None = MAX_TOTAL) -> float | None:
+    """`value` as a float, finite, at least 0 and at most `most` (zbopt's range for times and
+    memory; None: no cap); None passes when `optional`."""
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or value < 0:
         raise ZboptError(f"{key} = {shorten(value)}: expected a finite number, at least 0")
+    if most is not None and value > most:
+        raise ZboptError(f"{key} = {shorten(value)}: at most {most:g} (zbopt's range)")
     return float(value)
 
 
@@ -102,7 +106,7 @@ class Device:
 
     def __post_init__(self):
         object.__setattr__(self, "memory_gb", check_amount("device memory_gb", self.memory_gb, optional=True))
-        flops = check_amount("device flops", self.flops, optional=True)
+        flops = check_amount("device flops", self.flops, optional=True, most=None)
         if flops == 0:
             raise ZboptError("device flops = 0: must be more than 0")
         object.__setattr__(self, "flops", flops)

@@ -8,7 +8,7 @@ plan itself. result: what it answers.
 from zbopt.planning.planner.result import OPTIMAL, Outcome, PipelinePlan, Plan, PlanRow
 from zbopt.planning.planner.rules import RULES, split_by_rule
 from zbopt.planning.planner.search import plan
-from zbopt.planning.planner.split import Pipeline, split_problem, stage_names
+from zbopt.planning.planner.split import Pipeline, check_stages, split_problem, stage_names
 
-__all__ = ["OPTIMAL", "RULES", "Outcome", "Pipeline", "PipelinePlan", "Plan", "PlanRow", "plan", "split_by_rule",
-           "split_problem", "stage_names"]
+__all__ = ["OPTIMAL", "RULES", "Outcome", "Pipeline", "PipelinePlan", "Plan", "PlanRow", "check_stages", "plan",
+           "split_by_rule", "split_problem", "stage_names"]

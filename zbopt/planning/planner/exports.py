@@ -209,7 +209,7 @@ def parse_megatron_layout(text: str) -> list[str]:
 
     def unroll(match: re.Match) -> str:
         nonlocal produced
-        produced += len(match.group(1)) * (int(match.group(2)) if len(match.group(2)) < 10 else MAX_EXPANDED)
+        produced += len(match.group(1)) * (int(match.group(2)) if len(match.group(2)) < 10 else MAX_EXPANDED + 1)
         if produced > MAX_EXPANDED:
             raise ZboptError(f"Megatron layout {clip(text)}: expands to more than {MAX_EXPANDED} symbols")
         return match.group(1) * int(match.group(2))

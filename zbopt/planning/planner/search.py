@@ -20,12 +20,13 @@ from zbopt.core import interrupt
 from zbopt.core.errors import ZboptError
 from zbopt.core.problem import Problem
 from zbopt.core.simulation import Simulation
+from zbopt.core.tolerance import MAX_TOTAL
 from zbopt.planning.comparison import simulated_in_time
 from zbopt.planning.model import Device, Model
 from zbopt.planning.planner.certify import SplitFamily, least_memory, split_bound
 from zbopt.planning.planner.result import OPTIMAL, OVER_THE_LIMIT, Outcome, PipelinePlan, Plan, PlanRow
 from zbopt.planning.planner.rules import RULES, split_by_rule
-from zbopt.planning.planner.split import Pipeline, Split, split_problem, splits_backward
+from zbopt.planning.planner.split import Pipeline, Split, check_stages, split_problem, splits_backward
 from zbopt.schedules import get, registered
 from zbopt.solvers import lower_bounds, solve
 from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
@@ -194,19 +195,35 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
 
 
 def _check_plan(model: Model, pipelines: Sequence[Pipeline], schedules, time_limit: float) -> None:
-    """One line for what no search could fix: an unknown schedule, a time limit that is not a
+    """One line for what no search could fix: an unknown or repeated schedule, a time limit that is not a
     positive number, a model mixing fused and split backwards, more stages than layers."""
-    for name in schedules or ():
+    for number, name in enumerate(schedules or ()):
         if name != OPTIMAL:
             get(name)  # an unknown name: UnknownScheduleError, naming the close ones
+        if name in schedules[:number]:
+            raise ZboptError(f"plan: schedule '{name}' is asked for twice (each gives a row per split rule)")
     if not isinstance(time_limit, interrupt.Clock) and \
             not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise ZboptError(f"plan: time_limit = {time_limit!r}: expected a number of seconds above 0")
     splits_backward(model)
     for pipeline in pipelines:
-        if pipeline.num_stages > len(model.layers):
-            raise ZboptError(f"plan: {pipeline.num_devices} devices x {pipeline.chunks_per_device} chunks make "
-                             f"{pipeline.num_stages} virtual stages, more than the model's {len(model.layers)} layers")
+        check_stages(model, pipeline.num_devices, pipeline.chunks_per_device)
+        _check_range(model, pipeline)
+
+
+def _check_range(model: Model, pipeline: Pipeline) -> None:
+    """One line, naming the layer adding most, where the model's work over the pipeline's m
+    microbatches or what all of them hold (with the parameters) is beyond zbopt's range
+    (MAX_TOTAL ms or GB: the split models count in integer microseconds and MB)."""
+    m = pipeline.num_microbatches
+    for what, unit, size in (("work", "ms", lambda layer: m * (layer.forward_ms + layer.backward_ms
+                                                                 + (layer.weight_ms or 0.0))),
+                             ("memory", "GB", lambda layer: m * layer.activation_gb + layer.parameters_gb)):
+        total = sum(map(size, model.layers))
+        if total > MAX_TOTAL:
+            heaviest = max(model.layers, key=size)
+            raise ZboptError(f"plan: the model's {what} over m = {m} microbatches, {total:.3g} {unit}, is beyond "
+                             f"zbopt's range ({MAX_TOTAL:g} {unit}); layer {heaviest.name!r} adds most")
 
 
 def _nothing_found(model: Model, device: Device, pipelines: Sequence[Pipeline], seconds: float) -> str:
@@ -217,6 +234,11 @@ def _nothing_found(model: Model, device: Device, pipelines: Sequence[Pipeline], 
     if device.memory_gb is not None and least > device.memory_gb:
         return (f"plan: no split of the model runs in {device.memory_gb:g} GB per device; every split needs at "
                 f"least {least:.4g} GB on its fullest device (parameters and one microbatch's activations)")
+    for pipeline in pipelines:  # a split refused for what it is, not for time: say why
+        try:
+            split_problem(model, device, pipeline, split_by_rule("even", model, pipeline))
+        except ZboptError as error:
+            return f"plan: no split could be solved; the even one is refused: {error}"
     return f"plan: no schedule found for any split in {seconds:.3g} s; give more time (--time-limit)"
 
 

@@ -18,8 +18,8 @@ from zbopt.core.placement import stage_device
 from zbopt.core.problem import Problem
 from zbopt.planning.model import Device, Model
 
-__all__ = ["Pipeline", "Split", "activation_limits", "check_split", "device_parameters", "split_problem",
-           "splits_backward", "stage_layers", "stage_names"]
+__all__ = ["Pipeline", "Split", "activation_limits", "check_split", "check_stages", "device_parameters",
+           "split_problem", "splits_backward", "stage_layers", "stage_names"]
 
 Split = tuple[int, ...]
 
@@ -51,6 +51,15 @@ class Pipeline:
 
     def stages_on(self, device: int) -> list[int]:
         return [stage for stage in range(self.num_stages) if self.device_of(stage) == device]
+
+
+def check_stages(model: Model, num_devices: int, chunks_per_device: int) -> None:
+    """One line where the devices' chunks make more virtual stages than the model has layers (a
+    plan's first check: before a pipeline is built, whose defaults could be blamed instead)."""
+    if num_devices * chunks_per_device > len(model.layers):
+        raise ZboptError(f"plan: {num_devices} devices x {chunks_per_device} chunks make "
+                         f"{num_devices * chunks_per_device} virtual stages, more than the model's "
+                         f"{len(model.layers)} layers")
 
 
 def check_split(model: Model, pipeline: Pipeline, split: Sequence[int]) -> Split:

@@ -1,0 +1,112 @@
+"""Issue 42 on `plan` and the model readers: outputs never over an input, checked before any work;
+numbers beyond zbopt's range refused in one line naming the key as written, not a traceback;
+a plan that no time could make says why."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from zbopt.interfaces.cli import main
+
+LAYERS = ("model:\n  layers:\n    - {name: decoder, repeat: 4, forward: 1 ms, backward: 1 ms, weight: 1 ms, "
+          "activation: 1 GB, parameters: 1 GB}\ndevice: {memory: 80 GB}\n")
+PROFILE = "name,forward_ms,backward_ms,weight_ms,activation_gb,parameters_gb\n" + "d,1,1,1,1,1\n" * 4
+
+
+def refused(capsys, *argv) -> str:
+    """The one stderr line of a run that must exit 2 (and print no traceback)."""
+    status = main([str(token) for token in argv])
+    out, err = capsys.readouterr()
+    assert status == 2, (status, out[-500:], err[-500:])
+    assert err.count("\n") == 1 and err.startswith("zbopt: ") and "Traceback" not in err, err[:2000]
+    return err.strip()
+
+
+def _profiled(tmp_path):
+    (tmp_path / "layers.csv").write_text(PROFILE)
+    model = tmp_path / "model.yaml"
+    model.write_text("{model: {profile: layers.csv}, device: {memory: 80 GB}}\n")
+    return model, tmp_path / "layers.csv"
+
+
+@pytest.mark.parametrize("flag, target", [("--export", "model"), ("-o", "model"), ("--export", "profile"),
+                                          ("--export", "symlink"), ("--export", "hard link")])
+def test_plan_never_writes_over_its_model_file_or_the_profile_it_names(tmp_path, capsys, flag, target):
+    model, profile = _profiled(tmp_path)
+    if flag == "-o":  # a model file whose name is the report's
+        model = model.rename(tmp_path / "model.html")
+    written = {"model": model, "profile": profile, "symlink": tmp_path / "link.csv",
+               "hard link": tmp_path / "hard.csv"}[target]
+    if target == "symlink":
+        written.symlink_to(profile)
+    elif target == "hard link":
+        os.link(profile, written)
+    if target == "model" and flag == "--export":
+        model = model.rename(tmp_path / "model.json")
+        model.write_text('{"model": {"profile": "layers.csv"}, "device": {"memory": "80 GB"}}')
+        written = model
+    before = {path: path.read_bytes() for path in (model, profile)}
+    message = refused(capsys, "plan", model, "--devices", "2", "--time-limit", "5", flag, written)
+    what = "the model file" if target == "model" else "the profile the model file names"
+    assert message == f"zbopt: {flag} '{written}': is {what}; writing it would replace it (give another file)"
+    assert {path: path.read_bytes() for path in (model, profile)} == before
+
+
+def test_plan_refuses_a_directory_for_its_report_before_any_work(tmp_path, capsys):
+    model = tmp_path / "model.yaml"
+    model.write_text(LAYERS)
+    (tmp_path / "x.html").mkdir()
+    assert refused(capsys, "plan", model, "--devices", "2", "--time-limit", "5", "-o", tmp_path / "x.html") \
+        == f"zbopt: -o '{tmp_path / 'x.html'}': is a directory"
+
+
+@pytest.mark.parametrize("change, flags, message", [
+    (None, ["--device-memory", "1e308 GB"], "zbopt: --device-memory = '1e308 GB': at most 1e+15 GB (zbopt's range)"),
+    (None, ["--device-memory", "1e16 GB"], "zbopt: --device-memory = '1e16 GB': at most 1e+15 GB (zbopt's range)"),
+    (("forward: 1 ms", "forward: 1e16 ms"), [],
+     "zbopt: {path}: model.layers[0] (decoder).forward = '1e16 ms': at most 1e+15 ms (zbopt's range)"),
+    (("forward: 1 ms", "forward: 1e13 ms"), ["--microbatches", "1000"],
+     "zbopt: plan: the model's work over m = 1000 microbatches, 4e+16 ms, is beyond zbopt's range (1e+15 ms); "
+     "layer 'decoder' adds most"),
+    (("forward: 1 ms", "forward: 1e10 ms"), ["--devices", "1"],
+     # one stage of 4 layers: F 4e10 against B 4 and W 4 (the span rule's closed form)
+     "zbopt: plan: no split could be solved; the even one is refused: forward_times = 40000000000.0: one "
+     "microbatch's ops take 4e+10, more than 1e7 x the shortest cost (backward_times 4); at most 3.99e+07 allowed "
+     "here or the shortest cost at least 4.01e+03"),
+])
+def test_numbers_beyond_the_range_are_one_line_naming_the_key_as_written(tmp_path, capsys, change, flags, message):
+    model = tmp_path / "model.yaml"
+    model.write_text(LAYERS if change is None else LAYERS.replace(*change, 1))
+    argv = ["plan", model, "--devices", "2", "--time-limit", "5", *flags]
+    if "--devices" in flags:
+        argv[2:4] = []
+    assert refused(capsys, *argv) == message.format(path=model)
+
+
+def test_an_architecture_on_a_device_too_slow_to_time_blames_the_device(tmp_path, capsys):
+    model = tmp_path / "gpt.yaml"
+    model.write_text("model: {architecture: {num_layers: 4, hidden_size: 64, num_attention_heads: 4, "
+                     "seq_length: 128, vocab_size: 1000}}\ndevice: {flops: 1e-300 GFLOPS, memory: 80 GB}\n")
+    message = refused(capsys, "plan", model, "--devices", "2", "--time-limit", "5")
+    assert message.startswith(f"zbopt: {model}: layer 'embedding': forward_ms = ")
+    assert message.endswith("at most 1e+15 (zbopt's range), from the architecture at device.flops = 1e-291 FLOP/s")
+
+
+def test_an_architecture_deeper_than_the_layer_cap_is_refused_before_it_is_built(tmp_path, capsys):
+    model = tmp_path / "deep.yaml"
+    model.write_text("model: {architecture: {num_layers: 100000000, hidden_size: 64, num_attention_heads: 4, "
+                     "seq_length: 128, vocab_size: 1000}}\ndevice: {flops: 100 TFLOPS}\n")
+    assert refused(capsys, "costs", model) == (f"zbopt: {model}: model.architecture.num_layers = 100000000: more "
+                                               "than 100,000 layers")
+
+
+def test_a_megatron_layout_with_a_huge_count_is_refused_in_python_too():
+    from zbopt import ZboptError
+    from zbopt.planning.model import Layer, Model
+    from zbopt.planning.planner.exports import MAX_EXPANDED, megatron_counts
+
+    model = Model.from_repeats([(Layer("decoder", 1, 1, 1, 1, 1), 4)])
+    with pytest.raises(ZboptError, match=rf"expands to more than {MAX_EXPANDED} symbols$"):
+        megatron_counts(model, "Et*99999999999999999999|L")

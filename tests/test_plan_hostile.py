@@ -5,6 +5,11 @@ a plan that no time could make says why."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +115,41 @@ def test_a_megatron_layout_with_a_huge_count_is_refused_in_python_too():
     model = Model.from_repeats([(Layer("decoder", 1, 1, 1, 1, 1), 4)])
     with pytest.raises(ZboptError, match=rf"expands to more than {MAX_EXPANDED} symbols$"):
         megatron_counts(model, "Et*99999999999999999999|L")
+
+
+def test_a_model_beyond_the_plans_layer_cap_is_refused_up_front(tmp_path, capsys):
+    from zbopt.planning.planner.search import MAX_PLAN_LAYERS
+
+    model = tmp_path / "deep.yaml"
+    model.write_text(LAYERS.replace("repeat: 4", f"repeat: {MAX_PLAN_LAYERS + 1}"))
+    assert refused(capsys, "plan", model, "--devices", "4", "--time-limit", "5").startswith(
+        f"zbopt: plan: {MAX_PLAN_LAYERS + 1:,} layers, more than the {MAX_PLAN_LAYERS:,} its split models hold")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_plan_of_a_thousand_microbatches_keeps_its_time_limit():
+    """Issue 42 item 2: m = 1000 ran 11.7 s under --time-limit 5; the limit bounds the whole call
+    (start-up included) within 5%, measured here by the test itself."""
+    began = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "zbopt", "plan", "examples/model_layers.yaml", "--devices", "4",
+                          "--microbatches", "1000", "--time-limit", "5", "--json"], capture_output=True, text=True,
+                         cwd=ROOT)
+    took = time.perf_counter() - began
+    assert run.returncode == 0, run.stderr[-500:]
+    assert took <= 5 * 1.05, took
+
+
+def test_ctrl_c_stops_a_plan_of_thousands_of_microbatches_within_a_second():
+    """Issue 42 item 2: with m = 3000, SIGINT at 3 s exited 28 s later; now within a second, with
+    the plan so far (or none) and exit 130."""
+    process = subprocess.Popen([sys.executable, "-m", "zbopt", "plan", "examples/model_layers.yaml", "--devices", "4",
+                                "--microbatches", "3000", "--time-limit", "120"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
+    time.sleep(3)
+    sent = time.perf_counter()
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert (process.returncode, err) == (130, "zbopt: interrupted\n")
+    assert time.perf_counter() - sent <= 1.0

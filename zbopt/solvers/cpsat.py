@@ -13,6 +13,10 @@ problems: the full model keeps its own bound and proves what it can in its half,
 order wins everywhere (V-Min, p = 8, m = 16: this rule 1139.3, LNS alone 1158.9). The full
 model's bound stays the answer's bound: LNS proves nothing. LNS applies to the makespan of one
 iteration from a warm start (`lns.applies`); otherwise the full model runs alone.
+
+Under a memory limit, on problems of at least BLOCK_MIN_OPS ops, the search first spends
+BLOCK_SHARE of its time on the optimal repeating block and starts from it, repeated and squeezed,
+where that beats the warm start (`_from_the_block`); the answer is never longer than that start.
 """
 
 from __future__ import annotations
@@ -51,10 +55,12 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
                                                               symmetry_breaking=symmetry_breaking,
                                                               pair_window=pair_window))
     block = started.warm
-    if block is task.warm or (found.starts is not None and found.modelled <= block.makespan):
+    if block is task.warm:
         return found
-    return replace(found, status="feasible" if found.status == "unknown" else found.status,
-                   starts=start_times(block), modelled=block.makespan)
+    answer = simulated_answer(problem, found, task.objective, "cpsat")  # not `modelled`: rounded, or None
+    if answer is not None and answer.makespan <= block.makespan:
+        return found
+    return replace(found, status="feasible", starts=start_times(block), modelled=block.makespan)
 
 
 def _full_then_lns(problem: Problem, task: SearchTask, lns_share: float, model_options: dict) -> Found:
@@ -85,11 +91,13 @@ def _from_the_block(problem: Problem, task: SearchTask) -> SearchTask:
     block search models); from a warm start (a caller who gave none wants no hint)."""
     if (problem.memory_limit is None or problem.num_ops < BLOCK_MIN_OPS or task.objective != "makespan"
             or task.peak_cap is not None or task.warm is None or problem.iterations != 1
-            or block_refusal(problem) is not None or task.remaining() <= 0):
+            or block_refusal(problem) is not None or task.remaining() <= 0 or task.stopped.is_set()):
         return task
     found = optimal_block(problem, time_limit=BLOCK_SHARE * task.remaining(), workers=task.workers, seed=task.seed)
     built = simulate(problem, block_schedule(found.block))
     if not built.valid or built.makespan >= task.warm.makespan:
         return task
     task.report(built.makespan, None)
+    # what the driver answers with if it must leave the search behind
+    task.kept["incumbent"] = Found("feasible", start_times(built), 0.0, built.makespan, None)
     return replace(task, warm=built)

@@ -20,7 +20,7 @@ from zbopt.planning.model.presets import preset
 from zbopt.planning.model.profile import read_profile
 
 __all__ = ["LAYER_KEYS", "MODEL_KEYS", "REQUIRED_LAYER_KEYS", "SOURCES", "TRAINING_KEYS", "model_layers",
-           "spelled_layers"]
+           "profile_path", "spelled_layers"]
 
 SOURCES = ("layers", "profile", "architecture", "preset")
 TRAINING_KEYS = ("dtype", "data_parallel", "use_distributed_optimizer")
@@ -51,11 +51,12 @@ def model_layers(section: object, device: Device | None = None, where: str = "mo
     if given[0] == "layers":
         return spelled_layers(section["layers"], f"{where}.layers")
     if given[0] == "profile":
-        return read_profile(_profile_path(section["profile"], f"{where}.profile", base))
+        return read_profile(profile_path(section["profile"], f"{where}.profile", base))
     return _architecture_layers(section, device or Device(), where)
 
 
-def _profile_path(value: object, key: str, base: str | Path | None) -> Path:
+def profile_path(value: object, key: str, base: str | Path | None) -> Path:
+    """The profile a model section names, relative to `base` (the model file's folder) unless absolute."""
     if not isinstance(value, str) or not value.strip():
         raise ZboptError(f"{key} = {shorten(value)}: expected a file name (.csv, .yaml or .json)")
     path = Path(value)

@@ -16,7 +16,7 @@ from pathlib import Path
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.io.read import read_data
 from zbopt.planning.model.architecture import Architecture
-from zbopt.planning.model.config import model_layers
+from zbopt.planning.model.config import model_layers, profile_path
 from zbopt.planning.model.flops import Training, architecture_layers
 from zbopt.planning.model.parts import Device, Layer
 from zbopt.planning.model.profile import read_profile
@@ -149,8 +149,7 @@ def model_files(path: str | Path) -> dict[str, str]:
     `load_model` has accepted the file."""
     files = {"the model file": str(path)}
     section = read_data(path, "model file").get("model")
-    if isinstance(section, dict) and isinstance(section.get("profile"), str):
-        profile = Path(section["profile"])
-        profile = profile if profile.is_absolute() else Path(path).parent / profile
-        files["the profile the model file names"] = str(profile)
+    if isinstance(section, dict) and "profile" in section:
+        files["the profile the model file names"] = str(profile_path(section["profile"], "model.profile",
+                                                                     Path(path).parent))
     return files

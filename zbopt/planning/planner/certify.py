@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import math
 
+from zbopt.core.errors import ZboptError
 from zbopt.planning.model import Device, Model
 from zbopt.planning.planner.split import Pipeline, Split, stage_layers
 from zbopt.planning.planner.split_model import MEMORY_SLACK, SCALE, BoundaryModel
 
-__all__ = ["SplitFamily", "least_memory", "split_bound"]
+__all__ = ["MAX_MODEL_INTEGER", "SplitFamily", "least_memory", "split_bound"]
+
+MAX_MODEL_INTEGER = 2**62  # CP-SAT's integers are 64-bit: its products and sums keep a factor of 2
 
 
 def _changes(pipeline: Pipeline, first: int, last: int) -> int:
@@ -65,6 +68,10 @@ class SplitFamily:
         self.latency = math.floor(device.p2p_ms * SCALE)
         # above every term: the work counted m + 1 times over, and every latency on both paths
         upper = self.boundaries.horizon * 4 + self.latency * 4 * pipeline.num_stages
+        if upper * max(pipeline.num_microbatches, 1) > MAX_MODEL_INTEGER:  # the memory terms' products
+            raise ZboptError(f"plan: over m = {pipeline.num_microbatches} microbatches the model's work is beyond the "
+                             "split bound's model (its memory terms count m x 4 x the work in microseconds, past "
+                             "2^62); give fewer microbatches or lighter layers")
         self.upper = upper
         self.objective = self.boundaries.model.NewIntVar(0, upper, "bound")
         for index in range(pipeline.num_devices):

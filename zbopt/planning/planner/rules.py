@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache
 
+from zbopt.core import interrupt
 from zbopt.core.errors import ZboptError
 from zbopt.planning.model import Layer, Model
 from zbopt.planning.planner.split import Pipeline, Split, stage_layers
@@ -63,10 +64,9 @@ def body(model: Model) -> tuple[int, int]:
     return indices[0], indices[-1] + 1
 
 
-def _with_ends(model: Model, parts: list[int]) -> Split:
-    """The repeated layers' counts per stage, the leading ends added to the first stage and the
-    trailing ends to the last."""
-    first, end = body(model)
+def _with_ends(model: Model, parts: list[int], first: int, end: int) -> Split:
+    """The repeated layers' counts per stage (the body, layers first..end - 1: `body`), the leading
+    ends added to the first stage and the trailing ends to the last."""
     parts = list(parts)
     parts[0] += first
     parts[-1] += len(model.layers) - end
@@ -79,7 +79,7 @@ def even_split(model: Model, pipeline: Pipeline) -> Split:
     if repeated < stages:
         raise ZboptError(f"split rule 'even': {repeated} repeated layers for {stages} virtual stages")
     share, extra = divmod(repeated, stages)
-    return _with_ends(model, [share + (stage < extra) for stage in range(stages)])
+    return _with_ends(model, [share + (stage < extra) for stage in range(stages)], first, end)
 
 
 def first_last_split(model: Model, pipeline: Pipeline) -> Split:
@@ -89,12 +89,13 @@ def first_last_split(model: Model, pipeline: Pipeline) -> Split:
         return stage_balanced_split(model, pipeline)  # no middle devices: the two counts are the split
     candidates = []
     for head in range(v, repeated, v):  # each of the first device's v chunks takes head / v
+        interrupt.check()  # quadratic in the layers: at 10^5 a deadline or Ctrl-C stops it
         for tail in range(v, repeated - head, v):
             middle, left = divmod(repeated - head - tail, (p - 2) * v)
             if middle >= 1 and not left:
                 share = {0: head // v, p - 1: tail // v}
                 parts = [share.get(pipeline.device_of(stage), middle) for stage in range(pipeline.num_stages)]
-                candidates.append(_with_ends(model, parts))
+                candidates.append(_with_ends(model, parts, first, end))
     if not candidates:
         raise ZboptError(f"split rule 'first-last': {repeated} repeated layers do not split as Megatron-LM's "
                          f"first and last counts over {p} devices x {v} chunks")
@@ -125,6 +126,7 @@ def stage_balanced_split(model: Model, pipeline: Pipeline) -> Split:
         if stages_left == 1:
             return prefix[count] - prefix[start], (count - start,)
         options = []
+        interrupt.check()  # S x n^2 steps: at 10^5 layers a deadline or Ctrl-C stops it
         for end in range(start + 1, count - stages_left + 2):
             rest, split = best(stage + 1, end)
             options.append((max(prefix[end] - prefix[start], rest), (end - start, *split)))

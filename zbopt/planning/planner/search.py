@@ -32,13 +32,16 @@ from zbopt.solvers import lower_bounds, solve
 from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
 from zbopt.solvers.warm import best_of
 
-__all__ = ["FAMILY_S", "FIRST_BOUND_SHARE", "MIN_SOLVE_S", "PRECHECK_SHARE", "SOLVE_SHARE", "plan", "solved_split"]
+__all__ = ["FAMILY_S", "FIRST_BOUND_SHARE", "MAX_PLAN_LAYERS", "MIN_SOLVE_S", "PRECHECK_SHARE", "SOLVE_SHARE", "plan",
+           "solved_split"]
 
 SOLVE_SHARE = 1 / 12  # of the plan's time limit: one split's solve, at most
 FAMILY_S = 5.0  # the most one step of the split family's CP-SAT may take
 MIN_SOLVE_S = 0.5  # no split is solved with less time left than this
 PRECHECK_SHARE = 0.1  # of a split's solve: its independent bounds, before any search
 FIRST_BOUND_SHARE = 0.1  # of a pipeline's time: the family's first bound, before any split is solved
+# measured, a 5 s step of the split family: 0.5 s at 5,000 layers, 2.2 s at 10,000, 6.3 s at 20,000
+MAX_PLAN_LAYERS = 10_000
 
 
 @dataclass
@@ -196,7 +199,8 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
 
 def _check_plan(model: Model, pipelines: Sequence[Pipeline], schedules, time_limit: float) -> None:
     """One line for what no search could fix: an unknown or repeated schedule, a time limit that is not a
-    positive number, a model mixing fused and split backwards, more stages than layers."""
+    positive number, a model mixing fused and split backwards or of more than MAX_PLAN_LAYERS layers,
+    more stages than layers, work beyond the range."""
     for number, name in enumerate(schedules or ()):
         if name != OPTIMAL:
             get(name)  # an unknown name: UnknownScheduleError, naming the close ones
@@ -206,6 +210,10 @@ def _check_plan(model: Model, pipelines: Sequence[Pipeline], schedules, time_lim
             not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise ZboptError(f"plan: time_limit = {time_limit!r}: expected a number of seconds above 0")
     splits_backward(model)
+    if len(model.layers) > MAX_PLAN_LAYERS:
+        raise ZboptError(f"plan: {len(model.layers):,} layers, more than the {MAX_PLAN_LAYERS:,} its split models "
+                         "hold (their element constraints grow as stages x layers, and CP-SAT's presolve does not "
+                         "stop for Ctrl-C); write a repeated block of layers as one layer")
     for pipeline in pipelines:
         check_stages(model, pipeline.num_devices, pipeline.chunks_per_device)
         _check_range(model, pipeline)
@@ -268,10 +276,15 @@ def _rule_rows(rule: str, run: _Run, schedules, solved: dict, simulated: dict,
     """The rows of one rule: its split under each schedule (the optimizer's answer recorded in
     `solved`, the heuristics', built within `heuristics`, in `simulated`, both by split)."""
     try:
-        split = split_by_rule(rule, run.model, run.pipeline, seconds=min(interrupt.span(10.0), run.clock.left() / 4))
+        with interrupt.deadline_scope(heuristics.deadline):  # the rules are quadratic in the layers
+            split = split_by_rule(rule, run.model, run.pipeline,
+                                  seconds=min(interrupt.span(10.0), run.clock.left() / 4))
         problem = run.problem(split)
     except ZboptError as error:
         return [PlanRow(rule, "-", None, None, str(error))]
+    except interrupt.TimeUp:
+        return [PlanRow(rule, "-", None, None, "its split was not found in the rule's share of the time limit, "
+                                               "or Ctrl-C")]
     rows = []
     if split not in simulated:  # several rules often give one split: its heuristics once
         names = [entry.name for entry in registered()] if schedules is None else \

@@ -13,20 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from zbopt.interfaces.cli import main
+from tests.test_hostile_input import refused
 
 LAYERS = ("model:\n  layers:\n    - {name: decoder, repeat: 4, forward: 1 ms, backward: 1 ms, weight: 1 ms, "
           "activation: 1 GB, parameters: 1 GB}\ndevice: {memory: 80 GB}\n")
 PROFILE = "name,forward_ms,backward_ms,weight_ms,activation_gb,parameters_gb\n" + "d,1,1,1,1,1\n" * 4
-
-
-def refused(capsys, *argv) -> str:
-    """The one stderr line of a run that must exit 2 (and print no traceback)."""
-    status = main([str(token) for token in argv])
-    out, err = capsys.readouterr()
-    assert status == 2, (status, out[-500:], err[-500:])
-    assert err.count("\n") == 1 and err.startswith("zbopt: ") and "Traceback" not in err, err[:2000]
-    return err.strip()
 
 
 def _profiled(tmp_path):
@@ -153,3 +144,9 @@ def test_ctrl_c_stops_a_plan_of_thousands_of_microbatches_within_a_second():
     _, err = process.communicate(timeout=60)
     assert (process.returncode, err) == (130, "zbopt: interrupted\n")
     assert time.perf_counter() - sent <= 1.0
+
+
+def test_a_pipeline_too_large_to_hold_blames_the_flag_that_made_it(capsys):
+    message = refused(capsys, "plan", ROOT / "examples" / "model_layers.yaml", "--devices", "4", "--microbatches",
+                      "100000000", "--time-limit", "2")
+    assert message.startswith("zbopt: --microbatches: num_microbatches = 100000000: the problem has 800,000,000 ops")

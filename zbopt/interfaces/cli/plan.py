@@ -52,7 +52,7 @@ def _command_plan(args: argparse.Namespace) -> int:
 
     from zbopt.core.units import parse_memory
     from zbopt.planning.model import load_model, model_files
-    from zbopt.planning.planner import Pipeline, check_stages, plan
+    from zbopt.planning.planner import check_stages, plan
 
     _check_numbers(args)
     model, device = load_model(args.model)
@@ -70,8 +70,7 @@ def _command_plan(args: argparse.Namespace) -> int:
     for chunks in _chunks(args.chunks):  # before m's default of 4 per device is blamed for the size
         check_stages(model, args.devices, chunks)
     microbatches = _microbatches(args)
-    pipelines = [Pipeline(args.devices, chunks, "loop" if chunks == 1 else args.placement, microbatches)
-                 for chunks in _chunks(args.chunks)]
+    pipelines = [_pipeline(args, chunks, microbatches) for chunks in _chunks(args.chunks)]
     with contextlib.ExitStack() as stack:
         executor, parallel = None, 1
         if args.dask is not None:
@@ -126,6 +125,20 @@ def _microbatches(args: argparse.Namespace) -> int:
     if counted is not None:
         return counted[0]
     return args.microbatches or 4 * args.devices
+
+
+def _pipeline(args: argparse.Namespace, chunks: int, microbatches: int):
+    """The pipeline the flags ask for; one that no problem could hold blamed on the flag that set it."""
+    from zbopt.core.errors import ProblemError
+    from zbopt.planning.planner import Pipeline
+
+    try:
+        return Pipeline(args.devices, chunks, "loop" if chunks == 1 else args.placement, microbatches)
+    except ProblemError as error:
+        given_m = "--microbatches" if args.microbatches is not None else \
+            "--global-batch" if args.global_batch is not None else "--devices (m is 4 per device)"
+        flag = {"num_devices": "--devices", "chunks_per_device": "--chunks"}.get(error.key, given_m)
+        raise ZboptError(f"{flag}: {error}") from None
 
 
 def _chunks(text: str) -> list[int]:

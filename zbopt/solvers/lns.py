@@ -7,10 +7,11 @@ every activation's lifetime within the device's memory limit) so the window ends
 can; then compact the whole schedule in its new order (`timeline.compact`: every op as early as
 its device, input and memory allow, never later than before) and keep it if the makespan fell,
 or stayed and the ops start earlier in sum. The window grows while CP-SAT solves it to optimality
-quickly and shrinks when it does not. Half the windows sit at the drain, a quarter at the fill
-(where a schedule built from a repeating block, `cpsat`'s start under a memory limit, follows a
-rule rather than a search), the rest anywhere. Where microbatches differ, each round also tries
-two of them trading places (the order of entry decides how well long and short ones interleave).
+quickly and shrinks when it does not. The first window is the fill, the second the drain (where a
+schedule built from a repeating block, `cpsat`'s start under a memory limit, follows a rule rather
+than a search); then half the windows sit at the drain, a quarter at the fill, the rest anywhere.
+Where microbatches differ, each round also tries two of them trading places (the order of entry
+decides how well long and short ones interleave).
 
 It proves nothing: the driver's independent lower bounds give the gap. Makespan objective,
 one iteration; otherwise it returns no schedule and the driver keeps the warm start.
@@ -54,13 +55,16 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
     rng = random.Random(task.seed)
     size = window_ops
     swaps = not problem.microbatches_equal and problem.sequence_slices == 1 and problem.num_microbatches > 1
+    turn = 0
     while task.remaining() > interrupt.span(0.05) + finishing and not stopped():
         if swaps:
             current = _better(table, current, _swapped(integral, table, current, caps, rng), task, scale)
         order = sorted(range(table.size), key=lambda i: current[i])
-        # half the windows at the drain, where the makespan is decided; a quarter at the fill (both
-        # follow a rule in a block-built start); the rest anywhere
-        middle = rng.choice((table.size - 1 - size // 2,) * 2 + (size // 2, rng.randrange(table.size)))
+        # the fill first, then the drain (both follow a rule in a block-built start); then half the
+        # windows at the drain, where the makespan is decided, a quarter at the fill, the rest anywhere
+        ends = (size // 2, table.size - 1 - size // 2)
+        middle = ends[turn] if turn < 2 else rng.choice((ends[1], ends[1], ends[0], rng.randrange(table.size)))
+        turn += 1
         free = order[max(0, middle - size // 2): middle + size // 2 + 1]
         solver = timed_solver(min(interrupt.span(STEP_S), task.remaining()), task.workers, rng.randrange(1 << 30))
         placed, solved = _reoptimise(integral, table, current, set(free), solver, caps, stopped)

@@ -9,7 +9,8 @@ its device, input and memory allow, never later than before) and keep it if the 
 or stayed and the ops start earlier in sum. The window grows while CP-SAT solves it to optimality
 quickly and shrinks when it does not. The first window is the fill, the second the drain (where a
 schedule built from a repeating block, `cpsat`'s start under a memory limit, follows a rule rather
-than a search); then half the windows sit at the drain, a quarter at the fill, the rest anywhere.
+than a search); then half the windows sit at the drain, the rest anywhere (a quarter at the fill
+measured no better: loop p = 8, m = 16, memory 4, 120 s, three seeds, 1317 against 1292 on average).
 Where microbatches differ, each round also tries two of them trading places (the order of entry
 decides how well long and short ones interleave).
 
@@ -61,9 +62,9 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
             current = _better(table, current, _swapped(integral, table, current, caps, rng), task, scale)
         order = sorted(range(table.size), key=lambda i: current[i])
         # the fill first, then the drain (both follow a rule in a block-built start); then half the
-        # windows at the drain, where the makespan is decided, a quarter at the fill, the rest anywhere
+        # windows at the drain, where the makespan is decided, the rest anywhere
         ends = (size // 2, table.size - 1 - size // 2)
-        middle = ends[turn] if turn < 2 else rng.choice((ends[1], ends[1], ends[0], rng.randrange(table.size)))
+        middle = ends[turn] if turn < 2 else (ends[1] if rng.random() < 0.5 else rng.randrange(table.size))
         turn += 1
         free = order[max(0, middle - size // 2): middle + size // 2 + 1]
         solver = timed_solver(min(interrupt.span(STEP_S), task.remaining()), task.workers, rng.randrange(1 << 30))

@@ -242,6 +242,18 @@ def test_rows_with_equal_columns_are_the_stage_values_in_every_command():
     assert generate("block-1f1b", table).orders == generate("block-1f1b", plain).orders
 
 
+def test_microbatches_each_in_range_but_too_far_apart_are_refused_by_name():
+    """Tokens [1e8, 1] with attention: every microbatch at the longest's costs is in range, and at the
+    shortest's too, but the long one's work is past 1e9 times the short one's shortest cost (the
+    tolerance could no longer tell that cost from zero): refused, naming microbatch_tokens."""
+    with pytest.raises(ProblemError, match=r"^microbatch_tokens = .*the microbatches differ too much"):
+        Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=1, weight_times=1,
+                microbatch_tokens=[10**8, 1], attention_share=0.5)
+    spread = Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=1, weight_times=1,
+                     microbatch_tokens=[10**4, 1], attention_share=0.5)  # a 1e4 spread is kept as given
+    assert spread.microbatch_tokens == (10**4, 1)
+
+
 def test_a_problem_one_command_refuses_for_its_range_no_command_accepts(tmp_path, capsys):
     """Tokens spread 1e12 : 1 make the shortest microbatch's costs fall below the tolerance: simulate
     refuses it as compare does (before, simulate ran it and compare's relaxation refused it)."""

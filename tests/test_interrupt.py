@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -101,3 +102,46 @@ def test_ctrl_c_during_start_up_is_one_line():
     os.killpg(process.pid, signal.SIGINT)
     out, err = process.communicate(timeout=HANG_S)
     assert (process.returncode, out, err) == (130, b"", b"zbopt: interrupted\n")
+
+
+def test_watched_work_is_stopped_once_asked_and_its_error_reaches_the_caller():
+    """`interrupt.watched` calls `stop` while the work runs once `stop_when` holds (here at once: a
+    work that only ends when stopped returns), and hands the work's exception to the caller."""
+    from zbopt.core import interrupt
+
+    released = threading.Event()
+    assert interrupt.watched(lambda: released.wait(HANG_S), released.set, stop_when=lambda: True) is True
+
+    def fails():
+        raise ValueError("from the work's thread")
+
+    with pytest.raises(ValueError, match="from the work's thread"):
+        interrupt.watched(fails, lambda: None)
+
+
+def test_ctrl_c_stops_the_balanced_packing_with_a_packing_no_worse_than_first_fit():
+    """Ctrl-C (`interrupt.requested`) stops the balanced packing's CP-SAT search: 300 sequences into
+    first-fit decreasing's count of microbatches give its packing or a better one, every sequence once."""
+    from zbopt.core import interrupt
+    from zbopt.core.problem.batch import document_work, pack
+
+    lengths = [64 + (index * 7919) % 4000 for index in range(300)]
+    first_fit = pack(lengths, 8192, "first-fit-decreasing")
+    answer = []
+    interrupt.requested.set()
+    try:  # given four hang times to search, it ends within one: only a stop that failed reaches it
+        worker = threading.Thread(target=lambda: answer.append(pack(lengths, 8192, "balanced", attention_share=0.3,
+                                                                    time_limit=HANG_S * 4)))
+        worker.start()
+        worker.join(HANG_S)
+    finally:
+        interrupt.requested.clear()
+    assert answer, "the balanced packing did not stop"
+    balanced = answer[0]
+    assert sorted(index for microbatch in balanced for index in microbatch) == list(range(300))
+
+    def heaviest(packing):
+        return max(sum(document_work(lengths[index], 0.3, max(lengths)) for index in microbatch)
+                   for microbatch in packing)
+
+    assert len(balanced) == len(first_fit) and heaviest(balanced) <= heaviest(first_fit) + 1e-9

@@ -40,10 +40,10 @@ from typing import TypeVar
 
 from zbopt.core.errors import ZboptError
 
-__all__ = ["EXIT_INTERRUPTED", "MESSAGE", "MIN_SPEND", "START_UP_MOST_S", "WORK_PER_SECOND", "Clock", "Interrupted",
-           "Meter", "T", "TimeUp", "answer_of", "as_clock", "check", "clock_of", "deadline_scope", "deterministic",
-           "exit_at_once", "leave", "metered", "now", "past", "process_started", "requested", "span", "spend",
-           "stoppable"]
+__all__ = ["EXIT_INTERRUPTED", "MESSAGE", "MIN_SPEND", "POLL_S", "START_UP_MOST_S", "WORK_PER_SECOND", "Clock",
+           "Interrupted", "Meter", "T", "TimeUp", "answer_of", "as_clock", "check", "clock_of", "deadline_scope",
+           "deterministic", "exit_at_once", "leave", "metered", "now", "past", "process_started", "requested", "span",
+           "spend", "stoppable", "watched"]
 
 EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 MESSAGE = "zbopt: interrupted"
@@ -51,6 +51,7 @@ MESSAGE = "zbopt: interrupted"
 T = TypeVar("T")
 
 requested = threading.Event()  # Ctrl-C came while the work ran
+POLL_S = 0.05  # how often work that waits (on a solver, a pool, a child) looks for Ctrl-C and its deadline
 
 
 class Interrupted(KeyboardInterrupt):
@@ -289,3 +290,33 @@ def stoppable() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, previous)
         requested.clear()
+
+
+def watched(work: Callable[[], T], stop: Callable[[], None], stop_when: Callable[[], bool] = requested.is_set) -> T:
+    """`work()` (a solver's blocking call) in a thread of its own while this thread watches and
+    calls `stop()` once `stop_when()` holds (by default: Ctrl-C came). So the main thread stays in
+    Python, where a signal handler can run, and nothing raises inside the solver; a KeyboardInterrupt
+    here (a second Ctrl-C) stops the work on its way out. `stop` is repeated: a solver ignores it
+    before it has started."""
+    outcome: dict[str, object] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as error:  # handed to the caller's thread below
+            outcome["error"] = error
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="zbopt-watched", daemon=True).start()
+    try:
+        while not done.wait(POLL_S):
+            if stop_when():
+                stop()
+    except BaseException:
+        stop()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

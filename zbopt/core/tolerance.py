@@ -75,14 +75,20 @@ def _device_memory(problem) -> Parts:
     return {"activation_memory": (min(positive), largest, held)}
 
 
-def check_ranges(problem) -> None:
+def check_ranges(problem, least=None) -> None:
     """Refuse, naming the key and the value allowed, a problem whose one microbatch's work exceeds
     MICROBATCH_SPAN times its shortest cost, whose total work exceeds 1 / RELATIVE_TOLERANCE times
     it, or whose device memory, under a limit, exceeds 1 / RELATIVE_TOLERANCE times its smallest
-    activation; or whose work or device memory exceeds MAX_TOTAL."""
+    activation; or whose work or device memory exceeds MAX_TOTAL. `least`: where microbatches
+    differ, `problem` at every microbatch's largest costs and `least` at their least: the total
+    work is told apart from the least microbatch's shortest cost."""
     _within(_time_parts(problem, one_microbatch=True), "one microbatch's ops take", "the shortest cost",
             MICROBATCH_SPAN)
-    _within(_time_parts(problem), "all ops together take", "the shortest cost", 1 / RELATIVE_TOLERANCE)
+    parts = _time_parts(problem)
+    if least is not None:
+        shortest = _time_parts(least)
+        parts = {key: (min(low, shortest[key][0]), high, weight) for key, (low, high, weight) in parts.items()}
+    _within(parts, "all ops together take", "the shortest cost", 1 / RELATIVE_TOLERANCE)
     for limit in problem.memory_limit or ():
         if limit > MAX_TOTAL:
             raise ProblemError("memory_limit", limit, f"at most {_short(MAX_TOTAL)} allowed")

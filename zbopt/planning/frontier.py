@@ -29,10 +29,9 @@ from zbopt.schedules import generate_applicable
 from zbopt.solvers import solve
 from zbopt.solvers.gap import relative_gap, settle
 
-__all__ = ["MAX_LIMITS", "STOP_POLL_S", "Frontier", "FrontierPoint", "HeuristicPoint", "counted_mechanisms",
+__all__ = ["MAX_LIMITS", "Frontier", "FrontierPoint", "HeuristicPoint", "counted_mechanisms",
            "heuristic_points", "limits_at", "memory_frontier", "parse_memory_limits", "process_pool", "sweep_scale"]
 
-STOP_POLL_S = 0.05  # how often the sweep looks for Ctrl-C while solves run
 MAX_LIMITS = 10_000  # a sweep longer than this is a typo in START:STOP:STEP, not a plan
 
 
@@ -267,7 +266,7 @@ def _finished_solves(futures: list[Future], bar: _ProgressBar | None) -> list[Fr
     (`interrupt.requested`): then only those finished so far."""
     pending = set(futures)
     while pending and not interrupt.requested.is_set():
-        done, pending = wait(pending, timeout=STOP_POLL_S, return_when=FIRST_COMPLETED)
+        done, pending = wait(pending, timeout=interrupt.POLL_S, return_when=FIRST_COMPLETED)
         for future in done:
             future.result()  # an error in a solve stops the sweep here
             if bar is not None:

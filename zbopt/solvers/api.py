@@ -35,8 +35,8 @@ from zbopt.solvers.task import Found, SearchTask, ignore
 from zbopt.solvers.warm import warm_start_simulation
 
 __all__ = ["ANSWER_SECONDS_PER_OP", "BACKENDS", "BOUNDS_SHARE", "CP_SAT_STOP_S", "HEURISTICS_CUTOFF",
-           "HEURISTICS_SHARE", "LIVE_LINE_PERIOD_S", "MILP_STOP_S", "SOLVERS", "STOP_GRACE_S", "STOP_POLL_S",
-           "Backend", "search_deadline", "solve"]
+           "HEURISTICS_SHARE", "LIVE_LINE_PERIOD_S", "MILP_STOP_S", "SOLVERS", "STOP_GRACE_S", "Backend",
+           "search_deadline", "solve"]
 
 
 class Backend(NamedTuple):
@@ -61,7 +61,6 @@ BACKENDS = {"cpsat": Backend(cpsat.search, full_model.refusal, CP_SAT_STOP_S),
             "lns": Backend(lns.search, lns.refusal, CP_SAT_STOP_S)}
 SOLVERS = tuple(BACKENDS)
 LIVE_LINE_PERIOD_S = 0.5
-STOP_POLL_S = 0.05  # how often the driver looks for Ctrl-C while the backend runs
 STOP_GRACE_S = 0.5  # after Ctrl-C, how long a backend gets to return its best before it is left behind
 HEURISTICS_SHARE = 0.3  # of the time limit: no further heuristic starts after it (once one is valid)
 HEURISTICS_CUTOFF = 0.6  # of the time limit: while none is valid yet, a heuristic stops here at the latest
@@ -294,7 +293,7 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
     threading.Thread(target=contextvars.copy_context().run, args=(work,), name="zbopt-search", daemon=True).start()
     drawn = time.perf_counter()
     try:
-        while not done.wait(max(0.0, min(STOP_POLL_S, abandon_at - time.perf_counter()))):
+        while not done.wait(max(0.0, min(interrupt.POLL_S, abandon_at - time.perf_counter()))):
             if interrupt.requested.is_set() and not task.stopped.is_set():
                 stop()
                 abandon_at = min(abandon_at, time.perf_counter() + STOP_GRACE_S)

@@ -5,7 +5,6 @@ watcher that stops a solve at its deadline or Ctrl-C (`solve_stoppable`)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -18,10 +17,8 @@ from zbopt.core.problem import Problem
 from zbopt.core.ticks import memory_rounding, memory_scale
 from zbopt.solvers.task import SearchTask
 
-__all__ = ["STOP_POLL_S", "Choice", "Lifetime", "OpVars", "lifetime_intervals", "limit", "solve_stoppable",
+__all__ = ["Choice", "Lifetime", "OpVars", "lifetime_intervals", "limit", "solve_stoppable",
            "task_stopped", "timed_solver"]
-
-STOP_POLL_S = 0.05  # how often a running solve checks for the deadline and Ctrl-C
 
 
 class OpVars(NamedTuple):
@@ -128,34 +125,12 @@ def limit(solver: cp_model.CpSolver, seconds: float, workers: int, seed: int = 0
 
 def solve_stoppable(solver: cp_model.CpSolver, model, callback=None, *,
                     stop_when: Callable[[], bool] = interrupt.requested.is_set) -> int:
-    """`solver.Solve(model, callback)` in a thread of its own, while this thread watches and calls
-    CP-SAT's StopSearch once `stop_when()` holds (by default: Ctrl-C came, `interrupt.requested`).
-    So the main thread stays in Python, where a signal handler can run, and a callback never runs
-    there: nothing raises inside CP-SAT. StopSearch is repeated because it has no effect before
-    Solve has started."""
-    outcome: dict[str, object] = {}
-    solved = threading.Event()
-
-    def work() -> None:
-        try:
-            outcome["code"] = solver.Solve(model, callback)
-        except BaseException as error:  # handed to the caller's thread below
-            outcome["error"] = error
-        finally:
-            solved.set()
-
-    threading.Thread(target=work, name="zbopt-cp-sat", daemon=True).start()
-    try:
-        while not solved.wait(STOP_POLL_S):
-            if stop_when():
-                solver.StopSearch()
-    except BaseException:  # a second Ctrl-C from Python: the search stops on the way out
-        solver.StopSearch()
-        raise
-    if "error" in outcome:
-        raise outcome["error"]
+    """`solver.Solve(model, callback)`, stopped by StopSearch once `stop_when()` holds (by default:
+    Ctrl-C came), through `interrupt.watched`: a callback never runs in the main thread, so nothing
+    raises inside CP-SAT. Its deterministic time is counted on the one clock."""
+    code = interrupt.watched(lambda: solver.Solve(model, callback), solver.StopSearch, stop_when)
     interrupt.spend(solver.deterministic_time)
-    return outcome["code"]
+    return code
 
 
 def task_stopped(task: SearchTask) -> Callable[[], bool]:

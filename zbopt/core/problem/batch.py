@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from zbopt.core import interrupt
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.problem.slices import span_factor
 
@@ -202,7 +203,8 @@ def _balanced(lengths: Sequence[int], budget: int, attention_share: float, micro
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit
     solver.parameters.num_workers = 2
-    status = solver.solve(model)
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is Python's: it stops the search and the command
+    status = interrupt.watched(lambda: solver.solve(model), solver.stop_search)
     if status == cp_model.INFEASIBLE:
         raise ZboptError(f"microbatches = {count}: the sequences fit in no {count} microbatches of {budget} tokens "
                          f"(first-fit decreasing needs {len(start)})")

@@ -125,8 +125,16 @@ class Problem(_Parameters):
                                                                           "that cost the same (a pair's cost is one "
                                                                           "per device)")
         if not self.microbatches_equal:  # first: a row's extreme values, not its mean, are what is out of range
-            for extreme in (max, min):  # min: the relaxation the bounds solve must be a problem too
-                check_ranges(microbatches.every_microbatch_at(self, extreme, sequence_slices=1, memory_limit=None))
+            least = microbatches.every_microbatch_at(self, min, sequence_slices=1, memory_limit=None)
+            check_ranges(least)  # the relaxation the bounds solve must be a problem too
+            most = microbatches.every_microbatch_at(self, max, sequence_slices=1, memory_limit=None)
+            check_ranges(most)
+            try:  # each extreme in range, the two together out of it: the microbatches' spread is the culprit
+                check_ranges(most, least)
+            except ProblemError as error:
+                key = "microbatch_tokens" if self.microbatch_tokens is not None else error.key
+                raise ProblemError(key, getattr(self, key), f"the microbatches differ too much: {error.reason}") \
+                    from None
         check_ranges(self)
         if self.memory_limit is not None:
             memory_floor.check_memory_limit(self)

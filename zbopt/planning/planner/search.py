@@ -242,11 +242,14 @@ def _nothing_found(model: Model, device: Device, pipelines: Sequence[Pipeline], 
     if device.memory_gb is not None and least > device.memory_gb:
         return (f"plan: no split of the model runs in {device.memory_gb:g} GB per device; every split needs at "
                 f"least {least:.4g} GB on its fullest device (parameters and one microbatch's activations)")
-    for pipeline in pipelines:  # a split refused for what it is, not for time: say why
+    refusals = []
+    for pipeline in pipelines:  # splits refused for what they are, not for time: say why
         try:
             split_problem(model, device, pipeline, split_by_rule("even", model, pipeline))
         except ZboptError as error:
-            return f"plan: no split could be solved; the even one is refused: {error}"
+            refusals.append(error)
+    if len(refusals) == len(pipelines):  # where one pipeline's even split is a problem, time is the reason
+        return f"plan: no split could be solved; the even one is refused: {refusals[0]}"
     return f"plan: no schedule found for any split in {seconds:.3g} s; give more time (--time-limit)"
 
 

@@ -38,6 +38,7 @@ _PUBLIC = {
     "zbopt.core.schedule": ("Schedule",),
     "zbopt.schedules": ("generate", "registered"),
     "zbopt.core.simulation": ("MemoryViolation", "Simulation", "simulate"),
+    "zbopt.interfaces.runtime.layer_profile": ("profile_model",),
     "zbopt.solvers": ("SolveResult", "lower_bounds", "solve"),
 }
 __getattr__, __dir__, __all__ = lazy_names(__name__, {name: module for module, names in _PUBLIC.items()

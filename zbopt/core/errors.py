@@ -3,7 +3,8 @@
 import reprlib
 
 __all__ = ["SHORT_LENGTH", "DeadlockError", "MemoryLimitError", "MissingSettingsError", "NotApplicableError",
-           "ProblemError", "ScheduleError", "UnknownScheduleError", "ZboptError", "clip", "escaped", "shorten"]
+           "ProblemError", "ScheduleError", "UnknownScheduleError", "ZboptError", "clip", "described", "escaped",
+           "shorten"]
 
 SHORT_LENGTH = 80  # the most characters a message spends on one value the user gave
 
@@ -32,6 +33,21 @@ def escaped(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
+def described(error: BaseException) -> str:
+    """An exception from code zbopt runs (torch, a user's model) in one line: its type and first
+    line, and its root cause's (torch wraps the real failure: "Failed to run stage backward:"
+    caused by "grad can be implicitly created only for scalar outputs")."""
+
+    def first_line(exception: BaseException) -> str:
+        lines = [line.strip() for line in str(exception).splitlines() if line.strip()]
+        return escaped(f"{type(exception).__name__}: {lines[0] if lines else ''}")
+
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    return first_line(error) + (f" (caused by {first_line(root)})" if root is not error else "")
 
 
 class ZboptError(ValueError):

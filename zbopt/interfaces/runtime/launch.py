@@ -8,6 +8,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from zbopt.core.errors import ZboptError
 from zbopt.core.problem import Problem
 from zbopt.interfaces.runtime.check import CheckedCsv, check_csv
-from zbopt.interfaces.runtime.model import ToyModel
+from zbopt.interfaces.runtime.model import CutModel, ToyModel
 from zbopt.interfaces.runtime.rank import RankJob, rank_main
 from zbopt.interfaces.runtime.run_report import (
     ATOL,
@@ -52,7 +53,8 @@ def _describe_progress(schedule: CheckedCsv, progress, ranks) -> str:
     return ", ".join(parts)
 
 
-def _launch(schedule: CheckedCsv, model: ToyModel, steps: int, timeout_s: float, result_dir: str) -> list[dict]:
+def _launch(schedule: CheckedCsv, model: ToyModel | CutModel, steps: int, timeout_s: float,
+            result_dir: str) -> list[dict]:
     """Start one process per rank, wait for all of them (or the first failure, or the timeout),
     and return their results in rank order. Workers are killed on any way out."""
     import torch
@@ -118,6 +120,9 @@ def run_torch(
     timeout_s: float = 120.0,
     rtol: float = RTOL,
     atol: float = ATOL,
+    model: str | None = None,
+    split: Sequence[int] | None = None,
+    folder: str | None = None,
 ) -> TorchRunReport:
     """Run a compute-only schedule CSV in torch.distributed.pipelining and check its gradients.
 
@@ -134,7 +139,10 @@ def run_torch(
     ----------
     path : the CSV, torch's "compute_only" format (one row per rank, cells like "2I1").
     steps : training steps, the first untimed.
-    microbatch_size, hidden, layers_per_stage, seed : the `ToyModel`.
+    microbatch_size, hidden, layers_per_stage, seed : the `ToyModel`; `seed` also a user's model's.
+    model, split, folder : instead of the toy model, the user's model `PACKAGE.MODULE:FACTORY`
+        (its module looked for in `folder`, default the working folder) cut into virtual stages of
+        `split[s]` layers (`CutModel`; the toy model's sizes are then not used).
     timeout_s : the whole run's limit; past it every rank is killed.
     rtol, atol : torch.allclose tolerances of the gradient check (defaults: torch.testing's for float32).
 
@@ -154,10 +162,18 @@ def run_torch(
                    timeout_s, {"rtol": rtol, "atol": atol})
     schedule = check_csv(path)
     problem = schedule.problem
-    model = ToyModel(problem.num_stages, problem.num_microbatches, microbatch_size, hidden, layers_per_stage, seed)
+    if model is None:
+        trained = ToyModel(problem.num_stages, problem.num_microbatches, microbatch_size, hidden, layers_per_stage,
+                           seed)
+    else:
+        if split is None or len(split) != problem.num_stages:
+            raise ZboptError(f"{path}: {problem.num_stages} stages, but the split has "
+                             f"{'none' if split is None else len(split)} (layers per stage)")
+        trained = CutModel(model, tuple(split), problem.num_microbatches, seed, os.path.abspath(folder or os.getcwd()))
+        trained.user()  # here, before any rank starts: the factory's errors and a split that does not fit
     with tempfile.TemporaryDirectory(prefix="zbopt-torch-") as result_dir:
-        results = _launch(schedule, model, steps, timeout_s, result_dir)
-    return _report(str(path), problem, model, steps, results, rtol, atol)
+        results = _launch(schedule, trained, steps, timeout_s, result_dir)
+    return _report(str(path), problem, trained, steps, results, rtol, atol)
 
 
 def _check_options(steps: int, sizes: dict[str, int], timeout_s: float, tolerances: dict[str, float]) -> None:
@@ -190,7 +206,7 @@ def _stage_reports(problem: Problem, results: list[dict]) -> tuple[StageReport, 
     return tuple(stages)
 
 
-def _report(path: str, problem: Problem, model: ToyModel, steps: int, results: list[dict], rtol: float,
+def _report(path: str, problem: Problem, model: ToyModel | CutModel, steps: int, results: list[dict], rtol: float,
             atol: float) -> TorchRunReport:
     """The ranks' results (in rank order) as one report, the gradients checked against the reference."""
     gradients = [

@@ -1,11 +1,18 @@
-"""The toy model a run trains, and its gradients from one process: the reference a pipelined
-run must reproduce."""
+"""The models a run trains, and their gradients from one process: the reference a pipelined run
+must reproduce. A run's model gives its stages' modules, an example of each stage's input and
+output (torch's PipelineStage takes static shapes), the steps' inputs and targets, the loss and
+the reference: `ToyModel`, zbopt's own MLP, and `CutModel`, a user's model cut at a plan's split."""
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 
-__all__ = ["ToyModel", "named_gradients"]
+from zbopt.core.errors import ZboptError
+from zbopt.interfaces.runtime.user_model import UserModel, as_arguments, chained_inputs, load_user_model
+
+__all__ = ["CutModel", "ToyModel", "named_gradients"]
 
 
 @dataclass(frozen=True)
@@ -43,13 +50,30 @@ class ToyModel:
                 for _ in range(self.num_stages)
             ]
 
-    def batches(self, steps: int) -> tuple:
-        """Inputs and targets, each of shape (steps, num_microbatches * microbatch_size, hidden)."""
+    def batches(self, steps: int) -> tuple[list[tuple], list]:
+        """Per step, the first stage's arguments (one tensor of num_microbatches * microbatch_size
+        rows of `hidden`) and the target of the same shape."""
         import torch
 
         generator = torch.Generator().manual_seed(self.seed)
         shape = (steps, self.num_microbatches * self.microbatch_size, self.hidden)
-        return torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+        inputs, targets = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
+        return [(step,) for step in inputs], list(targets)
+
+    def stage_examples(self, stage: int) -> tuple[tuple, tuple]:
+        """One microbatch's input and output of `stage` (zeros of their shapes): the first stage's
+        input takes no gradient."""
+        import torch
+
+        shape = (self.microbatch_size, self.hidden)
+        return (torch.zeros(shape, requires_grad=stage > 0),), (torch.zeros(shape, requires_grad=True),)
+
+    @property
+    def loss_fn(self):
+        """Mean squared error of the last stage's output against the target."""
+        import torch
+
+        return torch.nn.functional.mse_loss
 
     def reference_gradients(self, steps: int) -> list[dict]:
         """Per step, every parameter's gradient ("stage{s}.{name}") from one process: the mean of
@@ -65,7 +89,7 @@ class ToyModel:
             losses = [
                 torch.nn.functional.mse_loss(model(x), y)
                 for x, y in zip(
-                    inputs[step].tensor_split(self.num_microbatches),
+                    inputs[step][0].tensor_split(self.num_microbatches),
                     targets[step].tensor_split(self.num_microbatches),
                     strict=True,
                 )
@@ -83,3 +107,160 @@ def named_gradients(modules: list, stages) -> dict:
         for stage in stages
         for name, parameter in modules[stage].named_parameters()
     }
+
+
+@dataclass(frozen=True)
+class CutModel:
+    """A user's model (`spec`, `PACKAGE.MODULE:FACTORY`: see `user_model`) cut into virtual stages
+    of consecutive layers, `split[s]` in stage s, for a run of `num_microbatches`.
+
+    Every process (each rank, the reference) calls the factory after `torch.manual_seed(seed)`, so a
+    factory whose weights come from torch's generator builds the same model in each. The batch is
+    the factory's sample made different per microbatch and step (each floating tensor plus noise of
+    its own scale, each integer tensor rolled along its last dimension), every argument split along
+    its first dimension, as torch's schedule splits a batch. Loss: the factory's, of the last
+    layer's output (torch's target is a placeholder); without one the mean of the output's squares.
+    Layers run in training mode: a layer drawing random numbers (dropout) cannot match the reference.
+    """
+
+    spec: str
+    split: tuple[int, ...]
+    num_microbatches: int
+    seed: int = 0
+    folder: str | None = None  # where the factory's module is found (default: the working folder)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.split)
+
+    def user(self) -> UserModel:
+        """The factory's model, built from `seed` (the same object each call: copy before training)."""
+        model = _built(self.spec, self.seed, self.folder)
+        if sum(self.split) != len(model.layers) or min(self.split) < 1:
+            raise ZboptError(f"model {self.spec!r} has {len(model.layers)} layers; the plan's split "
+                             f"{list(self.split)} is for {sum(self.split)} (layers per stage, each at least 1)")
+        return model
+
+    def _bounds(self) -> list[tuple[int, int]]:
+        ends = [sum(self.split[:stage + 1]) for stage in range(self.num_stages)]
+        return [(end - count, end) for end, count in zip(ends, self.split, strict=True)]
+
+    def stage_modules(self) -> list:
+        """One module per stage running its layers in order (copies: each call trains its own)."""
+        layers = copy.deepcopy(self.user().layers)
+        return [_chain(layers[start:end]) for start, end in self._bounds()]
+
+    def stage_examples(self, stage: int) -> tuple[tuple, tuple]:
+        """One microbatch's input and output of `stage`: the sample through the layers before it
+        (floating tensors take a gradient, except the first stage's input)."""
+        import torch
+
+        model = self.user()
+        inputs = chained_inputs(model, f"model {self.spec!r}")
+        start, end = self._bounds()[stage]
+        if end < len(model.layers):
+            outputs = inputs[end]
+        else:
+            with torch.no_grad():
+                outputs = as_arguments(_chain(model.layers[start:end])(*inputs[start]))
+        return _examples(inputs[start], stage > 0), _examples(outputs, True)
+
+    def _microbatches(self, step: int) -> list[tuple]:
+        """Step `step`'s microbatches: the sample, each made different (class docstring)."""
+        import torch
+
+        sample = self.user().sample
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        made = []
+        for microbatch in range(self.num_microbatches):
+            shift = step * self.num_microbatches + microbatch
+            made.append(tuple(_varied(value, shift, generator) for value in sample))
+        return made
+
+    def batches(self, steps: int) -> tuple[list[tuple], list]:
+        """Per step, the first stage's arguments (the microbatches joined along the first dimension)
+        and a placeholder target (one zero per microbatch)."""
+        import torch
+
+        inputs = []
+        for step in range(steps):
+            microbatches = self._microbatches(step)
+            inputs.append(tuple(torch.cat(parts) for parts in zip(*microbatches, strict=True)))
+        return inputs, [torch.zeros(self.num_microbatches) for _ in range(steps)]
+
+    @property
+    def loss_fn(self):
+        """torch's loss_fn(output, target): the factory's loss of the output, or its mean square."""
+        loss = self.user().loss
+        if loss is None:
+            return lambda output, _target: output.float().pow(2).mean()
+        return lambda output, _target: loss(*as_arguments(output))
+
+    def reference_gradients(self, steps: int) -> list[dict]:
+        """Per step, every parameter's gradient ("stage{s}.{name}") from one process: the mean of the
+        microbatch losses over the whole model."""
+        modules = self.stage_modules()
+        whole = _chain(modules)
+        loss = self.loss_fn
+        gradients = []
+        for step in range(steps):
+            whole.zero_grad(set_to_none=True)
+            losses = [loss(whole(*arguments), None) for arguments in self._microbatches(step)]
+            (sum(losses) / self.num_microbatches).backward()
+            gradients.append(named_gradients(modules, range(self.num_stages)))
+        return gradients
+
+
+def _examples(arguments: tuple, gradient: bool) -> tuple:
+    """Zeros shaped as `arguments`, floating ones taking a gradient where `gradient`."""
+    import torch
+
+    return tuple(torch.zeros_like(value).requires_grad_(gradient and value.is_floating_point())
+                 if isinstance(value, torch.Tensor) else value for value in arguments)
+
+
+def _varied(value, shift: int, generator):
+    """One argument of a microbatch: a floating tensor plus noise of its own scale, an integer one
+    rolled by `shift` along its last dimension (ids stay valid), anything else as is."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.is_floating_point():
+        scale = value.abs().mean().item() or 1.0
+        return value + scale * torch.randn(value.shape, generator=generator).to(value.dtype)
+    return torch.roll(value, shifts=shift, dims=-1) if value.dim() else value
+
+
+@functools.cache
+def _chain_class():
+    """Layers run in order, each output the next one's arguments (a torch class, made on first use:
+    torch is imported only where a run needs it)."""
+    import torch
+
+    class Chain(torch.nn.Module):
+        def __init__(self, layers):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(layers)
+
+        def forward(self, *arguments):
+            for layer in self.layers:
+                arguments = as_arguments(layer(*arguments))
+            return arguments[0] if len(arguments) == 1 else arguments
+
+    return Chain
+
+
+def _chain(layers):
+    return _chain_class()(layers)
+
+
+@functools.lru_cache(maxsize=2)
+def _built(spec: str, seed: int, folder: str | None) -> UserModel:
+    """The factory's model built from `seed`, once per process (a run asks for its parts many
+    times); callers that train its layers take copies."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return load_user_model(spec, folder)

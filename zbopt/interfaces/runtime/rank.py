@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from zbopt.interfaces.runtime.model import ToyModel, named_gradients
+from zbopt.core.errors import described
+from zbopt.interfaces.runtime.model import CutModel, ToyModel, named_gradients
 from zbopt.io.torch_format import TORCH_FORWARD, TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD
 
 __all__ = ["P2P_ROUNDS", "RankJob", "rank_main"]
@@ -27,7 +28,7 @@ class RankJob:
 
     path: str
     stages_of_rank: tuple[tuple[int, ...], ...]
-    model: ToyModel
+    model: ToyModel | CutModel
     steps: int
     store_port: int
     timeout_s: float
@@ -166,18 +167,15 @@ def _run_rank(rank: int, job: RankJob, progress) -> dict:
         last = model.num_stages - 1
         modules = model.stage_modules()
         recorder = _OpRecorder(modules, progress, rank, job.steps - 1)
-        shape = (model.microbatch_size, model.hidden)
         stages = []
         for stage in mine:
             # Static shapes (no inference round at the first step); requires_grad marks what gets a gradient.
-            pipeline_stage = PipelineStage(
-                modules[stage], stage, model.num_stages, torch.device("cpu"),
-                input_args=torch.zeros(shape, requires_grad=stage > 0),
-                output_args=torch.zeros(shape, requires_grad=True),
-            )
+            inputs, outputs = model.stage_examples(stage)
+            pipeline_stage = PipelineStage(modules[stage], stage, model.num_stages, torch.device("cpu"),
+                                           input_args=inputs, output_args=outputs)
             recorder.instrument(pipeline_stage)
             stages.append(pipeline_stage)
-        loss_fn = recorder.timed_loss(torch.nn.functional.mse_loss, last)
+        loss_fn = recorder.timed_loss(model.loss_fn, last)
         schedule = _schedule_runtime_class()(stages, model.num_microbatches, loss_fn=loss_fn)
         schedule._load_csv(job.path)
         inputs, targets = model.batches(job.steps)
@@ -187,14 +185,11 @@ def _run_rank(rank: int, job: RankJob, progress) -> dict:
                 modules[stage].zero_grad(set_to_none=True)
             recorder.start_step(step)
             start = time.perf_counter()
-            schedule.step(
-                *((inputs[step],) if 0 in mine else ()),
-                target=targets[step] if last in mine else None,
-                return_outputs=False,
-            )
+            schedule.step(*(inputs[step] if 0 in mine else ()), target=targets[step] if last in mine else None,
+                          return_outputs=False)
             step_times.append(time.perf_counter() - start)
             gradients.append(named_gradients(modules, mine))
-        p2p = _one_way_p2p_s(rank, world, shape)
+        p2p = _one_way_p2p_s(rank, world, model.stage_examples(0)[1][0].shape)
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -221,19 +216,5 @@ def rank_main(rank: int, job: RankJob, progress) -> None:
     try:
         torch.save(_run_rank(rank, job, progress), directory / f"rank{rank}.pt")
     except Exception as error:
-        (directory / f"rank{rank}.error").write_text(_one_line(error))
+        (directory / f"rank{rank}.error").write_text(described(error))
         sys.exit(1)
-
-
-def _one_line(error: BaseException) -> str:
-    """The error's first line, and its root cause's: torch wraps the real failure, e.g. "Failed to
-    run stage backward:" caused by "grad can be implicitly created only for scalar outputs"."""
-
-    def first_line(exception: BaseException) -> str:
-        lines = [line.strip() for line in str(exception).splitlines() if line.strip()]
-        return f"{type(exception).__name__}: {lines[0] if lines else ''}"
-
-    root = error
-    while root.__cause__ is not None:
-        root = root.__cause__
-    return first_line(error) + (f" (caused by {first_line(root)})" if root is not error else "")

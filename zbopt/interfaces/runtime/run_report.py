@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from zbopt.interfaces.runtime.model import ToyModel
+from zbopt.interfaces.runtime.model import CutModel, ToyModel
 from zbopt.io.torch_format import TORCH_FORWARD, TORCH_FULL_BACKWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD
 
 __all__ = ["ATOL", "OP_KINDS", "RTOL", "OpTime", "ParameterCheck", "StageReport", "TorchRunReport",
@@ -69,7 +69,7 @@ class TorchRunReport:
     num_microbatches: int
     placement: str
     steps: int
-    model: ToyModel
+    model: ToyModel | CutModel
     rtol: float
     atol: float
     stages: tuple[StageReport, ...]

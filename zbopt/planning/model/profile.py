@@ -20,7 +20,7 @@ from zbopt.core.errors import ZboptError, shorten
 from zbopt.io.read import read_data, read_text
 from zbopt.planning.model.parts import Layer, check_repeat
 
-__all__ = ["AMOUNTS", "COLUMNS", "OPTIONAL_COLUMNS", "read_profile"]
+__all__ = ["AMOUNTS", "COLUMNS", "OPTIONAL_COLUMNS", "profile_text", "read_profile"]
 
 COLUMNS = ("name", "forward_ms", "backward_ms", "weight_ms", "activation_gb", "parameters_gb")
 OPTIONAL_COLUMNS = ("repeat", "weight_activation_gb")
@@ -51,6 +51,18 @@ def read_profile(path: str | Path) -> list[tuple[Layer, int]]:
     if not entries:
         raise ZboptError(f"{what}: no layers")
     return [_row_layer(row, where) for where, row in entries]
+
+
+def profile_text(rows: list[dict]) -> str:
+    """The CSV `read_profile` reads, one line per row (dicts with COLUMNS' keys; a weight_ms of None
+    is a fused backward), numbers to six significant digits: a small layer's memory stays above 0."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows:
+        writer.writerow(["" if row[column] is None else row[column] if column == "name" else f"{row[column]:.6g}"
+                         for column in COLUMNS])
+    return text.getvalue()
 
 
 def _check_columns(names: list, what: str) -> None:

@@ -12,7 +12,8 @@ from zbopt.planning.model import Device, Model
 from zbopt.planning.planner.split import Pipeline, Split, device_parameters, stage_names
 from zbopt.solvers.gap import relative_gap
 
-__all__ = ["OPTIMAL", "OVER_THE_LIMIT", "Outcome", "PipelinePlan", "Plan", "PlanRow", "device_peaks", "split_exports"]
+__all__ = ["OPTIMAL", "OVER_THE_LIMIT", "Outcome", "PipelinePlan", "Plan", "PlanRow", "device_peaks", "schedule_orders",
+           "split_exports"]
 
 OPTIMAL = "optimal"  # the optimizer's row, beside the heuristics' names
 OVER_THE_LIMIT = "over the memory limit"  # the note of a heuristic's row whose schedule breaks the device memory
@@ -49,14 +50,14 @@ class PlanRow:
 
     def to_dict(self, model: Model, pipeline: Pipeline, lower_bound: float) -> dict:
         """The row in JSON: `peak_gb` each device's whole peak (its parameters and its activations'
-        peak); `gap` against its pipeline's bound over every split."""
+        peak); `gap` against its pipeline's bound over every split; `orders` its schedule."""
         simulation = self.simulation
         return {"rule": self.rule, "schedule": self.schedule, "chunks": pipeline.chunks_per_device,
                 "placement": pipeline.placement, "split": None if self.split is None else list(self.split),
                 "makespan_ms": self.makespan, "bubble": None if simulation is None else simulation.bubble_rate,
                 "peak_gb": None if simulation is None else device_peaks(model, pipeline, self.split, simulation),
                 "gap": None if simulation is None else relative_gap(simulation.makespan, lower_bound),
-                "note": self.note}
+                "note": self.note, "orders": None if simulation is None else schedule_orders(simulation)}
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ class Plan:
             "schedule": outcome.schedule, "makespan_ms": outcome.makespan, "lower_bound_ms": self.lower_bound,
             "gap": self.gap, "peak_gb": device_peaks(self.model, chosen.pipeline, outcome.split, outcome.simulation),
             "device_memory_gb": self.device.memory_gb,
-            "exports": split_exports(self.model, chosen.pipeline, outcome.split)}
+            "exports": split_exports(self.model, chosen.pipeline, outcome.split),
+            "orders": schedule_orders(outcome.simulation)}
         return {"best": best,
                 "pipelines": [{"devices": each.pipeline.num_devices, "chunks": each.pipeline.chunks_per_device,
                                "placement": each.pipeline.placement, "microbatches": each.pipeline.num_microbatches,
@@ -117,6 +119,11 @@ class Plan:
                                "rest_pruned": each.pruned} for each in self.pipelines],
                 "rows": [row.to_dict(self.model, each.pipeline, each.lower_bound) for each in self.pipelines
                          for row in each.rows]}
+
+
+def schedule_orders(simulation: Simulation) -> list[list[str]]:
+    """Each device's ops in order as text ("3F1"): what `run-torch` runs from a plan's JSON."""
+    return [[str(op) for op in order] for order in simulation.schedule.orders]
 
 
 def split_exports(model: Model, pipeline: Pipeline, split: Split) -> dict:

@@ -71,6 +71,30 @@ def _best_lines(plan: Plan) -> list[str]:
     lines.append("  torchtitan module_fqns_per_model_part: " + (
         str(found["torchtitan_modules"]) if isinstance(found["torchtitan_modules"], list)
         else found["torchtitan_modules"]))
+    return lines + _framework_lines(plan)
+
+
+def _framework_lines(plan: Plan) -> list[str]:
+    """Where the best plan runs: torch, torchtitan (its config lines), Megatron-LM (as printed, or
+    its own best beside, with what it costs)."""
+    support, best = plan.frameworks(), plan.best.best.makespan
+    lines = ["", "runs in:", f"  torch.distributed.pipelining: {support['torch']}"]
+    titan = support["torchtitan"]
+    if isinstance(titan, list):
+        lines.append("  torchtitan: as printed, from the same CSV; in its TOML config:")
+        lines += [f"    {line}" for line in titan]
+    else:
+        lines.append(f"  torchtitan: not as printed: {titan}")
+    megatron = support["megatron"]
+    verdict = "as printed" if megatron["as_printed"] else f"not as printed: {megatron['why_not']}"
+    lines.append(f"  Megatron-LM: {verdict}")
+    own = megatron["best"]
+    if isinstance(own, dict):
+        cost = (own["makespan_ms"] - best) / best
+        lines.append(f"    its best: {own['schedule']} on split {', '.join(map(str, own['split']))}: "
+                     f"{own['makespan_ms']:.5g} ms ({cost:+.1%} against the plan's best); " + " ".join(own["flags"]))
+    else:
+        lines.append(f"    {own}")
     return lines
 
 

@@ -46,7 +46,7 @@ from zbopt.core.placement import PLACEMENTS
 from zbopt.core.problem.checks import plain
 from zbopt.planning.model import Model
 
-__all__ = ["END_KINDS", "FIRST_KEY", "KIND_NAMES", "KIND_OF_NAME", "LAST_KEY", "MAX_EXPANDED", "MEGATRON_SYMBOL",
+__all__ = ["END_KINDS", "FIRST_KEY", "FQN", "KIND_NAMES", "KIND_OF_NAME", "LAST_KEY", "MAX_EXPANDED", "MEGATRON_SYMBOL",
            "SYMBOL_NAMES", "check_split", "layer_kinds", "megatron_counts", "megatron_first_last", "megatron_layout",
            "megatron_symbols", "parse_megatron_layout", "stage_of_layers", "torchtitan_counts", "torchtitan_modules",
            "torchtitan_names"]
@@ -65,11 +65,17 @@ MEGATRON_SYMBOL = {"embedding": "E", "decoder": "t", "mtp": "m", "norm": "L", "h
 SYMBOL_NAMES = "E embedding, t decoder, m MTP, L loss"
 MAX_EXPANDED = 1_000_000  # the most characters a layout may expand to (a model has far fewer layers)
 FIRST_KEY, LAST_KEY = "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"
+FQN = re.compile(r"\w+(\.\w+)*", re.ASCII)  # a module's fully qualified name in torch: "layers.0", "0"
 
 
 def _check_model(model: object) -> None:
     if not isinstance(model, Model):
         raise ZboptError(f"model = {shorten(model)}: expected a zbopt.planning.model.Model")
+
+
+def _kind_key(name: str) -> str:
+    """A layer's name as KIND_NAMES spells it: lower case, '_' for spaces and '-'."""
+    return re.sub(r"[\s\-]+", "_", name.strip().lower())
 
 
 def layer_kinds(model: Model) -> tuple[str, ...]:
@@ -78,7 +84,7 @@ def layer_kinds(model: Model) -> tuple[str, ...]:
     _check_model(model)
     kinds = []
     for index, layer in enumerate(model.layers):
-        kind = KIND_OF_NAME.get(re.sub(r"[\s\-]+", "_", layer.name.strip().lower()))
+        kind = KIND_OF_NAME.get(_kind_key(layer.name))
         if kind is None:
             raise ZboptError(f"model layer {index} {layer.name!r}: no export knows this name (known: embedding, "
                              "decoder, mtp, norm, lm_head, loss and the synonyms in planner.exports.KIND_NAMES)")
@@ -283,7 +289,13 @@ def torchtitan_names(model: Model) -> list[tuple[str, ...]]:
     """Each layer's module names in torchtitan's LLMs: the embedding "tok_embeddings", the i-th
     decoder "layers.<i>", a norm layer "norm", the head "output" (with "norm" when the model has no
     norm layer of its own: zbopt's lm_head is then the final norm and the output projection), the
-    loss none (torchtitan computes it after the last stage's output)."""
+    loss none (torchtitan computes it after the last stage's output). A model whose layers are
+    named by their modules' FQNs (what `profile-model` writes: "layers.0", "0"), each once and some
+    not a kind the rules above know, keeps its names: they are its own modules."""
+    names = [layer.name for layer in model.layers]
+    if len(set(names)) == len(names) and all(FQN.fullmatch(name) for name in names) and \
+            any(_kind_key(name) not in KIND_OF_NAME for name in names):
+        return [(name,) for name in names]
     kinds, labels = layer_kinds(model), model.labels
     has_norm, decoders, names, seen = "norm" in kinds, 0, [], set()
     for index, kind in enumerate(kinds):

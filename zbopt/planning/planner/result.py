@@ -99,6 +99,15 @@ class Plan:
     def gap(self) -> float | None:
         return relative_gap(self.makespan, self.lower_bound) if self.makespan < math.inf else None
 
+    def frameworks(self) -> dict:
+        """What each framework runs of the best plan (`frameworks.framework_support`): Megatron-LM's
+        best is sought on every split this pipeline's rows show."""
+        from zbopt.planning.planner.frameworks import framework_support
+
+        chosen, outcome = self.best, self.best.best
+        return framework_support(self.model, self.device, chosen.pipeline, outcome.split, outcome.simulation,
+                                 outcome.schedule, [row.split for row in chosen.rows if row.split is not None])
+
     def to_dict(self) -> dict:
         """`best` (the split as layers per virtual stage in model order, ends counted as layers, and
         each stage's layer names; the schedule; makespan and the bound over every split, in ms;
@@ -111,7 +120,7 @@ class Plan:
             "gap": self.gap, "peak_gb": device_peaks(self.model, chosen.pipeline, outcome.split, outcome.simulation),
             "device_memory_gb": self.device.memory_gb,
             "exports": split_exports(self.model, chosen.pipeline, outcome.split),
-            "orders": schedule_orders(outcome.simulation)}
+            "frameworks": self.frameworks(), "orders": schedule_orders(outcome.simulation)}
         return {"best": best,
                 "pipelines": [{"devices": each.pipeline.num_devices, "chunks": each.pipeline.chunks_per_device,
                                "placement": each.pipeline.placement, "microbatches": each.pipeline.num_microbatches,

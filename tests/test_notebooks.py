@@ -14,6 +14,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from tests.conftest import require_extra
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 CELL_TIMEOUT_S = 300
 FULL_VARIABLE = "ZBOPT_NOTEBOOK_FULL"
@@ -23,11 +25,11 @@ def read(path: Path):
     return nbformat.read(path, as_version=nbformat.NO_CONVERT)
 
 
-def test_the_nine_notebooks_are_there():
+def test_the_ten_notebooks_are_there():
     assert [path.name for path in NOTEBOOKS] == [
         "01_quickstart.ipynb", "02_zero_bubble_table5.ipynb", "03_memory_frontier.ipynb",
         "04_heterogeneous_stages.ipynb", "05_building_blocks.ipynb", "06_recompute_offload.ipynb",
-        "07_dualpipe.ipynb", "08_model_to_plan.ipynb", "09_microbatches_that_differ.ipynb",
+        "07_dualpipe.ipynb", "08_model_to_plan.ipynb", "09_microbatches_that_differ.ipynb", "10_own_model.ipynb",
     ]
 
 
@@ -48,6 +50,8 @@ def test_committed_stripped_and_shaped(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
 def test_runs_in_ci_mode(path, tmp_path, monkeypatch):
     """Every cell runs without error (the notebooks' own assertions included) and the figures render."""
+    if path.stem == "10_own_model":
+        require_extra("torch", "runs a model in torch.distributed.pipelining")
     monkeypatch.delenv(FULL_VARIABLE, raising=False)  # the kernel inherits this environment
     copy = tmp_path / path.name
     shutil.copyfile(path, copy)

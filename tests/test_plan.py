@@ -64,7 +64,8 @@ def test_balanced_rules_reach_the_brute_force_least_longest_stage_and_device(pip
 
 
 def test_a_split_sums_its_layers_and_leaves_each_device_its_memory_less_its_parameters():
-    problem = split_problem(SMALL, Device(memory_gb=12.0, p2p_ms=0.5), Pipeline(2, 1, "loop", 4), (3, 4))
+    problem = split_problem(SMALL, Device(memory_gb=12.0, reserve_gb=0.0, p2p_ms=0.5), Pipeline(2, 1, "loop", 4),
+                            (3, 4))
     assert problem.forward_times == (0.25 + 2 * 1.0, 3 * 1.0 + 2.5)
     assert problem.weight_times == (0.5 + 2 * 0.75, 3 * 0.75 + 2.0)
     assert problem.activation_memory == (0.5 + 2 * 1.0, 3 * 1.0 + 3.0)
@@ -84,7 +85,7 @@ def test_a_split_sums_its_layers_and_leaves_each_device_its_memory_less_its_para
 ])
 def test_a_split_that_cannot_run_is_refused_in_one_line(split, message):
     with pytest.raises(ZboptError, match=message):
-        split_problem(SMALL, Device(memory_gb=6.0), Pipeline(2, 1, "loop", 4), split)
+        split_problem(SMALL, Device(memory_gb=6.0, reserve_gb=0.0), Pipeline(2, 1, "loop", 4), split)
 
 
 def test_a_stage_without_time_is_refused_naming_its_layers():
@@ -102,7 +103,7 @@ CASES = [  # (pipeline, device memory): loose, and tight enough that the most ba
 
 @pytest.mark.parametrize(("pipeline", "memory"), CASES)
 def test_the_joint_search_finds_the_brute_force_best_split_and_bounds_every_split(pipeline, memory):
-    device = Device(memory_gb=memory)
+    device = Device(memory_gb=memory, reserve_gb=0.0)
     optima = {split: optimum(SMALL, device, pipeline, split) for split in every_split(7, pipeline.num_stages)}
     for split, value in optima.items():  # the closed-form bound of each split is a bound
         assert split_bound(SMALL, device, pipeline, split) <= value + 1e-9
@@ -116,7 +117,7 @@ def test_at_tight_memory_the_most_time_balanced_split_is_not_the_best():
     """At 11 GB the stage-balanced split (4, 3) leaves device 0 room for one microbatch's 3.5 GB
     of activations (6 GB after 5 GB of parameters), (3, 4) for two of its 2.5 GB: the joint answer
     takes the less balanced split, shorter by what brute force finds."""
-    pipeline, device = Pipeline(2, 1, "loop", 4), Device(memory_gb=11.0)
+    pipeline, device = Pipeline(2, 1, "loop", 4), Device(memory_gb=11.0, reserve_gb=0.0)
     balanced = split_by_rule("stage-balanced", SMALL, pipeline)
     answer = plan(SMALL, device, pipeline, schedules=[OPTIMAL], time_limit=60)
     assert balanced == (4, 3) and answer.best.best.split == (3, 4)
@@ -139,7 +140,7 @@ def test_no_split_that_fits_says_so_with_the_least_memory_that_would():
     with pytest.raises(ZboptError, match=rf"^plan: no split of the model runs in 4 GB per device; every split needs "
                                          rf"at least {need:.4g} GB on its fullest device \(parameters and one "
                                          r"microbatch's activations\)$"):
-        plan(SMALL, Device(memory_gb=4.0), pipeline, schedules=[OPTIMAL], time_limit=10)
+        plan(SMALL, Device(memory_gb=4.0, reserve_gb=0.0), pipeline, schedules=[OPTIMAL], time_limit=10)
 
 
 def test_the_plan_command_prints_the_best_split_its_bound_and_its_exports(tmp_path):
@@ -151,7 +152,7 @@ def test_the_plan_command_prints_the_best_split_its_bound_and_its_exports(tmp_pa
                     "activation: 1 GB, parameters: 1 GB}\n"
                     "    - {name: lm_head, forward: 2.5 ms, backward: 2.5 ms, weight: 2 ms, activation: 3 GB, "
                     "parameters: 2 GB}\n"
-                    "device: {memory: 11 GB}\n")
+                    "device: {memory: 11 GB, reserve: 0 GB}\n")
     run = subprocess.run([sys.executable, "-m", "zbopt", "plan", str(path), "--devices", "2", "--microbatches", "4",
                           "--schedule", "1f1b", "--schedule", "optimal", "--time-limit", "60", "--json",
                           "--export", str(tmp_path / "best.json")],
@@ -162,7 +163,8 @@ def test_the_plan_command_prints_the_best_split_its_bound_and_its_exports(tmp_pa
     assert exported["split"]["split"] == answer["best"]["split"]
     schedule, problem = load_schedule(tmp_path / "best.json")
     assert simulate(problem, schedule).makespan == pytest.approx(answer["best"]["makespan_ms"])
-    direct = plan(SMALL, Device(memory_gb=11.0), Pipeline(2, 1, "loop", 4), schedules=[OPTIMAL], time_limit=60)
+    direct = plan(SMALL, Device(memory_gb=11.0, reserve_gb=0.0), Pipeline(2, 1, "loop", 4), schedules=[OPTIMAL],
+                  time_limit=60)
     assert answer["best"]["makespan_ms"] == pytest.approx(direct.makespan)
     assert answer["best"]["split"] == list(direct.best.best.split) and answer["best"]["gap"] == 0
     head = answer["best"]["split"][0]  # the embedding and head - 1 decoders; the rest and the LM head
@@ -198,7 +200,7 @@ def test_splits_solved_two_at_a_time_on_an_executor_reach_the_same_optimum():
     thread pool) certifies the same best split as brute force."""
     from concurrent.futures import ThreadPoolExecutor
 
-    pipeline, device = Pipeline(2, 1, "loop", 4), Device(memory_gb=11.0)
+    pipeline, device = Pipeline(2, 1, "loop", 4), Device(memory_gb=11.0, reserve_gb=0.0)
     best = min(optimum(SMALL, device, pipeline, split) for split in every_split(7, 2))
     with ThreadPoolExecutor(max_workers=2) as executor:
         answer = plan(SMALL, device, pipeline, schedules=[OPTIMAL], time_limit=60, workers=1, executor=executor,
@@ -226,7 +228,7 @@ def test_a_long_latency_still_bounds_every_split():
 def test_the_answer_is_never_longer_than_a_row_and_a_rows_peak_counts_the_parameters():
     """The plan's answer is the shortest of everything it ran, the rows' heuristics included; a
     row's peak is its device's parameters plus its activations' peak."""
-    pipeline, device = Pipeline(2, 1, "loop", 4), Device(memory_gb=20.0)
+    pipeline, device = Pipeline(2, 1, "loop", 4), Device(memory_gb=20.0, reserve_gb=0.0)
     answer = plan(SMALL, device, pipeline, schedules=["1f1b"], time_limit=20)
     rows = [row for row in answer.pipelines[0].rows if row.simulation is not None]
     assert rows and answer.makespan <= min(row.makespan for row in rows) + 1e-9
@@ -297,7 +299,7 @@ def test_the_family_bound_of_each_split_alone_never_exceeds_its_optimum(pipeline
     """The family's bound with its boundaries fixed to one split (the time terms and the memory
     ones: each stage's activations held a round trip, as many as fit) is at most that split's
     brute-force optimum, at memories where some splits do not fit and others are tight."""
-    device = Device(memory_gb=memory)
+    device = Device(memory_gb=memory, reserve_gb=0.0)
     checked, raised = 0, 0
     for split in every_split(7, pipeline.num_stages):
         best = optimum(SMALL, device, pipeline, split)
@@ -320,7 +322,8 @@ def test_the_report_draws_every_split_and_the_best_schedule_in_ms_and_gb(tmp_pat
 
     from zbopt.presentation.plan_report import write_plan_report
 
-    answer = plan(SMALL, Device(memory_gb=11.0), Pipeline(2, 1, "loop", 4), schedules=[OPTIMAL], time_limit=20)
+    answer = plan(SMALL, Device(memory_gb=11.0, reserve_gb=0.0), Pipeline(2, 1, "loop", 4), schedules=[OPTIMAL],
+                  time_limit=20)
     page = write_plan_report(tmp_path / "plan.html", answer).read_text()
     rules = {row.split for row in answer.pipelines[0].rows if row.split is not None}
     assert page.count("layers per virtual stage") == len(rules) + 1
@@ -360,7 +363,7 @@ def test_ctrl_c_prints_the_plan_so_far_and_exits_130():
 
 @pytest.mark.parametrize(("pipeline", "device"), [
     (Pipeline(2, 1, "loop", 3), Device(memory_gb=None, p2p_ms=0.0)),
-    (Pipeline(2, 1, "loop", 3), Device(memory_gb=11.0, p2p_ms=0.5)),
+    (Pipeline(2, 1, "loop", 3), Device(memory_gb=11.0, reserve_gb=0.0, p2p_ms=0.5)),
 ])
 def test_the_joint_model_is_bounded_by_and_bounds_the_best_split(pipeline, device):
     """The one CP-SAT model of split and schedule (issue 31's alternative to the plan's search):
@@ -382,7 +385,7 @@ def test_the_optimal_row_on_a_split_is_never_behind_that_splits_best_row():
     """Issue 41: the optimizer on a rule's split starts from the split's best heuristic row, so its
     row is never longer than any row of that split, even with a time limit too short to search
     (two chunks per device, the V placement, tight memory)."""
-    pipeline, device = Pipeline(2, 2, "v", 8), Device(memory_gb=14.0)
+    pipeline, device = Pipeline(2, 2, "v", 8), Device(memory_gb=14.0, reserve_gb=0.0)
     answer = plan(Model.from_repeats([(EMBEDDING, 1), (DECODER, 9), (HEAD, 1)]), device, pipeline,
                   time_limit=4)
     by_split: dict = {}
@@ -408,3 +411,21 @@ def test_the_plan_text_puts_the_answer_first_and_folds_rows_over_the_limit(capsy
     folded = [line for line in lines if line.startswith("over the memory limit: ")]
     assert folded and "gpipe (even)" in folded[0]
     assert not [line for line in lines if line.startswith("even") and line.rstrip().endswith("over the memory limit")]
+
+
+def test_the_reserve_is_memory_the_plan_never_uses():
+    """A device of M GB with a reserve of R plans as one of M - R with none (the same best split and
+    makespan, the same certificate); by default the reserve is a tenth of the memory; a reserve not
+    below the memory is one line naming it."""
+    from zbopt.planning.model.parts import DEFAULT_RESERVE_SHARE
+
+    pipeline = Pipeline(2, 1, "loop", 4)
+    reserved = plan(SMALL, Device(memory_gb=14.0, reserve_gb=3.0), pipeline, schedules=[OPTIMAL], time_limit=20)
+    bare = plan(SMALL, Device(memory_gb=11.0, reserve_gb=0.0), pipeline, schedules=[OPTIMAL], time_limit=20)
+    assert reserved.best.best.split == bare.best.best.split
+    assert reserved.makespan == pytest.approx(bare.makespan) and reserved.lower_bound == pytest.approx(bare.lower_bound)
+    assert max(reserved.to_dict()["best"]["peak_gb"]) <= 11.0 + 1e-9
+    assert reserved.to_dict()["best"]["reserve_gb"] == 3.0 and reserved.to_dict()["best"]["usable_gb"] == 11.0
+    assert Device(memory_gb=80.0).reserve == DEFAULT_RESERVE_SHARE * 80.0 and Device(memory_gb=80.0).usable_gb == 72.0
+    with pytest.raises(ZboptError, match=r"^device reserve = 14 GB: must be less than the device's memory \(14 GB\)"):
+        Device(memory_gb=14.0, reserve_gb=14.0)

@@ -48,7 +48,9 @@ def _chunks(pipeline) -> str:
 
 def _model_line(plan: Plan) -> str:
     groups = ", ".join(name if count == 1 else f"{name} x {count}" for name, count in plan.model.groups)
-    memory = "unlimited" if plan.device.memory_gb is None else f"{plan.device.memory_gb:g} GB"
+    device = plan.device
+    memory = "unlimited" if device.memory_gb is None else (f"{device.memory_gb:g} GB, of which a plan uses at most "
+                                                           f"{device.usable_gb:.4g} (reserve {device.reserve:.4g} GB)")
     return f"model: {len(plan.model.layers)} layers ({groups}); device memory {memory}"
 
 

@@ -31,6 +31,10 @@ def add_commands(commands) -> None:
     planning.add_argument("--data-parallel", type=int, help="with --global-batch (default 1)")
     planning.add_argument("--device-memory", metavar="GB", help="each device's memory, with its unit (e.g. 80GB); "
                                                                "default: the model file's device memory")
+    planning.add_argument("--reserve", metavar="GB", help="memory each device keeps free for what a run holds beside "
+                                                         "the model (CUDA context, NCCL buffers, fragmentation), with "
+                                                         "its unit (e.g. 6GB, 0GB); default: the model file's device "
+                                                         "reserve, else 10%% of the memory")
     planning.add_argument("--schedule", action="append", metavar="NAME",
                           help="schedules per split rule, repeatable; 'optimal' is the optimizer (default: every "
                                "applicable heuristic and the optimizer)")
@@ -58,6 +62,11 @@ def _command_plan(args: argparse.Namespace) -> int:
     model, device = load_model(args.model)
     if args.device_memory is not None:
         device = replace(device, memory_gb=parse_memory(args.device_memory, "--device-memory"))
+    if args.reserve is not None:
+        try:
+            device = replace(device, reserve_gb=parse_memory(args.reserve, "--reserve"))
+        except ZboptError as error:  # the Device's own check, said of the flag
+            raise ZboptError(f"--reserve {args.reserve}: {str(error).split(': ', 1)[1]}") from None
     if args.output is not None:
         from zbopt.presentation.plan_report import check_plan_report
 

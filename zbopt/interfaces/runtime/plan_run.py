@@ -117,9 +117,11 @@ def _exported_entry(path: str | Path, data: dict, where: str) -> PlanEntry:
 
 
 def run_plan(path: str | Path, model: str, *, rows: Sequence[str] = (), steps: int = 3, seed: int = 0,
-             timeout_s: float = 120.0, rtol: float = RTOL, atol: float = ATOL) -> list[PlannedRun]:
+             timeout_s: float = 120.0, rtol: float = RTOL, atol: float = ATOL,
+             folder: str | None = None) -> list[PlannedRun]:
     """Run the plan's entries (`plan_entries(path, rows)`) on the model `model` names
-    (`PACKAGE.MODULE:FACTORY`), each with `run_torch`: gradients checked against one process."""
+    (`PACKAGE.MODULE:FACTORY`, its module looked for in `folder`, default the working folder), each
+    with `run_torch`: gradients checked against one process."""
     entries = plan_entries(path, rows)
     runs = []
     with tempfile.TemporaryDirectory(prefix="zbopt-plan-") as folder:
@@ -127,7 +129,7 @@ def run_plan(path: str | Path, model: str, *, rows: Sequence[str] = (), steps: i
             csv = Path(folder) / f"entry{number}.csv"
             write_torch_csv(csv, _problem(entry), Schedule([list(order) for order in entry.orders]))
             report = run_torch(csv, model=model, split=entry.split, steps=steps, seed=seed, timeout_s=timeout_s,
-                               rtol=rtol, atol=atol, folder=os.getcwd())
+                               rtol=rtol, atol=atol, folder=folder or os.getcwd())
             runs.append(PlannedRun(entry, report))
     return runs
 

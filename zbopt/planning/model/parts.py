@@ -14,7 +14,8 @@ from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.tolerance import MAX_TOTAL
 from zbopt.core.units import parse_flops, parse_memory, parse_time
 
-__all__ = ["DEVICE_KEYS", "MAX_REPEAT", "WEIGHT_MEMORY_SHARE", "Device", "Layer", "check_amount", "check_repeat"]
+__all__ = ["DEFAULT_RESERVE_SHARE", "DEVICE_KEYS", "MAX_REPEAT", "WEIGHT_MEMORY_SHARE", "Device", "Layer",
+           "check_amount", "check_repeat"]
 
 WEIGHT_MEMORY_SHARE = 0.5  # zbopt's rule for M_W when a layer gives none: half of M_B
 
@@ -91,26 +92,51 @@ class Layer:
                 "weight_activation_gb": self.weight_activation_gb, "parameters_gb": self.parameters_gb}
 
 
-DEVICE_KEYS = ("memory", "flops", "p2p")
+DEVICE_KEYS = ("memory", "flops", "p2p", "reserve")
+# What a plan leaves free by default: a training process holds more than its tensors (the CUDA
+# context and NCCL's buffers, about 1-2 GB; the caching allocator's fragmentation, a few percent of
+# a busy device), none of which a plan sees. zbopt's choice, not a measurement: give `reserve`.
+DEFAULT_RESERVE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
 class Device:
     """One GPU: its memory in GB (None: not given; a plan then needs it from a flag), its
-    sustained compute in FLOP/s (None: not given; only costs from an architecture need it) and the
-    point-to-point latency between pipeline neighbours in ms (0 unless given)."""
+    sustained compute in FLOP/s (None: not given; only costs from an architecture need it), the
+    point-to-point latency between pipeline neighbours in ms (0 unless given), and the memory a plan
+    leaves free for what a training process holds beside the model's tensors (`reserve_gb`; None:
+    DEFAULT_RESERVE_SHARE of the memory). A plan fills at most `usable_gb`."""
 
     memory_gb: float | None = None
     flops: float | None = None
     p2p_ms: float = 0.0
+    reserve_gb: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "memory_gb", check_amount("device memory_gb", self.memory_gb, optional=True))
+        reserve = check_amount("device reserve_gb", self.reserve_gb, optional=True)
+        if reserve is not None and self.memory_gb is not None and reserve >= self.memory_gb:
+            raise ZboptError(f"device reserve = {reserve:g} GB: must be less than the device's memory "
+                             f"({self.memory_gb:g} GB), or nothing is left to plan with")
+        object.__setattr__(self, "reserve_gb", reserve)
         flops = check_amount("device flops", self.flops, optional=True, most=None)
         if flops == 0:
             raise ZboptError("device flops = 0: must be more than 0")
         object.__setattr__(self, "flops", flops)
         object.__setattr__(self, "p2p_ms", check_amount("device p2p_ms", self.p2p_ms))
+
+    @property
+    def reserve(self) -> float:
+        """The GB a plan leaves free on each device: `reserve_gb`, else DEFAULT_RESERVE_SHARE of the
+        memory (0 without a memory)."""
+        if self.reserve_gb is not None:
+            return self.reserve_gb
+        return 0.0 if self.memory_gb is None else DEFAULT_RESERVE_SHARE * self.memory_gb
+
+    @property
+    def usable_gb(self) -> float | None:
+        """The most a plan puts on one device (parameters and activations): the memory less the reserve."""
+        return None if self.memory_gb is None else self.memory_gb - self.reserve
 
     @classmethod
     def from_config(cls, section: object, where: str = "device") -> Device:
@@ -122,7 +148,8 @@ class Device:
         unknown = [key for key in section if key not in DEVICE_KEYS]
         if unknown:
             raise ZboptError(f"{where}: unknown key {shorten(unknown[0])} (known: {', '.join(DEVICE_KEYS)})")
-        memory, flops, p2p = (section.get(key) for key in DEVICE_KEYS)
+        memory, flops, p2p, reserve = (section.get(key) for key in DEVICE_KEYS)
         return cls(memory_gb=None if memory is None else parse_memory(memory, f"{where}.memory"),
                    flops=None if flops is None else parse_flops(flops, f"{where}.flops"),
-                   p2p_ms=0.0 if p2p is None else parse_time(p2p, f"{where}.p2p"))
+                   p2p_ms=0.0 if p2p is None else parse_time(p2p, f"{where}.p2p"),
+                   reserve_gb=None if reserve is None else parse_memory(reserve, f"{where}.reserve"))

@@ -77,7 +77,7 @@ class SplitFamily:
         for index in range(pipeline.num_devices):
             for term in self._time_terms(index):
                 self.boundaries.model.Add(self.objective >= term)
-            if device.memory_gb is not None:
+            if device.usable_gb is not None:
                 self._memory_terms(index)
         self.boundaries.model.Minimize(self.objective)
         self.exhausted = False
@@ -103,7 +103,7 @@ class SplitFamily:
         held at once (L: the device's memory less its parameters), so makespan >= m·R_s / k."""
         boundaries, pipeline, m = self.boundaries, self.pipeline, self.pipeline.num_microbatches
         cp, stages, own = boundaries.model, pipeline.num_stages, pipeline.stages_on(index)
-        memory = math.floor(self.device.memory_gb * SCALE + MEMORY_SLACK)
+        memory = math.floor(self.device.usable_gb * SCALE + MEMORY_SLACK)
         room = memory - sum(boundaries.stage_sum("parameters", stage) for stage in own)
         cp.Add(room >= sum(boundaries.stage_sum("activation", stage) for stage in own))
         for stage in own:

@@ -65,7 +65,7 @@ def joint_search(model: Model, device: Device, pipeline: Pipeline, seconds: floa
     _dependencies(cp, pipeline, device, kinds, start, end)
     for kind, s, j in itertools.product(kinds, range(stages), range(m - 1)):
         cp.Add(start[kind, s, j] <= start[kind, s, j + 1])  # identical microbatches: column order
-    if device.memory_gb is not None:
+    if device.usable_gb is not None:
         _memory(cp, boundaries, pipeline, device, kinds, start, end, horizon)
     makespan = cp.NewIntVar(0, horizon, "makespan")
     cp.AddMaxEquality(makespan, list(end.values()))
@@ -114,7 +114,7 @@ def _memory(cp, boundaries: BoundaryModel, pipeline: Pipeline, device: Device, k
             horizon: int) -> None:
     """Per device a cumulative: its parameters all step, each activation from F's start (M_B -
     M_W to B's end, M_W to W's end; all of M_B to BW's end when fused)."""
-    capacity = math.ceil(device.memory_gb * SCALE)
+    capacity = math.ceil(device.usable_gb * SCALE)
     split = "W" in kinds
     for index in range(pipeline.num_devices):
         own = pipeline.stages_on(index)

@@ -118,7 +118,8 @@ class Plan:
             "chunks": chosen.pipeline.chunks_per_device, "placement": chosen.pipeline.placement,
             "schedule": outcome.schedule, "makespan_ms": outcome.makespan, "lower_bound_ms": self.lower_bound,
             "gap": self.gap, "peak_gb": device_peaks(self.model, chosen.pipeline, outcome.split, outcome.simulation),
-            "device_memory_gb": self.device.memory_gb,
+            "device_memory_gb": self.device.memory_gb, "reserve_gb": self.device.reserve,
+            "usable_gb": self.device.usable_gb,
             "exports": split_exports(self.model, chosen.pipeline, outcome.split),
             "frameworks": self.frameworks(), "orders": schedule_orders(outcome.simulation)}
         return {"best": best,

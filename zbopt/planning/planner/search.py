@@ -239,9 +239,10 @@ def _nothing_found(model: Model, device: Device, pipelines: Sequence[Pipeline], 
     a positive amount in 2 s), else the time limit."""
     needs = [least_memory(model, pipeline, seconds=2.0) for pipeline in pipelines]
     least = min(needs)
-    if device.memory_gb is not None and least > device.memory_gb:
-        return (f"plan: no split of the model runs in {device.memory_gb:g} GB per device; every split needs at "
-                f"least {least:.4g} GB on its fullest device (parameters and one microbatch's activations)")
+    if device.usable_gb is not None and least > device.usable_gb:
+        reserve = f" ({device.memory_gb:g} GB less a reserve of {device.reserve:g} GB)" if device.reserve else ""
+        return (f"plan: no split of the model runs in {device.usable_gb:g} GB per device{reserve}; every split needs "
+                f"at least {least:.4g} GB on its fullest device (parameters and one microbatch's activations)")
     refusals = []
     for pipeline in pipelines:  # splits refused for what they are, not for time: say why
         try:

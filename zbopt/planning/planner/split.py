@@ -104,7 +104,7 @@ def device_parameters(model: Model, pipeline: Pipeline, split: Split) -> list[fl
 
 def split_problem(model: Model, device: Device, pipeline: Pipeline, split: Sequence[int]) -> Problem:
     """The Problem of `split`: per-stage sums of the layers' times (ms) and activations (GB); each
-    device's memory limit is `device.memory_gb` less its parameters (no limit without a device
+    device's memory limit is `device.usable_gb` less its parameters (no limit without a device
     memory). A ZboptError in one line names the device whose parameters alone do not fit, or a
     stage whose layers take no time (zbopt's Problem needs every F, B and W time above 0)."""
     split = check_split(model, pipeline, split)
@@ -137,16 +137,19 @@ def split_problem(model: Model, device: Device, pipeline: Pipeline, split: Seque
 
 
 def activation_limits(model: Model, device: Device, pipeline: Pipeline, split: Split) -> list[float] | None:
-    """Per device, the GB left for activations: the device's memory less its parameters; a
-    ZboptError naming the first device whose parameters alone fill its memory."""
-    if device.memory_gb is None:
+    """Per device, the GB left for activations: the device's usable memory (less the reserve) less
+    its parameters; a ZboptError naming the first device whose parameters alone fill it."""
+    usable = device.usable_gb
+    if usable is None:
         return None
     limits = []
     for index, held in enumerate(device_parameters(model, pipeline, split)):
-        if held >= device.memory_gb:
+        if held >= usable:
+            memory = f"{device.memory_gb:.3g} GB" + (f" less a reserve of {device.reserve:.3g} GB = {usable:.3g} GB"
+                                                     if device.reserve else "")
             raise ZboptError(f"split {list(split)}: device {index} holds {held:.3g} GB of parameters, gradients "
-                             f"and optimizer state, not less than its memory {device.memory_gb:.3g} GB")
-        limits.append(device.memory_gb - held)
+                             f"and optimizer state, not less than its memory {memory}")
+        limits.append(usable - held)
     return limits
 
 

@@ -77,6 +77,7 @@ def _commands(text: str) -> list[str]:
     for block in _blocks(text, ("sh", "bash", "console")):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("#", 1)[0].strip().removeprefix("$ ")
+            line = re.split(r"\s[>|]\s", line)[0]  # the command, its output redirected or piped aside
             if line.startswith("zbopt "):
                 found.append(line)
     found += CODE_SPAN.findall(text)

@@ -429,3 +429,8 @@ def test_the_reserve_is_memory_the_plan_never_uses():
     assert Device(memory_gb=80.0).reserve == DEFAULT_RESERVE_SHARE * 80.0 and Device(memory_gb=80.0).usable_gb == 72.0
     with pytest.raises(ZboptError, match=r"^device reserve = 14 GB: must be less than the device's memory \(14 GB\)"):
         Device(memory_gb=14.0, reserve_gb=14.0)
+    with pytest.raises(ZboptError, match=r"^plan: a reserve of 3 GB but no device memory to keep it from"):
+        plan(SMALL, Device(reserve_gb=3.0), pipeline, time_limit=5)
+    with pytest.raises(ZboptError, match=r"^plan: no split of the model runs in 4 GB per device \(8 GB less a "
+                                         r"reserve of 4 GB\); every split needs at least"):
+        plan(SMALL, Device(memory_gb=8.0, reserve_gb=4.0), pipeline, time_limit=5)

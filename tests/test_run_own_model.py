@@ -6,6 +6,7 @@ import json
 import re
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,9 +14,11 @@ from tests.conftest import require_extra
 
 torch = require_extra("torch", "needs the optional extra zbopt[torch]")
 
+from zbopt.core.errors import ZboptError  # noqa: E402
 from zbopt.core.ops import Op  # noqa: E402
 from zbopt.interfaces.cli import main  # noqa: E402
 from zbopt.interfaces.runtime.model import CutModel  # noqa: E402
+from zbopt.interfaces.runtime.plan_run import PlanEntry, PlannedRun, format_plan_runs, run_plan  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -65,15 +68,6 @@ def test_the_plan_runs_on_the_users_model_with_the_reference_gradients(user_fold
     assert run["measured_ms"] > 0
 
 
-def test_rows_picked_by_name_run_side_by_side_with_both_rankings(user_folder, capsys):
-    plan = _plan(capsys, "--schedule", "1f1b", "--schedule", "zb-h1")
-    (user_folder / "plan.json").write_text(json.dumps(plan))
-    assert main(["run-torch", "plan.json", "--model", "tiny:transformer", "--row", "1f1b", "--row", "zb-h1"]) == 0
-    out = capsys.readouterr().out
-    assert re.search(r"^row \d+: 1f1b .* match$", out, re.M) and re.search(r"^row \d+: zb-h1 .* match$", out, re.M)
-    assert re.search(r"the predicted ranking (held|did not hold)$", out, re.M), out
-
-
 def test_a_cut_model_is_the_same_model_whatever_the_split(user_folder):
     """The stages of any split chain to the whole model's output (the same weights from the seed)."""
     whole = CutModel("tiny:transformer", (6,), 2, folder=str(user_folder))
@@ -109,3 +103,57 @@ def test_a_bad_plan_or_model_is_one_line_and_exit_2(user_folder, capsys):
         assert main(["run-torch", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err and re.search(message, err), (argv, err)
+
+
+def test_the_command_looks_for_the_model_in_the_folder_it_runs_in(user_folder, capsys, monkeypatch):
+    """The ranks start in another folder: run-torch hands them the working folder to import the
+    factory's module from (not its scratch folder for the CSVs)."""
+    from zbopt.interfaces.runtime import plan_run
+
+    plan = _plan(capsys)
+    (user_folder / "plan.json").write_text(json.dumps(plan))
+    given = {}
+
+    def recorded(csv, **options):
+        given.update(options, csv=str(csv))
+        raise ZboptError("recorded")
+
+    monkeypatch.setattr(plan_run, "run_torch", recorded)
+    assert main(["run-torch", "plan.json", "--model", "tiny:transformer"]) == 2
+    assert given["folder"] == str(user_folder) and not given["csv"].startswith(str(user_folder))
+    assert given["model"] == "tiny:transformer" and list(given["split"]) == plan["best"]["split"]
+
+
+def _run(label: str, predicted: float, measured: float) -> PlannedRun:
+    entry = PlanEntry(label, (1, 1), 1, "loop", (("0F0",), ("1F0",)), predicted)
+    report = SimpleNamespace(step_time_s=(measured / 1e3,), passed=True, max_abs_diff=0.0)
+    return PlannedRun(entry, report)
+
+
+@pytest.mark.parametrize(("predicted", "measured", "ranks", "held"), [
+    ((2.0, 1.0, 3.0), (20.0, 10.0, 30.0), ["2 / 2", "1 / 1", "3 / 3"], True),
+    ((1.0, 1.0, 3.0), (11.0, 10.0, 30.0), ["1 / 2", "1 / 1", "3 / 3"], True),  # a tie orders nothing
+    ((1.0, 2.0, 3.0), (10.0, 30.0, 20.0), ["1 / 1", "2 / 3", "3 / 2"], False),
+])
+def test_the_rankings_share_ranks_on_ties_and_hold_only_if_every_strict_order_does(predicted, measured, ranks, held):
+    text = format_plan_runs([_run(f"row {index}", one, other)
+                             for index, (one, other) in enumerate(zip(predicted, measured, strict=True))])
+    lines = text.splitlines()[1:4]
+    assert [re.search(r"(\d+ / \d+)\s+match$", line).group(1) for line in lines] == ranks
+    assert text.endswith("held" if held else "did not hold")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda best: best.update(orders=[]), r"best: zb-h1: orders = \[\]: expected each device's ops as text"),
+    (lambda best: best.update(orders=[["0F0", "0Q1"]]), r"best: zb-h1: '0Q1' is not an op"),
+    (lambda best: best.update(split=[3.5, 3]), r"best: zb-h1: split = \[3\.5, 3\]: expected layers per stage"),
+    (lambda best: best.update(makespan_ms="fast"), r"best: zb-h1: makespan_ms = 'fast': expected a number"),
+])
+def test_a_malformed_plan_row_is_one_line_naming_the_plan(tmp_path, change, message):
+    plan = {"best": {"schedule": "zb-h1", "split": [3, 3], "chunks": 1, "placement": "loop", "makespan_ms": 1.0,
+                     "orders": [["0F0"], ["1F0"]]}, "rows": []}
+    change(plan["best"])
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    with pytest.raises(ZboptError, match=rf"^plan '{re.escape(str(path))}': {message}"):
+        run_plan(path, "tiny:transformer")

@@ -132,9 +132,10 @@ class Problem(_Parameters):
             try:  # each extreme in range, the two together out of it: the microbatches' spread is the culprit
                 check_ranges(most, least)
             except ProblemError as error:
-                key = "microbatch_tokens" if self.microbatch_tokens is not None else error.key
-                raise ProblemError(key, getattr(self, key), f"the microbatches differ too much: {error.reason}") \
-                    from None
+                tokens = self.microbatch_tokens is not None
+                raise ProblemError("microbatch_tokens" if tokens else error.key,
+                                   self.microbatch_tokens if tokens else error.value,
+                                   f"the microbatches differ too much: {error.reason}") from None
         check_ranges(self)
         if self.memory_limit is not None:
             memory_floor.check_memory_limit(self)

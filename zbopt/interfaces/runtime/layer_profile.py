@@ -16,7 +16,11 @@ that what is timed is what its runtime runs:
   of the optimizer on a copy of the layer (default Adam: two tensors per weight);
 - a FLOP count of the forward (`torch.utils.flop_counter.FlopCounterMode`), to cross-check the times.
 Times are medians over `repeats` after `warmup` untimed rounds, with the spread (interquartile range
-over the median); on CUDA they are CUDA events, on CPU the wall clock.
+over the median); on CUDA they are CUDA events, on CPU the wall clock with torch's threads as set
+(`zbopt run-torch`'s CPU ranks run one thread each: set `torch.set_num_threads(1)` to profile alike).
+torch runs a whole first stage's backward in W (its input takes no gradient): the profile shows
+that only for a first layer whose input takes none, so a first stage of several layers is
+predicted with its other layers' B apart.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from zbopt.core.errors import ZboptError
+from zbopt.core.errors import ZboptError, described
 from zbopt.interfaces.runtime.user_model import UserModel, as_arguments, chained_inputs, user_model
 
 __all__ = ["KINDS", "LayerCost", "ModelProfile", "format_profile", "profile_model", "profile_user_model"]
@@ -99,12 +103,11 @@ def profile_user_model(model: UserModel, *, repeats: int = 10, warmup: int = 3,
                        optimizer: Callable | str | None = "adam", device=None,
                        where: str = "profile_model") -> ModelProfile:
     """`profile_model` on a `UserModel` (what the command line's factory gives)."""
-    import torch
 
     if not (isinstance(repeats, int) and repeats >= 1 and isinstance(warmup, int) and warmup >= 0):
         raise ZboptError(f"{where}: repeats = {repeats!r}, warmup = {warmup!r}: expected whole numbers, repeats >= 1")
     make_optimizer, optimizer_name = _optimizer(optimizer, where)
-    device = torch.device(device) if device is not None else _device_of(model)
+    device = _device(device, where) if device is not None else _device_of(model)
     model = UserModel(model.names, tuple(layer.to(device) for layer in model.layers),
                       tuple(_to(value, device) for value in model.sample), model.loss, model.source)
     inputs = chained_inputs(model, where)
@@ -112,8 +115,11 @@ def profile_user_model(model: UserModel, *, repeats: int = 10, warmup: int = 3,
     last = len(model.layers) - 1
     for index, (name, layer, arguments) in enumerate(zip(model.names, model.layers, inputs, strict=True)):
         loss = model.loss if index == last else None
-        samples = _timed_rounds(layer, arguments, loss, repeats, warmup, device)
-        activation, flops = _forward_memory_and_flops(layer, arguments, loss)
+        try:
+            samples = _timed_rounds(layer, arguments, loss, repeats, warmup, device)
+            activation, flops = _forward_memory_and_flops(layer, arguments, loss)
+        except Exception as error:  # the user's layer: its failure in one line, naming it
+            raise ZboptError(f"{where}: layer {name!r} failed while profiled: {described(error)}") from None
         spread = {kind: _spread(samples[kind]) for kind in KINDS}
         costs.append(LayerCost(name, *(statistics.median(samples[kind]) for kind in KINDS), activation / GB,
                                _parameter_bytes(layer, make_optimizer) / GB, flops, spread))
@@ -131,6 +137,18 @@ def _optimizer(optimizer, where: str) -> tuple[Callable | None, str]:
     if callable(optimizer):
         return optimizer, getattr(optimizer, "__name__", type(optimizer).__name__)
     raise ZboptError(f"{where}: optimizer = {optimizer!r}: expected 'adam', 'sgd' or a function params -> optimizer")
+
+
+def _device(name, where: str):
+    """torch's device of that name, where this torch can run on it."""
+    import torch
+
+    try:
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:  # an unknown name; CUDA on a CPU-only torch
+        raise ZboptError(f"{where}: device {name!r}: {described(error)}") from None
+    return device
 
 
 def _device_of(model: UserModel):
@@ -152,13 +170,16 @@ def _leaves(arguments: tuple) -> tuple:
                  for value in arguments)
 
 
-def _outputs_and_gradients(output, loss) -> tuple[list, list | None]:
-    """What the backward starts from: the loss (no gradient given), or every output tensor that
-    takes a gradient with a random one of its shape."""
+def _outputs(output, loss) -> list:
+    """What the backward starts from: the loss, or every output tensor that takes a gradient."""
     if loss is not None:
-        return [loss(*as_arguments(output))], None
-    tensors = [value for value in as_arguments(output) if hasattr(value, "requires_grad") and value.requires_grad]
-    return tensors, [value.detach().clone().normal_() for value in tensors]
+        return [loss(*as_arguments(output))]
+    return [value for value in as_arguments(output) if hasattr(value, "requires_grad") and value.requires_grad]
+
+
+def _gradients(outputs: list, loss) -> list | None:
+    """The outputs' gradients: none for a loss, else random ones of their shapes."""
+    return None if loss is not None else [value.detach().clone().normal_() for value in outputs]
 
 
 def _timed_rounds(layer, arguments: tuple, loss, repeats: int, warmup: int, device) -> dict[str, list[float]]:
@@ -172,8 +193,9 @@ def _timed_rounds(layer, arguments: tuple, loss, repeats: int, warmup: int, devi
         leaves = _leaves(arguments)
         tensors = [value for value in leaves if hasattr(value, "requires_grad") and value.requires_grad]
         clock.start()
-        outputs, gradients = _outputs_and_gradients(layer(*leaves), loss)
+        outputs = _outputs(layer(*leaves), loss)
         times = {"forward": clock.stop()}
+        gradients = _gradients(outputs, loss)
         if not outputs:  # nothing takes a gradient: no backward
             times.update(backward=0.0, weight=0.0)
         elif tensors:
@@ -210,7 +232,7 @@ def _forward_memory_and_flops(layer, arguments: tuple, loss) -> tuple[int, int]:
 
     counter = FlopCounterMode(display=False)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), counter:
-        outputs, _ = _outputs_and_gradients(layer(*_leaves(arguments)), loss)
+        outputs = _outputs(layer(*_leaves(arguments)), loss)
     del outputs
     return sum(saved.values()), counter.get_total_flops()
 

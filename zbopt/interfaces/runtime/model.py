@@ -106,6 +106,7 @@ def named_gradients(modules: list, stages) -> dict:
         f"stage{stage}.{name}": parameter.grad.detach().clone()
         for stage in stages
         for name, parameter in modules[stage].named_parameters()
+        if parameter.grad is not None  # frozen: no gradient in the run nor in the reference
     }
 
 
@@ -119,7 +120,8 @@ class CutModel:
     the factory's sample made different per microbatch and step (each floating tensor plus noise of
     its own scale, each integer tensor rolled along its last dimension), every argument split along
     its first dimension, as torch's schedule splits a batch. Loss: the factory's, of the last
-    layer's output (torch's target is a placeholder); without one the mean of the output's squares.
+    layer's output (torch's target is a placeholder); without one the mean square of each floating
+    output, summed.
     Layers run in training mode: a layer drawing random numbers (dropout) cannot match the reference.
     """
 
@@ -193,7 +195,8 @@ class CutModel:
         """torch's loss_fn(output, target): the factory's loss of the output, or its mean square."""
         loss = self.user().loss
         if loss is None:
-            return lambda output, _target: output.float().pow(2).mean()
+            return lambda output, _target: sum(value.float().pow(2).mean() for value in as_arguments(output)
+                                               if getattr(value, "is_floating_point", lambda: False)())
         return lambda output, _target: loss(*as_arguments(output))
 
     def reference_gradients(self, steps: int) -> list[dict]:

@@ -9,6 +9,7 @@ its split).
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -84,7 +85,7 @@ def _picked(table: list, row: str, where: str) -> PlanEntry:
                              f"with a schedule: {', '.join(str(index) for index, _ in runnable) or 'none'})")
     else:
         chosen = sorted(((index, entry) for index, entry in runnable if entry.get("schedule") == row),
-                        key=lambda pair: pair[1].get("makespan_ms") or 0.0)
+                        key=lambda pair: _number(pair[1].get("makespan_ms")))
         if not chosen:
             names = sorted({str(entry.get("schedule")) for _, entry in runnable})
             raise ZboptError(f"{where}: --row {shorten(row)}: no row of that schedule with a schedule found "
@@ -93,13 +94,30 @@ def _picked(table: list, row: str, where: str) -> PlanEntry:
     return _entry(entry, f"row {index}: {entry.get('schedule')} ({entry.get('rule')} split)", where)
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> float:
+    """A row's makespan to sort by: not a number sorts last (and is refused when picked)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.inf
+
+
 def _entry(row: dict, label: str, where: str) -> PlanEntry:
-    try:
-        return PlanEntry(label, tuple(int(count) for count in row["split"]), int(row["chunks"]), str(row["placement"]),
-                         tuple(tuple(str(op) for op in order) for order in row["orders"]), float(row["makespan_ms"]))
-    except (KeyError, TypeError, ValueError) as error:
-        raise ZboptError(f"{where}: {label}: expected split, chunks, placement, orders and makespan_ms "
-                         f"({type(error).__name__}: {shorten(str(error))})") from None
+    """One row as an entry; its fields checked for their types (whole numbers, lists of op texts)."""
+    split, chunks, orders, makespan = (row.get(key) for key in ("split", "chunks", "orders", "makespan_ms"))
+    if not (isinstance(split, list) and split and all(_whole(count) and count >= 1 for count in split)):
+        raise ZboptError(f"{where}: {label}: split = {shorten(split)}: expected layers per stage, each at least 1")
+    if not (_whole(chunks) and chunks >= 1 and isinstance(row.get("placement"), str)):
+        raise ZboptError(f"{where}: {label}: expected chunks (a whole number) and placement (text)")
+    if not (isinstance(orders, list) and orders and all(isinstance(order, list) and all(isinstance(op, str)
+                                                                                            for op in order)
+                                                           for order in orders)):
+        raise ZboptError(f"{where}: {label}: orders = {shorten(orders)}: expected each device's ops as text")
+    if not isinstance(makespan, (int, float)) or isinstance(makespan, bool):
+        raise ZboptError(f"{where}: {label}: makespan_ms = {shorten(makespan)}: expected a number")
+    return PlanEntry(label, tuple(split), chunks, row["placement"], tuple(tuple(order) for order in orders),
+                     float(makespan))
 
 
 def _exported_entry(path: str | Path, data: dict, where: str) -> PlanEntry:
@@ -123,28 +141,36 @@ def run_plan(path: str | Path, model: str, *, rows: Sequence[str] = (), steps: i
     (`PACKAGE.MODULE:FACTORY`, its module looked for in `folder`, default the working folder), each
     with `run_torch`: gradients checked against one process."""
     entries = plan_entries(path, rows)
+    schedules = [(entry, _problem(entry, path), Schedule([list(order) for order in entry.orders]))
+                 for entry in entries]  # every entry checked before the first run
     runs = []
-    with tempfile.TemporaryDirectory(prefix="zbopt-plan-") as folder:
-        for number, entry in enumerate(entries):
-            csv = Path(folder) / f"entry{number}.csv"
-            write_torch_csv(csv, _problem(entry), Schedule([list(order) for order in entry.orders]))
+    with tempfile.TemporaryDirectory(prefix="zbopt-plan-") as scratch:
+        for number, (entry, problem, schedule) in enumerate(schedules):
+            csv = Path(scratch) / f"entry{number}.csv"
+            write_torch_csv(csv, problem, schedule)
             report = run_torch(csv, model=model, split=entry.split, steps=steps, seed=seed, timeout_s=timeout_s,
                                rtol=rtol, atol=atol, folder=folder or os.getcwd())
             runs.append(PlannedRun(entry, report))
     return runs
 
 
-def _problem(entry: PlanEntry) -> Problem:
+def _problem(entry: PlanEntry, path) -> Problem:
     """The pipeline the entry's orders run on (costs do not matter to the CSV): its devices, chunks,
-    placement, microbatches, and a split backward where the orders have W."""
+    placement, microbatches, and a split backward where the orders have W. A ZboptError naming the
+    plan file and the entry for orders that are no schedule of it."""
     from zbopt.core.kinds import WEIGHT
     from zbopt.core.ops import Op
 
-    ops = [Op.from_str(text) for order in entry.orders for text in order]
-    split_backward = any(op.kind == WEIGHT for op in ops)
-    return Problem(num_devices=len(entry.orders), num_microbatches=1 + max(op.microbatch for op in ops),
-                   chunks_per_device=entry.chunks, placement=entry.placement,
-                   weight_times=1.0 if split_backward else None)
+    try:
+        ops = [Op.from_str(text) for order in entry.orders for text in order]
+        if not ops:
+            raise ZboptError("orders: no ops")
+        split_backward = any(op.kind == WEIGHT for op in ops)
+        return Problem(num_devices=len(entry.orders), num_microbatches=1 + max(op.microbatch for op in ops),
+                       chunks_per_device=entry.chunks, placement=entry.placement,
+                       weight_times=1.0 if split_backward else None)
+    except ZboptError as error:
+        raise ZboptError(f"plan '{path}': {entry.label}: {error}") from None
 
 
 def format_plan_runs(runs: list[PlannedRun]) -> str:

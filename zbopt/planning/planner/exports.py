@@ -291,10 +291,10 @@ def torchtitan_names(model: Model) -> list[tuple[str, ...]]:
     norm layer of its own: zbopt's lm_head is then the final norm and the output projection), the
     loss none (torchtitan computes it after the last stage's output). A model whose layers are
     named by their modules' FQNs (what `profile-model` writes: "layers.0", "0"), each once and some
-    not a kind the rules above know, keeps its names: they are its own modules."""
+    a module path (dotted, or an index), keeps its names: they are its own modules."""
     names = [layer.name for layer in model.layers]
     if len(set(names)) == len(names) and all(FQN.fullmatch(name) for name in names) and \
-            any(_kind_key(name) not in KIND_OF_NAME for name in names):
+            any("." in name or name.isdigit() for name in names):  # module paths, not roles
         return [(name,) for name in names]
     kinds, labels = layer_kinds(model), model.labels
     has_norm, decoders, names, seen = "norm" in kinds, 0, [], set()

@@ -180,7 +180,7 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     ((2, 2, 2, 2), 54.0, 0.0)
     """
     pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
-    _check_plan(model, pipelines, schedules, time_limit)
+    _check_plan(model, device, pipelines, schedules, time_limit)
     began, answers, clock = time.perf_counter(), [], interrupt.as_clock(time_limit, "plan", deterministic)
     with interrupt.stoppable(), interrupt.metered(clock):
         for number, pipeline in enumerate(pipelines):
@@ -197,10 +197,10 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     return result
 
 
-def _check_plan(model: Model, pipelines: Sequence[Pipeline], schedules, time_limit: float) -> None:
+def _check_plan(model: Model, device: Device, pipelines: Sequence[Pipeline], schedules, time_limit: float) -> None:
     """One line for what no search could fix: an unknown or repeated schedule, a time limit that is not a
     positive number, a model mixing fused and split backwards or of more than MAX_PLAN_LAYERS layers,
-    more stages than layers, work beyond the range."""
+    a reserve without a memory, more stages than layers, work beyond the range."""
     for number, name in enumerate(schedules or ()):
         if name != OPTIMAL:
             get(name)  # an unknown name: UnknownScheduleError, naming the close ones
@@ -210,6 +210,9 @@ def _check_plan(model: Model, pipelines: Sequence[Pipeline], schedules, time_lim
             not (isinstance(time_limit, (int, float)) and math.isfinite(time_limit) and time_limit > 0):
         raise ZboptError(f"plan: time_limit = {time_limit!r}: expected a number of seconds above 0")
     splits_backward(model)
+    if device.memory_gb is None and device.reserve_gb:  # a reserve of 0 keeps nothing: no memory needed
+        raise ZboptError(f"plan: a reserve of {device.reserve_gb:g} GB but no device memory to keep it from "
+                         "(give the device's memory: --device-memory, or memory in the model file)")
     if len(model.layers) > MAX_PLAN_LAYERS:
         raise ZboptError(f"plan: {len(model.layers):,} layers, more than the {MAX_PLAN_LAYERS:,} its split models "
                          "hold (their element constraints grow as stages x layers, and CP-SAT's presolve does not "

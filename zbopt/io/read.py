@@ -23,7 +23,7 @@ from zbopt.core.problem.config import problem_from_config
 from zbopt.core.schedule import Schedule
 
 __all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "MAX_FILE_BYTES", "MAX_YAML_BYTES", "load_problem", "load_schedule",
-           "parse_json", "parse_yaml", "read_config_file", "read_data", "read_text"]
+           "parse_json", "parse_yaml", "read_config_file", "read_data", "read_text", "schedule_of"]
 
 # A config is a few KB, a schedule JSON of 100k ops some 1.5 MB; 16 MiB is ten times the largest
 # file zbopt writes for a documented workload, and reads in well under a second. YAML is read in
@@ -133,12 +133,17 @@ def load_schedule(path: str | Path) -> tuple[Schedule, Problem | None]:
     >>> schedule.name, stored == problem, schedule == generate("1f1b", problem)
     ('1f1b', True, True)
     """
-    data = parse_json(read_text(path, "schedule file"), f"schedule file '{path}'")
+    where = f"schedule file '{path}'"
+    return schedule_of(parse_json(read_text(path, "schedule file"), where), where)
+
+
+def schedule_of(data: object, where: str) -> tuple[Schedule, Problem | None]:
+    """`load_schedule`'s answer from the file's data already read (errors prefixed by `where`)."""
     try:
         schedule = Schedule.from_dict(data)
         problem = Problem.from_dict(data["problem"]) if "problem" in data else None
     except ZboptError as error:
-        raise ZboptError(f"schedule file '{path}': {error}") from None
+        raise ZboptError(f"{where}: {error}") from None
     return schedule, problem
 
 

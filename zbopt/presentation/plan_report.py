@@ -8,6 +8,7 @@ from pathlib import Path
 
 from zbopt.planning.planner import Plan, stage_names
 from zbopt.planning.planner.result import OVER_THE_LIMIT, device_peaks, split_exports
+from zbopt.presentation.tables import aligned
 from zbopt.solvers.gap import gap_text, relative_gap
 
 __all__ = ["COLUMNS", "check_plan_report", "format_plan", "render_plan_report", "write_plan_report"]
@@ -26,12 +27,6 @@ def _row_cells(plan: Plan, each, row) -> list[str]:
 
 def _split(split) -> str:
     return "-" if split is None else ", ".join(map(str, split))
-
-
-def _table(lines: list[list[str]]) -> list[str]:
-    widths = [max(len(line[column]) for line in lines) for column in range(len(lines[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-            for line in lines]
 
 
 def _pipeline_heading(each) -> str:
@@ -108,7 +103,8 @@ def format_plan(plan: Plan) -> str:
     for each in plan.pipelines:
         over = [row for row in each.rows if row.note == OVER_THE_LIMIT]
         parts += ["", _pipeline_heading(each)]
-        parts += _table([list(COLUMNS), *(_row_cells(plan, each, row) for row in each.rows if row not in over)])
+        parts += aligned([list(COLUMNS), *(_row_cells(plan, each, row) for row in each.rows if row not in over)],
+                         left=range(len(COLUMNS)))
         if over:
             names = ", ".join(dict.fromkeys(f"{row.schedule} ({row.rule})" for row in over))
             parts.append(f"over the memory limit: {names}")

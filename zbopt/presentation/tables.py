@@ -7,10 +7,11 @@ solvers (OR-Tools) nor the block search.
 
 from __future__ import annotations
 
+from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING
 
-__all__ = ["NOT_RUN", "format_block", "format_comparison", "format_frontier", "format_simulation", "format_solve",
-           "limit_text"]
+__all__ = ["NOT_RUN", "aligned", "format_block", "format_comparison", "format_frontier", "format_simulation",
+           "format_solve", "limit_text"]
 
 NOT_RUN = "not tried in the heuristics' share of the time limit; some may not apply"  # a comparison's `not_run`
 
@@ -20,6 +21,15 @@ if TYPE_CHECKING:
     from zbopt.planning.frontier import Frontier
     from zbopt.solvers import SolveResult
     from zbopt.solvers.blocks.search import BlockSearch
+
+
+def aligned(rows: Sequence[Sequence[str]], left: Container[int] = (0,)) -> list[str]:
+    """Rows of cells (the first the titles) as lines of columns two spaces apart, each as wide as its
+    widest cell: the columns in `left` (names) to the left, the others (numbers) to the right."""
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) if column in left else cell.rjust(width)
+                      for column, (cell, width) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in rows]
 
 
 def format_simulation(simulation: Simulation) -> str:

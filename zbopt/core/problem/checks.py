@@ -9,8 +9,8 @@ from numbers import Real
 
 from zbopt.core.errors import ProblemError, clip
 
-__all__ = ["MAX_OPS", "boolean", "check_op_count", "is_number", "known_parameters", "nonnegative_number", "per_device",
-           "per_stage", "plain", "positive_int", "unused_without"]
+__all__ = ["MAX_OPS", "boolean", "check_op_count", "is_count", "is_number", "known_parameters", "nonnegative_number",
+           "per_device", "per_stage", "plain", "positive_int", "unused_without"]
 
 
 def is_number(value: object) -> bool:
@@ -27,8 +27,13 @@ def plain(value: object) -> object:
     return tolist() if callable(tolist) and not isinstance(value, str) else value
 
 
+def is_count(value: object) -> bool:
+    """A whole number of at least 1, not a bool (layers, tokens, chunks)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def positive_int(key: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_count(value):
         raise ProblemError(key, value, "expected a positive integer")
     return value
 

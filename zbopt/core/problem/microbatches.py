@@ -32,7 +32,7 @@ import math
 from collections.abc import Sequence
 
 from zbopt.core.errors import ProblemError
-from zbopt.core.problem.checks import is_number, per_stage
+from zbopt.core.problem.checks import is_count, is_number, per_stage
 from zbopt.core.problem.slices import Span, check_sequence_tokens, slice_bounds, span_factor, spans, total_tokens
 
 __all__ = ["EQUAL_MICROBATCHES", "FOLLOWS", "MAX_TOKEN_RATIO", "TABLE_KEYS", "WITH_ATTENTION", "Rows",
@@ -125,7 +125,7 @@ def check_tokens(tokens, attention_share, reference_tokens, stages: int, microba
     for index, count in enumerate(tokens):
         packed = isinstance(count, Sequence) and not isinstance(count, str)
         lengths = list(count) if packed else [count]
-        if not lengths or not all(_whole(length) for length in lengths):
+        if not lengths or not all(is_count(length) for length in lengths):
             raise ProblemError("microbatch_tokens", tokens, f"{what} {index}: expected a positive whole "
                                                             f"number of tokens (or a list, one per packed "
                                                             f"document), got {count!r}")
@@ -151,10 +151,6 @@ def tokens_of(problem, microbatch: int) -> int | None:
     k, place = problem.sequence_slices, microbatch % problem.num_microbatches
     bounds = slice_bounds(total_tokens(problem.microbatch_tokens[place // k]), k)
     return bounds[place % k + 1] - bounds[place % k]
-
-
-def _whole(length: object) -> bool:
-    return isinstance(length, int) and not isinstance(length, bool) and length >= 1
 
 
 def _shares(attention_share, stages: int) -> tuple[float, ...]:

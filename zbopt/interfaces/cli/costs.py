@@ -41,16 +41,13 @@ def _command_costs(args: argparse.Namespace) -> int:
 def format_costs(model: Model) -> str:
     """One line per group as written, then the total over every layer (GB = 10^9 bytes; a fused
     backward shows W as "fused", its B being the whole BW)."""
+    from zbopt.presentation.tables import aligned
+
     rows = [{key: _cell(key, row.get(key)) for key, _ in COLUMNS} for row in model.group_rows()]
     totals = {key: sum((getattr(layer, key) or 0.0) for layer in model.layers) for key in SUMMED}
     rows.append({"name": "total", "repeat": str(len(model.layers)), **{key: _cell(key, totals[key]) for key in SUMMED}})
-    width = {key: max(len(title), *(len(row[key]) for row in rows)) for key, title in COLUMNS}
-
-    def line(values: dict[str, str]) -> str:
-        return "  ".join(f"{values[key]:<{width[key]}}" if key == "name" else f"{values[key]:>{width[key]}}"
-                         for key, _ in COLUMNS).rstrip()
-
-    return "\n".join([line(dict(COLUMNS)), *(line(row) for row in rows),
+    table = [[title for _, title in COLUMNS], *([row[key] for key, _ in COLUMNS] for row in rows)]
+    return "\n".join([*aligned(table),
                       "(per microbatch; parameters include gradients and optimizer state; GB = 10^9 bytes)"])
 
 

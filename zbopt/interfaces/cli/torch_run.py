@@ -15,9 +15,10 @@ from zbopt.io.write import write_file
 __all__ = ["PROFILE_FORMATS", "TOY_FLAGS", "add_commands"]
 
 PROFILE_FORMATS = (".yaml", ".yml", ".json")  # what profile-torch writes: YAML, or JSON for .json
-TOY_FLAGS = (("--microbatch-size", 8, "samples per microbatch of the toy MLP"),
-             ("--hidden", 128, "width of the toy MLP's Linear layers"),
-             ("--layers-per-stage", 2, "the toy MLP's Linear+Tanh layers per stage"))
+# the toy model's sizes: flag, run_torch's option (the flag's destination), default, meaning
+TOY_FLAGS = (("--microbatch-size", "microbatch_size", 8, "samples per microbatch of the toy MLP"),
+             ("--hidden", "hidden", 128, "width of the toy MLP's Linear layers"),
+             ("--layers-per-stage", "layers_per_stage", 2, "the toy MLP's Linear+Tanh layers per stage"))
 
 
 def add_commands(commands) -> None:
@@ -60,8 +61,8 @@ def _add_torch_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("schedule", metavar="SCHEDULE.csv",
                         help="torch compute-only CSV: one row per rank, cells like 0F1, 2I0, 2W0, 1B3")
     parser.add_argument("--steps", type=int, default=3, help="training steps, the first an untimed warm-up (default 3)")
-    for flag, default, meaning in TOY_FLAGS:
-        parser.add_argument(flag, type=int, help=f"{meaning} (default {default})")
+    for flag, key, default, meaning in TOY_FLAGS:
+        parser.add_argument(flag, dest=key, type=int, help=f"{meaning} (default {default})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and data (default 0)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds before the ranks are killed (default 120)")
@@ -69,8 +70,7 @@ def _add_torch_flags(parser: argparse.ArgumentParser) -> None:
 
 def _torch_run_options(args: argparse.Namespace) -> dict:
     """run_torch's options from the flags; the toy model's sizes at their defaults where not given."""
-    sizes = {flag[2:].replace("-", "_"): default for flag, default, _ in TOY_FLAGS}
-    sizes.update({key: value for key in sizes if (value := getattr(args, key)) is not None})
+    sizes = {key: default if getattr(args, key) is None else getattr(args, key) for _, key, default, _ in TOY_FLAGS}
     return {"steps": args.steps, **sizes, "seed": args.seed, "timeout_s": args.timeout}
 
 
@@ -144,7 +144,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     """run-torch PLAN --model: each chosen row run on the user's model; exit 1 where gradients differ."""
     from zbopt.interfaces.runtime.plan_run import format_plan_runs, run_plan
 
-    given = [flag for flag, _, _ in TOY_FLAGS if getattr(args, flag[2:].replace("-", "_")) is not None]
+    given = [flag for flag, key, _, _ in TOY_FLAGS if getattr(args, key) is not None]
     if given or args.trace is not None:
         raise ZboptError(f"{(given or ['--trace'])[0]}: not with --model (the toy model's, or one CSV's run)")
     if args.schedule.lower().endswith(".csv"):

@@ -27,7 +27,6 @@ from zbopt.interfaces.runtime.run_report import (
     TorchRunReport,
     compare_gradients,
 )
-from zbopt.interfaces.runtime.user_model import chained_inputs
 
 __all__ = ["run_torch"]
 
@@ -171,7 +170,7 @@ def run_torch(
             raise ZboptError(f"{path}: {problem.num_stages} stages, but the split has "
                              f"{'none' if split is None else len(split)} (layers per stage)")
         trained = CutModel(model, tuple(split), problem.num_microbatches, seed, os.path.abspath(folder or os.getcwd()))
-        chained_inputs(trained.user(), f"model {model!r}")  # before any rank: the factory, the split, the shapes
+        trained.check()
     with tempfile.TemporaryDirectory(prefix="zbopt-torch-") as result_dir:
         results = _launch(schedule, trained, steps, timeout_s, result_dir)
     return _report(str(path), problem, trained, steps, results, rtol, atol)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from zbopt.core.errors import ZboptError, described
 from zbopt.interfaces.runtime.user_model import UserModel, as_arguments, chained_inputs, user_model
+from zbopt.presentation.tables import aligned
 
 __all__ = ["KINDS", "LayerCost", "ModelProfile", "format_profile", "profile_model", "profile_user_model"]
 
@@ -56,8 +57,9 @@ class LayerCost:
 
     def profile_row(self) -> dict:
         """The row of the profile CSV `plan` reads (zbopt.planning.model.profile's columns)."""
-        return {"name": self.name, "forward_ms": self.forward_ms, "backward_ms": self.backward_ms,
-                "weight_ms": self.weight_ms, "activation_gb": self.activation_gb, "parameters_gb": self.parameters_gb}
+        from zbopt.planning.model.profile import COLUMNS
+
+        return {column: getattr(self, column) for column in COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class ModelProfile:
 
 
 def profile_model(layers, sample, loss: Callable | None = None, *, fqns: Sequence[str] | None = None,
-                  repeats: int = 10, warmup: int = 3, optimizer: Callable | None = "adam",
+                  repeats: int = 10, warmup: int = 3, optimizer: Callable | str | None = "adam",
                   device=None) -> ModelProfile:
     """Measure every layer of a user's model (module docstring).
 
@@ -88,8 +90,8 @@ def profile_model(layers, sample, loss: Callable | None = None, *, fqns: Sequenc
 
     Returns
     -------
-    ModelProfile : `.layers` in order; `write_profile(path, [c.profile_row() for c in profile.layers])`
-        writes the CSV `plan` reads.
+    ModelProfile : `.layers` in order; `profile_text([c.profile_row() for c in profile.layers])`
+        (zbopt.planning.model.profile) is the CSV `plan` reads.
 
     Raises
     ------
@@ -275,9 +277,7 @@ def format_profile(profile: ModelProfile) -> str:
         rate = cost.forward_flops / 1e9 / (cost.forward_ms / 1e3) if cost.forward_ms > 0 else 0.0
         rows.append((cost.name, *times, f"{cost.activation_gb * 1e3:.4g}", f"{cost.parameters_gb * 1e3:.4g}",
                      f"{cost.forward_flops / 1e9:.4g}", f"{rate:.4g}"))
-    width = [max(len(row[column]) for row in rows) for column in range(len(header))]
-    lines = ["  ".join(cell.ljust(width[0]) if column == 0 else cell.rjust(width[column])
-                       for column, cell in enumerate(row)).rstrip() for row in rows]
+    lines = aligned(rows)
     lines.append(f"(per microbatch, on {profile.device}: medians of {profile.repeats} rounds after {profile.warmup} "
                  f"untimed, ± the interquartile range over the median; parameters with gradients and "
                  f"{profile.optimizer}'s state; MB = 10^6 bytes)")

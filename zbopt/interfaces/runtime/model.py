@@ -152,20 +152,18 @@ class CutModel:
         layers = copy.deepcopy(self.user().layers)
         return [_chain(layers[start:end]) for start, end in self._bounds()]
 
+    def check(self) -> None:
+        """Before any rank starts: the factory builds, the split fits its layers, the shapes chain."""
+        self.user()
+        _flows(self.spec, self.seed, self.folder)
+
     def stage_examples(self, stage: int) -> tuple[tuple, tuple]:
         """One microbatch's input and output of `stage`: the sample through the layers before it
         (floating tensors take a gradient, except the first stage's input)."""
-        import torch
-
-        model = self.user()
-        inputs = chained_inputs(model, f"model {self.spec!r}")
+        self.user()
+        flows = _flows(self.spec, self.seed, self.folder)
         start, end = self._bounds()[stage]
-        if end < len(model.layers):
-            outputs = inputs[end]
-        else:
-            with torch.no_grad():
-                outputs = as_arguments(_chain(model.layers[start:end])(*inputs[start]))
-        return _examples(inputs[start], stage > 0), _examples(outputs, True)
+        return _examples(flows[start], stage > 0), _examples(flows[end], True)
 
     def _microbatches(self, step: int) -> list[tuple]:
         """Step `step`'s microbatches: the sample, each made different (class docstring)."""
@@ -212,6 +210,19 @@ class CutModel:
             (sum(losses) / self.num_microbatches).backward()
             gradients.append(named_gradients(modules, range(self.num_stages)))
         return gradients
+
+
+@functools.lru_cache(maxsize=2)
+def _flows(spec: str, seed: int, folder: str | None) -> list[tuple]:
+    """The arguments flowing into each layer for the factory's sample, and out of the last: every
+    stage's example is cut from them, one forward per process."""
+    import torch
+
+    model = _built(spec, seed, folder)
+    flows = chained_inputs(model, f"model {spec!r}")
+    with torch.no_grad():
+        flows.append(as_arguments(model.layers[-1](*flows[-1])))
+    return flows
 
 
 def _examples(arguments: tuple, gradient: bool) -> tuple:

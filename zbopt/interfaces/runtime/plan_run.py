@@ -18,11 +18,13 @@ from pathlib import Path
 
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.problem import Problem
+from zbopt.core.problem.checks import is_count, is_number
 from zbopt.core.schedule import Schedule
 from zbopt.interfaces.runtime.launch import run_torch
 from zbopt.interfaces.runtime.run_report import ATOL, RTOL, TorchRunReport
-from zbopt.io.read import read_data
+from zbopt.io.read import read_data, schedule_of
 from zbopt.io.torch_format import write_torch_csv
+from zbopt.presentation.tables import aligned
 from zbopt.solvers.gap import optimality_tolerance
 
 __all__ = ["PlanEntry", "PlannedRun", "format_plan_runs", "plan_entries", "run_plan"]
@@ -63,7 +65,7 @@ def plan_entries(path: str | Path, rows: Sequence[str] = ()) -> list[PlanEntry]:
     if isinstance(data, dict) and isinstance(data.get("split"), dict):  # plan --export's zbopt JSON
         if rows:
             raise ZboptError(f"{where}: an exported plan holds one schedule; --row picks from plan --json's rows")
-        return [_exported_entry(path, data, where)]
+        return [_exported_entry(data, where)]
     if not isinstance(data, dict) or "rows" not in data or "best" not in data:
         raise ZboptError(f"{where}: expected the JSON `zbopt plan --json` prints (best, rows) or a zbopt JSON "
                          "that `plan --export` wrote")
@@ -94,39 +96,34 @@ def _picked(table: list, row: str, where: str) -> PlanEntry:
     return _entry(entry, f"row {index}: {entry.get('schedule')} ({entry.get('rule')} split)", where)
 
 
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _number(value) -> float:
     """A row's makespan to sort by: not a number sorts last (and is refused when picked)."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.inf
+    return float(value) if is_number(value) else math.inf
 
 
 def _entry(row: dict, label: str, where: str) -> PlanEntry:
     """One row as an entry; its fields checked for their types (whole numbers, lists of op texts)."""
     split, chunks, orders, makespan = (row.get(key) for key in ("split", "chunks", "orders", "makespan_ms"))
-    if not (isinstance(split, list) and split and all(_whole(count) and count >= 1 for count in split)):
+    if not (isinstance(split, list) and split and all(is_count(count) for count in split)):
         raise ZboptError(f"{where}: {label}: split = {shorten(split)}: expected layers per stage, each at least 1")
-    if not (_whole(chunks) and chunks >= 1 and isinstance(row.get("placement"), str)):
+    if not (is_count(chunks) and isinstance(row.get("placement"), str)):
         raise ZboptError(f"{where}: {label}: expected chunks (a whole number) and placement (text)")
     if not (isinstance(orders, list) and orders and all(isinstance(order, list) and all(isinstance(op, str)
                                                                                             for op in order)
                                                            for order in orders)):
         raise ZboptError(f"{where}: {label}: orders = {shorten(orders)}: expected each device's ops as text")
-    if not isinstance(makespan, (int, float)) or isinstance(makespan, bool):
+    if not is_number(makespan):
         raise ZboptError(f"{where}: {label}: makespan_ms = {shorten(makespan)}: expected a number")
     return PlanEntry(label, tuple(split), chunks, row["placement"], tuple(tuple(order) for order in orders),
                      float(makespan))
 
 
-def _exported_entry(path: str | Path, data: dict, where: str) -> PlanEntry:
+def _exported_entry(data: dict, where: str) -> PlanEntry:
     """plan --export's JSON: the schedule and its problem (the predicted makespan is its simulation),
     the plan's split."""
     from zbopt.core.simulation import simulate
-    from zbopt.io.read import load_schedule
 
-    schedule, problem = load_schedule(path)
+    schedule, problem = schedule_of(data, where)
     if problem is None or "split" not in data["split"]:
         raise ZboptError(f"{where}: an exported plan needs its problem and split (written by plan --export)")
     return _entry({"split": data["split"]["split"], "chunks": problem.chunks_per_device,
@@ -178,12 +175,12 @@ def format_plan_runs(runs: list[PlannedRun]) -> str:
     whether the measured times keep every strict order the predicted ones make."""
     predicted = [run.entry.predicted_ms for run in runs]
     measured = [run.measured_ms for run in runs]
-    lines = [f"{'schedule':<40} {'split':<24} {'predicted ms':>12} {'measured ms':>12} {'rank':>9}  gradients"]
+    rows = [("schedule", "split", "predicted ms", "measured ms", "rank", "gradients")]
     for index, run in enumerate(runs):
-        ranks = f"{_rank(predicted, index)} / {_rank(measured, index)}"
         verdict = "match" if run.report.passed else f"DIFFER (max abs diff {run.report.max_abs_diff:.3g})"
-        lines.append(f"{run.entry.label:<40} {','.join(map(str, run.entry.split)):<24} "
-                     f"{run.entry.predicted_ms:>12.4g} {run.measured_ms:>12.4g} {ranks:>9}  {verdict}")
+        rows.append((run.entry.label, ",".join(map(str, run.entry.split)), f"{run.entry.predicted_ms:.4g}",
+                     f"{run.measured_ms:.4g}", f"{_rank(predicted, index)} / {_rank(measured, index)}", verdict))
+    lines = aligned(rows, left=(0, 1, 5))
     if len(runs) > 1:
         held = all(measured[one] <= measured[other] for one in range(len(runs)) for other in range(len(runs))
                    if predicted[one] < predicted[other] and not _tied(predicted[one], predicted[other]))

@@ -23,7 +23,7 @@ import time
 from record import write_results
 
 from zbopt import Problem, generate, simulate, solve
-from zbopt.core.ops import device_work
+from zbopt.core.dag import device_work
 from zbopt.solvers.blocks.search import optimal_block
 from zbopt.solvers.warm import best_heuristic
 

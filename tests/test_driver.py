@@ -270,7 +270,7 @@ def test_a_warm_start_cut_by_the_time_limit_is_skipped_or_named():
 def test_bounds_cut_by_a_deadline_are_still_bounds():
     """With no time, only the bounds that need no graph: one microbatch's critical path and the
     busiest device's work, each at most the full bound; the device sequencing bound reports 0."""
-    from zbopt.core.ops import critical_path, device_work
+    from zbopt.core.dag import critical_path, device_work
 
     problem = LOOSE.replace(num_microbatches=6)
     full, cut = lower_bounds(problem), lower_bounds(problem, deadline=0.0)

@@ -138,7 +138,8 @@ def test_a_huge_key_is_shortened_in_the_message(tmp_path, capsys):
     path = tmp_path / "key.json"
     path.write_text(json.dumps({"k" * 5_000_000: 1}))
     line = refused(capsys, "simulate", path)
-    assert line.startswith(f"zbopt: {path}: unknown key 'kkkk") and len(line) < 700
+    assert line.startswith(f"zbopt: {path}: unknown key 'kkkk")
+    assert len(line.split("'")[1]) < 100  # the key shortened; the known keys follow it
 
 
 def test_a_huge_list_of_times_is_shortened_in_the_message(tmp_path, capsys):

@@ -4,8 +4,9 @@ the simulator makes of them."""
 import pytest
 
 from zbopt import Problem, ProblemError, Schedule, generate, simulate
+from zbopt.core.dag import critical_path, device_work
 from zbopt.core.errors import ZboptError
-from zbopt.core.ops import Op, critical_path, device_work
+from zbopt.core.ops import Op
 from zbopt.core.problem.config import problem_from_config
 
 TWO = dict(num_devices=2, num_microbatches=2, weight_times=1.0)

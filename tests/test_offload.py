@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from tests.reference import timed_search_optimum
 from zbopt import Problem, ProblemError, ScheduleError, ZboptError, generate, simulate, solve
+from zbopt.core.dag import device_work
 from zbopt.core.errors import DeadlockError
-from zbopt.core.ops import Op, device_work
+from zbopt.core.ops import Op
 from zbopt.core.schedule import Schedule
 from zbopt.core.ticks import tick_scale
 from zbopt.io.torch_format import torch_actions

@@ -94,23 +94,23 @@ def test_dict_round_trip_gives_an_equal_problem():
 
 
 def test_a_parameter_added_to_the_table_is_a_keyword_a_config_key_a_flag_and_in_to_dict():
-    """One row in the table (a mechanism's new parameter, as the iteration ends will add) is all it
+    """One row in the table (a mechanism's new parameter) is all it
     takes: the constructor takes it, a config file's key and its flag set it, to_dict writes it
     where its mechanism is in use, the docstring lists it. Run before the Problem class is built."""
     code = textwrap.dedent('''
         import json, sys
         import zbopt.core.problem.parameters as table
-        table.PARAMETERS += (table.Parameter("grad_reduce_times", "per stage", None, "iterations",
-                                             "gradient reduction time per stage", unit="time"),)
+        table.PARAMETERS += (table.Parameter("loss_times", "per stage", None, "iterations",
+                                             "the loss's time per stage", unit="time"),)
         from zbopt.core.problem import Problem
         from zbopt.core.problem.config import problem_from_config
         from zbopt.interfaces.cli.parser import build_parser
-        made = Problem(num_devices=2, num_microbatches=2, grad_reduce_times=[1.5, 2.5])
-        read = problem_from_config({"num_stages": 2, "grad_reduce_times": 3})
-        flags = build_parser().parse_args(["simulate", "--grad-reduce-times", "4", "5"])
-        print(json.dumps([made.to_dict()["grad_reduce_times"], read.grad_reduce_times, flags.grad_reduce_times,
-                          "grad_reduce_times : gradient reduction time per stage" in Problem.__doc__,
-                          "grad_reduce_times" in Problem(num_devices=2, num_microbatches=2).to_dict()]))
+        made = Problem(num_devices=2, num_microbatches=2, loss_times=[1.5, 2.5])
+        read = problem_from_config({"num_stages": 2, "loss_times": 3})
+        flags = build_parser().parse_args(["simulate", "--loss-times", "4", "5"])
+        print(json.dumps([made.to_dict()["loss_times"], read.loss_times, flags.loss_times,
+                          "loss_times : the loss's time per stage" in Problem.__doc__,
+                          "loss_times" in Problem(num_devices=2, num_microbatches=2).to_dict()]))
     ''')
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

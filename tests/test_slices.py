@@ -6,8 +6,9 @@ import pytest
 
 from tests.reference import brute_force_optimum
 from zbopt import DeadlockError, Problem, ProblemError, Schedule, ScheduleError, generate, simulate, solve
+from zbopt.core.dag import op_graph
 from zbopt.core.errors import NotApplicableError, ZboptError
-from zbopt.core.ops import Op, op_graph, op_table
+from zbopt.core.ops import Op, op_table
 from zbopt.core.problem.config import problem_from_config
 from zbopt.io.torch_format import torch_csv
 from zbopt.schedules import get

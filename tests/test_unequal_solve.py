@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from tests.reference import brute_force_optimum, timed_search_optimum
 from zbopt import Problem, ZboptError, solve
-from zbopt.core.ops import Op, op_graph
+from zbopt.core.dag import op_graph
+from zbopt.core.ops import Op
 from zbopt.core.problem.order import ORDER_RULES
 from zbopt.solvers.bounds import lower_bounds
 from zbopt.solvers.cross_device import cross_device_bound, device_groups

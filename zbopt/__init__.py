@@ -31,7 +31,7 @@ _PUBLIC = {
     "zbopt.planning.frontier": ("Frontier", "memory_frontier"),
     "zbopt.planning.model": ("Device", "Layer", "Model", "load_model"),
     "zbopt.planning.planner": ("Pipeline", "Plan", "plan"),
-    "zbopt.core.ops": ("Op", "critical_path", "device_work", "op_graph"),
+    "zbopt.core.ops": ("Op",), "zbopt.core.dag": ("critical_path", "device_work", "op_graph"),
     "zbopt.core.problem": ("Problem",),
     "zbopt.io.export": ("save_schedule",),
     "zbopt.io.read": ("load_problem", "load_schedule"),

@@ -62,6 +62,8 @@ def tick_scale(problem: Problem) -> TickScale:
     copies = int(problem.recomputation is not None) + 2 * int(problem.offload is not None)  # R; O and L
     ops = problem.num_ops + problem.num_activations * copies
     chain = 2 * ops / problem.num_devices + 2 * problem.num_stages
+    if problem.iteration_ends is not None:  # a device's unshards and reductions, then its step
+        chain += 2 * problem.chunks_per_device + 1
     per_op = 1.0 if problem.mechanisms_matter else 0.5
     return TickScale(scale, False, per_op * chain / scale)
 
@@ -70,7 +72,9 @@ def _memory_amounts(problem: Problem) -> list[float]:
     """Every memory amount and limit the problem has, each microbatch's where they differ."""
     rows = problem.per_microbatch or {}
     checkpoints = problem.recomputation.checkpoint_memory if problem.recomputation else ()
-    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *checkpoints, *(problem.memory_limit or ())]
+    gathered = problem.iteration_ends.unshard_memory if problem.iteration_ends else ()
+    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *checkpoints, *gathered,
+               *(problem.memory_limit or ())]
     return amounts + [value for key in ("activation_memory", "weight_memory", "checkpoint_memory")
                       for row in rows.get(key, ()) for value in row]
 
@@ -130,17 +134,21 @@ def tick_problem(problem: Problem, scale: TickScale) -> Problem:
 
 
 TIME_KEYS = tuple(key for key in TABLE_KEYS if key.endswith("_times"))  # the costs that may differ by microbatch
+END_TIME_KEYS = ("grad_reduce_times", "optimizer_step_times", "unshard_times")  # the iteration's ends (0 stays 0)
 
 
 def cost_values(problem: Problem) -> list[float]:
     """Every cost the problem has: per virtual stage, or per stage and microbatch where they differ
-    (`Problem.per_microbatch`), and the overlapped pairs'."""
+    (`Problem.per_microbatch`), the overlapped pairs', and the iteration's ends that take time."""
     rows = problem.per_microbatch
     if rows is None:
         values = [value for key in TIME_KEYS for value in getattr(problem, key) or ()]
     else:
         values = [value for key in TIME_KEYS for row in rows.get(key, ()) for value in row]
-    return values + [cost for _, costs in (problem.pairs.costs if problem.pairs else ()) for cost in costs]
+    ends = problem.iteration_ends
+    end_times = () if ends is None else (*ends.reduce_times, *ends.step_times, *ends.unshard_times)
+    return values + [cost for _, costs in (problem.pairs.costs if problem.pairs else ()) for cost in costs] + \
+        [time for time in end_times if time > 0]  # an end not taken is no cost
 
 
 def scaled_costs(problem: Problem, ticks) -> Problem:
@@ -152,8 +160,11 @@ def scaled_costs(problem: Problem, ticks) -> Problem:
         return None if values is None else [ticks(value) for value in values]
 
     latency = ticks(problem.p2p_time) if problem.p2p_time > 0 else 0
+    ends = {key: None if getattr(problem, key) is None else [ticks(value) if value > 0 else 0
+                                                             for value in getattr(problem, key)]
+            for key in END_TIME_KEYS}
     if problem.per_microbatch is None:
-        return problem.replace(**{key: scaled(getattr(problem, key)) for key in TIME_KEYS}, p2p_time=latency,
+        return problem.replace(**{key: scaled(getattr(problem, key)) for key in TIME_KEYS}, p2p_time=latency, **ends,
                                overlap_times=None if problem.pairs is None else
                                {kind: scaled(costs) for kind, costs in problem.pairs.costs})
     rows = problem.per_microbatch
@@ -162,4 +173,4 @@ def scaled_costs(problem: Problem, ticks) -> Problem:
     for key in ("weight_memory", "checkpoint_memory"):  # following the activations' rows by their means
         if key in rows:
             changes[key] = [sum(row) / len(row) for row in rows[key]]
-    return problem.replace(**changes, **EQUAL_MICROBATCHES, p2p_time=latency)
+    return problem.replace(**changes, **EQUAL_MICROBATCHES, p2p_time=latency, **ends)

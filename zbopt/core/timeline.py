@@ -17,7 +17,9 @@ from zbopt.core import interrupt
 from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
+from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.schedule import Schedule
+from zbopt.core.simulation.ends import gathered_memory
 from zbopt.core.tolerance import memory_ceiling
 
 __all__ = ["PendingFrees", "Timeline", "compact"]
@@ -45,6 +47,12 @@ class Timeline:
         self.free = [0.0] * problem.num_devices
         self.held = [0.0] * problem.num_devices
         self.orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
+        self.release: list[float] | None = None  # per op, when FSDP's unshard lets it start (forwards)
+        ends = problem.iteration_ends
+        if ends is not None and (any(ends.unshard_times) or any(ends.unshard_memory)):
+            windows = unshard_windows(problem)
+            self.release = [windows[op.stage][1] if op.kind == FORWARD else 0.0 for op in self.table.ops()]
+            self.held = list(gathered_memory(problem))
 
     def start_of(self, op: Op) -> float | None:
         """When a placed op starts; None while it is not placed."""
@@ -58,16 +66,19 @@ class Timeline:
 
     def ready(self, op: Op) -> float:
         """The earliest start its dependency allows: its predecessor's end plus latency (0 without
-        a predecessor; infinity while the predecessor is not placed)."""
+        a predecessor; infinity while the predecessor is not placed), and for a forward its stage's
+        unshard's end."""
         return self.ready_at(self.table.index(op))
 
     def ready_at(self, index: int) -> float:
         """`ready` of the op numbered `index` in `self.table` (for planners' inner loops)."""
         source = self.table.predecessor[index]
+        release = 0.0 if self.release is None else self.release[index]
         if source < 0:
-            return 0.0
+            return release
         began = self.start[source]
-        return math.inf if began is None else began + self.table.duration[source] + self.table.latency[index]
+        return math.inf if began is None else max(release, began + self.table.duration[source] +
+                                                  self.table.latency[index])
 
     def append(self, op: Op, not_before: float = 0.0) -> float:
         """Run `op` next on its device as early as possible, and not before `not_before` (a

@@ -25,8 +25,8 @@ from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
 from zbopt.solvers.gap import gap_text, relative_gap
 from zbopt.solvers.warm import best_of
 
-__all__ = ["BOUNDS_S", "COLUMNS", "NO_BOUNDS", "OPTIMAL_ROW", "Comparison", "ComparisonRow", "compare", "row_order",
-           "simulated_in_time"]
+__all__ = ["BOUNDS_S", "COLUMNS", "NO_BOUNDS", "OPTIMAL_ROW", "Comparison", "ComparisonRow", "columns", "compare",
+           "row_order", "simulated_in_time"]
 
 OPTIMAL_ROW = "cpsat"
 BOUNDS_S = 5.0  # the independent bounds' time in a comparison without the optimizer
@@ -51,6 +51,11 @@ class ComparisonRow:
     @property
     def makespan(self) -> float:
         return self.simulation.makespan
+
+    @property
+    def iteration_time(self) -> float:
+        """Until every device's optimizer step has ended (the makespan without the iteration's ends)."""
+        return self.simulation.iteration_time
 
     @property
     def bubble_rate(self) -> float:
@@ -80,15 +85,18 @@ class ComparisonRow:
 
     @property
     def gap(self) -> float | None:
-        return None if self.lower_bound is None else relative_gap(self.makespan, self.lower_bound)
+        return None if self.lower_bound is None else relative_gap(self.iteration_time, self.lower_bound)
 
     def cells(self) -> dict[str, str]:
-        """The row as table text, one cell per COLUMNS key, so the terminal and the report agree."""
-        return {"name": self.name, "status": self.status or "-", "makespan": f"{self.makespan:.6g}",
-                "bubble_rate": f"{self.bubble_rate:.4f}", "zb_bubble_rate": f"{self.zb_bubble_rate:.4f}",
-                "peak_memory": f"{self.peak_memory:g}", "binding_device": self._binding_text(),
-                "within_memory_limit": "yes" if self.within_memory_limit else "no",
-                "gap": "no bound" if self.lower_bound is None else gap_text(self.gap)}
+        """The row as table text, one cell per `columns` key (the iteration time only where the
+        problem has the iteration's ends), so the terminal and the report agree."""
+        texts = {"name": self.name, "status": self.status or "-", "makespan": f"{self.makespan:.6g}",
+                 "iteration_time": f"{self.iteration_time:.6g}",
+                 "bubble_rate": f"{self.bubble_rate:.4f}", "zb_bubble_rate": f"{self.zb_bubble_rate:.4f}",
+                 "peak_memory": f"{self.peak_memory:g}", "binding_device": self._binding_text(),
+                 "within_memory_limit": "yes" if self.within_memory_limit else "no",
+                 "gap": "no bound" if self.lower_bound is None else gap_text(self.gap)}
+        return {key: texts[key] for key in columns(self.simulation.problem)}
 
     def _binding_text(self) -> str:
         """"device 3", and under a limit that device's peak against its own limit: "device 0: 33.2 of 33.1"."""
@@ -98,7 +106,8 @@ class ComparisonRow:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "status": self.status, "makespan": self.makespan,
-                "bubble_rate": self.bubble_rate, "zb_bubble_rate": self.zb_bubble_rate,
+                "iteration_time": self.iteration_time, "bubble_rate": self.bubble_rate,
+                "zb_bubble_rate": self.zb_bubble_rate,
                 "peak_memory": self.peak_memory, "binding_device": self.binding_device,
                 "peak_memory_per_device": [float(peak) for peak in self.simulation.peak_memory],
                 "within_memory_limit": self.within_memory_limit, "lower_bound": self.lower_bound, "gap": self.gap,
@@ -138,11 +147,21 @@ class Comparison(Shown):
         return dataframe(self.to_dicts())
 
 
-def row_order(row: ComparisonRow) -> tuple[bool, float]:
+def row_order(row: ComparisonRow) -> tuple[bool, float, float]:
     """The rows' order in the table, the report and the JSON: those within the memory limit by
-    makespan, then those over it by makespan (a faster schedule that breaks the limit is no
-    answer, so it does not top the table)."""
-    return not row.within_memory_limit, row.makespan
+    iteration time (the makespan, where the problem has no iteration's ends; the makespan breaks a
+    tie), then those over it alike (a faster schedule that breaks the limit is no answer, so it
+    does not top the table)."""
+    return not row.within_memory_limit, row.iteration_time, row.makespan
+
+
+def columns(problem: Problem) -> dict[str, str]:
+    """The comparison table's columns (row key -> title): COLUMNS, with the iteration time after the
+    makespan where the problem has the iteration's ends."""
+    if problem.iteration_ends is None:
+        return COLUMNS
+    items, after = list(COLUMNS.items()), list(COLUMNS).index("makespan") + 1
+    return dict([*items[:after], ("iteration_time", "iteration"), *items[after:]])
 
 
 def compare(problem: Problem, schedules: Sequence[str] | None = None, *, optimal: bool = False,
@@ -253,7 +272,7 @@ def _best_orders(problem: Problem, simulations: list, deadline: float = math.inf
     started after `deadline` (they are the order's worth, not rows anyone asked for)."""
     rows = []
     for name, given, _ in simulations:
-        best = (not given.valid, given.makespan * (1 - RELATIVE_TOLERANCE), None, None)  # shorter, not a rounding
+        best = (not given.valid, given.iteration_time * (1 - RELATIVE_TOLERANCE), None, None)  # shorter, not a rounding
         for rule in ORDER_RULES[1:]:
             if interrupt.past(deadline):
                 return rows
@@ -262,7 +281,8 @@ def _best_orders(problem: Problem, simulations: list, deadline: float = math.inf
                     simulation = simulate(problem, named_schedule(name, problem, rule))
             except (NotApplicableError, interrupt.TimeUp):  # a greedy no candidate of fits in this order
                 continue
-            best = min(best, (not simulation.valid, simulation.makespan, rule, simulation), key=lambda item: item[:2])
+            best = min(best, (not simulation.valid, simulation.iteration_time, rule, simulation),
+                       key=lambda item: item[:2])
         if best[2] is not None:
             rows.append((f"{name} ({best[2]} order)", best[3], None))
     return rows

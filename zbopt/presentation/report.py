@@ -28,7 +28,7 @@ from zbopt.core.kinds import KINDS
 from zbopt.core.problem.microbatches import tokens_of
 from zbopt.core.simulation import Simulation
 from zbopt.io.write import write_file
-from zbopt.planning.comparison import COLUMNS, Comparison, ComparisonRow
+from zbopt.planning.comparison import Comparison, ComparisonRow, columns
 from zbopt.presentation import plot
 from zbopt.presentation.plot.style import chunk_color
 from zbopt.presentation.tables import NOT_RUN
@@ -53,7 +53,7 @@ table.comparison tr.shown td { background: #eef3fb; }
 .tip { position: absolute; background: #fffbe6; border: 1px solid #c9b458; padding: 0.2em 0.5em; font-size: 0.8em;
        pointer-events: none; white-space: nowrap; }
 """
-NUMBER_COLUMNS = ("makespan", "bubble_rate", "zb_bubble_rate", "peak_memory", "gap")
+NUMBER_COLUMNS = ("makespan", "iteration_time", "bubble_rate", "zb_bubble_rate", "peak_memory", "gap")
 VIEWER = files("zbopt.presentation").joinpath("viewer.js").read_text(encoding="utf-8")
 PAIR_LANE = 3  # the viewer's lane of an overlapped pair's members, split across the compute row
 
@@ -87,7 +87,7 @@ def render_report(comparison: Comparison, *, frontier=None) -> str:
         '<h2 id="problem">Problem</h2>',
         _problem_table(comparison),
         '<h2 id="comparison">Comparison</h2>',
-        _comparison_table(comparison.rows),
+        _comparison_table(comparison.rows, columns(comparison.problem)),
         plot.figure_html("comparison", plot.plot_comparison(comparison)),
     ]
     if frontier is not None:
@@ -133,14 +133,15 @@ def _problem_table(comparison: Comparison) -> str:
     return f'<table class="problem">{body}</table>'
 
 
-def _comparison_table(rows: tuple[ComparisonRow, ...]) -> str:
-    """One line per row; each number cell carries its exact value in data-value for tools."""
-    header = "".join(f"<th>{_text(title)}</th>" for title in COLUMNS.values())
+def _comparison_table(rows: tuple[ComparisonRow, ...], shown: dict[str, str]) -> str:
+    """One line per row, one cell per column `shown`; each number cell carries its exact value in
+    data-value for tools."""
+    header = "".join(f"<th>{_text(title)}</th>" for title in shown.values())
     lines = [f'<table class="comparison"><thead><tr>{header}</tr></thead><tbody>']
     for row in rows:
         values, cells = row.to_dict(), row.cells()
         tds = [f'<td data-key="name"><a href="#{_anchor(row.name)}">{_text(row.name)}</a></td>']
-        for key in list(COLUMNS)[1:]:
+        for key in list(shown)[1:]:
             exact = f' class="number" data-value="{values[key]!r}"' if key in NUMBER_COLUMNS else ""
             tds.append(f'<td data-key="{key}"{exact}>{_text(cells[key])}</td>')
         marked = "" if row.within_memory_limit else ' class="over-limit"'
@@ -151,8 +152,8 @@ def _comparison_table(rows: tuple[ComparisonRow, ...]) -> str:
 
 def _schedule_section(row: ComparisonRow, shown: bool) -> str:
     """A comparison row's section: `schedule_section` with the row's metrics as its summary."""
-    cells = row.cells()
-    summary = ", ".join(f"{COLUMNS[key]} {cells[key]}" for key in list(COLUMNS)[1:] if cells[key] != "-")
+    cells, shown = row.cells(), columns(row.simulation.problem)
+    summary = ", ".join(f"{shown[key]} {cells[key]}" for key in list(shown)[1:] if cells[key] != "-")
     return schedule_section(row.name, summary, row.simulation, shown)
 
 

@@ -42,6 +42,8 @@ def format_simulation(simulation: Simulation) -> str:
         f"schedule        {simulation.schedule.name}",
         f"problem         {problem.describe()}",
         f"makespan        {simulation.makespan:.6g}",
+        *([f"iteration_time  {simulation.iteration_time:.6g} (with the reductions, unshards and optimizer steps)"]
+          if simulation.ends is not None else []),
         f"bubble_rate     {simulation.bubble_rate:.4f}",
         f"zb_bubble_rate  {simulation.zb_bubble_rate:.4f}",
         f"valid           {'yes' if simulation.valid else 'no'}",
@@ -131,16 +133,17 @@ def format_comparison(comparison: Comparison, verbose: bool = False) -> str:
     """The problem, the lower bound, one aligned line per row (in the comparison's order), the
     schedules left out (one line of names; with `verbose` a line each with its reason: a problem
     leaves out the many that do not apply, which would bury the table), and the best row within the limit."""
-    from zbopt.planning.comparison import COLUMNS
+    from zbopt.planning.comparison import columns
 
     problem, result = comparison.problem, comparison.solve_result
+    shown = columns(problem)
     cells = [row.cells() for row in comparison.rows]
-    width = {key: max(len(title), *(len(row[key]) for row in cells)) for key, title in COLUMNS.items()}
+    width = {key: max(len(title), *(len(row[key]) for row in cells)) for key, title in shown.items()}
     left = ("name", "status", "binding_device", "within_memory_limit")
 
     def line(values: dict[str, str]) -> str:
         return "  ".join(f"{values[key]:<{width[key]}}" if key in left else f"{values[key]:>{width[key]}}"
-                         for key in COLUMNS).rstrip()
+                         for key in shown).rstrip()
 
     bound, source = comparison.lower_bound, comparison.lower_bound_source
     lines = [
@@ -148,7 +151,7 @@ def format_comparison(comparison: Comparison, verbose: bool = False) -> str:
         f"memory limit  {limit_text(problem.memory_limit)}",
         f"lower bound   {source if bound is None else f'{bound:.6g} ({source})'}",
         "",
-        line(COLUMNS),
+        line(shown),
         *(line(row) for row in cells),
     ]
     if result is not None and result.simulation is None:

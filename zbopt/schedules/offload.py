@@ -29,6 +29,7 @@ from zbopt.core.ops import Op, OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import activation_choices, simulate
+from zbopt.core.simulation.ends import gathered_memory, unshards_done
 from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import backward_ops, schedule_from_starts
 from zbopt.schedules.registry import generate, register, require
@@ -116,7 +117,7 @@ def serial_offload(problem: Problem) -> Schedule:
     last = problem.num_stages - 1
     starts: dict[Op, float] = {}
     now = 0.0  # everything of the microbatches before has ended
-    compute_free = [0.0] * problem.num_devices
+    compute_free = list(unshards_done(problem))
     out_free: dict[int, float] = {}
     in_free: dict[int, float] = {}
     held_until = [0.0] * problem.num_devices  # when the device's last activation was freed
@@ -223,12 +224,13 @@ class _Fitting:
         self.problem, self.name = problem, name
         self.table = table = OpTable(problem, *activation_choices(Schedule(orders)))
         self.indices = [[table.index(op) for op in order] for order in orders]
-        self.caps = [memory_ceiling(limit) for limit in problem.memory_caps]
+        self.caps = [memory_ceiling(limit) - gathered for limit, gathered in zip(problem.memory_caps,
+                                                                                 gathered_memory(problem), strict=True)]
         self.start = [0.0] * table.size
         self.end: list[float | None] = [None] * table.size
         # per device, its memory events so far as (time, allocates, change), in order (a free first at a moment)
         self.events: list[list[tuple[float, bool, float]]] = [[] for _ in orders]
-        self.position, self.compute_free = [0] * len(orders), [0.0] * len(orders)
+        self.position, self.compute_free = [0] * len(orders), list(unshards_done(problem))
         self.busy: dict[tuple[int, int], list[tuple[float, float]]] = {}  # per (host link, lane), (start, end) sorted
         self.own_end: dict[tuple[int, int], float] = {}  # per (device, lane), the end of its copy placed last
         self.issued = [0.0] * table.size  # a copy's issue point

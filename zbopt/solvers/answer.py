@@ -15,15 +15,22 @@ from zbopt.core.simulation import Simulation, simulate
 from zbopt.schedules.common import schedule_from_starts
 from zbopt.solvers.task import Found
 
-__all__ = ["OBJECTIVES", "check_close", "objective_value", "simulated_answer", "start_times",
+__all__ = ["OBJECTIVES", "check_close", "objective_name", "objective_value", "simulated_answer", "start_times",
            "without_needless_mechanisms"]
 
 OBJECTIVES = ("makespan", "span")
 
 
 def objective_value(simulation: Simulation, kind: str) -> float:
-    """The makespan, or the longest per-device span (the Zero Bubble paper's objective)."""
-    return simulation.makespan if kind == "makespan" else max(simulation.span)
+    """The makespan (the iteration time, where the problem has the iteration's ends), or the
+    longest per-device span (the Zero Bubble paper's objective)."""
+    return simulation.iteration_time if kind == "makespan" else max(simulation.span)
+
+
+def objective_name(problem: Problem, kind: str) -> str:
+    """What `objective_value` measures, as results name it: "iteration_time" for the makespan
+    objective where the problem has the iteration's ends."""
+    return "iteration_time" if kind == "makespan" and problem.iteration_ends is not None else kind
 
 
 def start_times(simulation: Simulation) -> dict[Op, float]:

@@ -27,7 +27,13 @@ from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import Simulation
 from zbopt.schedules.ordering import Order
 from zbopt.solvers import cpsat, full_model, lns, milp
-from zbopt.solvers.answer import OBJECTIVES, objective_value, simulated_answer, without_needless_mechanisms
+from zbopt.solvers.answer import (
+    OBJECTIVES,
+    objective_name,
+    objective_value,
+    simulated_answer,
+    without_needless_mechanisms,
+)
 from zbopt.solvers.bounds import LowerBounds, lower_bounds, span_bounds
 from zbopt.solvers.gap import gap_text, meets, optimality_tolerance, relative_gap, settle
 from zbopt.solvers.result import SolveResult
@@ -105,7 +111,7 @@ class _Call:
             name = self.warm[0] if warm_kept and self.warm is not None else self.solver
             simulation = replace(simulation, schedule=simulation.schedule.renamed(name))
         return SolveResult(status=status, simulation=simulation, objective=value, lower_bound=lower,
-                           solver=self.solver, objective_kind=self.objective,
+                           solver=self.solver, objective_kind=objective_name(self.problem, self.objective),
                            solve_time_s=time.perf_counter() - self.began,
                            warm_start=None if self.warm is None else self.warm[0], resolution=resolution,
                            decided_by=decided_by, bounds=self.bounds.as_dict(), binding_bound=self.bounds.binding,

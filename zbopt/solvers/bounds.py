@@ -21,7 +21,9 @@ answers are checked against them, and `lower_bounds` gives them all and the best
 - pair count (with overlapped pairs): per device, its work less what the pairs it can form by the
   makespan save (`pair_relaxation.pair_count_bound`);
 - heaviest microbatches (where they differ): the whole pipeline with only the k heaviest, by the
-  full CP-SAT model (`heaviest`): large microbatches queueing behind each other on every device.
+  full CP-SAT model (`heaviest`): large microbatches queueing behind each other on every device;
+- iteration ends (where the problem has them): the reductions and steps after the pipeline
+  (`ends_bound`); every other bound, on the makespan, bounds the iteration time too.
 
 On the span objective (the longest device span) `span_bounds` gives the busiest device's work and
 `span_bound.span_bound`, which reasons from heads and tails relative to a device's first and last op.
@@ -42,15 +44,17 @@ the optimum.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import networkx as nx
 
 from zbopt.core import interrupt
-from zbopt.core.ops import Op, critical_path, device_work
+from zbopt.core.dag import critical_path, device_work
+from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
+from zbopt.solvers.bound_records import BOUND_NAMES, Bound, LowerBounds, on_device
 from zbopt.solvers.cross_device import cross_device_bound, device_groups
+from zbopt.solvers.ends_bound import iteration_ends_bound
 from zbopt.solvers.gap import meets
 from zbopt.solvers.heaviest import heaviest_microbatches_bound, selectable
 from zbopt.solvers.implied import heads_and_tails, implied_graph
@@ -67,69 +71,7 @@ SEQUENCING_SHARE = 0.4  # of it, for the device sequencing dynamic program befor
 CROSS_SHARE = 0.2  # of it, for the two-device relaxation last (it proves more on small problems only)
 GRAPH_SECONDS_PER_OP = 1e-4  # building the implied graph and its heads and tails (measured: 4 s for 49k ops)
 _UNKNOWN_GAIN = 0.1  # what a device whose reach is infinite (`order_value`) may gain, relative to the best bound
-# every bound's name, in the order ties go (the cheaper first); the last two bound the span objective
-BOUND_NAMES = ("critical_path", "device_load", "one_machine", "memory", "pair_count", "heaviest_microbatches",
-               "device_sequencing", "device_relaxation", "cross_device", "device_work", "span")
 HEAVIEST_SHARE = 0.25  # of the device bounds' time, where microbatches differ: the heaviest microbatches first
-
-
-@dataclass(frozen=True)
-class Bound:
-    """One lower bound on the makespan: its name, its value (problem units), the seconds it took,
-    and the devices whose ops it reasoned about where it reasons about some (empty: the whole
-    problem, or not known)."""
-
-    name: str
-    value: float
-    seconds: float = 0.0
-    devices: tuple[int, ...] = ()
-
-    def describe(self) -> str:
-        """The name, with the devices where the bound reasons about some: "device_sequencing on device 7"."""
-        if not self.devices:
-            return self.name
-        word = "device" if len(self.devices) == 1 else "devices"
-        return f"{self.name} on {word} {', '.join(map(str, self.devices))}"
-
-
-@dataclass(frozen=True)
-class LowerBounds:
-    """Every bound computed (`lower_bounds` on the makespan, `span_bounds` on the span), and the
-    best of them. A bound skipped because it could not beat the others (see
-    `device_sequencing`), or not reached before the deadline, is 0; `complete` is False when a
-    deadline cut some short."""
-
-    bounds: tuple[Bound, ...] = ()
-    complete: bool = True
-
-    def __getitem__(self, name: str) -> float:
-        """The value of the bound `name` (0 where it was not computed)."""
-        if name not in BOUND_NAMES:
-            raise KeyError(f"no lower bound named {name!r} (known: {', '.join(BOUND_NAMES)})")
-        return max((bound.value for bound in self.bounds if bound.name == name), default=0.0)
-
-    def by_name(self) -> dict[str, float]:
-        """Every computed bound's value by its name."""
-        return {name: self[name] for name in BOUND_NAMES if any(bound.name == name for bound in self.bounds)}
-
-    @property
-    def binding_bound(self) -> Bound:
-        """The bound that gives `best` (the first in BOUND_NAMES' order, on a tie)."""
-        order = {name: index for index, name in enumerate(BOUND_NAMES)}
-        return max(sorted(self.bounds, key=lambda bound: order[bound.name]), key=lambda bound: bound.value,
-                   default=Bound(BOUND_NAMES[0], 0.0))
-
-    @property
-    def best(self) -> float:
-        return self.binding_bound.value
-
-    @property
-    def binding(self) -> str:
-        """The name of the bound that gives `best`."""
-        return self.binding_bound.name
-
-    def as_dict(self) -> dict[str, float]:
-        return {**self.by_name(), "best": self.best}
 
 
 class _GraphBounds(NamedTuple):
@@ -176,13 +118,24 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     >>> bounds.best, bounds.binding_bound.describe()
     (33.0, 'device_load on device 3')
     """
+    found = _pipeline_bounds(problem, deadline)
+    if problem.iteration_ends is None:
+        return found
+    began = interrupt.now()
+    value, device = iteration_ends_bound(pair_relaxed(problem), found.best)
+    ends = Bound("iteration_ends", value, interrupt.now() - began, () if device is None else (device,))
+    return LowerBounds((*found.bounds, ends), found.complete)
+
+
+def _pipeline_bounds(problem: Problem, deadline: float) -> LowerBounds:
+    """The bounds on the pipeline's makespan (`lower_bounds` without the iteration's ends)."""
     original, problem = problem, pair_relaxed(problem)
     began = interrupt.now()
     # the pair count builds a graph of its own: twice the graph's time with pairs
     if not interrupt.deterministic() and \
             began + (2 if original.pairs is not None else 1) * problem.num_ops * GRAPH_SECONDS_PER_OP > deadline:
         return LowerBounds((Bound("critical_path", critical_path(problem)),
-                            _on_device("device_load", device_work(problem), 0.0)), complete=False)
+                            on_device("device_load", device_work(problem), 0.0)), complete=False)
     graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
     uniform = _Uniform.of(problem, graph, heads, tails)
@@ -257,7 +210,7 @@ def span_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     """Lower bounds on the span objective (the longest device span): the busiest device's own work,
     and `span_bound.span_bound` within `deadline`, which is at least that."""
     began = interrupt.now()
-    busiest = _on_device("device_work", device_work(pair_relaxed(problem)), interrupt.now() - began)
+    busiest = on_device("device_work", device_work(pair_relaxed(problem)), interrupt.now() - began)
     # its graph walks: a few per op; with recomputation or offload (only the first stage's forwards
     # in order) one per microbatch from each candidate first and last op
     walks = 3 * (problem.num_microbatches if problem.mechanisms_matter else 1)
@@ -285,15 +238,9 @@ def _graph_bounds(problem: Problem, graph: nx.DiGraph, heads: dict[Op, float], t
     if uniform.problem is not problem:
         memory = max(memory, microbatch_memory_bound(problem))
     return _GraphBounds((Bound("critical_path", critical, graph_done - began),
-                         _on_device("device_load", device_load, load_done - graph_done),
-                         _on_device("one_machine", preemptive, preemptive_done - load_done),
+                         on_device("device_load", device_load, load_done - graph_done),
+                         on_device("one_machine", preemptive, preemptive_done - load_done),
                          Bound("memory", memory, interrupt.now() - preemptive_done)), preemptive)
-
-
-def _on_device(name: str, values: list[float], seconds: float) -> Bound:
-    """A per-device bound: the largest of its devices' values, on the device that gives it."""
-    best = max(range(len(values)), key=values.__getitem__)
-    return Bound(name, values[best], seconds, (best,))
 
 
 def _sequenced_devices(problem: Problem, heads: dict[Op, float], tails: dict[Op, float], found: _GraphBounds,

@@ -87,10 +87,11 @@ def _from_the_block(problem: Problem, task: SearchTask) -> SearchTask:
     steady state, a drain) where that is shorter than its warm start. Only under a memory limit,
     where the best schedules are block-shaped and the heuristics' warm-up counts miss the limit;
     on problems of at least BLOCK_MIN_OPS ops (a test's 36-op splits lost a second each to it);
-    for the makespan of one iteration with every activation kept and equal microbatches (what the
-    block search models); from a warm start (a caller who gave none wants no hint)."""
+    for the makespan of one iteration without its ends, every activation kept and equal
+    microbatches (what the block search models); from a warm start (a caller who gave none wants no hint)."""
     if (problem.memory_limit is None or problem.num_ops < BLOCK_MIN_OPS or task.objective != "makespan"
             or task.peak_cap is not None or task.warm is None or problem.iterations != 1
+            or problem.iteration_ends is not None
             or block_refusal(problem) is not None or task.remaining() <= 0 or task.stopped.is_set()):
         return task
     found = optimal_block(problem, time_limit=BLOCK_SHARE * task.remaining(), workers=task.workers, seed=task.seed)

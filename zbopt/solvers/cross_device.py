@@ -46,8 +46,9 @@ from typing import NamedTuple
 import networkx as nx
 from ortools.sat.python import cp_model
 
+from zbopt.core.dag import device_work
 from zbopt.core.kinds import OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
-from zbopt.core.ops import Op, device_work, op_table
+from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.ticks import cost_values, memory_scale, scaled_costs, tick_scale
 from zbopt.solvers.cp_parts import OpVars, lifetime_intervals, solve_stoppable, timed_solver

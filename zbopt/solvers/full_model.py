@@ -19,7 +19,8 @@ OR-Tools' job-shop example, with one `OpVars` record (start, end, interval) per 
      prove memory-bound optima; with recomputation, offload or pairs allowed, only each route's
      first stage's forwards (see `implied.symmetric_successors`);
   6. objective: the makespan (or the longest device span) with the independent lower bound; in
-     the driver's second phase, the highest peak memory with the objective capped.
+     the driver's second phase, the highest peak memory with the objective capped;
+  7. with the iteration's ends (`model_ends`), the makespan objective is the iteration's end.
 
 Notes
 -----
@@ -47,15 +48,17 @@ from functools import partial
 import networkx as nx
 from ortools.sat.python import cp_model
 
+from zbopt.core.dag import op_graph
 from zbopt.core.errors import ZboptError
 from zbopt.core.kinds import OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
-from zbopt.core.ops import Op, op_graph, op_table
+from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.simulation import simulate
 from zbopt.core.ticks import TickScale, ceil_ticks, tick_problem, tick_scale
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.cp_parts import OpVars, limit, solve_stoppable, task_stopped
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
+from zbopt.solvers.model_ends import gathered_parameters, iteration_end
 from zbopt.solvers.model_memory import activation_choice_literals, limited_lifetimes, peak_memory
 from zbopt.solvers.overlap_pairs import PairChoice, as_paired, candidate_window, least_duration, pair_choices
 from zbopt.solvers.task import Found, SearchTask
@@ -144,10 +147,13 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     _precedences(model, frame.graph, ops, pairs)  # 3. (and 5.: the symmetry-breaking and memory precedences)
     lifetimes = None  # 4. (where a limit or the second phase needs them)
     if problem.memory_limit is not None or task.peak_cap is not None:
-        lifetimes = limited_lifetimes(model, problem, frame.ops, ops, horizon, choices, memory_model)
+        lifetimes = limited_lifetimes(model, problem, frame.ops, ops, horizon, choices, memory_model,
+                                      gathered_parameters(model, integral, ops, horizon))
     if symmetry_breaking:  # 5. (the memory disjunctions; the precedences are edges of the implied graph)
         _memory_disjunctions(model, problem, frame.ops, ops)
     goal = _objective(model, task, frame, ops)  # 6.
+    if integral.iteration_ends is not None and task.objective == "makespan":  # 7.
+        iteration_end(model, integral, ops, horizon, goal)
     _minimise(model, task, frame, goal, lifetimes)
     if frame.hint is not None:
         _hint(model, frame.hint, ops, choices, pairs, task)
@@ -178,7 +184,9 @@ def _frame(problem: Problem, task: SearchTask, symmetry_breaking: bool) -> _Fram
     optional = [RECOMPUTE] * problem.recomputation_matters + [OFFLOAD, RELOAD] * problem.offload_matters
     optional_work = sum(integral.cost(kind, stage, microbatch) for kind in optional
                         for stage in range(integral.num_stages) for microbatch in integral.microbatches_of(stage))
-    horizon = int(sum(table.duration) + sum(table.latency) + optional_work)
+    ends = integral.iteration_ends
+    end_work = 0 if ends is None else sum(ends.reduce_times) + sum(ends.step_times) + sum(ends.unshard_times)
+    horizon = int(sum(table.duration) + sum(table.latency) + optional_work + end_work)
     hint = warm_goal = None
     if task.warm is not None:
         hint, warm_goal, ticked = _warm_hint(problem, integral, scale, task)
@@ -200,7 +208,7 @@ def _warm_hint(problem: Problem, integral: Problem, scale: TickScale,
         return hint, scale.ticks(objective_value(warm, task.objective)) + rounding, False
     hinted = simulate(integral, warm.schedule.without_times())
     hint = {op: round(hinted.times_of(op)[0]) for op in hinted.table.ops()}
-    goal = round(hinted.makespan) if task.objective == "makespan" else max(round(s) for s in hinted.span)
+    goal = round(objective_value(hinted, task.objective))
     return hint, goal, True
 
 

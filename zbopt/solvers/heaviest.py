@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 
 from zbopt.core import interrupt
+from zbopt.core.dag import critical_path
 from zbopt.core.errors import NotApplicableError, ZboptError
-from zbopt.core.ops import Op, critical_path, op_table
+from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.problem.order import selected
 from zbopt.core.simulation import simulate

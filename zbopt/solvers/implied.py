@@ -14,8 +14,9 @@ import math
 
 import networkx as nx
 
+from zbopt.core.dag import earliest_finish, op_graph
 from zbopt.core.kinds import BACKWARD, FORWARD, WEIGHT
-from zbopt.core.ops import Op, earliest_finish, op_graph
+from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 
 __all__ = ["heads_and_tails", "implied_graph", "memory_disjunctions", "memory_precedences", "order_runs",

@@ -32,7 +32,7 @@ from zbopt.core.simulation import simulate
 from zbopt.core.ticks import memory_capacity, memory_scale, tick_problem, tick_scale
 from zbopt.core.timeline import compact
 from zbopt.solvers.cp_parts import lifetime_intervals, solve_stoppable, task_stopped, timed_solver
-from zbopt.solvers.task import Found, SearchTask, keeps_every_activation
+from zbopt.solvers.task import Found, SearchTask, simple_model_refusal
 
 __all__ = ["FIRST_WINDOW_OPS", "MIN_WINDOW_OPS", "STEP_S", "applies", "refusal", "search"]
 
@@ -86,7 +86,7 @@ def search(problem: Problem, task: SearchTask, *, window_ops: int = FIRST_WINDOW
 
 def refusal(problem: Problem) -> str | None:
     """Why the search cannot take `problem`: its windows keep every activation."""
-    return keeps_every_activation(problem, "LNS")
+    return simple_model_refusal(problem, "LNS")
 
 
 def applies(problem: Problem, task: SearchTask) -> bool:

@@ -8,8 +8,9 @@ from typing import NamedTuple
 
 import networkx as nx
 
+from zbopt.core.dag import earliest_finish, one_per_route, op_graph
 from zbopt.core.kinds import FORWARD, WEIGHT
-from zbopt.core.ops import Op, earliest_finish, one_per_route, op_graph, op_table
+from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.tolerance import memory_ceiling
 

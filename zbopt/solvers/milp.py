@@ -32,7 +32,7 @@ from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
-from zbopt.solvers.task import Found, SearchTask, keeps_every_activation
+from zbopt.solvers.task import Found, SearchTask, simple_model_refusal
 
 __all__ = ["DEADLINE_GRACE_S", "ENGINES", "MIN_SEARCH_S", "RESOLUTION", "build_model", "refusal", "search"]
 
@@ -51,7 +51,7 @@ def _ordered_before(graph: nx.DiGraph) -> set[tuple[Op, Op]]:
 
 def refusal(problem: Problem) -> str | None:
     """Why the MILP cannot take `problem`: it keeps every activation."""
-    return keeps_every_activation(problem, "the MILP")
+    return simple_model_refusal(problem, "the MILP")
 
 
 def search(problem: Problem, task: SearchTask, *, engine: str = "highs") -> Found:

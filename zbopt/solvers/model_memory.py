@@ -55,12 +55,15 @@ def activation_choice_literals(model, problem: Problem, ops: dict[Op, OpVars],
 
 
 def limited_lifetimes(model, problem: Problem, table_ops: list[Op], ops: dict[Op, OpVars], horizon: int, choices,
-                      memory_model: str) -> list[list[Lifetime]]:
-    """The lifetimes of the activations of `table_ops` (F allocates, see `lifetime_intervals`), each
-    device's within its limit where it has one."""
+                      memory_model: str, gathered: list[list[Lifetime]]) -> list[list[Lifetime]]:
+    """The lifetimes of the activations of `table_ops` (F allocates, see `lifetime_intervals`) and
+    `gathered` (FSDP's gathered parameters per device, `model_ends`), each device's within its
+    limit where it has one."""
     start = {op: variables.start for op, variables in ops.items()}
     end = {op: variables.end for op, variables in ops.items()}
     lifetimes = lifetime_intervals(model, problem, table_ops, start, end, horizon, choices=choices)
+    for held, parameters in zip(lifetimes, gathered, strict=True):
+        held.extend(parameters)
     if problem.memory_limit is not None:
         _limit_memory(model, problem, lifetimes, memory_model)
     return lifetimes

@@ -20,7 +20,8 @@ class SolveResult(Shown):
 
     status: optimal (the objective meets the lower bound), feasible (a schedule, gap > 0),
         infeasible, unknown (no schedule).
-    objective: the schedule's makespan (or longest device span), from the simulator.
+    objective: the schedule's makespan (its iteration time where the problem has the iteration's
+        ends; `objective_kind` names which, or the longest device span), from the simulator.
     lower_bound: the best of the independent bounds and the solver's own bound.
     gap: (objective - lower_bound) / objective; 0 exactly when the status is optimal.
     resolution: one time unit of the solver's model in the problem's units (None when no model

@@ -12,7 +12,7 @@ from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.simulation import Simulation
 
-__all__ = ["Found", "SearchTask", "ignore", "keeps_every_activation"]
+__all__ = ["Found", "SearchTask", "ignore", "simple_model_refusal"]
 
 
 def ignore(*_args) -> None:
@@ -81,12 +81,14 @@ class Found:
     pairs: tuple[tuple[Op, ...], ...] = ()
 
 
-def keeps_every_activation(problem: Problem, backend: str) -> str | None:
-    """Why `backend` (one that keeps every activation and runs every op alone: the MILP, LNS)
-    cannot take `problem`, or None."""
+def simple_model_refusal(problem: Problem, backend: str) -> str | None:
+    """Why `backend` (one that keeps every activation, runs every op alone and ends with the last op:
+    the MILP, LNS) cannot take `problem`, or None."""
     for record, key, what in ((problem.recomputation, "allow_recompute", "recomputation"),
                               (problem.offload, "allow_offload", "offload"),
-                              (problem.pairs, "overlap_times", "overlapped pairs")):
+                              (problem.pairs, "overlap_times", "overlapped pairs"),
+                              (problem.iteration_ends, "grad_reduce_times, optimizer_step_times, unshard_times",
+                               "the iteration's ends")):
         if record is not None:
             return f"{backend} does not model {what} ({key}); use cpsat"
     return None

@@ -1,5 +1,5 @@
 """A Problem's optional parts checked and expanded: the split backward's weight memory,
-recomputation, offload and overlapped pairs (see `Problem` for what each means); and each optional
+recomputation, offload, overlapped pairs and the iteration's ends (see `Problem` for what each means); and each optional
 mechanism as one frozen record, so that code asks `problem.offload is not None` and reads
 `problem.offload.reload_times` rather than four flat fields.
 
@@ -16,8 +16,21 @@ from zbopt.core.errors import ProblemError, shorten
 from zbopt.core.kinds import PAIR_KINDS
 from zbopt.core.problem.checks import per_device, per_stage, unused_without
 
-__all__ = ["DEFAULT_WEIGHT_MEMORY_FRACTION", "MicrobatchSizes", "Offload", "OverlappedPairs", "Recomputation",
-           "offload", "overlap", "recomputation", "split_backward"]
+__all__ = [
+    "DEFAULT_WEIGHT_MEMORY_FRACTION",
+    "ITERATION_END_KEYS",
+    "IterationEnds",
+    "MicrobatchSizes",
+    "Offload",
+    "OverlappedPairs",
+    "Recomputation",
+    "ends_record",
+    "iteration_ends",
+    "offload",
+    "overlap",
+    "recomputation",
+    "split_backward",
+]
 
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
 
@@ -78,6 +91,66 @@ class MicrobatchSizes:
     tokens: tuple[int, ...]
     attention_share: tuple[float, ...]
     reference_tokens: float | None
+
+
+@dataclass(frozen=True)
+class IterationEnds:
+    """What a training step does besides the pipeline (`grad_reduce_times` and the keys after it),
+    each 0 where not given.
+
+    reduce_times : per virtual stage, its gradient reduction on its device's communication stream.
+    step_times : per device, its optimizer step after its compute and reductions.
+    unshard_times, unshard_memory : per virtual stage, FSDP's all-gather before its first forward
+        and the memory its gathered parameters hold until its last gradient op ends.
+    """
+
+    reduce_times: tuple[float, ...]
+    step_times: tuple[float, ...]
+    unshard_times: tuple[float, ...]
+    unshard_memory: tuple[float, ...]
+
+
+ITERATION_END_KEYS = ("grad_reduce_times", "optimizer_step_times", "unshard_times", "unshard_memory")
+
+
+def iteration_ends(given: dict, stages: int, devices: int, iterations: int) -> dict:
+    """The iteration's ends per virtual stage (per device for the step), >= 0, None where not
+    given; one iteration only (several would chain each step to the next iteration's forwards,
+    which the solvers do not model yet)."""
+    normalized = {}
+    for key in ITERATION_END_KEYS:
+        per_item, count = (per_device, devices) if key == "optimizer_step_times" else (per_stage, stages)
+        normalized[key] = None if given[key] is None else per_item(key, given[key], count, positive=False)
+    if iterations > 1:
+        key = next((key for key in ITERATION_END_KEYS if normalized[key] and any(normalized[key])), None)
+        if key is not None:
+            raise ProblemError(key, given[key], f"the iteration's ends are modelled for one iteration, not "
+                                                f"{iterations} (give iterations = 1)")
+    return normalized
+
+
+def ends_record(problem) -> IterationEnds | None:
+    """A problem's `IterationEnds` (0 where a key is not given), or None where none takes time or memory."""
+    values = [getattr(problem, key) for key in ITERATION_END_KEYS]
+    if not any(value and any(value) for value in values):
+        return None
+    counts = {key: problem.num_devices if key == "optimizer_step_times" else problem.num_stages
+              for key in ITERATION_END_KEYS}
+    return IterationEnds(*(value or (0.0,) * counts[key]
+                           for key, value in zip(ITERATION_END_KEYS, values, strict=True)))
+
+
+def unshard_windows(problem) -> tuple[tuple[float, float], ...]:
+    """Per virtual stage, its unshard's (start, end): back to back from 0 on its device's stream,
+    in chunk order (the order of the stages' first forwards on every schedule)."""
+    windows = [(0.0, 0.0)] * problem.num_stages
+    times = problem.iteration_ends.unshard_times
+    for stages in problem.stages_of_device:
+        free = 0.0
+        for stage in stages:
+            windows[stage] = (free, free + times[stage])
+            free += times[stage]
+    return tuple(windows)
 
 
 def split_backward(weight_times, weight_memory, activation_memory: tuple[float, ...]) -> dict:

@@ -34,10 +34,11 @@ from collections.abc import Sequence
 from zbopt.core.errors import ProblemError
 from zbopt.core.problem.checks import is_count, is_number, per_stage
 from zbopt.core.problem.slices import Span, check_sequence_tokens, slice_bounds, span_factor, spans, total_tokens
+from zbopt.core.tolerance import check_ranges
 
 __all__ = ["EQUAL_MICROBATCHES", "FOLLOWS", "MAX_TOKEN_RATIO", "TABLE_KEYS", "WITH_ATTENTION", "Rows",
-           "at_stage_values", "check_tokens", "classes", "every_microbatch_at", "is_table", "per_microbatch",
-           "take_tables", "tokens_of"]
+           "at_stage_values", "check_spread", "check_tokens", "classes", "every_microbatch_at", "is_table",
+           "per_microbatch", "take_tables", "tokens_of"]
 
 TABLE_KEYS = ("forward_times", "backward_times", "weight_times", "recompute_times", "offload_times", "reload_times",
               "activation_memory")
@@ -232,3 +233,20 @@ def every_microbatch_at(problem, pick, **changes):
     the promised peaks (max: each microbatch at most that large) read where microbatches differ."""
     values = {key: tuple(pick(row) for row in rows) for key, rows in problem.per_microbatch.items()}
     return problem.replace(**values, **EQUAL_MICROBATCHES, **changes)
+
+
+def check_spread(problem) -> None:
+    """Where microbatches differ, each extreme in range (`tolerance.check_ranges`: a row's largest
+    and least values, not its mean, are what may be out of range; the relaxation the bounds solve
+    must be a problem too), and the two together: a spread too wide is named as the culprit."""
+    least = every_microbatch_at(problem, min, sequence_slices=1, memory_limit=None)
+    check_ranges(least)
+    most = every_microbatch_at(problem, max, sequence_slices=1, memory_limit=None)
+    check_ranges(most)
+    try:
+        check_ranges(most, least)
+    except ProblemError as error:
+        tokens = problem.microbatch_tokens is not None
+        raise ProblemError("microbatch_tokens" if tokens else error.key,
+                           problem.microbatch_tokens if tokens else error.value,
+                           f"the microbatches differ too much: {error.reason}") from None

@@ -31,6 +31,7 @@ MECHANISMS = {
     "offload": "offload to host memory",
     "overlapped pairs": "overlapped pairs",
     "microbatch sizes": "microbatches that differ",
+    "iteration ends": "the iteration's ends (data parallelism, FSDP, the optimizer step)",
 }
 ALWAYS_WRITTEN = ("core", "costs", "memory", "iterations")
 
@@ -169,6 +170,22 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("sequence_slices", "count", 1, "microbatch sizes",
               "k > 1 splits each sequence into k slices (Seq1F1B), which are the microbatches",
               "m counts slices, microbatch_tokens sequences (`zbopt.core.problem.slices`, which checks it)."),
+    Parameter("grad_reduce_times", _TIME, None, "iteration ends",
+              "gradient reduction time per virtual stage (all-reduce or reduce-scatter over data parallelism)",
+              "it runs on its device's communication stream, beside compute, once the stage's last gradient op (W "
+              "or BW) has ended (torch's REDUCE_GRAD); the stream carries one transfer at a time, in the order they "
+              "become ready.", unit="time"),
+    Parameter("optimizer_step_times", "per device", None, "iteration ends", "optimizer step time per device",
+              "it runs after the device's compute and its reductions; the iteration ends when every device's step "
+              "has (`Simulation.iteration_time`, what the solvers minimise).", unit="time"),
+    Parameter("unshard_times", _TIME, None, "iteration ends",
+              "FSDP: all-gather time of a virtual stage's parameters, before its first forward",
+              "the unshards run on the device's communication stream from time 0, chunk by chunk (torch's "
+              "UNSHARD).", unit="time"),
+    Parameter("unshard_memory", _TIME, None, "iteration ends",
+              "FSDP: memory of a virtual stage's gathered parameters",
+              "held from its unshard's start until the stage's last gradient op ends (torch's RESHARD).",
+              unit="memory"),
 )
 
 

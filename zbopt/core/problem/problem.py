@@ -31,10 +31,14 @@ from zbopt.core.placement import check_placement, device_stage, route_stages, st
 from zbopt.core.problem import checks, form, memory_floor, microbatches, slices
 from zbopt.core.problem.checks import known_parameters, per_device, per_stage, plain
 from zbopt.core.problem.mechanisms import (
+    ITERATION_END_KEYS,
+    IterationEnds,
     MicrobatchSizes,
     Offload,
     OverlappedPairs,
     Recomputation,
+    ends_record,
+    iteration_ends,
     offload,
     overlap,
     recomputation,
@@ -112,6 +116,8 @@ class Problem(_Parameters):
                                         normalized["forward_times"], normalized["activation_memory"]))
         normalized.update(offload(self.allow_offload, given["offload_times"], given["reload_times"],
                                   self.shared_host_link, stages))
+        normalized.update(iteration_ends({key: getattr(self, key) for key in ITERATION_END_KEYS}, stages, p,
+                                         self.iterations))
         normalized["overlap_times"] = overlap(self.overlap_times, self.weight_times is not None, p)
         normalized.update(microbatches.check_tokens(self.microbatch_tokens, self.attention_share,
                                                     self.reference_tokens, stages, self.num_microbatches, tables,
@@ -125,17 +131,7 @@ class Problem(_Parameters):
                                                                           "that cost the same (a pair's cost is one "
                                                                           "per device)")
         if not self.microbatches_equal:  # first: a row's extreme values, not its mean, are what is out of range
-            least = microbatches.every_microbatch_at(self, min, sequence_slices=1, memory_limit=None)
-            check_ranges(least)  # the relaxation the bounds solve must be a problem too
-            most = microbatches.every_microbatch_at(self, max, sequence_slices=1, memory_limit=None)
-            check_ranges(most)
-            try:  # each extreme in range, the two together out of it: the microbatches' spread is the culprit
-                check_ranges(most, least)
-            except ProblemError as error:
-                tokens = self.microbatch_tokens is not None
-                raise ProblemError("microbatch_tokens" if tokens else error.key,
-                                   self.microbatch_tokens if tokens else error.value,
-                                   f"the microbatches differ too much: {error.reason}") from None
+            microbatches.check_spread(self)
         check_ranges(self)
         if self.memory_limit is not None:
             memory_floor.check_memory_limit(self)
@@ -165,6 +161,12 @@ class Problem(_Parameters):
     def pairs(self) -> OverlappedPairs | None:
         """The overlapped pairs' costs per device, or None where no pair may run."""
         return None if self.overlap_times is None else OverlappedPairs(self.overlap_times)
+
+    @cached_property
+    def iteration_ends(self) -> IterationEnds | None:
+        """The reductions, unshards and optimizer steps (`mechanisms.ends_record`), or None where
+        none takes time or memory: the iteration then ends with its last op, as it always did."""
+        return ends_record(self)
 
     @cached_property
     def microbatch_sizes(self) -> MicrobatchSizes | None:

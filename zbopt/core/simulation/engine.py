@@ -13,6 +13,7 @@ from zbopt.core.errors import MemoryLimitError
 from zbopt.core.ops import op_table
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
+from zbopt.core.simulation.ends import end_times
 from zbopt.core.simulation.memory import memory_steps, memory_violations
 from zbopt.core.simulation.orders import activation_choices, index_orders, overlapped_pairs
 from zbopt.core.simulation.result import Simulation
@@ -48,7 +49,8 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     compute op listed before it has ended (a runtime reaches it in its program there), and starts
     once its lane is free and its F (for O) or O (for L) has ended; compute does not wait for it,
     only the backward waits for its L. With a shared host link, two copies of a device pair that
-    overlap on a lane are a ScheduleError.
+    overlap on a lane are a ScheduleError. The iteration's ends (`Problem.iteration_ends`) are
+    timed as torch's lowering places them (`ends`): a forward waits for its stage's unshard.
 
     Examples
     --------
@@ -67,8 +69,9 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
         start, end = verify_times(table, orders, schedule.start_times, pairs)
     if problem.offload is not None and problem.offload.shared_host_link:
         check_shared_links(table, start, end, as_soon_as_possible=schedule.start_times is None)
-    steps, memory_after = memory_steps(problem, table, start, end)
+    ends = None if problem.iteration_ends is None else end_times(problem, table, end)
+    steps, memory_after = memory_steps(problem, table, start, end, ends)
     violations = memory_violations(problem, steps)
     if strict and violations:
         raise MemoryLimitError(str(violations[0]))
-    return Simulation(problem, schedule, table, device_ops, start, end, steps, violations, pairs, memory_after)
+    return Simulation(problem, schedule, table, device_ops, start, end, steps, violations, pairs, memory_after, ends)

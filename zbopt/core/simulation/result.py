@@ -12,6 +12,7 @@ import numpy as np
 from zbopt.core.ops import COMPUTE_LANE, Op, OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule, pair_text
+from zbopt.core.simulation.ends import EndTimes
 from zbopt.core.wiring import Shown, dataframe
 
 __all__ = ["MemoryViolation", "Pair", "Simulation"]
@@ -45,6 +46,8 @@ class Simulation(Shown):
     Metrics (times in the problem's units, memory in its memory units):
 
     - `makespan`: last op end minus first op start, over all devices.
+    - `iteration_time`: until every device's optimizer step has ended (`ends`, the windows of the
+      iteration's ends: unshards, reductions, steps); the makespan where the problem has none.
     - `busy[d]`: total duration of device d's compute ops (recomputes included: work, if
       repeated; copies excluded: they run on the copy lanes beside compute);
       `idle[d]` = makespan - busy[d].
@@ -77,6 +80,7 @@ class Simulation(Shown):
     violations: tuple[MemoryViolation, ...]
     pairs: tuple[Pair, ...] = ()
     memory_after: np.ndarray | None = None  # per op, what its device holds right after the op's own change
+    ends: EndTimes | None = None  # the iteration's ends, where the problem has them
 
     @property
     def valid(self) -> bool:
@@ -84,12 +88,20 @@ class Simulation(Shown):
 
     @cached_property
     def origin(self) -> float:
-        """The first op's start: time 0 of the charts, the report and the traces."""
-        return float(self.start.min())
+        """The first op's start (time 0 where unshards run first): time 0 of the charts, the report
+        and the traces."""
+        first = float(self.start.min())
+        return min(first, 0.0) if self.ends is not None and any(self.problem.iteration_ends.unshard_times) else first
 
     @cached_property
     def makespan(self) -> float:
         return float(self.end.max()) - self.origin
+
+    @cached_property
+    def iteration_time(self) -> float:
+        """Until every device's optimizer step has ended (the makespan without the iteration's ends):
+        what the solvers minimise."""
+        return self.makespan if self.ends is None else max(self.ends.finish, float(self.end.max())) - self.origin
 
     @cached_property
     def busy(self) -> tuple[float, ...]:
@@ -149,6 +161,7 @@ class Simulation(Shown):
             "iterations": problem.iterations,
             "split_backward": problem.split_backward,
             "makespan": self.makespan,
+            "iteration_time": self.iteration_time,
             "bubble_rate": self.bubble_rate,
             "zb_bubble_rate": self.zb_bubble_rate,
             "busy": list(self.busy),

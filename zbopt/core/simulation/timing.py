@@ -9,6 +9,7 @@ from zbopt.core import interrupt
 from zbopt.core.errors import DeadlockError
 from zbopt.core.kinds import FORWARD, KINDS
 from zbopt.core.ops import Op, OpTable
+from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.schedule import pair_text
 from zbopt.core.simulation.result import Pair
 
@@ -77,12 +78,24 @@ class _Sweep:
         self.latest = [0.0] * groups  # per barrier, the latest end of its gradient ops so far
         self.start = [0.0] * table.size
         self.end: list[float | None] = [None] * (table.size + groups)
+        self._wait_for_unshards(table)
         self.position = [0] * len(orders)  # per device, the place of its next op in its order
         self.free = [0.0] * len(orders)  # per device, when its compute lane is free
         self.copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
         self.waiting: dict[int, list[int]] = {}  # number in `end` -> devices waiting on it
         self.ready = list(range(len(orders) - 1, -1, -1))  # devices to advance, device 0 first
         self.pair_of = {pair.members[0]: pair for pair in pairs}
+
+    def _wait_for_unshards(self, table: OpTable) -> None:
+        """With FSDP's unshards (`mechanisms.unshard_windows`), each forward also waits for its stage's: one
+        more entry of `end` per stage, known from the start."""
+        problem = table.problem
+        if problem.iteration_ends is None or not any(problem.iteration_ends.unshard_times):
+            return
+        first = len(self.end)
+        self.end.extend(end for _, end in unshard_windows(problem))
+        self.other_inputs = [(*inputs, first + table.op(index).stage) if kind == FORWARD else inputs
+                             for index, (inputs, kind) in enumerate(zip(self.other_inputs, table.kind, strict=True))]
 
     def run(self) -> None:
         """Advance each ready device through its order until its next op waits on an unfinished op

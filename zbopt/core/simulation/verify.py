@@ -8,7 +8,9 @@ from itertools import pairwise
 import numpy as np
 
 from zbopt.core.errors import ScheduleError
+from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, OpTable
+from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.schedule import pair_text
 from zbopt.core.simulation.result import Pair
 from zbopt.core.simulation.timing import barrier_groups, same_device_input_name
@@ -56,6 +58,8 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
     for index in np.flatnonzero(np.asarray(waits) >= 0):
         stage, iteration = divmod(waits[index], table.barrier_count)
         ready[index] = max(ready[index], end[list(table.iteration_barrier(stage, iteration))].max())
+    unshard_end = _unshard_ends(table)
+    ready = np.maximum(ready, unshard_end)
     early = np.flatnonzero(start < ready - tolerance)
     if early.size:
         index = int(early[0])
@@ -71,8 +75,23 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
                 f"{op} starts at {start[index]:g}, before its dependency {table.op(source)} "
                 f"(device {table.device[source]}) ends at {end[source]:g}{latency}"
             )
+        if start[index] < unshard_end[index] - tolerance:
+            raise ScheduleError(f"{op} starts at {start[index]:g}, before its stage's unshard (FSDP's all-gather) "
+                                f"ends at {unshard_end[index]:g}")
         raise ScheduleError(f"{op} starts at {start[index]:g}, before its stage's weight update at {ready[index]:g}")
     return start, end
+
+
+def _unshard_ends(table: OpTable) -> np.ndarray:
+    """Per op, when its stage's unshard ends if it is a forward (`mechanisms.unshard_windows`), else 0."""
+    waits = np.zeros(table.size)
+    ends = table.problem.iteration_ends
+    if ends is not None and any(ends.unshard_times):
+        windows = unshard_windows(table.problem)
+        for index, kind in enumerate(table.kind):
+            if kind == FORWARD:
+                waits[index] = windows[table.op(index).stage][1]
+    return waits
 
 
 def _listed_before(table: OpTable, indices):

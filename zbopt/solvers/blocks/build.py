@@ -17,6 +17,7 @@ from zbopt.core import interrupt
 from zbopt.core.errors import NotApplicableError
 from zbopt.core.kinds import FORWARD, WEIGHT
 from zbopt.core.ops import Op
+from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import simulate
 from zbopt.core.timeline import PendingFrees, Timeline, compact
@@ -41,7 +42,9 @@ def block_schedule(block: Block) -> Schedule:
     problem = block.problem
     if problem.iterations != 1:
         raise NotApplicableError(f"a block schedule needs iterations = 1 (got {problem.iterations})")
-    starts = repeat(block)
+    unshards = problem.iteration_ends.unshard_times if problem.iteration_ends else ()
+    lead = max(end for _, end in unshard_windows(problem)) if any(unshards) else 0.0  # the block waits for them
+    starts = {op: start + lead for op, start in repeat(block).items()}
     in_time_order = sorted(starts, key=lambda op: (starts[op], op.stage, op.microbatch))
     orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
     for op in in_time_order:

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from zbopt.core import interrupt
+from zbopt.core.dag import critical_path, device_work, earliest_finish, op_graph
 from zbopt.core.errors import NotApplicableError, ZboptError
 from zbopt.core.kinds import FORWARD, WEIGHT
-from zbopt.core.ops import Op, critical_path, device_work, earliest_finish, op_graph
+from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.ticks import memory_capacity, memory_scale, tick_problem, tick_scale, whole_at
 from zbopt.core.timeline import Timeline

@@ -1,0 +1,131 @@
+"""The iteration's ends (issue 44): gradient reductions, FSDP's unshards and the optimizer step,
+timed beside the pipeline, optimised by CP-SAT and bounded."""
+
+import pytest
+
+from tests.reference import brute_force_optimum
+from zbopt import Problem, Schedule, ScheduleError, ZboptError, simulate, solve
+from zbopt.core.ops import Op
+from zbopt.schedules import generate
+from zbopt.solvers.bounds import lower_bounds
+
+# p = 2, m = 2, F = B = W = 1; 1F1B with each W right after its B, written out by hand:
+#   device 0: F0 0-1, F1 1-2, B0 3-4 (after device 1's B0), W0 4-5, B1 6-7, W1 7-8
+#   device 1: F0 1-2, B0 2-3, W0 3-4, F1 4-5, B1 5-6, W1 6-7
+HAND = Schedule([[Op.from_str(text) for text in ["0F0", "0F1", "0B0", "0W0", "0B1", "0W1"]],
+                 [Op.from_str(text) for text in ["1F0", "1B0", "1W0", "1F1", "1B1", "1W1"]]])
+BASE = dict(num_devices=2, num_microbatches=2, forward_times=1, backward_times=1, weight_times=1)
+
+
+def test_without_ends_the_iteration_time_is_the_makespan_and_zeros_change_nothing():
+    plain = Problem(**BASE)
+    zeros = Problem(**BASE, grad_reduce_times=0, optimizer_step_times=0, unshard_times=0, unshard_memory=0)
+    assert plain.iteration_ends is None and zeros.iteration_ends is None
+    for problem in (plain, zeros):
+        result = simulate(problem, HAND)
+        assert result.ends is None
+        assert result.iteration_time == result.makespan == 8.0
+    assert "grad_reduce_times" not in plain.to_dict()
+    assert Problem.from_dict(zeros.to_dict()) == zeros
+
+
+def test_a_reduction_overlaps_the_other_devices_drain():
+    """Stage 1's last W ends at 7: its reduction (1) runs 7-8 while device 0 drains, its step 8-8.5;
+    stage 0's last W ends at 8: reduction 3, 8-11, step 11-11.5: the iteration ends at 11.5."""
+    problem = Problem(**BASE, grad_reduce_times=[3, 1], optimizer_step_times=0.5)
+    result = simulate(problem, HAND)
+    assert result.makespan == 8.0
+    assert result.ends.reduce == ((8.0, 11.0), (7.0, 8.0))
+    assert result.ends.step == ((11.0, 11.5), (8.0, 8.5))
+    assert result.iteration_time == 11.5
+    assert result.to_dict()["iteration_time"] == 11.5
+
+
+def test_reductions_of_one_device_queue_on_its_stream_in_the_order_they_become_ready():
+    """p = 1, v = 2: the second chunk's gradients are done first (its backward runs first), so its
+    reduction goes first; the first chunk's waits for the stream."""
+    problem = Problem(num_devices=1, num_microbatches=1, chunks_per_device=2, forward_times=1, backward_times=1,
+                      weight_times=1, grad_reduce_times=[2, 5])
+    orders = [[Op.from_str(text) for text in ["0F0", "1F0", "1B0", "1W0", "0B0", "0W0"]]]
+    result = simulate(problem, Schedule(orders))
+    # 1W0 ends at 4: stage 1 reduces 4-9; 0W0 ends at 6, waits for the stream: 9-11
+    assert result.ends.reduce == ((9.0, 11.0), (4.0, 9.0))
+    assert result.iteration_time == 11.0
+
+
+def test_unshards_delay_the_first_forwards_and_their_memory_raises_the_peak():
+    """Unshards of 2 (device 0) and 1 (device 1) from time 0: device 0's F0 starts at 2, device 1's
+    waits for it anyway, so every op runs 2 later. Gathered parameters of 5 are held throughout:
+    device 0 peaks at 5 + two activations, device 1 at 5 + one."""
+    problem = Problem(**BASE, unshard_times=[2, 1], unshard_memory=5, grad_reduce_times=[3, 1],
+                      optimizer_step_times=0.5)
+    result = simulate(problem, HAND)
+    assert result.times_of(Op("F", 0, 0)) == (2.0, 3.0)
+    assert result.makespan == 10.0 and result.iteration_time == 13.5
+    assert result.peak_memory == (7.0, 6.0)
+    limited = problem.replace(memory_limit=6.5)
+    assert not simulate(limited, HAND).valid
+    one_at_a_time = Schedule([[Op.from_str(t) for t in ["0F0", "0B0", "0W0", "0F1", "0B1", "0W1"]], HAND.orders[1]])
+    assert simulate(limited, one_at_a_time).valid
+
+
+def test_a_forward_given_a_start_before_its_unshard_is_named():
+    problem = Problem(**BASE, unshard_times=[2, 1])
+    timed = simulate(Problem(**BASE), HAND).timed_orders()
+    with pytest.raises(ScheduleError, match="0F0 starts at 0, before its stage's unshard"):
+        simulate(problem, timed)
+
+
+TINY_ENDS = [
+    Problem(**BASE, grad_reduce_times=[3, 1], optimizer_step_times=0.5),
+    Problem(**BASE, grad_reduce_times=[1, 4], optimizer_step_times=[1, 0], memory_limit=1.5),
+    Problem(**BASE, unshard_times=[1, 2], unshard_memory=[2, 1], grad_reduce_times=1, memory_limit=[3.5, 3]),
+    Problem(num_devices=1, num_microbatches=2, chunks_per_device=2, forward_times=[1, 2], backward_times=1,
+            weight_times=[1, 0.5], grad_reduce_times=[2, 3], optimizer_step_times=1, memory_limit=3),
+    Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=2, grad_reduce_times=[2, 0.5],
+            p2p_time=0.5),
+]
+
+
+@pytest.mark.parametrize("problem", TINY_ENDS, ids=lambda p: p.describe())
+def test_cpsat_minimises_the_iteration_time_as_brute_force_does(problem):
+    optimum = brute_force_optimum(problem)
+    result = solve(problem, "cpsat", time_limit=30)
+    assert result.status == "optimal"
+    assert result.objective == pytest.approx(optimum)
+    assert result.simulation.iteration_time == pytest.approx(optimum)
+    assert lower_bounds(problem).best <= optimum + 1e-9
+
+
+def test_the_ends_bound_sees_past_the_pipeline():
+    """p = 4, m = 8, F = 1, BW = 2: the makespan's bound is 33 (device 3 starts at 3 and works 24);
+    with a reduction of 5 per stage and a step of 1, no iteration ends before 33 + 5 + 1."""
+    problem = Problem(num_devices=4, num_microbatches=8, forward_times=1, backward_times=2, grad_reduce_times=5,
+                      optimizer_step_times=1)
+    bounds = lower_bounds(problem)
+    assert bounds["iteration_ends"] == 39.0
+    assert simulate(problem, generate("1f1b", problem)).iteration_time >= 39.0
+
+
+def test_the_ranking_by_iteration_time_can_differ_from_the_makespans():
+    """p = 4, v = 2, m = 8, every op 0.5, a reduction of 4 per stage: the greedy fills the bubbles
+    with W's (a shorter pipeline) and so finishes both chunks' gradients late on each device, their
+    reductions in a row at the end; interleaved 1F1B ends its second chunk's W early enough to
+    reduce it during the drain."""
+    problem = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, forward_times=0.5, backward_times=0.5,
+                      weight_times=0.5, grad_reduce_times=4)
+    greedy, interleaved = (simulate(problem, generate(name, problem)) for name in ("greedy", "interleaved-1f1b"))
+    assert greedy.makespan < interleaved.makespan
+    assert greedy.iteration_time > interleaved.iteration_time
+
+
+def test_the_milp_and_lns_refuse_the_ends_naming_them():
+    problem = TINY_ENDS[0]
+    for solver in ("highs", "lns"):
+        with pytest.raises(ZboptError, match="the iteration's ends"):
+            solve(problem, solver, time_limit=5)
+
+
+def test_several_iterations_with_ends_are_refused_naming_the_key():
+    with pytest.raises(ZboptError, match=r"grad_reduce_times .*one iteration"):
+        Problem(**BASE, iterations=2, grad_reduce_times=1)

@@ -1,0 +1,90 @@
+"""The iteration's ends, timed around the pipeline (`Problem.iteration_ends`): FSDP's unshards
+before the first forwards, each stage's gradient reduction after its last gradient op, and each
+device's optimizer step after its compute and reductions.
+
+They run as torch's lowering places them (`_add_unshard_reshard`, `_add_reduce_grad`), so no
+schedule lists them: each device's communication stream, beside compute, carries one transfer at a
+time, the unshards from time 0 chunk by chunk, then each reduction once its stage's last gradient
+op has ended, in the order they become ready (which is also the order that ends the stream
+soonest: one machine with release times). The step runs on compute, last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from zbopt.core.ops import COMPUTE_LANE, OpTable
+from zbopt.core.problem import Problem
+from zbopt.core.problem.mechanisms import unshard_windows
+
+__all__ = ["EndTimes", "end_times", "gathered_memory", "unshards_done"]
+
+
+@dataclass(frozen=True)
+class EndTimes:
+    """When each of the iteration's ends runs, as (start, end) pairs.
+
+    unshard, reduce : per virtual stage (a zero-length window where it takes no time).
+    step : per device, its optimizer step.
+    gradients_done : per virtual stage, when its last gradient op ends (its reshard).
+    """
+
+    unshard: tuple[tuple[float, float], ...]
+    reduce: tuple[tuple[float, float], ...]
+    step: tuple[tuple[float, float], ...]
+    gradients_done: tuple[float, ...]
+
+    @property
+    def finish(self) -> float:
+        """When the last device's step has ended: the iteration's end."""
+        return max(end for _, end in self.step)
+
+
+def unshards_done(problem: Problem) -> tuple[float, ...]:
+    """Per device, when all its unshards have ended (0 without): a plan that times its own ops may
+    start a device's compute there and meet every forward's unshard."""
+    if problem.iteration_ends is None:
+        return (0.0,) * problem.num_devices
+    windows = unshard_windows(problem)
+    return tuple(max(windows[stage][1] for stage in stages) for stages in problem.stages_of_device)
+
+
+def gathered_memory(problem: Problem) -> tuple[float, ...]:
+    """Per device, its stages' gathered parameters together (0 without FSDP): what a plan built op
+    by op counts as held throughout (they are freed only at each stage's last gradient op)."""
+    if problem.iteration_ends is None:
+        return (0.0,) * problem.num_devices
+    held = problem.iteration_ends.unshard_memory
+    return tuple(sum(held[stage] for stage in stages) for stages in problem.stages_of_device)
+
+
+def end_times(problem: Problem, table: OpTable, end: np.ndarray) -> EndTimes:
+    """The ends' windows for ops ending at `end` (indexed by `table`'s op numbers)."""
+    ends = problem.iteration_ends
+    unshard = unshard_windows(problem)
+    ready = _last_gradient_ends(problem, table, end)
+    device = np.asarray(table.device)
+    on_compute = np.asarray(table.lane) == COMPUTE_LANE
+    reduce = [(0.0, 0.0)] * problem.num_stages
+    step = []
+    for d, stages in enumerate(problem.stages_of_device):
+        free = max(unshard[stage][1] for stage in stages)
+        for stage in sorted(stages, key=lambda s: (ready[s], s)):
+            begin = max(free, ready[stage])
+            free = begin + ends.reduce_times[stage]
+            reduce[stage] = (begin, free)
+        begin = max(free, float(end[on_compute & (device == d)].max()))
+        step.append((begin, begin + ends.step_times[d]))
+    return EndTimes(unshard, tuple(reduce), tuple(step), tuple(ready))
+
+
+def _last_gradient_ends(problem: Problem, table: OpTable, end: np.ndarray) -> list[float]:
+    """Per virtual stage, when its last gradient op (W, or BW) ends."""
+    kind = np.asarray(table.kind)
+    stage = np.asarray([op.stage for op in table.ops()])
+    gradients = kind == table.gradient_kind
+    last = np.full(problem.num_stages, -np.inf)
+    np.maximum.at(last, stage[gradients], end[gradients])
+    return last.tolist()

@@ -1,0 +1,48 @@
+"""A lower bound on the iteration time where the problem has the iteration's ends
+(`Problem.iteration_ends`, timed as in `zbopt.core.simulation.ends`).
+
+Three facts, each holding in every valid schedule:
+
+- the op that ends last is some stage's last gradient op (every forward is followed by its
+  backward on the same device), so that stage's reduction and its device's step still follow it:
+  the iteration lasts at least a makespan bound + the least reduction + step;
+- a device's ops all wait for its first chunk's unshard (each depends on a forward of its own),
+  so it ends its compute no sooner than that unshard's end + its work, and its last op is one of
+  its stages' last gradient ops, followed by that stage's reduction and the device's step;
+- a stage's reduction starts after its gradient ops could end at the earliest (the op DAG's
+  longest paths, devices ignored), on a stream that carries one transfer at a time after the
+  device's unshards: taken as they become ready (optimal for one machine with release times),
+  then the step.
+"""
+
+from __future__ import annotations
+
+from zbopt.core.dag import device_work, earliest_finish, op_graph
+from zbopt.core.ops import op_table
+from zbopt.core.problem import Problem
+from zbopt.core.problem.mechanisms import unshard_windows
+
+__all__ = ["iteration_ends_bound"]
+
+
+def iteration_ends_bound(problem: Problem, makespan_bound: float) -> tuple[float, int | None]:
+    """(the bound, the device it binds on, or None where it is the first fact's) given a lower
+    bound on the makespan of `problem`."""
+    ends = problem.iteration_ends
+    after_last = makespan_bound + min(ends.reduce_times[stage] + ends.step_times[problem.device_of(stage)]
+                                      for stage in range(problem.num_stages))
+    best, where = after_last, None
+    unshard = unshard_windows(problem)
+    finish = earliest_finish(op_graph(problem))
+    gradient = op_table(problem).gradient_kind
+    for device, (stages, work) in enumerate(zip(problem.stages_of_device, device_work(problem), strict=True)):
+        loaded = unshard[stages[0]][1] + work + min(ends.reduce_times[stage] for stage in stages)
+        ready = {stage: max(finish[op] for op in finish if op.kind == gradient and op.stage == stage)
+                 for stage in stages}
+        stream = max(unshard[stage][1] for stage in stages)
+        for stage in sorted(stages, key=lambda s: ready[s]):
+            stream = max(stream, ready[stage]) + ends.reduce_times[stage]
+        value = max(loaded, stream) + ends.step_times[device]
+        if value > best:
+            best, where = value, device
+    return best, where

@@ -27,7 +27,16 @@ from zbopt import (
     solve,
 )
 from zbopt.interfaces.cli import main
-from zbopt.io.torch_format import check_exportable, megatron_json, megatron_order, torch_csv, write_torch_csv
+from zbopt.io.torch_format import (
+    check_exportable,
+    megatron_json,
+    megatron_order,
+    torch_actions,
+    torch_comms_actions,
+    torch_comms_csv,
+    torch_csv,
+    write_torch_csv,
+)
 from zbopt.io.torch_order import TorchOrder, parse_torch_csv, read_torch_csv
 from zbopt.schedules import TORCH_REFUSED, TORCH_SCHEDULES, generate_applicable, registered, torch_schedule
 from zbopt.schedules.torch_builtin import TORCH_NEEDS
@@ -146,6 +155,72 @@ def test_torch_runtime_loads_the_file_and_dumps_it_back_byte_for_byte(pipelining
         runtime._dump_csv(str(theirs), format="compute_only")
         assert theirs.read_bytes() == ours.read_bytes()
         assert len(runtime.pipeline_order_with_comms) == problem.num_devices
+
+
+# ------------------------------------------------------------------ the lowered (compute_comms) CSV
+P2P = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+ENDS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
+
+
+def assert_lowering_runs(schedules, problem, schedule):
+    """The comms CSV of a schedule: its compute actions are the compute-only CSV's, in order; one
+    send and one receive per message, each direction between two ranks received in the order sent
+    (the runtime's channel matches them so, whatever their kind); torch's own comms simulator
+    (`_simulate_comms_compute`, a receive waits for its send) runs it to the end; REDUCE_GRAD lands
+    where torch's `_add_reduce_grad` puts it, every stage's UNSHARD first."""
+    simulation = simulate(problem, schedule)
+    lowered = {rank: [schedules._Action.from_str(text) for text in row]
+               for rank, row in enumerate(torch_comms_actions(simulation))}
+    compute = [[schedules._Action.from_str(cell) for cell in row] for row in torch_actions(problem, schedule)]
+    expected = problem.num_microbatches * crossings(problem)
+    counts = Counter(action.computation_type.value for row in lowered.values() for action in row)
+    assert [counts[kind] for kind in P2P] == [expected] * 4
+    channels: dict[tuple, list] = {}
+    for rank, row in lowered.items():
+        assert [action for action in row if action.is_compute_op] == compute[rank]
+        kinds = [action.computation_type.value for action in row]
+        assert kinds[:problem.chunks_per_device] == ["UNSHARD"] * problem.chunks_per_device
+        reduced = schedules._add_reduce_grad(list(compute[rank]), problem.num_microbatches)
+        assert [action for action in row if action.is_compute_op or action.computation_type.value == "REDUCE_GRAD"] \
+            == reduced
+        for action in row:
+            kind = action.computation_type.value
+            if kind in P2P:  # a message as (kind, the receiving stage, microbatch) on its channel
+                sent, step = kind.startswith("SEND"), 1 if kind.endswith("F") else -1
+                receiving = action.stage_index + step if sent else action.stage_index
+                peer = problem.device_of(receiving if sent else action.stage_index - step)
+                channel = channels.setdefault((rank, peer) if sent else (peer, rank), {True: [], False: []})
+                channel[sent].append((kind[-1], receiving, action.microbatch_index))
+    for key, sides in channels.items():
+        assert sides[True] == sides[False], key
+    p2p_only = {rank: [action for action in row if action.computation_type.value not in ENDS]
+                for rank, row in lowered.items()}
+    schedules._simulate_comms_compute(p2p_only, problem.device_of, problem.num_stages)
+
+
+@pytest.mark.parametrize("case", [case for case in HEURISTICS if not case[2].pairs], ids=case_id)
+def test_the_comms_csv_of_every_heuristic_runs_in_torchs_comms_simulator(pipelining, case):
+    problem, _, schedule = case
+    assert_lowering_runs(pipelining, problem, schedule)
+
+
+def test_the_comms_csv_of_cpsat_optima_runs_and_torch_reads_it_back_byte_for_byte(pipelining, optima, tmp_path):
+    for index, (problem, _, schedule) in enumerate(optima):
+        assert_lowering_runs(pipelining, problem, schedule)
+        ours, theirs = tmp_path / f"ours{index}.csv", tmp_path / f"theirs{index}.csv"
+        ours.write_text(torch_comms_csv(simulate(problem, schedule)), newline="")
+        runtime = pipelining._PipelineScheduleRuntime(stand_in_stages(problem), problem.num_microbatches)
+        runtime._load_csv(str(ours), format="compute_comms")
+        runtime._dump_csv(str(theirs), format="compute_comms")
+        assert theirs.read_bytes() == ours.read_bytes()
+
+
+def test_the_compute_only_csv_is_unchanged_by_the_iteration_ends():
+    problem = Problem(num_devices=4, num_microbatches=8, **SPLIT)
+    ended = problem.replace(grad_reduce_times=3, optimizer_step_times=1, unshard_times=0.5, unshard_memory=2)
+    schedule = generate("zb-h1", problem)
+    assert torch_csv(ended, schedule) == torch_csv(problem, schedule)
+    assert torch_comms_csv(simulate(ended, schedule)).count("REDUCE_GRAD") == 4
 
 
 # ---------------------------------------------------------------------------------- round trips

@@ -15,14 +15,15 @@ from zbopt.core.problem import Problem
 from zbopt.core.problem.order import entry_order, relabelled
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import Simulation
-from zbopt.io.torch_format import check_exportable, write_megatron_order, write_torch_csv
+from zbopt.io.torch_format import check_exportable, torch_comms_csv, write_megatron_order, write_torch_csv
 from zbopt.io.trace import TRACE_EXTENSION, write_chrome_trace
 from zbopt.io.write import check_writable, write_file
 
 __all__ = ["EXPORT_EXTENSIONS", "EXPORT_FORMATS", "check_export", "export_format", "order_note", "save_schedule",
            "write_export"]
 
-EXPORT_FORMATS = {"torch-csv": "torch CSV", "megatron": "Megatron-LM order", "json": "zbopt schedule JSON",
+EXPORT_FORMATS = {"torch-csv": "torch CSV", "torch-comms-csv": "torch CSV with its communication (compute_comms)",
+                  "megatron": "Megatron-LM order", "json": "zbopt schedule JSON",
                   "chrome-trace": "Perfetto / chrome://tracing trace"}
 # the formats told by the file's name, longest ending first (a trace is JSON too: .json alone is zbopt's)
 EXPORT_EXTENSIONS = {TRACE_EXTENSION: "chrome-trace", ".csv": "torch-csv", ".json": "json"}
@@ -68,6 +69,8 @@ def write_export(path: str | Path, simulation: Simulation, given: str | None = N
     schedule = simulation.timed_orders() if with_times else simulation.schedule
     if chosen == "torch-csv":
         write_torch_csv(path, problem, schedule)
+    elif chosen == "torch-comms-csv":
+        write_file(path, torch_comms_csv(simulation))
     elif chosen == "megatron":  # no microbatch ids: each chunk runs them as they come, so number them so
         order = entry_order(problem, schedule)
         inverse = sorted(range(len(order)), key=order.__getitem__)

@@ -1,4 +1,4 @@
-"""torch.distributed.pipelining's schedule CSV and Megatron-LM's per-rank order: the formats, and
+"""torch.distributed.pipelining's schedule CSVs and Megatron-LM's per-rank order: the formats, and
 a schedule written in them (a torch CSV is read by zbopt.io.torch_order).
 
 **torch CSV** — the "compute_only" format `_PipelineScheduleRuntime._load_csv` reads and
@@ -9,6 +9,11 @@ step: torch reads it as None and its runtime skips it. "(0F1;7B0)OVERLAP_F_B" ru
 sub-actions as one overlapped step; zbopt reads it as the sub-actions in order (zbopt runs one op
 at a time). A full backward B on a problem with a split backward is zbopt's B then W back to back
 (torch's `_merge_bw` merges exactly that pair into B).
+
+**torch comms CSV** — the "compute_comms" format, a schedule as torch's runtime runs it after its
+lowering: the compute actions with the sends and receives between ranks ("0SEND_F3", "1RECV_F3",
+"1SEND_B3", "0RECV_B3") and, per stage, "0UNSHARD", "0REDUCE_GRAD", "0RESHARD"
+(`torch_comms_actions` says where each goes). Written only (`--format torch-comms-csv`).
 
 **Megatron-LM order** — per rank, what Megatron-LM's `convert_schedule_table_to_order` returns
 (the `_order` TransformerEngine's `make_graphed_callables` takes): the rank's compute steps in
@@ -23,6 +28,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
@@ -32,13 +38,13 @@ from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, 
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule, pair_text
-from zbopt.core.simulation import simulate
+from zbopt.core.simulation import Simulation, simulate
 from zbopt.io.write import write_file
 
 __all__ = ["MEGATRON_FORMAT", "MEGATRON_VERSION", "TORCH_FORWARD", "TORCH_FULL_BACKWARD", "TORCH_INPUT_BACKWARD",
            "TORCH_KIND", "TORCH_KIND_NAMES", "TORCH_WEIGHT_BACKWARD", "TorchAction", "check_exportable",
-           "megatron_json", "megatron_order", "require_one_step_one_route", "torch_actions", "torch_csv",
-           "write_megatron_order", "write_torch_csv"]
+           "megatron_json", "megatron_order", "require_one_step_one_route", "torch_actions", "torch_comms_actions",
+           "torch_comms_csv", "torch_csv", "write_megatron_order", "write_torch_csv"]
 
 # torch's action letters (its _ComputationType), not zbopt's op kinds: torch's B is zbopt's BW
 TORCH_FORWARD, TORCH_INPUT_BACKWARD, TORCH_WEIGHT_BACKWARD, TORCH_FULL_BACKWARD = "F", "I", "W", "B"
@@ -194,10 +200,59 @@ def write_megatron_order(path: str | Path, problem: Problem, schedule: Schedule)
 
 def check_exportable(problem: Problem, export_format: str) -> None:
     """Raise ZboptError now if no schedule of `problem` can be written as `export_format`
-    ("torch-csv" or "megatron"), so that a long solve does not end in that error. A schedule that
+    ("torch-csv", "torch-comms-csv" or "megatron"), so that a long solve does not end in that error. A schedule that
     recomputes or offloads is refused only when written: whether a solver's answer does is known
     then."""
-    if export_format == "torch-csv":
+    if export_format in ("torch-csv", "torch-comms-csv"):
         require_one_step_one_route(problem, "a torch schedule CSV")
     elif export_format == "megatron":
         _require_megatron(problem)
+
+
+def torch_comms_actions(simulation: Simulation) -> list[list[str]]:
+    """Per rank, torch's lowered ("compute_comms") actions for a simulated schedule: its compute
+    actions (`torch_actions`, in its order); a SEND_F or SEND_B right after each op whose output
+    leaves the rank; a RECV_F or RECV_B where the simulated times put the message's arrival (before
+    its consumer; between two ranks in the order sent, as the runtime's channel matches them:
+    the times are a run of the schedule, so no rank waits on one that waits on it); each stage's
+    UNSHARD first and, right after its last gradient op, its REDUCE_GRAD (where torch's
+    `_add_reduce_grad` puts it) and RESHARD. Those three are listed whatever the problem models, as
+    torch's own lowering of a compute-only CSV adds them: UNSHARD and RESHARD do nothing without
+    FSDP, and REDUCE_GRAD also scales the gradients by the microbatch count."""
+    problem, schedule, table = simulation.problem, simulation.schedule, simulation.table
+    require_one_step_one_route(problem, "a torch schedule CSV")
+    _checked_orders(problem, schedule, "a torch schedule CSV", pairs_allowed=True)
+    start, end = simulation.start.tolist(), simulation.end.tolist()
+    # per rank: (time, then sends, receives and compute at one moment, the order made, action)
+    events: list[list[tuple[float, int, int, str]]] = [[] for _ in range(problem.num_devices)]
+    last_gradient: dict[int, float] = {}
+
+    def add(rank: int, time: float, rank_at_moment: int, action: str) -> None:
+        events[rank].append((time, rank_at_moment, sum(map(len, events)), action))
+
+    for device, stages in enumerate(problem.stages_of_device):
+        for stage in stages:
+            add(device, -math.inf, 0, f"{stage}UNSHARD")
+        for item in schedule.items(device):
+            add(device, start[table.index(item[0])], 2, _torch_cell(item))
+            for op in item:
+                index = table.index(op)
+                source = table.predecessor[index]
+                if source >= 0 and table.device[source] != device:  # a message from another rank
+                    kind = "F" if op.kind == FORWARD else "B"
+                    add(table.device[source], end[source], 0, f"{table.op(source).stage}SEND_{kind}{op.microbatch}")
+                    add(device, end[source] + table.latency[index], 1, f"{op.stage}RECV_{kind}{op.microbatch}")
+                if op.kind == table.gradient_kind:
+                    last_gradient[op.stage] = max(last_gradient.get(op.stage, -math.inf), end[index])
+    for stage, finish in sorted(last_gradient.items()):
+        add(problem.device_of(stage), finish, 0, f"{stage}REDUCE_GRAD")
+        add(problem.device_of(stage), finish, 0, f"{stage}RESHARD")
+    return [[action for *_, action in sorted(rank)] for rank in events]
+
+
+def torch_comms_csv(simulation: Simulation) -> str:
+    """`torch_comms_actions` as the CSV `_PipelineScheduleRuntime._load_csv(path, format="compute_comms")`
+    reads (csv.writer, as torch's `_dump_csv` writes it)."""
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows(torch_comms_actions(simulation))
+    return buffer.getvalue()

@@ -160,6 +160,47 @@ def test_overlapped_pairs_run_with_the_reference_gradients(tmp_path):
         assert report.passed and report.max_abs_diff <= ATOL, name
 
 
+def test_two_replicas_on_zbopts_lowering_reproduce_the_single_process_gradients(tmp_path, capsys):
+    """Issue 44 item 4: torch-zb-interleaved (split backward, two chunks, messages both ways between
+    the ranks) lowered by zbopt (its compute_comms CSV: sends, receives, REDUCE_GRAD), run by two
+    replicas of the pipeline over gloo with their stages replicated: every replica's gradient is
+    the single-process one over both replicas' batches. Without the reduction a replica's gradient
+    would be its own share's, which the gradient check tells apart (test_the_gradient_check_can_fail)."""
+    problem = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, weight_times=1)
+    path = tmp_path / "zb.csv"
+    write_torch_csv(path, problem, generate("torch-zb-interleaved", problem))
+    report = run_torch(path, **SMALL, data_parallel=2, lowering="zbopt")
+    per_replica = problem.num_stages * SMALL["layers_per_stage"] * 2  # a weight and a bias per Linear
+    assert len(report.parameters) == 2 * per_replica
+    assert report.passed and report.max_abs_diff <= ATOL
+    assert not any(check.passed for check in compare_gradients(report.gradients, _first_share_only(report)))
+    assert main(["run-torch", str(path), "--data-parallel", "2", "--model", "m:f"]) == 2
+    assert "--data-parallel and --lowering run the toy model" in capsys.readouterr().err
+
+
+def _first_share_only(report) -> list[dict]:
+    """Per step, the gradients the first replica would have without the reduction: the mean loss
+    of its own microbatches alone (as `ToyModel.reference_gradients` computes over all of them)."""
+    import torch
+
+    from zbopt.interfaces.runtime.model import named_gradients
+
+    model = report.model
+    modules = model.stage_modules()
+    whole = torch.nn.Sequential(*modules)
+    inputs, targets = model.batches(report.steps)
+    gradients = []
+    for step in range(report.steps):
+        whole.zero_grad(set_to_none=True)
+        share, target = inputs[step][0].tensor_split(2)[0], targets[step].tensor_split(2)[0]
+        losses = [torch.nn.functional.mse_loss(whole(x), y) for x, y in
+                  zip(share.tensor_split(model.num_microbatches), target.tensor_split(model.num_microbatches),
+                      strict=True)]
+        (sum(losses) / len(losses)).backward()
+        gradients.append(named_gradients(modules, range(model.num_stages)))
+    return gradients
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     """One real run per schedule, shared by the tests below."""

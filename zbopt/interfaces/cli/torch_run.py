@@ -9,6 +9,7 @@ import sys
 
 from zbopt.core.errors import ZboptError
 from zbopt.interfaces.cli.output import EXIT_INVALID_SCHEDULE, check_outputs, json_text
+from zbopt.interfaces.runtime.launch import LOWERINGS
 from zbopt.io.trace import write_measured_trace
 from zbopt.io.write import write_file
 
@@ -32,6 +33,12 @@ def add_commands(commands) -> None:
     running.add_argument("--row", action="append", default=[], metavar="ROW",
                          help="with --model: run this row of the plan (its index in the JSON's rows, or a schedule's "
                               "name: its fastest row) instead of the best; may be repeated")
+    running.add_argument("--data-parallel", type=int, default=1, metavar="N",
+                         help="N replicas of the toy model's pipeline, their stages replicated over a data-parallel "
+                              "group (torch's replicate), each on its share of a batch N times as large (default 1)")
+    running.add_argument("--lowering", choices=LOWERINGS, default="torch",
+                         help="who adds the sends, receives and REDUCE_GRAD: torch's runtime (default), or zbopt "
+                              "(its torch-comms-csv of the same order, run with format=compute_comms)")
     running.add_argument("--json", action="store_true", help="print one JSON object")
     running.add_argument("--trace", metavar="FILE", help="write the last step as a trace for Perfetto, as "
                                                          "`export --format chrome-trace` writes the predicted one")
@@ -85,13 +92,17 @@ def _command_run_torch(args: argparse.Namespace) -> int:
     from zbopt.interfaces.runtime import format_report, run_torch
 
     if args.model is not None:
+        if args.data_parallel != 1 or args.lowering != "torch":
+            raise ZboptError("--data-parallel and --lowering run the toy model (a plan on your own model runs one "
+                             "pipeline, lowered by torch): drop them or --model")
         return _run_plan(args)
     if args.row:
         raise ZboptError("--row picks a plan's row to run on your model: give --model too")
     if args.trace is not None and not args.trace.lower().endswith(".json"):
         raise ZboptError(f"--trace '{args.trace}': unsupported extension, use .json (e.g. run.trace.json)")
     check_outputs(args, {"--trace": args.trace}, {"the schedule": args.schedule})
-    report = run_torch(args.schedule, **_torch_run_options(args))
+    report = run_torch(args.schedule, **_torch_run_options(args), data_parallel=args.data_parallel,
+                       lowering=args.lowering)
     _say_if_gradients_differ(report)
     print(json_text(report.to_dict()) if args.json else format_report(report))
     if args.trace is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from zbopt.core.errors import ZboptError
 from zbopt.core.problem import Problem
+from zbopt.core.simulation import simulate
 from zbopt.interfaces.runtime.check import CheckedCsv, check_csv
 from zbopt.interfaces.runtime.model import CutModel, ToyModel
 from zbopt.interfaces.runtime.rank import RankJob, rank_main
@@ -27,8 +28,12 @@ from zbopt.interfaces.runtime.run_report import (
     TorchRunReport,
     compare_gradients,
 )
+from zbopt.io.torch_format import torch_comms_csv
+from zbopt.io.write import write_file
 
-__all__ = ["run_torch"]
+__all__ = ["LOWERINGS", "run_torch"]
+
+LOWERINGS = ("torch", "zbopt")  # who adds the sends, receives and REDUCE_GRAD to the compute-only CSV
 
 
 def _context():
@@ -39,11 +44,11 @@ def _context():
     return context
 
 
-def _describe_progress(schedule: CheckedCsv, progress, ranks) -> str:
+def _describe_progress(schedule: CheckedCsv, progress, ranks, replicas: int) -> str:
     parts = []
     for rank in ranks:
         step, done = progress[2 * rank], progress[2 * rank + 1]
-        actions = schedule.order.actions[rank]
+        actions = schedule.order.actions[rank // replicas]
         if step < 0:
             parts.append(f"rank {rank} (starting up)")
         elif done < len(actions):
@@ -54,20 +59,23 @@ def _describe_progress(schedule: CheckedCsv, progress, ranks) -> str:
 
 
 def _launch(schedule: CheckedCsv, model: ToyModel | CutModel, steps: int, timeout_s: float,
-            result_dir: str) -> list[dict]:
-    """Start one process per rank, wait for all of them (or the first failure, or the timeout),
-    and return their results in rank order. Workers are killed on any way out."""
+            result_dir: str, replicas: int = 1, lowered: str | None = None) -> list[dict]:
+    """Start one process per rank of each of the `replicas` pipelines, wait for all of them (or the
+    first failure, or the timeout), and return their results in process order (pipeline rank *
+    replicas + replica). The ranks run the CSV, or `lowered` (a compute_comms CSV of it) where
+    given. Workers are killed on any way out."""
     import torch
     import torch.distributed as dist
 
     # The parent hosts the rendezvous store on a port the OS picks: no race for a free port.
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
     context = _context()
-    world = schedule.problem.num_devices
+    world = schedule.problem.num_devices * replicas
     progress = context.Array("i", [-1, 0] * world, lock=False)
     # An absolute path: the ranks start in the fork server's working directory, not the caller's.
-    path = os.path.abspath(schedule.path)
-    job = RankJob(path, schedule.problem.stages_of_device, model, steps, store.port, timeout_s, result_dir)
+    path = os.path.abspath(lowered or schedule.path)
+    job = RankJob(path, schedule.problem.stages_of_device, model, steps, store.port, timeout_s, result_dir,
+                  replicas, "compute_only" if lowered is None else "compute_comms")
     workers = [
         context.Process(target=rank_main, args=(rank, job, progress), name=f"zbopt-rank-{rank}", daemon=True)
         for rank in range(world)
@@ -82,7 +90,7 @@ def _launch(schedule: CheckedCsv, model: ToyModel | CutModel, steps: int, timeou
             if running and remaining <= 0:  # first: past the deadline, the ranks' own timeouts fire too
                 raise ZboptError(
                     f"{schedule.path}: no result within {timeout_s:g} s, ranks killed; still running: "
-                    f"{_describe_progress(schedule, progress, running)}"
+                    f"{_describe_progress(schedule, progress, running, replicas)}"
                 )
             failed = [rank for rank, worker in enumerate(workers) if worker.exitcode not in (None, 0)]
             if failed:
@@ -123,6 +131,8 @@ def run_torch(
     model: str | None = None,
     split: Sequence[int] | None = None,
     folder: str | None = None,
+    data_parallel: int = 1,
+    lowering: str = "torch",
 ) -> TorchRunReport:
     """Run a compute-only schedule CSV in torch.distributed.pipelining and check its gradients.
 
@@ -143,6 +153,12 @@ def run_torch(
     model, split, folder : instead of the toy model, the user's model `PACKAGE.MODULE:FACTORY`
         (its module looked for in `folder`, default the working folder) cut into virtual stages of
         `split[s]` layers (`CutModel`; the toy model's sizes are then not used).
+    data_parallel : replicas of the pipeline (toy model only), each on its own share of a batch that
+        many times as large, their stages replicated over a data-parallel group (torch's
+        `replicate`): the gradients must still be the single-process reference's, on every replica.
+    lowering : "torch" (its runtime lowers the compute-only CSV itself) or "zbopt": the ranks run
+        zbopt's compute_comms CSV of the same order (`torch_comms_csv`, from the CSV's order
+        simulated at unit costs), sends, receives and REDUCE_GRAD placed by zbopt.
     timeout_s : the whole run's limit; past it every rank is killed.
     rtol, atol : torch.allclose tolerances of the gradient check (defaults: torch.testing's for float32).
 
@@ -158,13 +174,18 @@ def run_torch(
     a cell, a rank or stage, the actions a deadlock waits on, a rank's own error, or the ranks
     still running at the timeout.
     """
-    _check_options(steps, {"microbatch_size": microbatch_size, "hidden": hidden, "layers_per_stage": layers_per_stage},
-                   timeout_s, {"rtol": rtol, "atol": atol})
+    _check_options(steps, {"microbatch_size": microbatch_size, "hidden": hidden, "layers_per_stage": layers_per_stage,
+                           "data_parallel": data_parallel}, timeout_s, {"rtol": rtol, "atol": atol})
+    if lowering not in LOWERINGS:
+        raise ZboptError(f"lowering = {lowering!r}: expected one of {', '.join(LOWERINGS)}")
     schedule = check_csv(path)
     problem = schedule.problem
     if model is None:
         trained = ToyModel(problem.num_stages, problem.num_microbatches, microbatch_size, hidden, layers_per_stage,
-                           seed)
+                           seed, data_parallel)
+    elif data_parallel > 1:
+        raise ZboptError(f"data_parallel = {data_parallel}: runs the toy model only (a model of your own runs one "
+                         "pipeline)")
     else:
         if split is None or len(split) != problem.num_stages:
             raise ZboptError(f"{path}: {problem.num_stages} stages, but the split has "
@@ -172,8 +193,12 @@ def run_torch(
         trained = CutModel(model, tuple(split), problem.num_microbatches, seed, os.path.abspath(folder or os.getcwd()))
         trained.check()
     with tempfile.TemporaryDirectory(prefix="zbopt-torch-") as result_dir:
-        results = _launch(schedule, trained, steps, timeout_s, result_dir)
-    return _report(str(path), problem, trained, steps, results, rtol, atol)
+        lowered = None
+        if lowering == "zbopt":
+            lowered = str(Path(result_dir) / "lowered.csv")
+            write_file(lowered, torch_comms_csv(simulate(problem, schedule.order.to_schedule(problem))))
+        results = _launch(schedule, trained, steps, timeout_s, result_dir, data_parallel, lowered)
+    return _report(str(path), problem, trained, steps, results, rtol, atol, data_parallel)
 
 
 def _check_options(steps: int, sizes: dict[str, int], timeout_s: float, tolerances: dict[str, float]) -> None:
@@ -206,13 +231,24 @@ def _stage_reports(problem: Problem, results: list[dict]) -> tuple[StageReport, 
     return tuple(stages)
 
 
-def _report(path: str, problem: Problem, model: ToyModel | CutModel, steps: int, results: list[dict], rtol: float,
-            atol: float) -> TorchRunReport:
-    """The ranks' results (in rank order) as one report, the gradients checked against the reference."""
+def _report(path: str, problem: Problem, model: ToyModel | CutModel, steps: int, processes: list[dict], rtol: float,
+            atol: float, replicas: int = 1) -> TorchRunReport:
+    """The processes' results (in process order) as one report: the first replica's ranks' times and
+    gradients, every replica's gradients checked against the reference (a later replica's
+    parameters named "replica{k}/stage...")."""
+    results = processes[::replicas]
     gradients = [
         {name: gradient for result in results for name, gradient in result["gradients"][step].items()}
         for step in range(steps)
     ]
+    checked = [
+        {f"replica{process % replicas}/" * (process % replicas > 0) + name: gradient
+         for process, result in enumerate(processes) for name, gradient in result["gradients"][step].items()}
+        for step in range(steps)
+    ]
+    reference = model.reference_gradients(steps)
+    expected = [{f"replica{k}/" * (k > 0) + name: value for k in range(replicas) for name, value in step.items()}
+                for step in reference]
     return TorchRunReport(
         path=path,
         num_ranks=problem.num_devices,
@@ -224,7 +260,7 @@ def _report(path: str, problem: Problem, model: ToyModel | CutModel, steps: int,
         rtol=rtol,
         atol=atol,
         stages=_stage_reports(problem, results),
-        parameters=compare_gradients(gradients, model.reference_gradients(steps), rtol, atol),
+        parameters=compare_gradients(checked, expected, rtol, atol),
         step_time_s=tuple(result["step_time_s"] for result in results),
         p2p_time_s=results[0]["p2p_time_s"],
         gradients=gradients,

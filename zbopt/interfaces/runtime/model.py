@@ -23,7 +23,9 @@ class ToyModel:
     with `seed`: every rank and the single-process reference build exactly the same model and batches.
     Loss: mean squared error per microbatch; torch's schedule divides the summed microbatch gradients
     by the number of microbatches (scale_grads=True), so the reference uses the mean of the
-    microbatch losses.
+    microbatch losses. With `replicas` data-parallel replicas, each runs the pipeline on its own
+    share of a batch `replicas` times as large, and their gradients are averaged: the reference is
+    the mean over every replica's microbatches.
     """
 
     num_stages: int
@@ -32,6 +34,7 @@ class ToyModel:
     hidden: int = 128
     layers_per_stage: int = 2
     seed: int = 0
+    replicas: int = 1
 
     def stage_modules(self) -> list:
         """One torch.nn.Sequential per stage, initialized from `seed` without touching the global RNG."""
@@ -51,12 +54,12 @@ class ToyModel:
             ]
 
     def batches(self, steps: int) -> tuple[list[tuple], list]:
-        """Per step, the first stage's arguments (one tensor of num_microbatches * microbatch_size
-        rows of `hidden`) and the target of the same shape."""
+        """Per step, the first stage's arguments (one tensor of replicas * num_microbatches *
+        microbatch_size rows of `hidden`: replica k runs its k-th share) and the target of the same shape."""
         import torch
 
         generator = torch.Generator().manual_seed(self.seed)
-        shape = (steps, self.num_microbatches * self.microbatch_size, self.hidden)
+        shape = (steps, self.replicas * self.num_microbatches * self.microbatch_size, self.hidden)
         inputs, targets = torch.randn(shape, generator=generator), torch.randn(shape, generator=generator)
         return [(step,) for step in inputs], list(targets)
 
@@ -77,7 +80,7 @@ class ToyModel:
 
     def reference_gradients(self, steps: int) -> list[dict]:
         """Per step, every parameter's gradient ("stage{s}.{name}") from one process: the mean of
-        the microbatch losses, backpropagated through the whole model at once."""
+        the microbatch losses (every replica's), backpropagated through the whole model at once."""
         import torch
 
         modules = self.stage_modules()
@@ -89,12 +92,12 @@ class ToyModel:
             losses = [
                 torch.nn.functional.mse_loss(model(x), y)
                 for x, y in zip(
-                    inputs[step][0].tensor_split(self.num_microbatches),
-                    targets[step].tensor_split(self.num_microbatches),
+                    inputs[step][0].tensor_split(self.replicas * self.num_microbatches),
+                    targets[step].tensor_split(self.replicas * self.num_microbatches),
                     strict=True,
                 )
             ]
-            (sum(losses) / self.num_microbatches).backward()
+            (sum(losses) / len(losses)).backward()
             gradients.append(named_gradients(modules, range(self.num_stages)))
         return gradients
 
@@ -102,8 +105,8 @@ class ToyModel:
 def named_gradients(modules: list, stages) -> dict:
     """{"stage{s}.{name}": a copy of the gradient} of the parameters of `stages`: the names a
     rank's gradients and the reference's are matched by."""
-    return {
-        f"stage{stage}.{name}": parameter.grad.detach().clone()
+    return {  # a replicated module's gradient is a DTensor: its full value
+        f"stage{stage}.{name}": getattr(parameter.grad, "full_tensor", parameter.grad.detach)().detach().clone()
         for stage in stages
         for name, parameter in modules[stage].named_parameters()
         if parameter.grad is not None  # frozen: no gradient in the run nor in the reference

@@ -27,12 +27,14 @@ class RankJob:
     """What every rank needs; pickled to the worker processes."""
 
     path: str
-    stages_of_rank: tuple[tuple[int, ...], ...]
+    stages_of_rank: tuple[tuple[int, ...], ...]  # per pipeline rank
     model: ToyModel | CutModel
     steps: int
     store_port: int
     timeout_s: float
     result_dir: str
+    replicas: int = 1  # data-parallel replicas of the pipeline: process = pipeline rank * replicas + replica
+    csv_format: str = "compute_only"  # or "compute_comms": the file is already lowered
 
 
 def _schedule_runtime_class():
@@ -158,26 +160,28 @@ def _run_rank(rank: int, job: RankJob, progress) -> dict:
     from torch.distributed.pipelining import PipelineStage
 
     torch.set_num_threads(1)  # one core per rank at most: ranks share the machine's cores
-    world = len(job.stages_of_rank)
+    world = len(job.stages_of_rank) * job.replicas
     timeout = timedelta(seconds=job.timeout_s)
     store = dist.TCPStore("127.0.0.1", job.store_port, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
-        model, mine = job.model, job.stages_of_rank[rank]
+        pipeline_rank, replica = divmod(rank, job.replicas)
+        model, mine = job.model, job.stages_of_rank[pipeline_rank]
         last = model.num_stages - 1
         modules = model.stage_modules()
         recorder = _OpRecorder(modules, progress, rank, job.steps - 1)
+        pipeline_group = _replicated(modules, mine, len(job.stages_of_rank), job.replicas)
         stages = []
         for stage in mine:
             # Static shapes (no inference round at the first step); requires_grad marks what gets a gradient.
             inputs, outputs = model.stage_examples(stage)
             pipeline_stage = PipelineStage(modules[stage], stage, model.num_stages, torch.device("cpu"),
-                                           input_args=inputs, output_args=outputs)
+                                           input_args=inputs, output_args=outputs, group=pipeline_group)
             recorder.instrument(pipeline_stage)
             stages.append(pipeline_stage)
         loss_fn = recorder.timed_loss(model.loss_fn, last)
         schedule = _schedule_runtime_class()(stages, model.num_microbatches, loss_fn=loss_fn)
-        schedule._load_csv(job.path)
+        schedule._load_csv(job.path, format=job.csv_format)
         inputs, targets = model.batches(job.steps)
         gradients, step_times = [], []
         for step in range(job.steps):
@@ -185,8 +189,9 @@ def _run_rank(rank: int, job: RankJob, progress) -> dict:
                 modules[stage].zero_grad(set_to_none=True)
             recorder.start_step(step)
             start = time.perf_counter()
-            schedule.step(*(inputs[step] if 0 in mine else ()), target=targets[step] if last in mine else None,
-                          return_outputs=False)
+            share = (inputs[step][0].tensor_split(job.replicas)[replica],) if 0 in mine else ()
+            target = targets[step].tensor_split(job.replicas)[replica] if last in mine else None
+            schedule.step(*share, target=target, return_outputs=False)
             step_times.append(time.perf_counter() - start)
             gradients.append(named_gradients(modules, mine))
         p2p = _one_way_p2p_s(rank, world, model.stage_examples(0)[1][0].shape)
@@ -201,6 +206,21 @@ def _run_rank(rank: int, job: RankJob, progress) -> dict:
         "step_time_s": statistics.median(step_times[1:]),
         "p2p_time_s": p2p,
     }
+
+
+def _replicated(modules: list, mine: tuple[int, ...], pipeline_ranks: int, replicas: int):
+    """With several replicas, this rank's stage modules replicated over its data-parallel group
+    (`replicate`, the FSDP-based one torch's pipelining reduces at REDUCE_GRAD) and its pipeline's
+    process group; None (the default group) with one."""
+    if replicas == 1:
+        return None
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (pipeline_ranks, replicas), mesh_dim_names=("pipeline", "data"))
+    for stage in mine:
+        replicate(modules[stage], mesh=mesh["data"])
+    return mesh["pipeline"].get_group()
 
 
 def rank_main(rank: int, job: RankJob, progress) -> None:

@@ -129,3 +129,49 @@ def test_the_milp_and_lns_refuse_the_ends_naming_them():
 def test_several_iterations_with_ends_are_refused_naming_the_key():
     with pytest.raises(ZboptError, match=r"grad_reduce_times .*one iteration"):
         Problem(**BASE, iterations=2, grad_reduce_times=1)
+
+
+def test_the_gantt_chart_draws_the_ends_on_a_communication_lane_and_runs_to_the_iterations_end():
+    """The windows of `test_a_reduction_overlaps_the_other_devices_drain` as boxes: the reductions
+    on each device's lane under its compute boxes, the steps on its compute row."""
+    from zbopt.presentation.plot import plot_gantt
+
+    problem = Problem(**BASE, grad_reduce_times=[3, 1], optimizer_step_times=0.5)
+    axes = plot_gantt(simulate(problem, HAND)).axes[0]
+    boxes = {collection.get_gid(): [(path.vertices[:, 0].min(), path.vertices[:, 0].max(), path.vertices[:, 1].mean())
+                                    for path in collection.get_paths()] for collection in axes.collections}
+    assert [(begin, end) for begin, end, _ in boxes["ends-reduce"]] == [(8.0, 11.0), (7.0, 8.0)]
+    assert [(begin, end) for begin, end, _ in boxes["ends-step"]] == [(11.0, 11.5), (8.0, 8.5)]
+    lane = [row for *_, row in boxes["ends-reduce"]]
+    first, second = sorted({round(row, 6) for *_, row in boxes["ops-F-chunk0"]})  # device 0's row, device 1's
+    assert first < lane[0] < 0.5 and second < lane[1] < 1.5  # under each device's compute boxes
+    assert axes.get_xlim()[1] == 11.5
+
+
+def test_the_trace_has_a_communication_track_named_as_torchs_actions():
+    from zbopt.io.trace import COMMUNICATION_TRACK, chrome_trace
+
+    problem = Problem(**BASE, grad_reduce_times=[3, 1], optimizer_step_times=0.5, unshard_times=[2, 1])
+    events = chrome_trace(simulate(problem, HAND))["traceEvents"]
+    ends = {(event["name"], event["pid"]): (event["tid"], event["ts"], event["dur"]) for event in events
+            if event.get("cat") in ("unshard", "gradient reduction", "optimizer step")}
+    lane = COMMUNICATION_TRACK + 1
+    assert ends == {("0UNSHARD", 1): (lane, 0, 2000), ("1UNSHARD", 2): (lane, 0, 1000),
+                    ("0REDUCE_GRAD", 1): (lane, 10000, 3000), ("1REDUCE_GRAD", 2): (lane, 9000, 1000),
+                    ("optimizer step", 1): (1, 13000, 500), ("optimizer step", 2): (1, 10000, 500)}
+    names = {(event["pid"], event["tid"]): event["args"]["name"] for event in events
+             if event.get("name") == "thread_name"}
+    assert names[1, lane] == names[2, lane] == "communication"
+
+
+def test_the_reports_viewer_gets_the_ends_and_runs_to_the_iterations_end():
+    from zbopt.presentation.report import COMMUNICATION_LANE, schedule_data
+
+    problem = Problem(**BASE, grad_reduce_times=[3, 1], optimizer_step_times=0.5)
+    data = schedule_data(simulate(problem, HAND))
+    assert data["iteration"] == 11.5 and data["makespan"] == 8.0
+    ends = data["ends"]
+    assert list(zip(ends["name"], ends["d"], ends["t0"], ends["t1"], ends["lane"], strict=True)) == [
+        ("0REDUCE_GRAD", 0, 8.0, 11.0, COMMUNICATION_LANE), ("1REDUCE_GRAD", 1, 7.0, 8.0, COMMUNICATION_LANE),
+        ("optimizer step", 0, 11.0, 11.5, 0), ("optimizer step", 1, 8.0, 8.5, 0)]
+    assert "ends" not in schedule_data(simulate(Problem(**BASE), HAND))

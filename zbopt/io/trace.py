@@ -10,7 +10,9 @@ per op with its simulated start and duration, its kind, stage, chunk and microba
 counter ("C") per device with its memory after each change; and a flow ("s" then "f") for every
 dependency between devices, each end in the middle of its op's slice so that it binds to that
 slice and not to a neighbour touching it. An overlapped pair is one slice on the compute track,
-its members side by side on the pair tracks.
+its members side by side on the pair tracks. Where the problem has the iteration's ends, each
+device has a communication track with its unshards and gradient reductions, and its optimizer
+step is a slice on its compute track.
 
 Times are integers: the trace's microseconds are the problem's units times `ticks_per_unit`
 (`trace_scale`: a power of ten, at least 1000, that makes the costs whole where the solvers'
@@ -33,15 +35,17 @@ from zbopt.core.ticks import tick_scale
 from zbopt.io.torch_format import TORCH_KIND
 from zbopt.io.write import write_file
 
-__all__ = ["MIN_TICKS_PER_UNIT", "PAIR_TRACKS", "TORCH_KIND_WORDS", "TRACE_EXTENSION", "TRACK_NAMES", "chrome_trace",
-           "comparison_trace", "measured_trace", "trace_scale", "write_chrome_trace", "write_comparison_trace",
-           "write_measured_trace"]
+__all__ = ["COMMUNICATION_TRACK", "MIN_TICKS_PER_UNIT", "PAIR_TRACKS", "TORCH_KIND_WORDS", "TRACE_EXTENSION",
+           "TRACK_NAMES", "chrome_trace", "comparison_trace", "measured_trace", "trace_scale", "write_chrome_trace",
+           "write_comparison_trace", "write_measured_trace"]
 
 TRACE_EXTENSION = ".trace.json"  # a trace is JSON too: .json alone names zbopt's schedule JSON
 MIN_TICKS_PER_UNIT = 1000  # one problem unit shows as at least a millisecond
 PAIR_TRACKS = (3, 4, 5)  # an overlapped pair's forward, then its backward's one or two ops
+COMMUNICATION_TRACK = 6  # the iteration's ends: unshards and gradient reductions
 TRACK_NAMES = {COMPUTE_LANE: "compute", OFFLOAD_LANE: "device-to-host", RELOAD_LANE: "host-to-device",
-               **{track: f"pair member {place + 1}" for place, track in enumerate(PAIR_TRACKS)}}
+               **{track: f"pair member {place + 1}" for place, track in enumerate(PAIR_TRACKS)},
+               COMMUNICATION_TRACK: "communication"}
 TORCH_KIND_WORDS = {letter: KINDS[kind].word for kind, letter in TORCH_KIND.items()}  # torch's B is a full backward
 
 
@@ -98,8 +102,10 @@ def _schedule_events(simulation: Simulation, scale: int, *, first_pid: int = 1, 
     for pair in simulation.pairs:
         for place, member in enumerate(pair.members):
             track_of[member] = PAIR_TRACKS[place]
-    events = _track_names(problem.num_devices, {(table.device[i], track_of[i]) for i in range(table.size)},
-                          first_pid, label)
+    tracks = {(table.device[i], track_of[i]) for i in range(table.size)}
+    if simulation.ends is not None:
+        tracks |= {(device, COMMUNICATION_TRACK) for device in range(problem.num_devices)}
+    events = _track_names(problem.num_devices, tracks, first_pid, label) + _end_events(simulation, ticks, first_pid)
     for index in range(table.size):
         op = table.op(index)
         begin, end = ticks(simulation.start[index]), ticks(simulation.end[index])
@@ -127,6 +133,24 @@ def _schedule_events(simulation: Simulation, scale: int, *, first_pid: int = 1, 
                            "bp": "e", "pid": table.device[index] + first_pid, "tid": track_of[index] + 1,
                            "ts": middle})
     return events
+
+
+def _end_events(simulation: Simulation, ticks, first_pid: int) -> list[dict]:
+    """The iteration's ends (`Simulation.ends`): each stage's unshard and gradient reduction on its
+    device's communication track, named as torch's actions ("0UNSHARD", "0REDUCE_GRAD"), and each
+    device's optimizer step on its compute track."""
+    ends, problem = simulation.ends, simulation.problem
+    if ends is None:
+        return []
+    placed = [*((f"{stage}UNSHARD", "unshard", problem.device_of(stage), COMMUNICATION_TRACK, window)
+                for stage, window in enumerate(ends.unshard)),
+              *((f"{stage}REDUCE_GRAD", "gradient reduction", problem.device_of(stage), COMMUNICATION_TRACK, window)
+                for stage, window in enumerate(ends.reduce)),
+              *(("optimizer step", "optimizer step", device, COMPUTE_LANE, window)
+                for device, window in enumerate(ends.step))]
+    return [{"ph": "X", "name": name, "cat": category, "pid": device + first_pid, "tid": track + 1,
+             "ts": ticks(begin), "dur": ticks(end) - ticks(begin), "args": {"start": begin, "end": end}}
+            for name, category, device, track, (begin, end) in placed if end > begin]
 
 
 def _track_names(num_devices: int, tracks: set[tuple[int, int]], first_pid: int = 1, label: str = "") -> list[dict]:

@@ -30,11 +30,12 @@ from zbopt.core.simulation import Simulation
 from zbopt.io.write import write_file
 from zbopt.planning.comparison import Comparison, ComparisonRow, columns
 from zbopt.presentation import plot
-from zbopt.presentation.plot.style import chunk_color
+from zbopt.presentation.plot.gantt import END_NAMES
+from zbopt.presentation.plot.style import chunk_color, palette
 from zbopt.presentation.tables import NOT_RUN
 
-__all__ = ["NUMBER_COLUMNS", "PAIR_LANE", "REPORT_FORMATS", "STYLE", "VIEWER", "check_report_path", "render_report",
-           "schedule_data", "schedule_section", "write_report"]
+__all__ = ["COMMUNICATION_LANE", "NUMBER_COLUMNS", "PAIR_LANE", "REPORT_FORMATS", "STYLE", "VIEWER",
+           "check_report_path", "render_report", "schedule_data", "schedule_section", "write_report"]
 
 REPORT_FORMATS = (".html", ".htm")
 STYLE = """
@@ -56,6 +57,7 @@ table.comparison tr.shown td { background: #eef3fb; }
 NUMBER_COLUMNS = ("makespan", "iteration_time", "bubble_rate", "zb_bubble_rate", "peak_memory", "gap")
 VIEWER = files("zbopt.presentation").joinpath("viewer.js").read_text(encoding="utf-8")
 PAIR_LANE = 3  # the viewer's lane of an overlapped pair's members, split across the compute row
+COMMUNICATION_LANE = 4  # the viewer's strip of the iteration's ends (unshards, gradient reductions)
 
 
 def check_report_path(path: str | Path) -> Path:
@@ -182,7 +184,8 @@ def schedule_data(simulation: Simulation) -> dict:
     holds after the op's allocation or release (`m`), its colour (an index into `palette`, the
     Gantt's colours), its lane (0 compute, 1 device-to-host, 2 host-to-device, 3 an overlapped
     pair's member) and, for a pair's member, its place in the pair and the pair's size; per device
-    its memory steps; the limits, the makespan and each microbatch's tokens where given."""
+    its memory steps; the limits, the makespan and each microbatch's tokens where given; the
+    iteration's ends where the problem has them (`_ends_data`)."""
     problem, table = simulation.problem, simulation.table
     origin = simulation.origin
     chunk_of = problem.chunk_of
@@ -211,4 +214,24 @@ def schedule_data(simulation: Simulation) -> dict:
                 "c": [colours.index((op.kind, chunk_of[op.stage])) for op in ops]},
         "memory": [[times(step_times), [float(level) for level in levels]]
                    for step_times, levels in simulation.memory_steps],
+        **_ends_data(simulation, times),
     }
+
+
+def _ends_data(simulation: Simulation, times) -> dict:
+    """The iteration's ends where the problem has them: the iteration time (the view's end), and
+    per unshard, reduction (lane 4, the communication strip) and step (lane 0, on compute) its
+    name (torch's action), device, what it is, start, end and colour."""
+    ends, problem = simulation.ends, simulation.problem
+    if ends is None:
+        return {}
+    placed = [*((f"{s}UNSHARD", problem.device_of(s), "unshard", window) for s, window in enumerate(ends.unshard)),
+              *((f"{s}REDUCE_GRAD", problem.device_of(s), "reduce", window) for s, window in enumerate(ends.reduce)),
+              *(("optimizer step", d, "step", window) for d, window in enumerate(ends.step))]
+    placed = [entry for entry in placed if entry[3][1] > entry[3][0]]
+    return {"iteration": simulation.iteration_time,
+            "ends": {"name": [name for name, *_ in placed], "d": [device for _, device, *_ in placed],
+                     "what": [END_NAMES[what] for _, _, what, _ in placed],
+                     "t0": times([begin for *_, (begin, _) in placed]), "t1": times([end for *_, (_, end) in placed]),
+                     "lane": [0 if what == "step" else COMMUNICATION_LANE for _, _, what, _ in placed],
+                     "colour": [palette().ends[what] for _, _, what, _ in placed]}}

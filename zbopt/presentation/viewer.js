@@ -10,6 +10,7 @@ const MEMORY_ROW = 34; // px per device in the memory timeline
 const LEFT = 70;       // px of device labels
 const RIGHT = 8;       // px of right margin
 const COPY_TOP = ROW - 7; // the copy lanes' strips: device-to-host at COPY_TOP, host-to-device 2 px below
+const COMMUNICATION = 4;  // the lane of the iteration's ends: a strip along the row's top edge
 
 async function unpack(element) {
   const bytes = Uint8Array.from(atob(element.textContent.trim()), (c) => c.charCodeAt(0));
@@ -39,7 +40,8 @@ class Viewer {
     this.gantt = section.querySelector("canvas.gantt");
     this.memory = section.querySelector("canvas.memory");
     this.tip = section.querySelector(".tip");
-    this.span = data.makespan > 0 ? data.makespan : 1;
+    const end = data.iteration || data.makespan;  // the iteration's ends run past the last op
+    this.span = end > 0 ? end : 1;
     this.view = [0, this.span];
     this.byDevice = Array.from({ length: data.devices }, () => []);
     data.ops.d.forEach((device, index) => this.byDevice[device].push(index));
@@ -109,12 +111,40 @@ class Viewer {
           }
         }
       }
+      this.drawEnds(context, device, top, width);
     }
     context.fillStyle = "#1a1a1a";
     context.fillText(format(this.view[0]), LEFT, devices * ROW + 14);
     const end = format(this.view[1]);
     context.fillText(end, width - RIGHT - context.measureText(end).width, devices * ROW + 14);
     this.drawMemory();
+  }
+
+  endBand(index) {  // [top offset, height] of an iteration's end: the top strip, or (a step) the compute box
+    return this.data.ends.lane[index] === COMMUNICATION ? [0, 3] : [2, ROW - 4];
+  }
+
+  drawEnds(context, device, top, width) {  // unshards and reductions on the strip, the step on compute
+    const ends = this.data.ends;
+    if (!ends) return;
+    ends.d.forEach((owner, index) => {
+      if (owner !== device) return;
+      const left = Math.max(this.x(ends.t0[index], width), LEFT);
+      const right = Math.min(this.x(ends.t1[index], width), width - RIGHT);
+      if (right <= left) return;
+      const [offset, size] = this.endBand(index);
+      context.fillStyle = ends.colour[index];
+      context.fillRect(left, top + offset, Math.max(1, right - left - 0.5), size);
+    });
+  }
+
+  endAt(x, y) {  // the iteration's end under (x, y), or null
+    const ends = this.data.ends, device = Math.floor(y / ROW);
+    if (!ends) return null;
+    const time = this.time(x, this.gantt.clientWidth), within = y - device * ROW;
+    const index = ends.d.findIndex((owner, i) => owner === device && ends.t0[i] <= time && time < ends.t1[i] &&
+      within >= this.endBand(i)[0] - 1 && within < this.endBand(i)[0] + this.endBand(i)[1] + 1);
+    return index < 0 ? null : index;
   }
 
   drawMemory() {
@@ -174,6 +204,12 @@ class Viewer {
 
   describe(canvas, x, y) {
     if (canvas === this.gantt) {
+      const end = this.endAt(x, y);
+      if (end !== null) {
+        const ends = this.data.ends, [ms] = this.units();
+        return `${ends.name[end]} · ${ends.what[end]} · device ${ends.d[end]} · start ${format(ends.t0[end])}${ms} · ` +
+          `end ${format(ends.t1[end])}${ms}`;
+      }
       const index = this.opAt(x, y);
       if (index === null) return null;
       const { ops, kinds } = this.data, [ms, gb] = this.units();

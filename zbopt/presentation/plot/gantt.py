@@ -13,7 +13,7 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from zbopt.core.kinds import COPY_KINDS, OFFLOAD, RECOMPUTE, RELOAD
+from zbopt.core.kinds import COPY_KINDS, RECOMPUTE
 from zbopt.core.simulation import Simulation
 from zbopt.presentation.plot.style import (
     DPI,
@@ -32,12 +32,14 @@ from zbopt.presentation.plot.style import (
     styled,
 )
 
-__all__ = ["BOX_HEIGHT", "COPY_ROWS", "MAX_HEIGHT_IN", "MAX_LABEL_POINTS", "MIN_LABEL_POINTS", "plot_gantt"]
+__all__ = ["BOX_HEIGHT", "COMMUNICATION", "MAX_HEIGHT_IN", "MAX_LABEL_POINTS", "MIN_LABEL_POINTS", "plot_gantt"]
 
 MAX_HEIGHT_IN = 12.0
 BOX_HEIGHT = 0.8  # of a device row; the lane behind it is 0.9, leaving a white gap between rows
 # (offset from the row's centre, height) of compute boxes and of each copy lane, when there are copies
-COPY_ROWS = {None: (-0.12, 0.56), OFFLOAD: (0.245, 0.11), RELOAD: (0.365, 0.11)}
+COMMUNICATION = "communication"  # the lane of the iteration's ends: unshards and gradient reductions
+LANE_PITCH, LANE_HEIGHT = 0.12, 0.11  # each thin lane under a device's compute boxes, and its gap
+END_NAMES = {"unshard": "unshard (FSDP all-gather)", "reduce": "gradient reduction", "step": "optimizer step"}
 MIN_LABEL_POINTS, MAX_LABEL_POINTS = 5.0, 8.0
 
 
@@ -48,7 +50,9 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     the grey lane showing through. With `show_latency` (and a problem with p2p_time > 0), a thin
     line per cross-device dependency runs from the producer's end to the moment its data arrives
     on the consumer's device. Offloads (O) and reloads (L) run on two thin copy lanes under the
-    device's compute boxes. Writes PNG, SVG or PDF by the extension of `path` when given.
+    device's compute boxes; the iteration's ends (`Simulation.ends`) on a communication lane under
+    them, the optimizer step on the compute row. Writes PNG, SVG or PDF by the extension of `path`
+    when given.
 
     Returns the matplotlib Figure.
     """
@@ -63,7 +67,8 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     v = problem.chunks_per_device
     handles += [Patch(visible=False, label=" ")] * (-len(handles) % v)
     figure.legend(handles=handles, loc="outside lower center", ncol=len(handles) // v, frameon=False, fontsize=8)
-    if heading := _title(title, f"{_caption(simulation)} | makespan {simulation.makespan:.4g}, bubble "
+    iteration = f", iteration {simulation.iteration_time:.4g}" if simulation.ends is not None else ""
+    if heading := _title(title, f"{_caption(simulation)} | makespan {simulation.makespan:.4g}{iteration}, bubble "
                                 f"{simulation.bubble_rate:.1%}, ZB bubble {simulation.zb_bubble_rate:.1%}"):
         axes.set_title(heading, fontsize=10, wrap=True)
     _freeze_layout(figure)
@@ -80,7 +85,7 @@ def _draw_ops(axes, simulation: Simulation) -> dict:
     """Each device's grey lane (idle time shows through), then one box per op, a collection per
     kind and chunk; returns the boxes (`_op_boxes`) for their labels."""
     v = simulation.problem.chunks_per_device
-    lanes = [_box(0.0, simulation.makespan, device, 0.9) for device in range(simulation.problem.num_devices)]
+    lanes = [_box(0.0, simulation.iteration_time, device, 0.9) for device in range(simulation.problem.num_devices)]
     axes.add_collection(PolyCollection(lanes, facecolors=palette().lane, edgecolors="none", zorder=0, gid="idle-lanes"))
     boxes = _op_boxes(simulation)
     for (kind, chunk), (begin, width, row, _, height) in boxes.items():
@@ -109,6 +114,7 @@ def _draw_extras(axes, simulation: Simulation, show_latency: bool) -> list:
         axes.add_collection(PolyCollection(outlines, facecolors="none", edgecolors="black", linewidths=0.8, zorder=3,
                                            gid="overlapped-pairs"))
         handles.append(Patch(facecolor="white", edgecolor="black", label="overlapped pair (F over its partner)"))
+    handles += _draw_ends(axes, simulation)
     handles.append(Patch(facecolor=palette().lane, label="idle"))
     if show_latency and problem.p2p_time > 0:
         # under the boxes: a send to a far device (interleaved wrap-around) must not cross other devices' ops
@@ -116,6 +122,29 @@ def _draw_extras(axes, simulation: Simulation, show_latency: bool) -> list:
                                            alpha=0.6, zorder=1, gid="p2p-latency"))
         handles.append(Line2D([], [], color=palette().latency, linewidth=0.8,
                               label=f"p2p latency {problem.p2p_time:g}"))
+    return handles
+
+
+def _draw_ends(axes, simulation: Simulation) -> list:
+    """The iteration's ends where the problem has them: unshards and gradient reductions on each
+    device's communication lane, the optimizer step on its compute row; their legend keys."""
+    ends, problem, origin = simulation.ends, simulation.problem, simulation.origin
+    if ends is None:
+        return []
+    lane, lane_height = _row(simulation, COMMUNICATION)
+    row, row_height = _row(simulation, problem.kinds[0])
+    windows = {"unshard": [(problem.device_of(stage), window) for stage, window in enumerate(ends.unshard)],
+               "reduce": [(problem.device_of(stage), window) for stage, window in enumerate(ends.reduce)],
+               "step": list(enumerate(ends.step))}
+    handles = []
+    for name, placed in windows.items():
+        offset, height = (row, row_height) if name == "step" else (lane, lane_height)
+        boxes = [_box(begin - origin, end - begin, device + offset, height) for device, (begin, end) in placed
+                 if end > begin]
+        if boxes:
+            axes.add_collection(PolyCollection(boxes, facecolors=palette().ends[name], edgecolors="white",
+                                               linewidths=0.4, zorder=2, gid=f"ends-{name}"))
+            handles.append(Patch(facecolor=palette().ends[name], label=END_NAMES[name]))
     return handles
 
 
@@ -133,7 +162,7 @@ def _device_axes(axes, simulation: Simulation) -> None:
         peaks.tick_params(axis="y", length=0)
         for spine in peaks.spines.values():
             spine.set_visible(False)
-    axes.set_xlim(0, simulation.makespan)
+    axes.set_xlim(0, simulation.iteration_time)
     axes.set_xlabel("time")
     if p > 16:
         axes.set_ylabel("device")
@@ -144,7 +173,7 @@ def _gantt_size(simulation: Simulation) -> tuple[float, float]:
     """Width so the shortest op has room for its microbatch number, up to MAX_WIDTH_IN (denser
     charts thin their labels); height grows with the devices, up to MAX_HEIGHT_IN."""
     problem = simulation.problem
-    slots = simulation.makespan / min(simulation.table.duration)
+    slots = simulation.iteration_time / min(simulation.table.duration)
     digits = len(str(problem.total_microbatches - 1))
     width = min(MAX_WIDTH_IN, max(9.0, 2.0 + 0.11 * (digits + 1) * slots))
     height = min(MAX_HEIGHT_IN, 1.5 + 0.42 * problem.num_devices)
@@ -157,11 +186,17 @@ def _box(begin: float, width: float, center: float, height: float) -> list[tuple
 
 
 def _row(simulation: Simulation, kind: str) -> tuple[float, float]:
-    """(offset from its device's row centre, height) of a box of `kind`: compute boxes fill the
-    row unless the schedule offloads, whose copies get thin lanes below them (`COPY_ROWS`)."""
-    if not simulation.table.offloaded:
+    """(offset from its device's row centre, height) of a box of `kind` (an op kind, or
+    COMMUNICATION): compute boxes fill the row unless thin lanes go below them, one per copy
+    direction where the schedule offloads and one for the iteration's ends where the problem has
+    them, LANE_PITCH apart."""
+    lanes = [*(COPY_KINDS if simulation.table.offloaded else ()), *((COMMUNICATION,) if simulation.ends else ())]
+    if not lanes:
         return 0.0, BOX_HEIGHT
-    return COPY_ROWS[kind if kind in COPY_KINDS else None]
+    top, compute = -BOX_HEIGHT / 2, BOX_HEIGHT - LANE_PITCH * len(lanes)
+    if kind not in lanes:
+        return top + compute / 2, compute
+    return top + compute + 0.085 + LANE_PITCH * lanes.index(kind), LANE_HEIGHT
 
 
 def _op_boxes(simulation: Simulation) -> dict[tuple[str, int], tuple[np.ndarray, ...]]:

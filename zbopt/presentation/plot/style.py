@@ -46,20 +46,21 @@ class Palette:
     bar: str
     frontier: str
     heuristic: str
+    ends: dict[str, str]  # the iteration's ends: "unshard", "reduce" (gradient reduction), "step"
 
 
 SCREEN_PALETTE = Palette(
     kinds={FORWARD: "#3b6fb6", BACKWARD: "#e8862a", WEIGHT: "#3a9a4a", FUSED_BACKWARD: "#8b5bb3",
            RECOMPUTE: "#3b6fb6", OFFLOAD: "#2a9d8f", RELOAD: "#c9a227"},
     lane="#ececec", latency="#333333", memory="#3b6fb6", limit="#c0392b", bar="#5b84b1", frontier="#3b6fb6",
-    heuristic="#b03a2e")
+    heuristic="#b03a2e", ends={"unshard": "#95a5a6", "reduce": "#117864", "step": "#34495e"})
 # Okabe and Ito's palette ("Color Universal Design", 2008): its colours stay apart under every common
 # colour-vision deficiency; the screen palette's B and L merge under deuteranopia, its F and BW nearly
 PAPER_PALETTE = Palette(
     kinds={FORWARD: "#0072b2", BACKWARD: "#e69f00", WEIGHT: "#009e73", FUSED_BACKWARD: "#cc79a7",
            RECOMPUTE: "#0072b2", OFFLOAD: "#56b4e9", RELOAD: "#d55e00"},
     lane="#ebebeb", latency="#000000", memory="#0072b2", limit="#d55e00", bar="#0072b2", frontier="#0072b2",
-    heuristic="#d55e00")
+    heuristic="#d55e00", ends={"unshard": "#f0e442", "reduce": "#000000", "step": "#999999"})
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile("zbopt", deadline=None, max_examples=60, derandomize=True,
+settings.register_profile("zbopt", deadline=None, max_examples=45, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("explore", settings.get_profile("zbopt"), derandomize=False, max_examples=300)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "zbopt"))

@@ -175,3 +175,16 @@ def test_the_reports_viewer_gets_the_ends_and_runs_to_the_iterations_end():
         ("0REDUCE_GRAD", 0, 8.0, 11.0, COMMUNICATION_LANE), ("1REDUCE_GRAD", 1, 7.0, 8.0, COMMUNICATION_LANE),
         ("optimizer step", 0, 11.0, 11.5, 0), ("optimizer step", 1, 8.0, 8.5, 0)]
     assert "ends" not in schedule_data(simulate(Problem(**BASE), HAND))
+
+
+def test_the_frontier_measures_the_solved_points_and_the_heuristics_alike():
+    """With the iteration's ends, the solved points are iteration times: so are the heuristics'."""
+    from zbopt import memory_frontier
+    from zbopt.presentation.tables import format_frontier
+
+    problem = Problem(num_devices=4, num_microbatches=8, backward_times=1, weight_times=1, grad_reduce_times=2)
+    frontier = memory_frontier(problem, [4], time_limit=10)
+    zb_h1 = next(point for point in frontier.heuristics if point.name == "zb-h1")
+    assert zb_h1.makespan == simulate(problem, generate("zb-h1", problem)).iteration_time == 29.0
+    assert frontier.points[0].makespan == 29.0 and frontier.points[0].status == "optimal"
+    assert format_frontier(frontier).count(" iteration") == 2

@@ -68,7 +68,8 @@ class FrontierPoint:
 @dataclass(frozen=True)
 class HeuristicPoint:
     """A registered heuristic run without a memory limit: the most memory any device holds, and
-    its makespan. It is a feasible schedule at every limit from `peak_memory` on; with scaled
+    its makespan (its iteration time where the problem has the iteration's ends, as the solved
+    points'). It is a feasible schedule at every limit from `peak_memory` on; with scaled
     per-device limits, from `factor` on (the most any device's peak takes of its own limit)."""
 
     name: str
@@ -166,7 +167,7 @@ def heuristic_points(problem: Problem, scaled: tuple[float, ...] | None = None) 
         simulation = simulate(unlimited, schedule)
         peaks = simulation.peak_memory
         factor = None if scaled is None else max(peak / cap for peak, cap in zip(peaks, scaled, strict=True))
-        points.append(HeuristicPoint(name, max(peaks), simulation.makespan, factor))
+        points.append(HeuristicPoint(name, max(peaks), simulation.iteration_time, factor))
     return tuple(sorted(points, key=lambda point: (point.position, point.makespan, point.name)))
 
 

@@ -110,8 +110,9 @@ def format_block(search: BlockSearch, simulation: Simulation, published: list[di
              f"repeated span   {block.repeated_span(problem.num_microbatches):.6g} ((m - 1)·T + length, m = "
              f"{problem.num_microbatches})",
              f"started from    {search.start}",
-             f"schedule        makespan {simulation.makespan:.6g} after squeezing, peak memory "
-             f"{max(simulation.peak_memory):.6g}",
+             f"schedule        makespan {simulation.makespan:.6g} after squeezing"
+             + (f" (iteration {simulation.iteration_time:.6g})" if simulation.ends is not None else "")
+             + f", peak memory {max(simulation.peak_memory):.6g}",
              "",
              f"{'device':>6}  {'lifespan rule':>13}  {'steady peak':>11}  {'limit':>8}"]
     rule, steady = lifespan_bound(block), steady_peak(block)
@@ -198,13 +199,14 @@ def format_frontier(frontier: Frontier) -> str:
     mechanisms = [name for _, name in counted_mechanisms(problem)]  # FrontierPoint counts, as columns
     word = "limit" if scaled is None else "factor"
     title = "memory limit" if scaled is None else "factor"
+    timed = "iteration" if problem.iteration_ends is not None else "makespan"  # what the points and rows measure
     lines = [
         f"problem       {problem.describe()}",
         f"sweep         {_sweep_text(frontier)}",
         f"solves        {len(points)} memory limits, CP-SAT {frontier.time_limit:g} s each; "
         f"wall time {frontier.wall_time_s:.1f} s",
         "",
-        f"{title:>12}  {'status':<8}  {'makespan':>10}  {'lower bound':>11}  {'gap':>7}  {'solve s':>7}"
+        f"{title:>12}  {'status':<8}  {timed:>10}  {'lower bound':>11}  {'gap':>7}  {'solve s':>7}"
         + "".join(f"  {name:<11}" for name in mechanisms) + ("" if scaled is None else "  limits per device"),
     ]
     for point in points:
@@ -219,7 +221,7 @@ def format_frontier(frontier: Frontier) -> str:
         width = max(len("heuristic"), *(len(point.name) for point in frontier.heuristics))
         fits = "" if scaled is None else f"  {'fits from factor':>16}"
         lines += ["", "heuristics at their own peak memory (run without a limit):",
-                  f"{'heuristic':<{width}}  {'peak memory':>11}  {'makespan':>10}{fits}"]
+                  f"{'heuristic':<{width}}  {'peak memory':>11}  {timed:>10}{fits}"]
         lines += [f"{point.name:<{width}}  {point.peak_memory:>11.6g}  {point.makespan:>10.6g}"
                   + ("" if scaled is None else f"  {point.factor:>16.4g}") for point in frontier.heuristics]
     return "\n".join(lines)

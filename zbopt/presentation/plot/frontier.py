@@ -124,7 +124,8 @@ def _legend_handles(proven: np.ndarray, heuristics: bool, marked: list, scaled: 
 
 def _axis_titles(figure, axes, frontier) -> None:
     """Memory across (in the problem's units, or activations where those are 1; with scaled
-    per-device limits, the factor of each device's own, which has no unit), makespan up."""
+    per-device limits, the factor of each device's own, which has no unit), makespan (or the
+    iteration time, where the problem has the iteration's ends) up."""
     if frontier.scaled is None:
         unit = ("1 = one microbatch's activations on one stage" if set(frontier.problem.activation_memory) == {1.0}
                 else "the problem's memory units")
@@ -133,7 +134,8 @@ def _axis_titles(figure, axes, frontier) -> None:
         limits = ", ".join(f"{cap:g}" for cap in frontier.scaled)
         axes.set_xlabel(f"memory limit: factor × each device's own ({limits}); a heuristic at the least factor "
                         "its peaks fit", fontsize=9)
-    figure.supylabel("makespan (the problem's time units)", fontsize=9)
+    timed = "iteration time" if frontier.problem.iteration_ends is not None else "makespan"
+    figure.supylabel(f"{timed} (the problem's time units)", fontsize=9)
 
 
 def _draw_frontier(axes, owned, limits, makespans, lower, proven, stairs_x, stairs_y, groups) -> None:

@@ -188,3 +188,26 @@ def test_the_frontier_measures_the_solved_points_and_the_heuristics_alike():
     assert zb_h1.makespan == simulate(problem, generate("zb-h1", problem)).iteration_time == 29.0
     assert frontier.points[0].makespan == 29.0 and frontier.points[0].status == "optimal"
     assert format_frontier(frontier).count(" iteration") == 2
+
+
+def test_a_limit_below_the_activations_and_gathered_parameters_is_refused_naming_them():
+    """v = 2, one microbatch's two activations on device 0 (1 each) and its first stage's gathered
+    parameters (2; the second's are 0): 4 at least, when the last stage's forward runs. A limit of
+    3 fits no schedule (the greedy once stalled on it); at 4 the optimizer finds one within it."""
+    problem = dict(num_devices=2, num_microbatches=2, chunks_per_device=2, forward_times=1, backward_times=1,
+                   weight_times=1, grad_reduce_times=1, unshard_memory=[2, 2, 0, 0])
+    with pytest.raises(ZboptError, match="device 0 must hold .* and its gathered parameters .*\\(4\\)"):
+        Problem(**problem, memory_limit=3)
+    fits = Problem(**problem, memory_limit=4)
+    assert fits.min_memory_limit == (4.0, 4.0)
+    result = solve(fits, time_limit=10)
+    assert result.simulation.valid and max(result.simulation.peak_memory) == 4.0
+
+
+def test_the_ends_bound_does_not_add_the_ends_to_the_heaviest_microbatches_bound():
+    """The heaviest microbatches' full model already ends with the reductions and steps: adding them
+    once more gave 20.5 here, above the brute-force optimum (found by this session's review)."""
+    problem = Problem(num_devices=2, num_microbatches=3, forward_times=1, backward_times=2, microbatch_tokens=[4, 1, 1],
+                      grad_reduce_times=3, optimizer_step_times=1)
+    optimum = brute_force_optimum(problem)
+    assert lower_bounds(problem).best <= optimum + 1e-9

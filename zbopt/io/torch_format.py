@@ -241,7 +241,8 @@ def torch_comms_actions(simulation: Simulation) -> list[list[str]]:
                 if source >= 0 and table.device[source] != device:  # a message from another rank
                     kind = "F" if op.kind == FORWARD else "B"
                     add(table.device[source], end[source], 0, f"{table.op(source).stage}SEND_{kind}{op.microbatch}")
-                    add(device, end[source] + table.latency[index], 1, f"{op.stage}RECV_{kind}{op.microbatch}")
+                    arrival = min(end[source] + table.latency[index], start[index])  # given times: within tolerance
+                    add(device, arrival, 1, f"{op.stage}RECV_{kind}{op.microbatch}")
                 if op.kind == table.gradient_kind:
                     last_gradient[op.stage] = max(last_gradient.get(op.stage, -math.inf), end[index])
     for stage, finish in sorted(last_gradient.items()):

@@ -27,6 +27,7 @@ import math
 from operator import attrgetter
 
 from zbopt.core import interrupt
+from zbopt.core.errors import NotApplicableError
 from zbopt.core.kinds import FORWARD, WEIGHT
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
@@ -83,7 +84,9 @@ class _ListSchedule:
         while left:
             interrupt.check()
             if not self.wake:
-                raise RuntimeError("greedy: no op can start on any device")  # cannot happen (module docstring)
+                # only where the limit is below what the problem's memory floor can see (FSDP's gathered
+                # parameters of another route)
+                raise NotApplicableError("greedy: no op fits under the memory limit on any device")
             now, _, device = heapq.heappop(self.wake)
             if now < self.timeline.free[device]:
                 continue  # busy: it woke itself for when it is free

@@ -122,7 +122,9 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     if problem.iteration_ends is None:
         return found
     began = interrupt.now()
-    value, device = iteration_ends_bound(pair_relaxed(problem), found.best)
+    # on the makespan: every bound but the heaviest microbatches', whose full model includes the ends already
+    makespan = max((bound.value for bound in found.bounds if bound.name != "heaviest_microbatches"), default=0.0)
+    value, device = iteration_ends_bound(pair_relaxed(problem), makespan)
     ends = Bound("iteration_ends", value, interrupt.now() - began, () if device is None else (device,))
     return LowerBounds((*found.bounds, ends), found.complete)
 

@@ -31,15 +31,28 @@ def _largest(problem, floor) -> tuple[float, ...]:
     return tuple(max(device) for device in zip(*floors, strict=True))
 
 
+def _gathered(problem, stages, upto: int) -> float:
+    """FSDP's gathered parameters (`unshard_memory`) a device holding `stages` has while one
+    microbatch's op on stage `upto` runs: those of its stages up to `upto` on the same route. Their
+    unshards come first, in stage order, and each one's last gradient op after that microbatch's
+    backward there, which follows the op. 0 without them."""
+    ends = problem.iteration_ends
+    if ends is None:
+        return 0.0
+    route = problem.route_of_stage(upto)
+    return sum(ends.unshard_memory[s] for s in stages if s <= upto and problem.route_of_stage(s) == route)
+
+
 def one_microbatch_memory(problem) -> tuple[float, ...]:
     """Per device, one microbatch's activations on all its stages (with the bidirectional
     placement, on those of its route: the larger of the two ways, not their sum), the largest
-    microbatch's where they differ: the least memory a schedule that keeps every activation
-    needs. A microbatch's forward on a device's last stage runs while its earlier stages there
-    still hold their activations (their backwards come later); running one microbatch at a time
-    needs no more."""
+    microbatch's where they differ, and the gathered parameters then held (`_gathered`): the
+    least memory a schedule that keeps every activation needs. A microbatch's forward on a
+    device's last stage runs while its earlier stages there still hold their activations (their
+    backwards come later); running one microbatch at a time needs no more."""
     return _largest(problem, lambda activation, _: tuple(
-        max(sum(activation[s] for s in stages if s in route) for route, _ in problem.routes)
+        max(sum(activation[s] for s in stages if s in route) + _gathered(problem, stages, max(route_stages))
+            for route, _ in problem.routes if (route_stages := [s for s in stages if s in route]))
         for stages in problem.stages_of_device))
 
 
@@ -53,7 +66,8 @@ def recomputation_floor(problem) -> tuple[float, ...]:
     checkpoint_memory)."""
     route = problem.route_of_stage
     return _largest(problem, lambda activation, checkpoint: tuple(
-        max(activation[s] + sum(checkpoint[e] for e in stages if e < s and route(e) == route(s)) for s in stages)
+        max(activation[s] + sum(checkpoint[e] for e in stages if e < s and route(e) == route(s))
+            + _gathered(problem, stages, s) for s in stages)
         for stages in problem.stages_of_device))
 
 
@@ -63,10 +77,12 @@ def min_memory_limit(problem) -> tuple[float, ...]:
     Keeping every activation: `one_microbatch_memory`. With recomputation: `recomputation_floor`.
     With offload: the device's largest activation (an R, L or F of stage s holds all of s's
     activation; one microbatch at a time, every other activation offloaded before the next
-    forward, needs no more). With one stage per device all are the activation.
+    forward, needs no more). With one stage per device all are the activation. Each with FSDP's
+    gathered parameters held then (`_gathered`).
     """
     if problem.allow_offload:
-        return _largest(problem, lambda activation, _: tuple(max(activation[s] for s in stages)
+        return _largest(problem, lambda activation, _: tuple(max(activation[s] + _gathered(problem, stages, s)
+                                                                 for s in stages)
                                                              for stages in problem.stages_of_device))
     return problem.recomputation_floor if problem.allow_recompute else problem.one_microbatch_memory
 
@@ -82,10 +98,12 @@ def check_memory_limit(problem) -> None:
 
 
 def _floor_reason(problem) -> str:
+    gathered = " and its gathered parameters (unshard_memory)" if problem.iteration_ends is not None else ""
     if problem.allow_offload:
-        return "its largest stage's activation, with offload"
+        return f"its largest stage's activation{gathered}, with offload"
     if problem.allow_recompute:
-        return "one stage's activation and the checkpoints of its earlier stages, with recomputation"
+        return f"one stage's activation and the checkpoints of its earlier stages{gathered}, with recomputation"
     if problem.sequence_slices > 1:
-        return "one sequence's activations (all its slices) on its stages"
-    return "one microbatch's activations on its stages" + (" (of one route)" if problem.bidirectional else "")
+        return "one sequence's activations (all its slices) on its stages" + gathered
+    return "one microbatch's activations on its stages" + (" (of one route)" if problem.bidirectional else "") \
+        + gathered

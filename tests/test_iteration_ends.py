@@ -196,7 +196,7 @@ def test_a_limit_below_the_activations_and_gathered_parameters_is_refused_naming
     3 fits no schedule (the greedy once stalled on it); at 4 the optimizer finds one within it."""
     problem = dict(num_devices=2, num_microbatches=2, chunks_per_device=2, forward_times=1, backward_times=1,
                    weight_times=1, grad_reduce_times=1, unshard_memory=[2, 2, 0, 0])
-    with pytest.raises(ZboptError, match="device 0 must hold .* and its gathered parameters .*\\(4\\)"):
+    with pytest.raises(ZboptError, match=r"device 0 must hold .* and its gathered parameters .*\(4\)"):
         Problem(**problem, memory_limit=3)
     fits = Problem(**problem, memory_limit=4)
     assert fits.min_memory_limit == (4.0, 4.0)

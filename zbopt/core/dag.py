@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
-from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.problem.microbatches import EQUAL_MICROBATCHES
 
 __all__ = ["critical_path", "device_work", "earliest_finish", "one_per_route", "op_graph"]
@@ -45,11 +44,8 @@ def op_graph(problem: Problem) -> nx.DiGraph:
     graph = nx.DiGraph()
     for index in range(table.size):
         graph.add_node(table.op(index), duration=table.duration[index], device=table.device[index])
-    if problem.iteration_ends is not None and any(problem.iteration_ends.unshard_times):
-        windows = unshard_windows(problem)
-        for op in graph:
-            if op.kind == FORWARD:
-                graph.nodes[op]["release"] = windows[op.stage][1]
+        if table.release[index]:
+            graph.nodes[table.op(index)]["release"] = table.release[index]
     for index, source in enumerate(table.predecessor):
         if source >= 0:
             graph.add_edge(table.op(source), table.op(index), latency=table.latency[index])

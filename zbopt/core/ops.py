@@ -13,6 +13,7 @@ Sequence slices (`zbopt.core.problem.slices`) add, on one stage, F(s, j-1) -> F(
 An offloaded one adds O(s, j) and L(s, j) on the device's copy lanes: F(s, j) -> O(s, j) -> L(s, j)
 -> B(s, j) (or BW).
 Every edge between ops on different devices carries the latency p2p_time.
+With FSDP's unshards (the iteration's ends), a forward is released no sooner than its stage's unshard ends.
 Between iterations, with a flush (a weight update on each stage): every F(s, j) of iteration k+1
 waits for every gradient op (W or BW) of stage s in iteration k; same device, so no latency.
 """
@@ -26,6 +27,7 @@ from typing import NamedTuple
 from zbopt.core.errors import ScheduleError, shorten
 from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
 from zbopt.core.problem import Problem
+from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.problem.slices import neighbour
 
 __all__ = ["COMPUTE_LANE", "LANE_OF_KIND", "OFFLOAD_LANE", "RELOAD_LANE", "Op", "OpTable", "op_table"]
@@ -179,6 +181,16 @@ class OpTable:
     @cached_property
     def device(self) -> list[int]:
         return self._per_op(lambda kind, stage: self.problem.device_of(stage))
+
+    @cached_property
+    def release(self) -> list[float]:
+        """Per op, the earliest start the iteration's ends allow: a forward waits for its stage's
+        FSDP unshard (`mechanisms.unshard_windows`); 0 for every other op and without unshards."""
+        ends = self.problem.iteration_ends
+        if ends is None or not any(ends.unshard_times):
+            return [0.0] * self.size
+        windows = unshard_windows(self.problem)
+        return self._per_op(lambda kind, stage: windows[stage][1] if kind == FORWARD else 0.0)
 
     @cached_property
     def memory_delta(self) -> list[float]:

@@ -17,7 +17,6 @@ from zbopt.core import interrupt
 from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
-from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation.ends import gathered_memory
 from zbopt.core.tolerance import memory_ceiling
@@ -45,14 +44,8 @@ class Timeline:
         self.table = op_table(problem)
         self.start: list[float | None] = [None] * self.table.size
         self.free = [0.0] * problem.num_devices
-        self.held = [0.0] * problem.num_devices
+        self.held = list(gathered_memory(problem))  # FSDP's gathered parameters, held throughout
         self.orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
-        self.release: list[float] | None = None  # per op, when FSDP's unshard lets it start (forwards)
-        ends = problem.iteration_ends
-        if ends is not None and (any(ends.unshard_times) or any(ends.unshard_memory)):
-            windows = unshard_windows(problem)
-            self.release = [windows[op.stage][1] if op.kind == FORWARD else 0.0 for op in self.table.ops()]
-            self.held = list(gathered_memory(problem))
 
     def start_of(self, op: Op) -> float | None:
         """When a placed op starts; None while it is not placed."""
@@ -73,7 +66,7 @@ class Timeline:
     def ready_at(self, index: int) -> float:
         """`ready` of the op numbered `index` in `self.table` (for planners' inner loops)."""
         source = self.table.predecessor[index]
-        release = 0.0 if self.release is None else self.release[index]
+        release = self.table.release[index]
         if source < 0:
             return release
         began = self.start[source]

@@ -39,6 +39,7 @@ from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule, pair_text
 from zbopt.core.simulation import Simulation, simulate
+from zbopt.core.simulation.ends import gradient_ends
 from zbopt.io.write import write_file
 
 __all__ = ["MEGATRON_FORMAT", "MEGATRON_VERSION", "TORCH_FORWARD", "TORCH_FULL_BACKWARD", "TORCH_INPUT_BACKWARD",
@@ -225,7 +226,6 @@ def torch_comms_actions(simulation: Simulation) -> list[list[str]]:
     start, end = simulation.start.tolist(), simulation.end.tolist()
     # per rank: (time, then sends, receives and compute at one moment, the order made, action)
     events: list[list[tuple[float, int, int, str]]] = [[] for _ in range(problem.num_devices)]
-    last_gradient: dict[int, float] = {}
 
     def add(rank: int, time: float, rank_at_moment: int, action: str) -> None:
         events[rank].append((time, rank_at_moment, sum(map(len, events)), action))
@@ -243,9 +243,7 @@ def torch_comms_actions(simulation: Simulation) -> list[list[str]]:
                     add(table.device[source], end[source], 0, f"{table.op(source).stage}SEND_{kind}{op.microbatch}")
                     arrival = min(end[source] + table.latency[index], start[index])  # given times: within tolerance
                     add(device, arrival, 1, f"{op.stage}RECV_{kind}{op.microbatch}")
-                if op.kind == table.gradient_kind:
-                    last_gradient[op.stage] = max(last_gradient.get(op.stage, -math.inf), end[index])
-    for stage, finish in sorted(last_gradient.items()):
+    for stage, finish in enumerate(gradient_ends(problem, table, simulation.end)):
         add(problem.device_of(stage), finish, 0, f"{stage}REDUCE_GRAD")
         add(problem.device_of(stage), finish, 0, f"{stage}RESHARD")
     return [[action for *_, action in sorted(rank)] for rank in events]

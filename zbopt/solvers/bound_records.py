@@ -14,9 +14,9 @@ BOUND_NAMES = ("critical_path", "device_load", "one_machine", "memory", "pair_co
 
 @dataclass(frozen=True)
 class Bound:
-    """One lower bound on the makespan: its name, its value (problem units), the seconds it took,
-    and the devices whose ops it reasoned about where it reasons about some (empty: the whole
-    problem, or not known)."""
+    """One lower bound on the makespan (or on the iteration time, never shorter): its name, its
+    value (problem units), the seconds it took, and the devices whose ops it reasoned about where
+    it reasons about some (empty: the whole problem, or not known)."""
 
     name: str
     value: float

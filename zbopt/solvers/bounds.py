@@ -124,9 +124,10 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     began = interrupt.now()
     # on the makespan: every bound but the heaviest microbatches', whose full model includes the ends already
     makespan = max((bound.value for bound in found.bounds if bound.name != "heaviest_microbatches"), default=0.0)
-    value, device = iteration_ends_bound(pair_relaxed(problem), makespan)
+    per_device = interrupt.deterministic() or began + problem.num_ops * GRAPH_SECONDS_PER_OP <= deadline
+    value, device = iteration_ends_bound(pair_relaxed(problem), makespan, per_device)
     ends = Bound("iteration_ends", value, interrupt.now() - began, () if device is None else (device,))
-    return LowerBounds((*found.bounds, ends), found.complete)
+    return LowerBounds((*found.bounds, ends), found.complete and per_device)
 
 
 def _pipeline_bounds(problem: Problem, deadline: float) -> LowerBounds:

@@ -17,29 +17,37 @@ Three facts, each holding in every valid schedule:
 
 from __future__ import annotations
 
+import math
+
 from zbopt.core.dag import device_work, earliest_finish, op_graph
 from zbopt.core.ops import op_table
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows
+from zbopt.core.simulation.ends import unshards_done
 
 __all__ = ["iteration_ends_bound"]
 
 
-def iteration_ends_bound(problem: Problem, makespan_bound: float) -> tuple[float, int | None]:
+def iteration_ends_bound(problem: Problem, makespan_bound: float, per_device: bool = True) -> tuple[float, int | None]:
     """(the bound, the device it binds on, or None where it is the first fact's) given a lower
-    bound on the makespan of `problem`."""
+    bound on the makespan of `problem`; the first fact alone unless `per_device` (the other two
+    walk the op DAG: skipped where the caller's deadline does not allow that)."""
     ends = problem.iteration_ends
-    after_last = makespan_bound + min(ends.reduce_times[stage] + ends.step_times[problem.device_of(stage)]
-                                      for stage in range(problem.num_stages))
-    best, where = after_last, None
-    unshard = unshard_windows(problem)
+    best = makespan_bound + min(ends.reduce_times[stage] + ends.step_times[problem.device_of(stage)]
+                                for stage in range(problem.num_stages))
+    if not per_device:
+        return best, None
+    where = None
+    unshard, unshards_end = unshard_windows(problem), unshards_done(problem)
     finish = earliest_finish(op_graph(problem))
     gradient = op_table(problem).gradient_kind
+    ready = [-math.inf] * problem.num_stages
+    for op, end in finish.items():
+        if op.kind == gradient:
+            ready[op.stage] = max(ready[op.stage], end)
     for device, (stages, work) in enumerate(zip(problem.stages_of_device, device_work(problem), strict=True)):
         loaded = unshard[stages[0]][1] + work + min(ends.reduce_times[stage] for stage in stages)
-        ready = {stage: max(finish[op] for op in finish if op.kind == gradient and op.stage == stage)
-                 for stage in stages}
-        stream = max(unshard[stage][1] for stage in stages)
+        stream = unshards_end[device]
         for stage in sorted(stages, key=lambda s: ready[s]):
             stream = max(stream, ready[stage]) + ends.reduce_times[stage]
         value = max(loaded, stream) + ends.step_times[device]

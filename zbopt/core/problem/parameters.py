@@ -184,7 +184,8 @@ PARAMETERS: tuple[Parameter, ...] = (
               "UNSHARD).", unit="time"),
     Parameter("unshard_memory", _TIME, None, "iteration ends",
               "FSDP: memory of a virtual stage's gathered parameters",
-              "held from its unshard's start until the stage's last gradient op ends (torch's RESHARD).",
+              "held from its unshard's start until the stage's last gradient op ends (RESHARD in zbopt's "
+              "torch-comms-csv).",
               unit="memory"),
 )
 

@@ -2,11 +2,15 @@
 before the first forwards, each stage's gradient reduction after its last gradient op, and each
 device's optimizer step after its compute and reductions.
 
-They run as torch's lowering places them (`_add_unshard_reshard`, `_add_reduce_grad`), so no
-schedule lists them: each device's communication stream, beside compute, carries one transfer at a
-time, the unshards from time 0 chunk by chunk, then each reduction once its stage's last gradient
-op has ended, in the order they become ready (which is also the order that ends the stream
-soonest: one machine with release times). The step runs on compute, last.
+They run as zbopt's lowering to torch's compute_comms CSV places them
+(`zbopt.io.torch_format.torch_comms_actions`), so no schedule lists them: each device's
+communication stream, beside compute, carries one transfer at a time, the unshards from time 0
+chunk by chunk, then each reduction once its stage's last gradient op has ended, in the order they
+become ready (which is also the order that ends the stream soonest: one machine with release
+times). The step runs on compute, last. Torch's own lowering agrees up to 3 chunks per device
+(`_add_unshard_reshard` prefetches 3 stages: all of them at the start; `_add_reduce_grad` puts a
+reduction after the stage's last backward) but reshards at the rank's end, holding the gathered
+parameters longer than zbopt's RESHARD right after the stage's last gradient op.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from zbopt.core.ops import COMPUTE_LANE, OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows
 
-__all__ = ["EndTimes", "end_times", "gathered_memory", "unshards_done"]
+__all__ = ["EndTimes", "end_times", "gathered_memory", "gradient_ends", "unshards_done"]
 
 
 @dataclass(frozen=True)
@@ -64,13 +68,12 @@ def end_times(problem: Problem, table: OpTable, end: np.ndarray) -> EndTimes:
     """The ends' windows for ops ending at `end` (indexed by `table`'s op numbers)."""
     ends = problem.iteration_ends
     unshard = unshard_windows(problem)
-    ready = _last_gradient_ends(problem, table, end)
+    ready = gradient_ends(problem, table, end)
     device = np.asarray(table.device)
     on_compute = np.asarray(table.lane) == COMPUTE_LANE
     reduce = [(0.0, 0.0)] * problem.num_stages
     step = []
-    for d, stages in enumerate(problem.stages_of_device):
-        free = max(unshard[stage][1] for stage in stages)
+    for d, (stages, free) in enumerate(zip(problem.stages_of_device, unshards_done(problem), strict=True)):
         for stage in sorted(stages, key=lambda s: (ready[s], s)):
             begin = max(free, ready[stage])
             free = begin + ends.reduce_times[stage]
@@ -80,8 +83,9 @@ def end_times(problem: Problem, table: OpTable, end: np.ndarray) -> EndTimes:
     return EndTimes(unshard, tuple(reduce), tuple(step), tuple(ready))
 
 
-def _last_gradient_ends(problem: Problem, table: OpTable, end: np.ndarray) -> list[float]:
-    """Per virtual stage, when its last gradient op (W, or BW) ends."""
+def gradient_ends(problem: Problem, table: OpTable, end: np.ndarray) -> list[float]:
+    """Per virtual stage, when its last gradient op (W, or BW) ends, for ops ending at `end`:
+    where its reduction and its reshard may start."""
     kind = np.asarray(table.kind)
     stage = np.asarray([op.stage for op in table.ops()])
     gradients = kind == table.gradient_kind

@@ -9,7 +9,6 @@ from zbopt.core import interrupt
 from zbopt.core.errors import DeadlockError
 from zbopt.core.kinds import FORWARD, KINDS
 from zbopt.core.ops import Op, OpTable
-from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.schedule import pair_text
 from zbopt.core.simulation.result import Pair
 
@@ -78,7 +77,7 @@ class _Sweep:
         self.latest = [0.0] * groups  # per barrier, the latest end of its gradient ops so far
         self.start = [0.0] * table.size
         self.end: list[float | None] = [None] * (table.size + groups)
-        self._wait_for_unshards(table)
+        self._wait_for_releases(table)
         self.position = [0] * len(orders)  # per device, the place of its next op in its order
         self.free = [0.0] * len(orders)  # per device, when its compute lane is free
         self.copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
@@ -86,16 +85,16 @@ class _Sweep:
         self.ready = list(range(len(orders) - 1, -1, -1))  # devices to advance, device 0 first
         self.pair_of = {pair.members[0]: pair for pair in pairs}
 
-    def _wait_for_unshards(self, table: OpTable) -> None:
-        """With FSDP's unshards (`mechanisms.unshard_windows`), each forward also waits for its stage's: one
-        more entry of `end` per stage, known from the start."""
-        problem = table.problem
-        if problem.iteration_ends is None or not any(problem.iteration_ends.unshard_times):
+    def _wait_for_releases(self, table: OpTable) -> None:
+        """An op with a release time (`OpTable.release`: a forward waits for FSDP's unshard) also
+        waits for an entry of `end` known from the start, one per distinct release time."""
+        times = sorted(set(table.release) - {0.0})
+        if not times:
             return
-        first = len(self.end)
-        self.end.extend(end for _, end in unshard_windows(problem))
-        self.other_inputs = [(*inputs, first + table.op(index).stage) if kind == FORWARD else inputs
-                             for index, (inputs, kind) in enumerate(zip(self.other_inputs, table.kind, strict=True))]
+        entry = {time: len(self.end) + k for k, time in enumerate(times)}
+        self.end.extend(times)
+        self.other_inputs = [(*inputs, entry[release]) if release else inputs
+                             for inputs, release in zip(self.other_inputs, table.release, strict=True)]
 
     def run(self) -> None:
         """Advance each ready device through its order until its next op waits on an unfinished op

@@ -8,9 +8,7 @@ from itertools import pairwise
 import numpy as np
 
 from zbopt.core.errors import ScheduleError
-from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, OpTable
-from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.schedule import pair_text
 from zbopt.core.simulation.result import Pair
 from zbopt.core.simulation.timing import barrier_groups, same_device_input_name
@@ -47,6 +45,13 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
                     f"device {device}: {table.op(after)} starts at {start[after]:g}, before {table.op(before)} "
                     f"(listed before it) ends at {end[before]:g}"
                 )
+    _check_inputs(table, start, end, pair_of, tolerance)
+    return start, end
+
+
+def _check_inputs(table: OpTable, start: np.ndarray, end: np.ndarray, pair_of: np.ndarray, tolerance: float) -> None:
+    """Every op starts after its inputs: its dependency plus latency, its same-device inputs, its
+    stage's weight update (iteration barriers) and its release (FSDP's unshard)."""
     predecessor = np.asarray(table.predecessor)
     has_source = (predecessor >= 0) & ((pair_of < 0) | (pair_of[predecessor] != pair_of))  # W after its B in a pair
     ready = np.full(table.size, -np.inf)
@@ -58,8 +63,8 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
     for index in np.flatnonzero(np.asarray(waits) >= 0):
         stage, iteration = divmod(waits[index], table.barrier_count)
         ready[index] = max(ready[index], end[list(table.iteration_barrier(stage, iteration))].max())
-    unshard_end = _unshard_ends(table)
-    ready = np.maximum(ready, unshard_end)
+    release = np.asarray(table.release)
+    ready = np.maximum(ready, release)
     early = np.flatnonzero(start < ready - tolerance)
     if early.size:
         index = int(early[0])
@@ -75,23 +80,10 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
                 f"{op} starts at {start[index]:g}, before its dependency {table.op(source)} "
                 f"(device {table.device[source]}) ends at {end[source]:g}{latency}"
             )
-        if start[index] < unshard_end[index] - tolerance:
+        if start[index] < release[index] - tolerance:
             raise ScheduleError(f"{op} starts at {start[index]:g}, before its stage's unshard (FSDP's all-gather) "
-                                f"ends at {unshard_end[index]:g}")
+                                f"ends at {release[index]:g}")
         raise ScheduleError(f"{op} starts at {start[index]:g}, before its stage's weight update at {ready[index]:g}")
-    return start, end
-
-
-def _unshard_ends(table: OpTable) -> np.ndarray:
-    """Per op, when its stage's unshard ends if it is a forward (`mechanisms.unshard_windows`), else 0."""
-    waits = np.zeros(table.size)
-    ends = table.problem.iteration_ends
-    if ends is not None and any(ends.unshard_times):
-        windows = unshard_windows(table.problem)
-        for index, kind in enumerate(table.kind):
-            if kind == FORWARD:
-                waits[index] = windows[table.op(index).stage][1]
-    return waits
 
 
 def _listed_before(table: OpTable, indices):

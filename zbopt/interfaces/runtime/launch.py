@@ -183,15 +183,8 @@ def run_torch(
     if model is None:
         trained = ToyModel(problem.num_stages, problem.num_microbatches, microbatch_size, hidden, layers_per_stage,
                            seed, data_parallel)
-    elif data_parallel > 1:
-        raise ZboptError(f"data_parallel = {data_parallel}: runs the toy model only (a model of your own runs one "
-                         "pipeline)")
     else:
-        if split is None or len(split) != problem.num_stages:
-            raise ZboptError(f"{path}: {problem.num_stages} stages, but the split has "
-                             f"{'none' if split is None else len(split)} (layers per stage)")
-        trained = CutModel(model, tuple(split), problem.num_microbatches, seed, os.path.abspath(folder or os.getcwd()))
-        trained.check()
+        trained = _own_model(path, problem, model, split, folder, seed, data_parallel)
     with tempfile.TemporaryDirectory(prefix="zbopt-torch-") as result_dir:
         lowered = None
         if lowering == "zbopt":
@@ -199,6 +192,20 @@ def run_torch(
             write_file(lowered, torch_comms_csv(simulate(problem, schedule.order.to_schedule(problem))))
         results = _launch(schedule, trained, steps, timeout_s, result_dir, data_parallel, lowered)
     return _report(str(path), problem, trained, steps, results, rtol, atol, data_parallel)
+
+
+def _own_model(path, problem, model: str, split: Sequence[int] | None, folder: str | None, seed: int,
+               data_parallel: int) -> CutModel:
+    """The user's model `model` cut into the CSV's stages by `split`, checked before any rank starts."""
+    if data_parallel > 1:
+        raise ZboptError(f"data_parallel = {data_parallel}: runs the toy model only (a model of your own runs one "
+                         "pipeline)")
+    if split is None or len(split) != problem.num_stages:
+        raise ZboptError(f"{path}: {problem.num_stages} stages, but the split has "
+                         f"{'none' if split is None else len(split)} (layers per stage)")
+    trained = CutModel(model, tuple(split), problem.num_microbatches, seed, os.path.abspath(folder or os.getcwd()))
+    trained.check()
+    return trained
 
 
 def _check_options(steps: int, sizes: dict[str, int], timeout_s: float, tolerances: dict[str, float]) -> None:

@@ -25,9 +25,10 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# the extras installed above must be there: a test needing a missing one fails, not skips (tests/conftest.py)
+# the extras installed above must be there: a test needing a missing one fails, not skips (tests/conftest.py);
+# one worker per core (pytest-xdist)
 test: lint
-	ZBOPT_REQUIRE_EXTRAS=torch,dask $(BIN)/python -m pytest
+	ZBOPT_REQUIRE_EXTRAS=torch,dask $(BIN)/python -m pytest -n auto
 
 # Six benchmarks with quick settings: about 5 minutes on 2 cores. The full runs:
 # bench_solver.py A (60 s per solve, CP-SAT and HiGHS), bench_solver.py B, bench_milp_models.py (60 s),

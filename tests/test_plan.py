@@ -231,7 +231,7 @@ def test_the_answer_is_never_longer_than_a_row_and_a_rows_peak_counts_the_parame
     pipeline, device = Pipeline(2, 1, "loop", 4), Device(memory_gb=20.0, reserve_gb=0.0)
     answer = plan(SMALL, device, pipeline, schedules=["1f1b"], time_limit=20)
     rows = [row for row in answer.pipelines[0].rows if row.simulation is not None]
-    assert rows and answer.makespan <= min(row.makespan for row in rows) + 1e-9
+    assert rows and answer.iteration_time <= min(row.iteration_time for row in rows) + 1e-9
     row = next(row for row in answer.to_dict()["rows"] if row["peak_gb"] is not None)
     problem = split_problem(SMALL, device, pipeline, tuple(row["split"]))
     own = [sum(layer.parameters_gb for layer in SMALL.layers[:row["split"][0]]),
@@ -395,7 +395,7 @@ def test_the_optimal_row_on_a_split_is_never_behind_that_splits_best_row():
     optimal = [(split, row) for split, rows in by_split.items() for row in rows if row.schedule == OPTIMAL]
     assert optimal
     for split, row in optimal:
-        assert row.makespan <= min(other.makespan for other in by_split[split]) + 1e-9
+        assert row.iteration_time <= min(other.iteration_time for other in by_split[split]) + 1e-9
 
 
 def test_the_plan_text_puts_the_answer_first_and_folds_rows_over_the_limit(capsys):

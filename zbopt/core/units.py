@@ -1,6 +1,6 @@
-"""Quantities written with their unit ("1.7 ms", "80 GB", "400 TFLOPS"), converted once where a
-model or device is read, so that everything past the edge holds plain floats in one unit each:
-times in ms, memory in GB (10^9 bytes), compute in FLOP/s.
+"""Quantities written with their unit ("1.7 ms", "80 GB", "400 TFLOPS", "50 GB/s"), converted once
+where a model or device is read, so that everything past the edge holds plain floats in one unit
+each: times in ms, memory in GB (10^9 bytes), compute in FLOP/s, bandwidth in GB/s.
 
 A bare number is refused: "80" could be GB or GiB (7% apart), "1.7" ms or s. GB, MB and TB are
 powers of ten (SI); GiB, MiB and TiB powers of two (IEC 80000-13).
@@ -14,7 +14,8 @@ import re
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.tolerance import MAX_TOTAL
 
-__all__ = ["FLOPS_UNITS", "MEMORY_UNITS", "TIME_UNITS", "parse_flops", "parse_memory", "parse_time"]
+__all__ = ["BANDWIDTH_UNITS", "FLOPS_UNITS", "MEMORY_UNITS", "TIME_UNITS", "parse_bandwidth", "parse_flops",
+           "parse_memory", "parse_time"]
 
 TIME_UNITS = {"ms": 1.0, "s": 1e3, "us": 1e-3, "µs": 1e-3}  # -> ms
 MEMORY_UNITS = {"B": 1e-9, "KB": 1e-6, "MB": 1e-3, "GB": 1.0, "TB": 1e3,  # -> GB
@@ -22,6 +23,8 @@ MEMORY_UNITS = {"B": 1e-9, "KB": 1e-6, "MB": 1e-3, "GB": 1.0, "TB": 1e3,  # -> G
 FLOPS_UNITS = {f"{prefix}{spelling}": scale  # -> FLOP/s; "TFLOPS" and "TFLOP/s" alike
                for prefix, scale in (("", 1.0), ("G", 1e9), ("T", 1e12), ("P", 1e15))
                for spelling in ("FLOPS", "FLOP/s")}
+BANDWIDTH_UNITS = {**{f"{unit}/s": scale for unit, scale in MEMORY_UNITS.items() if unit != "B"},  # -> GB/s
+                   "Gb/s": 0.125, "Tb/s": 125.0}  # network links are quoted in bits: 400 Gb/s = 50 GB/s
 
 _QUANTITY = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(\S.*?)?\s*")
 
@@ -47,6 +50,14 @@ def _within_range(value: float, text: object, key: str, unit: str) -> float:
 def parse_flops(text: object, key: str) -> float:
     """`text` ("400 TFLOPS", "1 PFLOP/s") in FLOP/s; more than 0."""
     value = _parse(text, key, FLOPS_UNITS, "compute rate", "400 TFLOPS")
+    if value == 0:
+        raise ZboptError(f"{key} = {shorten(text)}: must be more than 0")
+    return value
+
+
+def parse_bandwidth(text: object, key: str) -> float:
+    """`text` ("50 GB/s", "400 Gb/s", "900 GiB/s") in GB/s; more than 0."""
+    value = _parse(text, key, BANDWIDTH_UNITS, "bandwidth", "50 GB/s")
     if value == 0:
         raise ZboptError(f"{key} = {shorten(text)}: must be more than 0")
     return value

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from zbopt.planning.model.collectives import describe_ends
 from zbopt.planning.planner import Plan, stage_names
 from zbopt.planning.planner.result import OVER_THE_LIMIT, device_peaks, split_exports
 from zbopt.presentation.tables import aligned
@@ -16,13 +17,25 @@ __all__ = ["COLUMNS", "check_plan_report", "format_plan", "render_plan_report", 
 COLUMNS = ("rule", "schedule", "split", "makespan (ms)", "bubble", "peak (GB) per device, parameters included", "gap")
 
 
+def _columns(plan: Plan) -> tuple[str, ...]:
+    """COLUMNS, with the iteration time beside the makespan where the plan times the iteration's ends."""
+    return (*COLUMNS[:4], "iteration (ms)", *COLUMNS[4:]) if _has_ends(plan) else COLUMNS
+
+
+def _has_ends(plan: Plan) -> bool:
+    return any(row.simulation is not None and row.simulation.ends is not None
+               for each in plan.pipelines for row in each.rows)
+
+
 def _row_cells(plan: Plan, each, row) -> list[str]:
-    simulation = row.simulation
+    simulation, ends = row.simulation, _has_ends(plan)
     if simulation is None:
-        return [row.rule, row.schedule, _split(row.split), "-", "-", "-", row.note or "-"]
+        return [row.rule, row.schedule, _split(row.split), *["-"] * (4 if ends else 3), row.note or "-"]
     peaks = device_peaks(plan.model, each.pipeline, row.split, simulation)
-    return [row.rule, row.schedule, _split(row.split), f"{simulation.makespan:.5g}", f"{simulation.bubble_rate:.1%}",
-            ", ".join(f"{peak:.3g}" for peak in peaks), gap_text(relative_gap(simulation.makespan, each.lower_bound))]
+    return [row.rule, row.schedule, _split(row.split), f"{simulation.makespan:.5g}",
+            *([f"{simulation.iteration_time:.5g}"] if ends else []), f"{simulation.bubble_rate:.1%}",
+            ", ".join(f"{peak:.3g}" for peak in peaks),
+            gap_text(relative_gap(simulation.iteration_time, each.lower_bound))]
 
 
 def _split(split) -> str:
@@ -46,15 +59,15 @@ def _model_line(plan: Plan) -> str:
     device = plan.device
     memory = "unlimited" if device.memory_gb is None else (f"{device.memory_gb:g} GB, of which a plan uses at most "
                                                            f"{device.usable_gb:.4g} (reserve {device.reserve:.4g} GB)")
-    return f"model: {len(plan.model.layers)} layers ({groups}); device memory {memory}"
+    ends = describe_ends(device, plan.model.training)
+    return f"model: {len(plan.model.layers)} layers ({groups}); device memory {memory}" + (f"\n{ends}" if ends else "")
 
 
 def _best_lines(plan: Plan) -> list[str]:
     chosen, outcome = plan.best, plan.best.best
     pipeline = chosen.pipeline
-    lines = [f"best: {_chunks(pipeline)} ({pipeline.placement}), schedule {outcome.schedule}: "
-             f"{outcome.makespan:.5g} ms; lower bound over every split {plan.lower_bound:.5g} ms; "
-             f"gap {gap_text(plan.gap)}"]
+    lines = [f"best: {_chunks(pipeline)} ({pipeline.placement}), schedule {outcome.schedule}: {_time(outcome)}; "
+             f"lower bound over every split {plan.lower_bound:.5g} ms; gap {gap_text(plan.gap)}"]
     peaks = device_peaks(plan.model, pipeline, outcome.split, outcome.simulation)
     for stage, names in enumerate(stage_names(plan.model, outcome.split)):
         device = pipeline.device_of(stage)
@@ -71,10 +84,18 @@ def _best_lines(plan: Plan) -> list[str]:
     return lines + _framework_lines(plan)
 
 
+def _time(outcome) -> str:
+    """The best plan's objective: "2363.7 ms", or "2401.2 ms per iteration (pipeline 2363.7 ms)"."""
+    simulation = outcome.simulation
+    if simulation.ends is None:
+        return f"{simulation.makespan:.5g} ms"
+    return f"{simulation.iteration_time:.5g} ms per iteration (pipeline {simulation.makespan:.5g} ms)"
+
+
 def _framework_lines(plan: Plan) -> list[str]:
     """Where the best plan runs: torch, torchtitan (its config lines), Megatron-LM (as printed, or
     its own best beside, with what it costs)."""
-    support, best = plan.frameworks(), plan.best.best.makespan
+    support, best = plan.frameworks(), plan.best.best.iteration_time
     lines = ["", "runs in:", f"  torch.distributed.pipelining: {support['torch']}"]
     titan = support["torchtitan"]
     if isinstance(titan, list):
@@ -87,9 +108,9 @@ def _framework_lines(plan: Plan) -> list[str]:
     lines.append(f"  Megatron-LM: {verdict}")
     own = megatron["best"]
     if isinstance(own, dict):
-        cost = (own["makespan_ms"] - best) / best
+        cost = (own["iteration_ms"] - best) / best
         lines.append(f"    its best: {own['schedule']} on split {', '.join(map(str, own['split']))}: "
-                     f"{own['makespan_ms']:.5g} ms ({cost:+.1%} against the plan's best); " + " ".join(own["flags"]))
+                     f"{own['iteration_ms']:.5g} ms ({cost:+.1%} against the plan's best); " + " ".join(own["flags"]))
     else:
         lines.append(f"    {own}")
     return lines
@@ -103,8 +124,9 @@ def format_plan(plan: Plan) -> str:
     for each in plan.pipelines:
         over = [row for row in each.rows if row.note == OVER_THE_LIMIT]
         parts += ["", _pipeline_heading(each)]
-        parts += aligned([list(COLUMNS), *(_row_cells(plan, each, row) for row in each.rows if row not in over)],
-                         left=range(len(COLUMNS)))
+        columns = _columns(plan)
+        parts += aligned([list(columns), *(_row_cells(plan, each, row) for row in each.rows if row not in over)],
+                         left=range(len(columns)))
         if over:
             names = ", ".join(dict.fromkeys(f"{row.schedule} ({row.rule})" for row in over))
             parts.append(f"over the memory limit: {names}")
@@ -115,7 +137,7 @@ def _html_tables(plan: Plan) -> list[str]:
     """Per pipeline its heading and its rows as an HTML table."""
     parts = []
     for each in plan.pipelines:
-        head = "".join(f"<th>{html.escape(title)}</th>" for title in COLUMNS)
+        head = "".join(f"<th>{html.escape(title)}</th>" for title in _columns(plan))
         body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row_cells(plan, each, row))
                        + "</tr>" for row in each.rows)
         parts += [f"<h2>{html.escape(_pipeline_heading(each))}</h2>",
@@ -141,12 +163,13 @@ def render_plan_report(plan: Plan) -> str:
     text = html.escape
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', "<title>zbopt: plan</title>",
              f"<style>{STYLE}</style></head><body>", "<h1>Layer split and schedule</h1>",
-             f"<p>{text(_model_line(plan))}</p>", *_html_tables(plan), '<h2 id="best">Best plan</h2>',
+             *(f"<p>{text(line)}</p>" for line in _model_line(plan).splitlines()), *_html_tables(plan), '<h2 id="best">Best plan</h2>',
              f'<pre style="white-space: pre-wrap">{text(chr(10).join(_best_lines(plan)))}</pre>',
              '<h2 id="splits">Splits</h2>',
              figure_html("split", plot_split(plan))]
     outcome = plan.best.best
-    summary = (f"makespan {outcome.makespan:.5g} ms, lower bound over every split {plan.lower_bound:.5g} ms, "
+    summary = (f"{'makespan ' if outcome.simulation.ends is None else ''}{_time(outcome)}, lower bound over every "
+               f"split {plan.lower_bound:.5g} ms, "
                f"gap {gap_text(plan.gap)}; peak GB per device (parameters included) "
                + ", ".join(f"{peak:.3g}" for peak in device_peaks(plan.model, plan.best.pipeline, outcome.split,
                                                                    outcome.simulation)))

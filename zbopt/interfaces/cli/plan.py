@@ -28,7 +28,10 @@ def add_commands(commands) -> None:
     planning.add_argument("--global-batch", type=int, help="m from a global batch: global / (micro-batch size x "
                                                            "data-parallel ranks), instead of --microbatches")
     planning.add_argument("--micro-batch-size", type=int, help="with --global-batch (default 1)")
-    planning.add_argument("--data-parallel", type=int, help="with --global-batch (default 1)")
+    planning.add_argument("--data-parallel", type=int,
+                          help="data-parallel ranks: each stage's gradients are reduced over them (timed where the "
+                               "model file's device gives dp_bandwidth), and with --global-batch they divide the "
+                               "batch (default: the model file's data_parallel, else 1)")
     planning.add_argument("--device-memory", metavar="GB", help="each device's memory, with its unit (e.g. 80GB); "
                                                                "default: the model file's device memory")
     planning.add_argument("--reserve", metavar="GB", help="memory each device keeps free for what a run holds beside "
@@ -59,7 +62,7 @@ def _command_plan(args: argparse.Namespace) -> int:
     from zbopt.planning.planner import check_stages, plan
 
     _check_numbers(args)
-    model, device = load_model(args.model)
+    model, device = load_model(args.model, data_parallel=args.data_parallel)
     if args.device_memory is not None:
         device = replace(device, memory_gb=parse_memory(args.device_memory, "--device-memory"))
     if args.reserve is not None:
@@ -78,7 +81,7 @@ def _command_plan(args: argparse.Namespace) -> int:
     check_outputs(args, [("-o", args.output), ("--export", args.export)], inputs=model_files(args.model))
     for chunks in _chunks(args.chunks):  # before m's default of 4 per device is blamed for the size
         check_stages(model, args.devices, chunks)
-    microbatches = _microbatches(args)
+    microbatches = _microbatches(args, model.training.data_parallel)
     pipelines = [_pipeline(args, chunks, microbatches) for chunks in _chunks(args.chunks)]
     with contextlib.ExitStack() as stack:
         executor, parallel = None, 1
@@ -121,13 +124,16 @@ def _export(path: str, answer, quiet: bool) -> None:
         print(f"\n{EXPORT_FORMATS[written]} written to {path}")
 
 
-def _microbatches(args: argparse.Namespace) -> int:
-    """m: --microbatches, or from --global-batch (`problem.batch`'s rule and its messages), else 4 per device."""
+def _microbatches(args: argparse.Namespace, data_parallel: int) -> int:
+    """m: --microbatches, or from --global-batch over the model's `data_parallel` ranks
+    (`problem.batch`'s rule and its messages), else 4 per device."""
     from zbopt.core.problem.batch import BATCH_FLAGS, batch_microbatches
 
     values = {key: getattr(args, key if key != "global_batch_size" else "global_batch")
-              for key in BATCH_FLAGS}
+              for key in BATCH_FLAGS if key != "data_parallel"}
     values = {key: value for key, value in values.items() if value is not None}
+    if args.global_batch is not None and data_parallel > 1:
+        values["data_parallel"] = data_parallel
     if args.microbatches is not None:
         values["num_microbatches"] = args.microbatches
     counted = batch_microbatches(values, lambda key: BATCH_FLAGS.get(key, "--microbatches"))
@@ -163,7 +169,7 @@ def _chunks(text: str) -> list[int]:
 
 def _check_numbers(args: argparse.Namespace) -> None:
     for flag, value in (("--devices", args.devices), ("--microbatches", args.microbatches),
-                        ("--workers", args.workers)):
+                        ("--workers", args.workers), ("--data-parallel", args.data_parallel)):
         if value is not None and value < 1:
             raise ZboptError(f"{flag} {value}: expected a whole number, at least 1")
     if not (math.isfinite(args.time_limit) and args.time_limit > 0):

@@ -20,12 +20,13 @@ from zbopt.planning.model.presets import preset
 from zbopt.planning.model.profile import read_profile
 
 __all__ = ["LAYER_KEYS", "MODEL_KEYS", "REQUIRED_LAYER_KEYS", "SOURCES", "TRAINING_KEYS", "model_layers",
-           "profile_path", "spelled_layers"]
+           "model_training", "profile_path", "spelled_layers"]
 
 SOURCES = ("layers", "profile", "architecture", "preset")
 TRAINING_KEYS = ("dtype", "data_parallel", "use_distributed_optimizer")
 MODEL_KEYS = SOURCES + TRAINING_KEYS
-LAYER_KEYS = ("name", "repeat", "forward", "backward", "weight", "activation", "weight_activation", "parameters")
+LAYER_KEYS = ("name", "repeat", "forward", "backward", "weight", "activation", "weight_activation", "parameters",
+              "gradient")
 REQUIRED_LAYER_KEYS = ("name", "forward", "backward", "activation", "parameters")
 
 
@@ -44,10 +45,8 @@ def model_layers(section: object, device: Device | None = None, where: str = "mo
     if len(given) != 1:
         raise ZboptError(f"{where}: give exactly one of layers, profile, architecture (or preset), "
                          f"not {' and '.join(given) or 'none'}")
-    if given[0] in ("layers", "profile"):
-        extra = [key for key in TRAINING_KEYS if key in section]
-        if extra:
-            raise ZboptError(f"{where}.{extra[0]}: applies to costs from an architecture only, not to {given[0]}")
+    if given[0] in ("layers", "profile") and "dtype" in section:
+        raise ZboptError(f"{where}.dtype: applies to costs from an architecture only, not to {given[0]}")
     if given[0] == "layers":
         return spelled_layers(section["layers"], f"{where}.layers")
     if given[0] == "profile":
@@ -63,15 +62,21 @@ def profile_path(value: object, key: str, base: str | Path | None) -> Path:
     return path if path.is_absolute() or base is None else Path(base) / path
 
 
+def model_training(section: dict, where: str = "model") -> Training:
+    """How the model section says it is trained (`TRAINING_KEYS`; each a default where not given):
+    the data-parallel group and the distributed optimizer for every source, the dtype for an
+    architecture's costs. Call after `model_layers` has accepted the section."""
+    try:
+        return Training(**{key: section[key] for key in TRAINING_KEYS if key in section})
+    except ZboptError as error:
+        raise ZboptError(f"{where}.{error}") from None
+
+
 def _architecture_layers(section: dict, device: Device, where: str) -> list[tuple[Layer, int]]:
     """An architecture (or preset, overridden by `architecture:`) at the device's FLOP/s."""
     base = preset(section["preset"], f"{where}.preset") if "preset" in section else None
     arch = Architecture.from_config(section.get("architecture", {}), f"{where}.architecture", base)
-    try:
-        training = Training(**{key: section[key] for key in TRAINING_KEYS if key in section})
-    except ZboptError as error:
-        raise ZboptError(f"{where}.{error}") from None
-    return architecture_layers(arch, device, training)
+    return architecture_layers(arch, device, model_training(section, where))
 
 
 def spelled_layers(entries: object, where: str) -> list[tuple[Layer, int]]:
@@ -105,7 +110,9 @@ def _spelled_layer(entry: object, where: str) -> tuple[Layer, int]:
                       weight_ms=None if weight is None else parse_time(weight, f"{where}.weight"),
                       activation_gb=parse_memory(entry["activation"], f"{where}.activation"),
                       weight_activation_gb=None if kept is None else parse_memory(kept, f"{where}.weight_activation"),
-                      parameters_gb=parse_memory(entry["parameters"], f"{where}.parameters"))
+                      parameters_gb=parse_memory(entry["parameters"], f"{where}.parameters"),
+                      gradient_gb=None if entry.get("gradient") is None else parse_memory(entry["gradient"],
+                                                                                          f"{where}.gradient"))
     except ZboptError as error:
         message = str(error)
         raise ZboptError(message if message.startswith(where) else f"{where}: {message}") from None

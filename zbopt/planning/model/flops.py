@@ -18,8 +18,8 @@ from zbopt.core.errors import ZboptError, shorten
 from zbopt.planning.model.architecture import Architecture
 from zbopt.planning.model.parts import Device, Layer
 
-__all__ = ["ELEMENT_BYTES", "LOGIT_BYTES", "MASK_BYTES", "PARAMETER_BYTES", "Costs", "Training", "architecture_layers",
-           "decoder_costs", "decoder_parameters", "embedding_costs", "lm_head_costs"]
+__all__ = ["DEFAULT_TRAINING", "ELEMENT_BYTES", "LOGIT_BYTES", "MASK_BYTES", "PARAMETER_BYTES", "Costs", "Training",
+           "architecture_layers", "decoder_costs", "decoder_parameters", "embedding_costs", "lm_head_costs"]
 
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # Bytes per parameter of mixed-precision Adam in Megatron-LM (its distributed-optimizer guide):
@@ -54,6 +54,15 @@ class Training:
         """18 for bf16 (2 + 4 + 12); with the distributed optimizer 6 + 12/d, d = data_parallel."""
         whole, shardable = PARAMETER_BYTES[self.dtype]
         return whole + shardable / (self.data_parallel if self.use_distributed_optimizer else 1)
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes per parameter of the gradient a data-parallel reduction moves: the kept-whole part
+        less the weight (bf16: the fp32 main gradient, 4; fp16: 2; fp32: 4)."""
+        return PARAMETER_BYTES[self.dtype][0] - ELEMENT_BYTES[self.dtype]
+
+
+DEFAULT_TRAINING = Training()  # bf16, one data-parallel rank: what a model without training keys is
 
 
 @dataclass(frozen=True)
@@ -160,4 +169,5 @@ def _layer(name: str, costs: Costs, flops: float, training: Training) -> Layer:
     return Layer(name=name, forward_ms=milliseconds(costs.forward), backward_ms=milliseconds(costs.backward),
                  weight_ms=milliseconds(costs.weight), activation_gb=costs.activation / 1e9,
                  weight_activation_gb=costs.weight_activation / 1e9,
-                 parameters_gb=costs.parameters * training.bytes_per_parameter / 1e9)
+                 parameters_gb=costs.parameters * training.bytes_per_parameter / 1e9,
+                 gradient_gb=costs.parameters * training.gradient_bytes / 1e9)

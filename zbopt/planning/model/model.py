@@ -16,8 +16,8 @@ from pathlib import Path
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.io.read import read_data
 from zbopt.planning.model.architecture import Architecture
-from zbopt.planning.model.config import model_layers, profile_path
-from zbopt.planning.model.flops import Training, architecture_layers
+from zbopt.planning.model.config import model_layers, model_training, profile_path
+from zbopt.planning.model.flops import DEFAULT_TRAINING, Training, architecture_layers
 from zbopt.planning.model.parts import Device, Layer
 from zbopt.planning.model.profile import read_profile
 
@@ -29,10 +29,12 @@ FILE_KEYS = ("model", "device")
 @dataclass(frozen=True)
 class Model:
     """Ordered layers (a repeated layer appears once per repeat) and the groups they were written
-    in: (name, repeat) pairs, consecutive equal layers by default."""
+    in: (name, repeat) pairs, consecutive equal layers by default; how it is trained (`training`:
+    the data-parallel group its gradients are reduced over, the distributed optimizer)."""
 
     layers: tuple[Layer, ...]
     groups: tuple[tuple[str, int], ...] = ()
+    training: Training = DEFAULT_TRAINING
 
     def __post_init__(self):
         layers = tuple(self.layers)
@@ -52,17 +54,17 @@ class Model:
         object.__setattr__(self, "groups", groups)
 
     @classmethod
-    def from_repeats(cls, pairs: Iterable[tuple[Layer, int]]) -> Model:
+    def from_repeats(cls, pairs: Iterable[tuple[Layer, int]], training: Training = DEFAULT_TRAINING) -> Model:
         """A model from (layer, repeat) pairs in order: each layer repeated in place."""
         pairs = list(pairs)
         return cls(tuple(layer for layer, repeat in pairs for _ in range(repeat)),
-                   tuple((layer.name, repeat) for layer, repeat in pairs))
+                   tuple((layer.name, repeat) for layer, repeat in pairs), training)
 
     @classmethod
     def from_config(cls, section: object, device: Device | None = None, base: str | Path | None = None) -> Model:
         """The `model:` section of a config (units written out: "1.7 ms", "0.8 GB"). `device` gives
         the FLOP/s that costs from an architecture need; `base`, the folder of a relative profile."""
-        return cls.from_repeats(model_layers(section, device, base=base))
+        return cls.from_repeats(model_layers(section, device, base=base), model_training(section))
 
     @classmethod
     def from_architecture(cls, architecture: Architecture | Mapping, device: Device, dtype: str = "bf16",
@@ -72,7 +74,7 @@ class Model:
         if not isinstance(architecture, Architecture):
             architecture = Architecture.from_config(dict(architecture))
         training = Training(dtype, data_parallel, use_distributed_optimizer)
-        return cls.from_repeats(architecture_layers(architecture, device, training))
+        return cls.from_repeats(architecture_layers(architecture, device, training), training)
 
     @classmethod
     def from_profile(cls, path: str | Path) -> Model:
@@ -100,9 +102,11 @@ class Model:
         return rows
 
 
-def load_model(path: str | Path) -> tuple[Model, Device]:
+def load_model(path: str | Path, data_parallel: int | None = None) -> tuple[Model, Device]:
     """A model file: {model: ..., device: ...} in YAML or JSON, read through `zbopt.io.read`'s
-    limits; a relative profile path is taken from the file's folder.
+    limits; a relative profile path is taken from the file's folder. `data_parallel` (a caller's
+    flag) is the model's data-parallel size where the file gives none; a file that gives another
+    is refused.
 
     Parameters
     ----------
@@ -136,9 +140,16 @@ def load_model(path: str | Path) -> tuple[Model, Device]:
         raise ZboptError(f"{where}: unknown key {shorten(unknown[0])} (known: {', '.join(FILE_KEYS)})")
     if "model" not in data:
         raise ZboptError(f"{where}: missing key model")
+    section = data["model"]
+    if data_parallel is not None and isinstance(section, dict):
+        given = section.get("data_parallel", data_parallel)
+        if given != data_parallel:
+            raise ZboptError(f"{path}: model.data_parallel = {shorten(given)}, but {data_parallel} asked for "
+                             "(--data-parallel): give one")
+        section = {**section, "data_parallel": data_parallel}
     try:
         device = Device.from_config(data.get("device"))
-        return Model.from_config(data["model"], device, base=Path(path).parent), device
+        return Model.from_config(section, device, base=Path(path).parent), device
     except ZboptError as error:
         raise ZboptError(f"{path}: {error}") from None
 

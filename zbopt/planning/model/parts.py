@@ -12,12 +12,16 @@ from numbers import Real
 
 from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.tolerance import MAX_TOTAL
-from zbopt.core.units import parse_flops, parse_memory, parse_time
+from zbopt.core.units import parse_bandwidth, parse_flops, parse_memory, parse_time
 
-__all__ = ["DEFAULT_RESERVE_SHARE", "DEVICE_KEYS", "MAX_REPEAT", "WEIGHT_MEMORY_SHARE", "Device", "Layer",
-           "check_amount", "check_repeat"]
+__all__ = ["DEFAULT_RESERVE_SHARE", "DEVICE_KEYS", "GRADIENT_SHARE", "MAX_REPEAT", "WEIGHT_MEMORY_SHARE", "Device",
+           "Layer", "check_amount", "check_repeat"]
 
 WEIGHT_MEMORY_SHARE = 0.5  # zbopt's rule for M_W when a layer gives none: half of M_B
+# zbopt's rule for the gradients a data-parallel reduction moves when a layer gives none: mixed-
+# precision Adam in bf16 holds 18 bytes per parameter, of which the fp32 main gradient it reduces
+# is 4 (Megatron-LM's distributed-optimizer guide; `flops.PARAMETER_BYTES`)
+GRADIENT_SHARE = 4 / 18
 
 
 def check_amount(key: str, value: object, optional: bool = False, most: float | None = MAX_TOTAL) -> float | None:
@@ -51,7 +55,8 @@ class Layer:
     `weight_ms` None means a fused backward: `backward_ms` is then the whole BW. `activation_gb`
     is M_B, what the forward keeps for the backward; `weight_activation_gb` M_W, what B keeps for
     W (default: half of M_B, zbopt's rule). `parameters_gb` is what the layer holds all step long:
-    weights, gradients and optimizer state.
+    weights, gradients and optimizer state; `gradient_gb` the gradients a data-parallel reduction
+    moves (default: GRADIENT_SHARE of `parameters_gb`).
     """
 
     name: str
@@ -61,6 +66,7 @@ class Layer:
     activation_gb: float
     parameters_gb: float
     weight_activation_gb: float | None = None
+    gradient_gb: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name.strip():
@@ -79,6 +85,8 @@ class Layer:
             kept = self.activation_gb * WEIGHT_MEMORY_SHARE
         object.__setattr__(self, "weight_ms", weight)
         object.__setattr__(self, "weight_activation_gb", kept)
+        gradient = check_amount(f"layer {self.name!r}: gradient_gb", self.gradient_gb, optional=True)
+        object.__setattr__(self, "gradient_gb", self.parameters_gb * GRADIENT_SHARE if gradient is None else gradient)
 
     @property
     def fused(self) -> bool:
@@ -89,10 +97,11 @@ class Layer:
         """The layer as the profile and `zbopt costs --json` spell it (units in the keys)."""
         return {"name": self.name, "forward_ms": self.forward_ms, "backward_ms": self.backward_ms,
                 "weight_ms": self.weight_ms, "activation_gb": self.activation_gb,
-                "weight_activation_gb": self.weight_activation_gb, "parameters_gb": self.parameters_gb}
+                "weight_activation_gb": self.weight_activation_gb, "parameters_gb": self.parameters_gb,
+                "gradient_gb": self.gradient_gb}
 
 
-DEVICE_KEYS = ("memory", "flops", "p2p", "reserve")
+DEVICE_KEYS = ("memory", "flops", "p2p", "reserve", "dp_bandwidth", "dp_latency", "memory_bandwidth")
 # What a plan leaves free by default: a training process holds more than its tensors (the CUDA
 # context and NCCL's buffers, about 1-2 GB; the caching allocator's fragmentation, a few percent of
 # a busy device), none of which a plan sees. zbopt's choice, not a measurement: give `reserve`.
@@ -105,12 +114,20 @@ class Device:
     sustained compute in FLOP/s (None: not given; only costs from an architecture need it), the
     point-to-point latency between pipeline neighbours in ms (0 unless given), and the memory a plan
     leaves free for what a training process holds beside the model's tensors (`reserve_gb`; None:
-    DEFAULT_RESERVE_SHARE of the memory). A plan fills at most `usable_gb`."""
+    DEFAULT_RESERVE_SHARE of the memory). A plan fills at most `usable_gb`.
+
+    The iteration's ends (`zbopt.planning.model.collectives`): the data-parallel interconnect, the
+    bus bandwidth of one rank in GB/s (`dp_bandwidth_gbs`; None: gradient reductions not timed)
+    and the latency of one step of its ring in ms; the memory bandwidth in GB/s the optimizer step
+    runs at (`memory_bandwidth_gbs`; None: the step not timed)."""
 
     memory_gb: float | None = None
     flops: float | None = None
     p2p_ms: float = 0.0
     reserve_gb: float | None = None
+    dp_bandwidth_gbs: float | None = None
+    dp_latency_ms: float = 0.0
+    memory_bandwidth_gbs: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "memory_gb", check_amount("device memory_gb", self.memory_gb, optional=True))
@@ -124,6 +141,12 @@ class Device:
             raise ZboptError("device flops = 0: must be more than 0")
         object.__setattr__(self, "flops", flops)
         object.__setattr__(self, "p2p_ms", check_amount("device p2p_ms", self.p2p_ms))
+        object.__setattr__(self, "dp_latency_ms", check_amount("device dp_latency_ms", self.dp_latency_ms))
+        for field in ("dp_bandwidth_gbs", "memory_bandwidth_gbs"):
+            rate = check_amount(f"device {field}", getattr(self, field), optional=True, most=None)
+            if rate == 0:
+                raise ZboptError(f"device {field} = 0: must be more than 0")
+            object.__setattr__(self, field, rate)
 
     @property
     def reserve(self) -> float:
@@ -148,8 +171,14 @@ class Device:
         unknown = [key for key in section if key not in DEVICE_KEYS]
         if unknown:
             raise ZboptError(f"{where}: unknown key {shorten(unknown[0])} (known: {', '.join(DEVICE_KEYS)})")
-        memory, flops, p2p, reserve = (section.get(key) for key in DEVICE_KEYS)
+        memory, flops, p2p, reserve, dp_bandwidth, dp_latency, memory_bandwidth = (section.get(key)
+                                                                                 for key in DEVICE_KEYS)
         return cls(memory_gb=None if memory is None else parse_memory(memory, f"{where}.memory"),
                    flops=None if flops is None else parse_flops(flops, f"{where}.flops"),
                    p2p_ms=0.0 if p2p is None else parse_time(p2p, f"{where}.p2p"),
-                   reserve_gb=None if reserve is None else parse_memory(reserve, f"{where}.reserve"))
+                   reserve_gb=None if reserve is None else parse_memory(reserve, f"{where}.reserve"),
+                   dp_bandwidth_gbs=None if dp_bandwidth is None else parse_bandwidth(dp_bandwidth,
+                                                                                      f"{where}.dp_bandwidth"),
+                   dp_latency_ms=0.0 if dp_latency is None else parse_time(dp_latency, f"{where}.dp_latency"),
+                   memory_bandwidth_gbs=None if memory_bandwidth is None else parse_bandwidth(
+                       memory_bandwidth, f"{where}.memory_bandwidth"))

@@ -23,8 +23,9 @@ from zbopt.planning.model.parts import Layer, check_repeat
 __all__ = ["AMOUNTS", "COLUMNS", "OPTIONAL_COLUMNS", "profile_text", "read_profile"]
 
 COLUMNS = ("name", "forward_ms", "backward_ms", "weight_ms", "activation_gb", "parameters_gb")
-OPTIONAL_COLUMNS = ("repeat", "weight_activation_gb")
-AMOUNTS = ("forward_ms", "backward_ms", "weight_ms", "activation_gb", "parameters_gb", "weight_activation_gb")
+OPTIONAL_COLUMNS = ("repeat", "weight_activation_gb", "gradient_gb")
+AMOUNTS = ("forward_ms", "backward_ms", "weight_ms", "activation_gb", "parameters_gb", "weight_activation_gb",
+           "gradient_gb")
 
 
 def read_profile(path: str | Path) -> list[tuple[Layer, int]]:
@@ -104,7 +105,8 @@ def _row_layer(row: dict, where: str) -> tuple[Layer, int]:
     try:
         layer = Layer(name=row["name"], forward_ms=row["forward_ms"], backward_ms=row["backward_ms"],
                       weight_ms=row["weight_ms"], activation_gb=row["activation_gb"],
-                      parameters_gb=row["parameters_gb"], weight_activation_gb=row.get("weight_activation_gb"))
+                      parameters_gb=row["parameters_gb"], weight_activation_gb=row.get("weight_activation_gb"),
+                      gradient_gb=row.get("gradient_gb"))
     except ZboptError as error:
         raise ZboptError(f"{where}: {error}") from None
     return layer, repeat

@@ -48,7 +48,7 @@ def fused_model(model: Model) -> Model:
         return model
     return Model(tuple(dataclasses.replace(layer, backward_ms=layer.backward_ms + (layer.weight_ms or 0.0),
                                            weight_ms=None, weight_activation_gb=None) for layer in model.layers),
-                 model.groups)
+                 model.groups, model.training)
 
 
 def megatron_schedule(pipeline: Pipeline) -> str | None:
@@ -60,7 +60,8 @@ def megatron_schedule(pipeline: Pipeline) -> str | None:
 
 def megatron_best(model: Model, device: Device, pipeline: Pipeline, splits: Iterable[Split]) -> dict | str:
     """Megatron-LM's own schedule on the best of `splits` with the backward fused (module
-    docstring): {schedule, split, makespan_ms, layout, flags}, or why there is none."""
+    docstring): {schedule, split, makespan_ms, iteration_ms, flags}, or why there is none: the best by
+    iteration time (the makespan where the plan has no iteration ends)."""
     from zbopt.schedules import generate
 
     name = megatron_schedule(pipeline)
@@ -74,7 +75,7 @@ def megatron_best(model: Model, device: Device, pipeline: Pipeline, splits: Iter
             simulation = simulate(problem, generate(name, problem))
         except ZboptError:  # a split Megatron's schedule does not take, or that does not fit
             continue
-        if simulation.valid and (best is None or simulation.makespan < best[1].makespan):
+        if simulation.valid and (best is None or simulation.iteration_time < best[1].iteration_time):
             best = (split, simulation)
     if best is None:
         return f"{name} with the backward fused fits the device memory on none of the plan's splits"
@@ -86,7 +87,8 @@ def megatron_best(model: Model, device: Device, pipeline: Pipeline, splits: Iter
                  f'--pipeline-model-parallel-layout "{layout}"']
     except ZboptError as error:
         flags = [f"--pipeline-model-parallel-size {pipeline.num_devices}", f"(no layout string: {error})"]
-    return {"schedule": name, "split": list(split), "makespan_ms": simulation.makespan, "flags": flags}
+    return {"schedule": name, "split": list(split), "makespan_ms": simulation.makespan,
+            "iteration_ms": simulation.iteration_time, "flags": flags}
 
 
 def torchtitan_config(model: Model, pipeline: Pipeline, split: Split, csv: str = "plan.csv") -> list[str] | str:

@@ -31,7 +31,14 @@ class Outcome:
 
     @property
     def makespan(self) -> float:
+        """The pipeline's makespan; inf without a schedule."""
         return math.inf if self.simulation is None else self.simulation.makespan
+
+    @property
+    def iteration_time(self) -> float:
+        """What a plan minimises: the pipeline's makespan and the iteration's ends (the makespan
+        without ends); inf without a schedule."""
+        return math.inf if self.simulation is None else self.simulation.iteration_time
 
 
 @dataclass(frozen=True)
@@ -48,15 +55,23 @@ class PlanRow:
     def makespan(self) -> float | None:
         return None if self.simulation is None else self.simulation.makespan
 
+    @property
+    def iteration_time(self) -> float | None:
+        """The makespan and the iteration's ends (the makespan without ends); None without a schedule."""
+        return None if self.simulation is None else self.simulation.iteration_time
+
     def to_dict(self, model: Model, pipeline: Pipeline, lower_bound: float) -> dict:
-        """The row in JSON: `peak_gb` each device's whole peak (its parameters and its activations'
-        peak); `gap` against its pipeline's bound over every split; `orders` its schedule."""
+        """The row in JSON: `makespan_ms` the pipeline's, `iteration_ms` with the iteration's ends
+        (equal without); `peak_gb` each device's whole peak (its parameters and its activations'
+        peak); `gap` of the iteration against its pipeline's bound over every split; `orders` its
+        schedule."""
         simulation = self.simulation
         return {"rule": self.rule, "schedule": self.schedule, "chunks": pipeline.chunks_per_device,
                 "placement": pipeline.placement, "split": None if self.split is None else list(self.split),
-                "makespan_ms": self.makespan, "bubble": None if simulation is None else simulation.bubble_rate,
+                "makespan_ms": self.makespan, "iteration_ms": self.iteration_time,
+                "bubble": None if simulation is None else simulation.bubble_rate,
                 "peak_gb": None if simulation is None else device_peaks(model, pipeline, self.split, simulation),
-                "gap": None if simulation is None else relative_gap(simulation.makespan, lower_bound),
+                "gap": None if simulation is None else relative_gap(simulation.iteration_time, lower_bound),
                 "note": self.note, "orders": None if simulation is None else schedule_orders(simulation)}
 
 
@@ -85,19 +100,25 @@ class Plan:
 
     @property
     def best(self) -> PipelinePlan:
-        return min(self.pipelines, key=lambda each: math.inf if each.best is None else each.best.makespan)
+        return min(self.pipelines, key=lambda each: math.inf if each.best is None else each.best.iteration_time)
 
     @property
     def makespan(self) -> float:
+        """The best plan's pipeline makespan (the plan is chosen by `iteration_time`)."""
         return math.inf if self.best.best is None else self.best.best.makespan
 
     @property
+    def iteration_time(self) -> float:
+        """The best plan's iteration time (its makespan where the problem has no iteration ends)."""
+        return math.inf if self.best.best is None else self.best.best.iteration_time
+
+    @property
     def lower_bound(self) -> float:
-        return min(self.makespan, *(each.lower_bound for each in self.pipelines))
+        return min(self.iteration_time, *(each.lower_bound for each in self.pipelines))
 
     @property
     def gap(self) -> float | None:
-        return relative_gap(self.makespan, self.lower_bound) if self.makespan < math.inf else None
+        return relative_gap(self.iteration_time, self.lower_bound) if self.iteration_time < math.inf else None
 
     def frameworks(self) -> dict:
         """What each framework runs of the best plan (`frameworks.framework_support`): Megatron-LM's
@@ -116,7 +137,8 @@ class Plan:
         best = None if outcome is None else {
             "split": list(outcome.split), "stages": stage_names(self.model, outcome.split),
             "chunks": chosen.pipeline.chunks_per_device, "placement": chosen.pipeline.placement,
-            "schedule": outcome.schedule, "makespan_ms": outcome.makespan, "lower_bound_ms": self.lower_bound,
+            "schedule": outcome.schedule, "makespan_ms": outcome.makespan,
+            "iteration_ms": outcome.iteration_time, "lower_bound_ms": self.lower_bound,
             "gap": self.gap, "peak_gb": device_peaks(self.model, chosen.pipeline, outcome.split, outcome.simulation),
             "device_memory_gb": self.device.memory_gb, "reserve_gb": self.device.reserve,
             "usable_gb": self.device.usable_gb,

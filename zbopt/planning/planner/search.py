@@ -3,9 +3,11 @@
 Each named rule's split is scheduled by every applicable heuristic and by the optimizer (rows of
 rule × schedule). The joint search then takes splits in the order of `SplitFamily`'s bound, the
 least first, and solves each with zbopt's optimizer; it stops when the least bound of the splits
-left reaches the best makespan found (every other split is pruned: none can be shorter) or when
-time runs out. The certificate covers every split: the least of the solved splits' own lower
-bounds and the bound on the splits left.
+left reaches the best iteration time found (every other split is pruned: none can be shorter) or
+when time runs out. The certificate covers every split: the least of the solved splits' own lower
+bounds and the bound on the splits left. The objective is the iteration time: the makespan, and
+where the device and the training time them the gradient reductions and the optimizer step
+(`zbopt.planning.model.collectives`); the splits' makespan bounds hold for it too.
 """
 
 from __future__ import annotations
@@ -104,8 +106,8 @@ def solved_split(problem: Problem, seconds: float, workers: int, incumbent: floa
     on a meter of its own) of one split's Problem: zbopt's optimizer within `seconds` (a
     module-level function, so an executor can run it), from `warm` (the split's best row: the
     answer is never behind it) or else the best heuristic; first its independent lower bounds
-    for a tenth of that, and no search when they already reach `incumbent`, the best makespan of
-    another split (with one chunk, the device DP proves most splits worse in milliseconds).
+    for a tenth of that, and no search when they already reach `incumbent`, the best iteration
+    time of another split (with one chunk, the device DP proves most splits worse in milliseconds).
     `deterministic` in another process (which does not see the caller's meter): `seconds` of
     work on a meter of its own, whose count it returns (else 0)."""
     own = interrupt.Clock(seconds, "split", interrupt.Meter()) if deterministic and not interrupt.deterministic() \
@@ -161,7 +163,8 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     Returns
     -------
     Plan : per pipeline its rows, its best split and schedule, and a lower bound on every split
-        with every schedule; `best`, `makespan`, `lower_bound` and `gap` over the pipelines.
+        with every schedule; `best`, `iteration_time` (the makespan without iteration ends),
+        `lower_bound` and `gap` over the pipelines.
 
     Raises
     ------
@@ -176,7 +179,7 @@ def plan(model: Model, device: Device, pipelines: Pipeline | Sequence[Pipeline],
     >>> from zbopt import Device, Layer, Model, Pipeline
     >>> layers = Model.from_repeats([(Layer("decoder", 1.0, 1.0, 1.0, activation_gb=1, parameters_gb=1), 8)])
     >>> answer = plan(layers, Device(memory_gb=20), Pipeline(4, 1, "loop", 8), schedules=["zb-h1"], time_limit=10)
-    >>> answer.best.best.split, answer.makespan, answer.gap
+    >>> answer.best.best.split, answer.iteration_time, answer.gap
     ((2, 2, 2, 2), 54.0, 0.0)
     """
     pipelines = (pipelines,) if isinstance(pipelines, Pipeline) else tuple(pipelines)
@@ -273,7 +276,7 @@ def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
     pruned = _search(run, family, solved)
     found = [outcome for outcome in solved.values() if outcome.simulation is not None]
     found += [Outcome(row.split, row.simulation, 0.0, row.schedule) for row in rows if row.simulation is not None]
-    best = min(found, key=lambda outcome: outcome.makespan) if found else None
+    best = min(found, key=lambda outcome: outcome.iteration_time) if found else None
     lower = min([family.floor, *(outcome.lower_bound for outcome in solved.values())])
     return PipelinePlan(run.pipeline, tuple(rows), best, lower, len(solved), pruned)
 
@@ -327,7 +330,7 @@ def _search(run: _Run, family: SplitFamily, solved: dict) -> bool:
     beat the best found or time runs out (`family.floor` then bounds every split not solved);
     whether the splits left were all pruned."""
     while run.clock.left() > interrupt.span(MIN_SOLVE_S) and not interrupt.requested.is_set():
-        best = min((outcome.makespan for outcome in solved.values()), default=math.inf)
+        best = min((outcome.iteration_time for outcome in solved.values()), default=math.inf)
         batch: list[Split] = []
         while len(batch) < run.parallel:
             split, rest = family.next_split(min(interrupt.span(FAMILY_S), run.clock.left() / 4))

@@ -17,6 +17,7 @@ from zbopt.core.errors import ProblemError, ZboptError
 from zbopt.core.placement import stage_device
 from zbopt.core.problem import Problem
 from zbopt.planning.model import Device, Model
+from zbopt.planning.model.collectives import ends_times
 
 __all__ = ["Pipeline", "Split", "activation_limits", "check_split", "check_stages", "device_parameters",
            "split_problem", "splits_backward", "stage_layers", "stage_names"]
@@ -105,8 +106,9 @@ def device_parameters(model: Model, pipeline: Pipeline, split: Split) -> list[fl
 def split_problem(model: Model, device: Device, pipeline: Pipeline, split: Sequence[int]) -> Problem:
     """The Problem of `split`: per-stage sums of the layers' times (ms) and activations (GB); each
     device's memory limit is `device.usable_gb` less its parameters (no limit without a device
-    memory). A ZboptError in one line names the device whose parameters alone do not fit, or a
-    stage whose layers take no time (zbopt's Problem needs every F, B and W time above 0)."""
+    memory); the iteration's ends where the device and the training time them (`collectives`).
+    A ZboptError in one line names the device whose parameters alone do not fit, or a stage whose
+    layers take no time (zbopt's Problem needs every F, B and W time above 0)."""
     split = check_split(model, pipeline, split)
     split_backward = splits_backward(model)
     sums = {key: [] for key in ("forward", "backward", "weight", "activation", "kept")}
@@ -122,13 +124,16 @@ def split_problem(model: Model, device: Device, pipeline: Pipeline, split: Seque
                 raise ZboptError(f"split {list(split)}: virtual stage {stage} ({_names(model, layers)}) has no "
                                  f"{key} time; give it another layer")
     limits = activation_limits(model, device, pipeline, split)
+    ends = ends_times(device, model.training,
+                      [[model.layers[index] for index in layers] for layers in stage_layers(split)],
+                      [pipeline.stages_on(each) for each in range(pipeline.num_devices)])
     try:
         return Problem(num_devices=pipeline.num_devices, num_microbatches=pipeline.num_microbatches,
                        chunks_per_device=pipeline.chunks_per_device, placement=pipeline.placement,
                        forward_times=sums["forward"], backward_times=sums["backward"],
                        weight_times=sums["weight"] if split_backward else None, p2p_time=device.p2p_ms,
                        activation_memory=sums["activation"], weight_memory=sums["kept"] if split_backward else None,
-                       memory_limit=limits)
+                       memory_limit=limits, **ends)
     except ProblemError as error:
         if error.key != "memory_limit":
             raise

@@ -163,7 +163,8 @@ def render_plan_report(plan: Plan) -> str:
     text = html.escape
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', "<title>zbopt: plan</title>",
              f"<style>{STYLE}</style></head><body>", "<h1>Layer split and schedule</h1>",
-             *(f"<p>{text(line)}</p>" for line in _model_line(plan).splitlines()), *_html_tables(plan), '<h2 id="best">Best plan</h2>',
+             *(f"<p>{text(line)}</p>" for line in _model_line(plan).splitlines()), *_html_tables(plan),
+             '<h2 id="best">Best plan</h2>',
              f'<pre style="white-space: pre-wrap">{text(chr(10).join(_best_lines(plan)))}</pre>',
              '<h2 id="splits">Splits</h2>',
              figure_html("split", plot_split(plan))]

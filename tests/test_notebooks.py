@@ -25,11 +25,12 @@ def read(path: Path):
     return nbformat.read(path, as_version=nbformat.NO_CONVERT)
 
 
-def test_the_ten_notebooks_are_there():
+def test_the_eleven_notebooks_are_there():
     assert [path.name for path in NOTEBOOKS] == [
         "01_quickstart.ipynb", "02_zero_bubble_table5.ipynb", "03_memory_frontier.ipynb",
         "04_heterogeneous_stages.ipynb", "05_building_blocks.ipynb", "06_recompute_offload.ipynb",
         "07_dualpipe.ipynb", "08_model_to_plan.ipynb", "09_microbatches_that_differ.ipynb", "10_own_model.ipynb",
+        "11_iteration_ends.ipynb",
     ]
 
 

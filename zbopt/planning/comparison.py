@@ -20,6 +20,7 @@ from zbopt.core.tolerance import RELATIVE_TOLERANCE
 from zbopt.core.wiring import Shown, dataframe
 from zbopt.schedules import TORCH_PREFIX, get, named_schedule, registered
 from zbopt.schedules.ordering import Order
+from zbopt.schedules.reductions import reductions_in_turn
 from zbopt.solvers import SolveResult, lower_bounds, solve
 from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
 from zbopt.solvers.gap import gap_text, relative_gap
@@ -227,6 +228,7 @@ def _compared(problem: Problem, schedules: Sequence[str] | None, optimal: bool, 
     simulations, not_applicable, not_run = _simulate_schedules(problem, schedules, order, deadline, cutoff)
     if order is None and not problem.microbatches_equal and problem.sequence_slices == 1:  # slices keep theirs
         simulations += _best_orders(problem, simulations, deadline)
+    simulations += _reductions_in_turn(problem, simulations)
     stop = None
     if optimal:
         best = best_of(simulation for _, simulation, _ in simulations if simulation.valid)
@@ -285,6 +287,21 @@ def _best_orders(problem: Problem, simulations: list, deadline: float = math.inf
                        key=lambda item: item[:2])
         if best[2] is not None:
             rows.append((f"{name} ({best[2]} order)", best[3], None))
+    return rows
+
+
+def _reductions_in_turn(problem: Problem, simulations: list) -> list:
+    """[("NAME (reductions in turn)", simulation, None)] per row whose trailing W regrouped by stage
+    (`schedules.reductions.reductions_in_turn`) give a shorter iteration: the variant's worth."""
+    rows = []
+    for name, given, _ in simulations:
+        variant = reductions_in_turn(problem, given.schedule)
+        if variant is None:
+            continue
+        simulation = simulate(problem, variant)
+        shorter = simulation.iteration_time < given.iteration_time * (1 - RELATIVE_TOLERANCE)
+        if simulation.valid >= given.valid and shorter:
+            rows.append((f"{name} (reductions in turn)", simulation, None))
     return rows
 
 

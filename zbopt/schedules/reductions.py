@@ -1,0 +1,59 @@
+"""Reductions in turn: a schedule whose devices end with a run of weight-gradient ops (W) regrouped
+so that the iteration's gradient reductions start as early as they can (issue 44's "W ordered by
+stage" variant of any generator).
+
+A stage's reduction starts once its last gradient op has ended (`zbopt.core.simulation.ends`); a
+device that ends on W of several stages (two chunks or more per device: ZB-V, interleaved) finishes
+them in whatever order its generator left them, often interleaved, so every one of its reductions
+waits for the end. The W at the end of a device's order depend on nothing still to run there and
+nothing depends on them, so any order of them is valid, ends compute at the same time and only
+frees memory. Taken alone, that run is a two-machine flow shop: each stage a job, its trailing W
+on compute, then its reduction on the communication stream; Johnson's rule (Johnson 1954: the jobs
+whose compute is at most their reduction first, by compute ascending, then the rest by reduction
+descending, each job's W together) ends the stream soonest. The stream's earlier work and the
+other devices are not part of that argument, so a caller keeps the result only where the
+simulator finds it shorter (`compare`'s "(reductions in turn)" rows).
+"""
+
+from __future__ import annotations
+
+from zbopt.core.kinds import WEIGHT
+from zbopt.core.ops import Op, op_table
+from zbopt.core.problem import Problem
+from zbopt.core.schedule import Schedule
+
+__all__ = ["reductions_in_turn"]
+
+
+def reductions_in_turn(problem: Problem, schedule: Schedule) -> Schedule | None:
+    """`schedule`'s orders with each device's trailing W regrouped by stage in Johnson's order
+    (given start times dropped: the simulator times the new orders), or None where that moves
+    nothing (no gradient reductions, a fused backward, overlapped pairs, or every device's trailing
+    W already in that order)."""
+    ends = problem.iteration_ends
+    if ends is None or not any(ends.reduce_times) or not problem.split_backward or schedule.pairs:
+        return None
+    table = op_table(problem)
+    orders, moved = [], False
+    for order in schedule.orders:
+        kept = len(order)
+        while kept and order[kept - 1].kind == WEIGHT:
+            kept -= 1
+        tail = order[kept:]
+        regrouped = [op for stage in _johnson(tail, table, ends.reduce_times) for op in tail if op.stage == stage]
+        moved = moved or regrouped != list(tail)
+        orders.append((*order[:kept], *regrouped))
+    return Schedule(tuple(orders), name=schedule.name) if moved else None
+
+
+def _johnson(tail: tuple[Op, ...], table, reduce_times: tuple[float, ...]) -> list[int]:
+    """The stages of `tail` in Johnson's order: compute (their W in the tail) at most their
+    reduction first, by compute ascending; then the rest by reduction descending (ties: as they
+    first appear)."""
+    work: dict[int, float] = {}
+    for op in tail:
+        work[op.stage] = work.get(op.stage, 0.0) + table.duration[table.index(op)]
+    first = sorted((stage for stage in work if work[stage] <= reduce_times[stage]), key=lambda stage: work[stage])
+    last = sorted((stage for stage in work if work[stage] > reduce_times[stage]),
+                  key=lambda stage: -reduce_times[stage])
+    return first + last

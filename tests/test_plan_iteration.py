@@ -12,19 +12,20 @@ import pytest
 from zbopt import ZboptError, solve
 from zbopt.planning.model import Device, Layer, Model
 from zbopt.planning.model.architecture import Architecture
-from zbopt.planning.model.collectives import ring_all_reduce_ms, ring_reduce_scatter_ms
+from zbopt.planning.model.collectives import gradient_of, least_ends_ms, ring_all_reduce_ms, ring_reduce_scatter_ms
 from zbopt.planning.model.flops import Training, architecture_layers, decoder_parameters
 from zbopt.planning.planner import OPTIMAL, Pipeline, plan, split_problem
+from zbopt.planning.planner.certify import split_bound
 
 # gradients of 2 GB per decoder: at 500 GB/s over 2 ranks an all-reduce of 4 ms per layer, more
-# than its compute; parameters of 1 GB: a step of 1 ms per layer at 2000 GB/s
+# than its compute; its 0.5 G parameters: a step of 8 ms at 1875 GB/s (30 bytes each)
 EMBEDDING = Layer("embedding", 0.25, 0.25, 0.5, 0.5, 2.0, gradient_gb=0.25)
 DECODER = Layer("decoder", 1.0, 1.25, 0.75, 1.0, 1.0, gradient_gb=2.0)
 HEAD = Layer("lm_head", 2.5, 2.5, 2.0, 3.0, 2.0, gradient_gb=1.0)
 TRAINING = Training(data_parallel=2)
 MODEL = Model.from_repeats([(EMBEDDING, 1), (DECODER, 5), (HEAD, 1)], TRAINING)
 DEVICE = Device(memory_gb=30.0, reserve_gb=0.0, dp_bandwidth_gbs=500.0, dp_latency_ms=0.05,
-                memory_bandwidth_gbs=2000.0)
+                memory_bandwidth_gbs=1875.0)
 
 
 def test_ring_collectives_move_their_textbook_share_of_the_bytes():
@@ -39,8 +40,8 @@ def test_a_split_times_each_stages_reduction_and_each_devices_step():
     gradients = (0.25 + 2 * 2.0, 3 * 2.0 + 1.0)
     assert problem.grad_reduce_times == pytest.approx(
         tuple(2 * (1 / 2) * g / 500 * 1e3 + 2 * 0.05 for g in gradients))
-    held = (2.0 + 2 * 1.0, 3 * 1.0 + 2.0)
-    assert problem.optimizer_step_times == pytest.approx(tuple(2 * h / 2000 * 1e3 for h in held))
+    # Adam moves 30 bytes per parameter in bf16; the parameters: the gradient's bytes over 4
+    assert problem.optimizer_step_times == pytest.approx(tuple(g / 4 * 30 / 1875 * 1e3 for g in gradients))
     plain = split_problem(Model(MODEL.layers, MODEL.groups), DEVICE, Pipeline(2, 1, "loop", 4), (3, 4))
     assert plain.grad_reduce_times is None  # one rank: nothing to reduce
 
@@ -61,7 +62,12 @@ def test_an_architectures_gradients_are_its_parameters_in_the_reduced_precision(
     arch = Architecture(num_layers=2, hidden_size=256, num_attention_heads=4, seq_length=128, vocab_size=1000)
     decoder = architecture_layers(arch, Device(flops=1e14), Training("bf16"))[1][0]
     assert decoder.gradient_gb == pytest.approx(decoder_parameters(arch) * 4 / 1e9)
-    assert Layer("given", 1, 1, 1, 1, parameters_gb=1.8).gradient_gb == pytest.approx(0.4)  # 4 of bf16 Adam's 18
+    given = Layer("given", 1, 1, 1, 1, parameters_gb=1.8)  # no gradient given: its share of the parameters
+    assert gradient_of(given, Training()) == pytest.approx(1.8 * 4 / 18)  # bf16 Adam: 4 of 18 bytes
+    assert gradient_of(given, Training(data_parallel=8, use_distributed_optimizer=True)) == \
+        pytest.approx(1.8 * 4 / (6 + 12 / 8))
+    assert (Training().step_bytes, Training(data_parallel=8, use_distributed_optimizer=True).step_bytes) == \
+        (4 + 2 * 12 + 2, (4 + 2 * 12 + 2) / 8)
 
 
 def test_the_plan_finds_the_brute_force_least_iteration_over_every_split_not_the_least_makespan():
@@ -76,6 +82,9 @@ def test_the_plan_finds_the_brute_force_least_iteration_over_every_split_not_the
         iterations[first] = result.objective
         makespans[first] = solve(split_problem(Model(MODEL.layers, MODEL.groups), Device(memory_gb=30.0,
                                  reserve_gb=0.0), pipeline, (first, 7 - first)), time_limit=20).objective
+        # the plan's bound on splits it does not solve
+        floor = split_bound(MODEL, DEVICE, pipeline, (first, 7 - first)) + least_ends_ms(DEVICE, TRAINING, MODEL.layers)
+        assert floor <= iterations[first] + 1e-9
     answer = plan(MODEL, DEVICE, pipeline, schedules=[OPTIMAL], time_limit=60)
     assert answer.iteration_time == pytest.approx(min(iterations.values()))
     assert answer.lower_bound <= min(iterations.values()) + 1e-9
@@ -98,7 +107,7 @@ def test_the_plan_command_shows_the_iteration_and_refuses_a_second_data_parallel
     assert answer["best"]["lower_bound_ms"] <= answer["best"]["iteration_ms"]
     run = subprocess.run([sys.executable, "-m", "zbopt", "plan", str(path), "--devices", "2", "--data-parallel", "4"],
                          capture_output=True, text=True)
-    assert run.returncode == 2 and "model.data_parallel = 2, but 4 asked for" in run.stderr
+    assert run.returncode == 2 and "model.data_parallel = 2, but 4 asked for: give one" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1
 
 
@@ -118,3 +127,9 @@ def test_an_iteration_is_never_shorter_than_its_pipeline():
     result = solve(problem, time_limit=10)
     assert result.simulation.iteration_time >= result.simulation.makespan + min(problem.optimizer_step_times)
     assert not math.isinf(result.lower_bound)
+
+
+def test_ends_beyond_zbopts_range_are_refused_in_one_line():
+    slow = Device(memory_gb=30.0, reserve_gb=0.0, dp_bandwidth_gbs=1e-12)
+    with pytest.raises(ZboptError, match=r"^plan: the iteration's ends .* beyond zbopt's range"):
+        plan(MODEL, slow, Pipeline(2, 1, "loop", 3), time_limit=5)

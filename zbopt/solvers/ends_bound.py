@@ -17,13 +17,13 @@ Three facts, each holding in every valid schedule:
 
 from __future__ import annotations
 
-import math
+import numpy as np
 
 from zbopt.core.dag import device_work, earliest_finish, op_graph
 from zbopt.core.ops import op_table
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows
-from zbopt.core.simulation.ends import unshards_done
+from zbopt.core.simulation.ends import gradient_ends, unshards_done
 
 __all__ = ["iteration_ends_bound"]
 
@@ -39,12 +39,8 @@ def iteration_ends_bound(problem: Problem, makespan_bound: float, per_device: bo
         return best, None
     where = None
     unshard, unshards_end = unshard_windows(problem), unshards_done(problem)
-    finish = earliest_finish(op_graph(problem))
-    gradient = op_table(problem).gradient_kind
-    ready = [-math.inf] * problem.num_stages
-    for op, end in finish.items():
-        if op.kind == gradient:
-            ready[op.stage] = max(ready[op.stage], end)
+    finish, table = earliest_finish(op_graph(problem)), op_table(problem)
+    ready = gradient_ends(problem, table, np.array([finish[op] for op in table.ops()]))
     for device, (stages, work) in enumerate(zip(problem.stages_of_device, device_work(problem), strict=True)):
         loaded = unshard[stages[0]][1] + work + min(ends.reduce_times[stage] for stage in stages)
         stream = unshards_end[device]

@@ -54,12 +54,13 @@ class LayerCost:
     parameters_gb: float
     forward_flops: int
     spread: dict
+    gradient_gb: float  # what a data-parallel reduction of the layer's gradients moves
 
     def profile_row(self) -> dict:
         """The row of the profile CSV `plan` reads (zbopt.planning.model.profile's columns)."""
         from zbopt.planning.model.profile import COLUMNS
 
-        return {column: getattr(self, column) for column in COLUMNS}
+        return {column: getattr(self, column) for column in (*COLUMNS, "gradient_gb")}
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,9 @@ def profile_user_model(model: UserModel, *, repeats: int = 10, warmup: int = 3,
         except Exception as error:  # the user's layer: its failure in one line, naming it
             raise ZboptError(f"{where}: layer {name!r} failed while profiled: {described(error)}") from None
         spread = {kind: _spread(samples[kind]) for kind in KINDS}
+        held, gradients = _parameter_bytes(layer, make_optimizer)
         costs.append(LayerCost(name, *(statistics.median(samples[kind]) for kind in KINDS), activation / GB,
-                               _parameter_bytes(layer, make_optimizer) / GB, flops, spread))
+                               held / GB, flops, spread, gradients / GB))
     return ModelProfile(tuple(costs), str(device), repeats, warmup, optimizer_name)
 
 
@@ -239,15 +241,16 @@ def _forward_memory_and_flops(layer, arguments: tuple, loss) -> tuple[int, int]:
     return sum(saved.values()), counter.get_total_flops()
 
 
-def _parameter_bytes(layer, make_optimizer) -> int:
-    """The layer's weights, their gradients and its optimizer's state after one step (on a copy)."""
+def _parameter_bytes(layer, make_optimizer) -> tuple[int, int]:
+    """(the layer's weights, their gradients and its optimizer's state after one step (on a copy),
+    the gradients alone)."""
     import torch
 
     trained = [parameter for parameter in layer.parameters() if parameter.requires_grad]
     weights = sum(parameter.numel() * parameter.element_size() for parameter in layer.parameters())
     gradients = sum(parameter.numel() * parameter.element_size() for parameter in trained)
     if make_optimizer is None or not trained:
-        return weights + gradients
+        return weights + gradients, gradients
     copied = [parameter for parameter in copy.deepcopy(layer).parameters() if parameter.requires_grad]
     for parameter in copied:
         parameter.grad = torch.zeros_like(parameter)
@@ -255,7 +258,7 @@ def _parameter_bytes(layer, make_optimizer) -> int:
     stepped.step()
     state = sum(value.numel() * value.element_size() for entry in stepped.state.values()
                 for value in entry.values() if isinstance(value, torch.Tensor) and value.dim() > 0)
-    return weights + gradients + state
+    return weights + gradients + state, gradients
 
 
 def _spread(values: list[float]) -> float:

@@ -78,7 +78,8 @@ def plan_entries(path: str | Path, rows: Sequence[str] = ()) -> list[PlanEntry]:
 
 
 def _picked(table: list, row: str, where: str) -> PlanEntry:
-    """The row an index or a schedule's name picks (rows without a schedule are passed over)."""
+    """The row an index or a schedule's name picks (rows without a schedule are passed over; of a
+    schedule's rows the least iteration time, the makespan in a plan written before it had one)."""
     runnable = [(index, entry) for index, entry in enumerate(table) if isinstance(entry, dict) and entry.get("orders")]
     if row.isdigit():
         chosen = [(index, entry) for index, entry in runnable if index == int(row)]
@@ -87,7 +88,7 @@ def _picked(table: list, row: str, where: str) -> PlanEntry:
                              f"with a schedule: {', '.join(str(index) for index, _ in runnable) or 'none'})")
     else:
         chosen = sorted(((index, entry) for index, entry in runnable if entry.get("schedule") == row),
-                        key=lambda pair: _number(pair[1].get("makespan_ms")))
+                        key=lambda pair: _number(pair[1].get("iteration_ms", pair[1].get("makespan_ms"))))
         if not chosen:
             names = sorted({str(entry.get("schedule")) for _, entry in runnable})
             raise ZboptError(f"{where}: --row {shorten(row)}: no row of that schedule with a schedule found "

@@ -1,19 +1,19 @@
 """The iteration's ends of a split, in ms: each virtual stage's gradient reduction over the
-data-parallel group and each device's optimizer step, from the layers' bytes and the device's
-interconnect and memory bandwidth (`Device.dp_bandwidth_gbs`, `dp_latency_ms`,
+data-parallel group and each device's optimizer step, from the layers' bytes, how the model is
+trained (`Training`: the data-parallel size, the distributed optimizer, the dtype) and the
+device's interconnect and memory bandwidth (`Device.dp_bandwidth_gbs`, `dp_latency_ms`,
 `memory_bandwidth_gbs`), as the Problem's `grad_reduce_times` and `optimizer_step_times`.
 
 Ring collectives over n ranks, B bytes per rank, bus bandwidth β per rank, α per ring step
-(Patarasuk and Yuan 2009; NCCL's performance notes define its "bus bandwidth" by the same factors):
+(Patarasuk and Yuan 2009; nccl-tests' PERFORMANCE.md defines its "bus bandwidth" by these factors):
     all-reduce      2(n-1)/n · B/β + 2(n-1)·α
     reduce-scatter  (n-1)/n · B/β + (n-1)·α, and an all-gather alike.
 Plain data parallelism all-reduces the gradients; with the distributed optimizer (ZeRO-1,
 `Training.use_distributed_optimizer`) it reduce-scatters them, and after the step all-gathers
 the updated weights (in the training dtype), which zbopt counts into the step.
-The step: a fused Adam is bound by memory traffic; it reads every byte a layer holds for it
-(weights, gradient, optimizer state: `parameters_gb`) and writes most of them back, so zbopt
-takes 2 · parameters_gb / memory bandwidth (bf16 mixed precision: 36 bytes per parameter against
-the 32 an exact count of reads and writes gives).
+The step: a fused Adam is bound by memory traffic, `Training.step_bytes` per parameter (bf16
+mixed precision: 30, over d with the distributed optimizer) at the memory bandwidth.
+A layer's parameter count is its gradient bytes over the dtype's gradient bytes per parameter.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from zbopt.planning.model.flops import ELEMENT_BYTES, Training
 from zbopt.planning.model.parts import Device, Layer
 
-__all__ = ["describe_ends", "ends_times", "ring_all_reduce_ms", "ring_reduce_scatter_ms"]
-
-STEP_TRAFFIC = 2.0  # bytes moved per byte held by the optimizer step: read, then written back
+__all__ = ["describe_ends", "ends_times", "gradient_of", "least_ends_ms", "ring_all_reduce_ms",
+           "ring_reduce_scatter_ms"]
 
 
 def ring_all_reduce_ms(gigabytes: float, ranks: int, bandwidth_gbs: float, latency_ms: float) -> float:
@@ -38,41 +37,72 @@ def ring_reduce_scatter_ms(gigabytes: float, ranks: int, bandwidth_gbs: float, l
     return (ranks - 1) / ranks * gigabytes / bandwidth_gbs * 1e3 + (ranks - 1) * latency_ms
 
 
+def gradient_of(layer: Layer, training: Training) -> float:
+    """The GB a layer's gradient reduction moves: its `gradient_gb`, else its share of
+    `parameters_gb` as the training holds it (bf16 mixed-precision Adam: 4 of 18 bytes per
+    parameter; with the distributed optimizer over d ranks, 4 of 6 + 12/d)."""
+    if layer.gradient_gb is not None:
+        return layer.gradient_gb
+    return layer.parameters_gb * training.gradient_bytes / training.bytes_per_parameter
+
+
+def _timed(device: Device, training: Training) -> tuple[bool, bool]:
+    """(whether reductions are timed, whether the step is): a group of more than one rank and an
+    interconnect bandwidth; a memory bandwidth, or the distributed optimizer's all-gather."""
+    reduces = training.data_parallel > 1 and device.dp_bandwidth_gbs is not None
+    return reduces, device.memory_bandwidth_gbs is not None or (reduces and training.use_distributed_optimizer)
+
+
 def ends_times(device: Device, training: Training, stages: Sequence[Sequence[Layer]],
                stages_of_device: Sequence[Sequence[int]]) -> dict:
     """The Problem keys of the iteration's ends for virtual stages holding `stages` (their layers),
-    placed on devices as `stages_of_device` says: `grad_reduce_times` where the device has a
-    data-parallel bandwidth and the group more than one rank, `optimizer_step_times` where it has a
-    memory bandwidth; {} where neither (the iteration is then the pipeline)."""
-    ranks, keys = training.data_parallel, {}
-    reduces = ranks > 1 and device.dp_bandwidth_gbs is not None
+    placed on devices as `stages_of_device` says: `grad_reduce_times` and `optimizer_step_times`
+    where `_timed` says so; {} where neither (the iteration is then the pipeline)."""
+    reduces, steps = _timed(device, training)
+    keys = {}
     if reduces:
-        collective = ring_reduce_scatter_ms if training.use_distributed_optimizer else ring_all_reduce_ms
-        keys["grad_reduce_times"] = [collective(sum(layer.gradient_gb for layer in layers), ranks,
-                                                device.dp_bandwidth_gbs, device.dp_latency_ms) for layers in stages]
-    if device.memory_bandwidth_gbs is not None or (reduces and training.use_distributed_optimizer):
-        keys["optimizer_step_times"] = [sum(_step_ms(device, training, stages[stage], reduces)
-                                            for stage in device_stages) for device_stages in stages_of_device]
+        keys["grad_reduce_times"] = [_reduce_ms(device, training, layers) for layers in stages]
+    if steps:
+        keys["optimizer_step_times"] = [sum(_step_ms(device, training, stages[stage], reduces) for stage in own)
+                                        for own in stages_of_device]
     return keys
+
+
+def least_ends_ms(device: Device, training: Training, layers: Sequence[Layer]) -> float:
+    """The least the ends add to any split's makespan: the stage whose last gradient op ends the
+    pipeline still reduces at least one layer's gradients, and its device steps at least one
+    layer's parameters (a bound for the plan's splits not solved)."""
+    reduces, steps = _timed(device, training)
+    reduce = min(_reduce_ms(device, training, [layer]) for layer in layers) if reduces else 0.0
+    step = min(_step_ms(device, training, [layer], reduces) for layer in layers) if steps else 0.0
+    return reduce + step
+
+
+def _reduce_ms(device: Device, training: Training, layers: Sequence[Layer]) -> float:
+    """One stage's reduction: all-reduce, or reduce-scatter with the distributed optimizer."""
+    collective = ring_reduce_scatter_ms if training.use_distributed_optimizer else ring_all_reduce_ms
+    return collective(sum(gradient_of(layer, training) for layer in layers), training.data_parallel,
+                      device.dp_bandwidth_gbs, device.dp_latency_ms)
 
 
 def _step_ms(device: Device, training: Training, layers: Sequence[Layer], reduces: bool) -> float:
     """One stage's share of its device's step: the update at the memory bandwidth, then with the
     distributed optimizer the all-gather of its updated weights."""
-    held = sum(layer.parameters_gb for layer in layers)
-    update = 0.0 if device.memory_bandwidth_gbs is None else STEP_TRAFFIC * held / device.memory_bandwidth_gbs * 1e3
+    parameters = sum(gradient_of(layer, training) for layer in layers) / training.gradient_bytes  # in 10^9
+    update = 0.0 if device.memory_bandwidth_gbs is None else \
+        parameters * training.step_bytes / device.memory_bandwidth_gbs * 1e3
     if not (reduces and training.use_distributed_optimizer):
         return update
-    weights = sum(layer.gradient_gb for layer in layers) * ELEMENT_BYTES[training.dtype] / training.gradient_bytes
-    return update + ring_reduce_scatter_ms(weights, training.data_parallel, device.dp_bandwidth_gbs,
-                                           device.dp_latency_ms)
+    return update + ring_reduce_scatter_ms(parameters * ELEMENT_BYTES[training.dtype], training.data_parallel,
+                                           device.dp_bandwidth_gbs, device.dp_latency_ms)
 
 
 def describe_ends(device: Device, training: Training) -> str | None:
     """What `ends_times` times, in one line for a plan's output; None where it times nothing (and
     says so where data parallelism is asked for without an interconnect to time it)."""
+    reduces, steps = _timed(device, training)
     ranks, parts = training.data_parallel, []
-    if ranks > 1 and device.dp_bandwidth_gbs is not None:
+    if reduces:
         kind = "reduce-scattered (distributed optimizer)" if training.use_distributed_optimizer else "all-reduced"
         parts.append(f"gradients {kind} over {ranks} data-parallel ranks (ring, {device.dp_bandwidth_gbs:g} GB/s, "
                      f"{device.dp_latency_ms:g} ms per step)")
@@ -80,6 +110,6 @@ def describe_ends(device: Device, training: Training) -> str | None:
         parts.append(f"gradient reduction over {ranks} ranks not timed (give device.dp_bandwidth)")
     if device.memory_bandwidth_gbs is not None:
         parts.append(f"optimizer step at {device.memory_bandwidth_gbs:g} GB/s of memory bandwidth")
-    if ranks > 1 and device.dp_bandwidth_gbs is not None and training.use_distributed_optimizer:
-        parts.append("the updated weights all-gathered after it")
+    if steps and reduces and training.use_distributed_optimizer:
+        parts.append("the updated weights all-gathered after the step")
     return None if not parts else "iteration ends: " + "; ".join(parts)

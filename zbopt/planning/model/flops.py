@@ -61,6 +61,14 @@ class Training:
         less the weight (bf16: the fp32 main gradient, 4; fp16: 2; fp32: 4)."""
         return PARAMETER_BYTES[self.dtype][0] - ELEMENT_BYTES[self.dtype]
 
+    @property
+    def step_bytes(self) -> float:
+        """Bytes per parameter a fused Adam step moves: it reads the gradient and the optimizer's
+        part (master weight, m, v), writes that part back and the weight (bf16: 4 + 12 + 12 + 2 =
+        30); with the distributed optimizer each rank updates its 1/d shard."""
+        moved = self.gradient_bytes + 2 * PARAMETER_BYTES[self.dtype][1] + ELEMENT_BYTES[self.dtype]
+        return moved / (self.data_parallel if self.use_distributed_optimizer else 1)
+
 
 DEFAULT_TRAINING = Training()  # bf16, one data-parallel rank: what a model without training keys is
 

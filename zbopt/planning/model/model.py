@@ -143,9 +143,9 @@ def load_model(path: str | Path, data_parallel: int | None = None) -> tuple[Mode
     section = data["model"]
     if data_parallel is not None and isinstance(section, dict):
         given = section.get("data_parallel", data_parallel)
-        if given != data_parallel:
-            raise ZboptError(f"{path}: model.data_parallel = {shorten(given)}, but {data_parallel} asked for "
-                             "(--data-parallel): give one")
+        if isinstance(given, bool) or given != data_parallel:
+            raise ZboptError(f"{path}: model.data_parallel = {shorten(given)}, but {data_parallel} asked for: "
+                             "give one")
         section = {**section, "data_parallel": data_parallel}
     try:
         device = Device.from_config(data.get("device"))

@@ -14,14 +14,10 @@ from zbopt.core.errors import ZboptError, shorten
 from zbopt.core.tolerance import MAX_TOTAL
 from zbopt.core.units import parse_bandwidth, parse_flops, parse_memory, parse_time
 
-__all__ = ["DEFAULT_RESERVE_SHARE", "DEVICE_KEYS", "GRADIENT_SHARE", "MAX_REPEAT", "WEIGHT_MEMORY_SHARE", "Device",
-           "Layer", "check_amount", "check_repeat"]
+__all__ = ["DEFAULT_RESERVE_SHARE", "DEVICE_KEYS", "MAX_REPEAT", "WEIGHT_MEMORY_SHARE", "Device", "Layer",
+           "check_amount", "check_repeat"]
 
 WEIGHT_MEMORY_SHARE = 0.5  # zbopt's rule for M_W when a layer gives none: half of M_B
-# zbopt's rule for the gradients a data-parallel reduction moves when a layer gives none: mixed-
-# precision Adam in bf16 holds 18 bytes per parameter, of which the fp32 main gradient it reduces
-# is 4 (Megatron-LM's distributed-optimizer guide; `flops.PARAMETER_BYTES`)
-GRADIENT_SHARE = 4 / 18
 
 
 def check_amount(key: str, value: object, optional: bool = False, most: float | None = MAX_TOTAL) -> float | None:
@@ -56,7 +52,8 @@ class Layer:
     is M_B, what the forward keeps for the backward; `weight_activation_gb` M_W, what B keeps for
     W (default: half of M_B, zbopt's rule). `parameters_gb` is what the layer holds all step long:
     weights, gradients and optimizer state; `gradient_gb` the gradients a data-parallel reduction
-    moves (default: GRADIENT_SHARE of `parameters_gb`).
+    moves (None: not given; `collectives.gradient_of` then derives it from `parameters_gb` and how
+    the model is trained).
     """
 
     name: str
@@ -85,8 +82,8 @@ class Layer:
             kept = self.activation_gb * WEIGHT_MEMORY_SHARE
         object.__setattr__(self, "weight_ms", weight)
         object.__setattr__(self, "weight_activation_gb", kept)
-        gradient = check_amount(f"layer {self.name!r}: gradient_gb", self.gradient_gb, optional=True)
-        object.__setattr__(self, "gradient_gb", self.parameters_gb * GRADIENT_SHARE if gradient is None else gradient)
+        object.__setattr__(self, "gradient_gb", check_amount(f"layer {self.name!r}: gradient_gb", self.gradient_gb,
+                                                             optional=True))
 
     @property
     def fused(self) -> bool:

@@ -55,14 +55,16 @@ def read_profile(path: str | Path) -> list[tuple[Layer, int]]:
 
 
 def profile_text(rows: list[dict]) -> str:
-    """The CSV `read_profile` reads, one line per row (dicts with COLUMNS' keys; a weight_ms of None
-    is a fused backward), numbers to six significant digits: a small layer's memory stays above 0."""
+    """The CSV `read_profile` reads, one line per row (dicts with COLUMNS' keys, and the optional
+    columns some row gives; a weight_ms of None is a fused backward), numbers to six significant
+    digits: a small layer's memory stays above 0."""
+    columns = COLUMNS + tuple(column for column in OPTIONAL_COLUMNS if any(row.get(column) is not None for row in rows))
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    writer.writerow(columns)
     for row in rows:
-        writer.writerow(["" if row[column] is None else row[column] if column == "name" else f"{row[column]:.6g}"
-                         for column in COLUMNS])
+        writer.writerow(["" if row.get(column) is None else row[column] if column in ("name", "repeat")
+                         else f"{row[column]:.6g}" for column in columns])
     return text.getvalue()
 
 

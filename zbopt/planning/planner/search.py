@@ -25,6 +25,7 @@ from zbopt.core.simulation import Simulation
 from zbopt.core.tolerance import MAX_TOTAL
 from zbopt.planning.comparison import simulated_in_time
 from zbopt.planning.model import Device, Model
+from zbopt.planning.model.collectives import ends_times, least_ends_ms
 from zbopt.planning.planner.certify import SplitFamily, least_memory, split_bound
 from zbopt.planning.planner.result import OPTIMAL, OVER_THE_LIMIT, Outcome, PipelinePlan, Plan, PlanRow
 from zbopt.planning.planner.rules import RULES, split_by_rule
@@ -62,13 +63,15 @@ class _Run:
     def __post_init__(self) -> None:
         self.solve_seconds = max(interrupt.span(1.0), self.clock.left() * SOLVE_SHARE)  # one split's solve, at most
         self.heuristics_cutoff = self.clock.share("heuristics cutoff", HEURISTICS_CUTOFF).deadline
+        # what the iteration's ends add to every split's makespan bound, at least
+        self.ends_floor = least_ends_ms(self.device, self.model.training, self.model.layers)
 
     def problem(self, split: Split) -> Problem:
         return split_problem(self.model, self.device, self.pipeline, split)
 
     def unsolved(self, split: Split) -> Outcome:
-        """A split not searched: no schedule, its closed-form bound (`certify.split_bound`)."""
-        return Outcome(split, None, split_bound(self.model, self.device, self.pipeline, split), "-")
+        """A split not searched: no schedule, its closed-form bound (`certify.split_bound`) and the ends'."""
+        return Outcome(split, None, split_bound(self.model, self.device, self.pipeline, split) + self.ends_floor, "-")
 
     def solve_all(self, splits: list[Split], incumbent: float = math.inf,
                   warm: Simulation | None = None) -> dict[Split, Outcome]:
@@ -223,6 +226,11 @@ def _check_plan(model: Model, device: Device, pipelines: Sequence[Pipeline], sch
     for pipeline in pipelines:
         check_stages(model, pipeline.num_devices, pipeline.chunks_per_device)
         _check_range(model, pipeline)
+    ends = sum(sum(times) for times in ends_times(device, model.training, [model.layers], [[0]]).values())
+    if ends > MAX_TOTAL:  # the whole model's reduction and step, on one stage
+        raise ZboptError(f"plan: the iteration's ends (the whole model's gradient reduction and optimizer step) "
+                         f"take {ends:.3g} ms, beyond zbopt's range ({MAX_TOTAL:g} ms): check the device's "
+                         "dp_bandwidth and memory_bandwidth and the layers' gradient")
 
 
 def _check_range(model: Model, pipeline: Pipeline) -> None:
@@ -277,7 +285,7 @@ def _plan_one(run: _Run, schedules, rules) -> PipelinePlan:
     found = [outcome for outcome in solved.values() if outcome.simulation is not None]
     found += [Outcome(row.split, row.simulation, 0.0, row.schedule) for row in rows if row.simulation is not None]
     best = min(found, key=lambda outcome: outcome.iteration_time) if found else None
-    lower = min([family.floor, *(outcome.lower_bound for outcome in solved.values())])
+    lower = min([family.floor + run.ends_floor, *(outcome.lower_bound for outcome in solved.values())])
     return PipelinePlan(run.pipeline, tuple(rows), best, lower, len(solved), pruned)
 
 
@@ -334,11 +342,11 @@ def _search(run: _Run, family: SplitFamily, solved: dict) -> bool:
         batch: list[Split] = []
         while len(batch) < run.parallel:
             split, rest = family.next_split(min(interrupt.span(FAMILY_S), run.clock.left() / 4))
-            if split is None or rest >= best:
+            if split is None or rest + run.ends_floor >= best:
                 break
             family.exclude(split)
             batch.append(split)
         if not batch:
-            return family.exhausted or family.floor >= best
+            return family.exhausted or family.floor + run.ends_floor >= best
         solved.update(run.solve_all(batch, best))
     return False

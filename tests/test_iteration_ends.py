@@ -119,11 +119,18 @@ def test_the_ranking_by_iteration_time_can_differ_from_the_makespans():
     assert greedy.iteration_time > interleaved.iteration_time
 
 
-def test_the_milp_and_lns_refuse_the_ends_naming_them():
-    problem = TINY_ENDS[0]
-    for solver in ("highs", "lns"):
-        with pytest.raises(ZboptError, match="the iteration's ends"):
-            solve(problem, solver, time_limit=5)
+@pytest.mark.parametrize("problem", [TINY_ENDS[index] for index in (0, 1, 3, 4)], ids=lambda p: p.describe())
+def test_the_milp_minimises_the_iteration_time_as_brute_force_does(problem):
+    """Its own search (no warm start): the reductions' disjunctions and the step in the model."""
+    result = solve(problem, "highs", time_limit=30, use_warm_start=False)
+    assert result.status == "optimal" and result.objective == pytest.approx(brute_force_optimum(problem))
+
+
+def test_lns_refuses_the_ends_and_the_milp_the_gathered_memory_naming_them():
+    with pytest.raises(ZboptError, match="LNS does not model the iteration's ends"):
+        solve(TINY_ENDS[0], "lns", time_limit=5)
+    with pytest.raises(ZboptError, match=r"the MILP does not model FSDP's gathered parameters \(unshard_memory\)"):
+        solve(TINY_ENDS[2], "cbc", time_limit=5)
 
 
 def test_several_iterations_with_ends_are_refused_naming_the_key():

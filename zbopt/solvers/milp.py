@@ -9,7 +9,9 @@ the CP-SAT model:
     fixed where the implied graph (DAG, symmetry breaking, memory precedences) orders the pair;
   - memory: a device's level when forward k starts depends only on which of its ops run before
     k, so  M_B(k) + sum_i x_ik · delta_i <= limit  is linear in the binaries; and the memory
-    disjunctions (`implied.memory_disjunctions`) as cuts x_(B,F) + x_(W,F) >= 1.
+    disjunctions (`implied.memory_disjunctions`) as cuts x_(B,F) + x_(W,F) >= 1;
+  - the iteration's ends (`_ends_rows`): a reduction per stage on its device's stream, the step,
+    the objective at least every step's end (FSDP's gathered memory is refused).
 Times are the problem's own floats (no ticks); the MILP's tolerances state its resolution.
 """
 
@@ -28,8 +30,9 @@ from pathlib import Path
 import networkx as nx
 
 from zbopt.core.kinds import FORWARD
-from zbopt.core.ops import Op
+from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
+from zbopt.core.simulation.ends import unshards_done
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
 from zbopt.solvers.task import Found, SearchTask, simple_model_refusal
@@ -50,8 +53,9 @@ def _ordered_before(graph: nx.DiGraph) -> set[tuple[Op, Op]]:
 
 
 def refusal(problem: Problem) -> str | None:
-    """Why the MILP cannot take `problem`: it keeps every activation."""
-    return simple_model_refusal(problem, "the MILP")
+    """Why the MILP cannot take `problem`: it keeps every activation, and of the iteration's ends
+    it leaves out FSDP's gathered memory."""
+    return simple_model_refusal(problem, "the MILP", ends=True)
 
 
 def search(problem: Problem, task: SearchTask, *, engine: str = "highs") -> Found:
@@ -126,9 +130,12 @@ def _solve_in_child(problem: Problem, *, engine: str, deadline: float, workers: 
 
     graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
+    ends = problem.iteration_ends
+    end_work = 0.0 if ends is None else sum(ends.reduce_times) + sum(ends.step_times) + sum(ends.unshard_times)
     everything_in_a_row = (sum(d["duration"] for _, d in graph.nodes(data=True))
-                           + sum(d["latency"] for *_, d in graph.edges(data=True)))
-    horizon = warm[1] if warm is not None else everything_in_a_row
+                           + sum(d["latency"] for *_, d in graph.edges(data=True)) + end_work)
+    # with the ends, a better iteration may have a longer makespan: every op ends by the warm start's iteration
+    horizon = everything_in_a_row if warm is None else warm[1] if ends is None else warm[2]
     model, start, before, goal = build_model(problem, graph, heads, tails, horizon, independent_bound, objective)
     if warm is not None:
         warm_starts, _, warm_value = warm
@@ -171,6 +178,8 @@ def build_model(problem: Problem, graph: nx.DiGraph, heads: dict, tails: dict, h
     if problem.memory_limit is not None:
         _memory_rows(model, problem, ops, before)
     _objective_rows(model, problem, ops, start, duration, tails, goal, objective, horizon)
+    if problem.iteration_ends is not None:
+        _ends_rows(model, problem, ops, start, duration, goal, horizon)
     return model, start, before, goal
 
 
@@ -235,3 +244,33 @@ def _objective_rows(model, problem: Problem, ops: list[Op], start: dict, duratio
             if op.stage in stages:
                 model += first <= start[op]
                 model += goal >= start[op] + duration[op] - first
+
+
+def _ends_rows(model, problem: Problem, ops: list[Op], start: dict, duration: dict, goal, horizon: float) -> None:
+    """The iteration's ends as the simulator times them (`zbopt.core.simulation.ends`): a forward
+    after its stage's unshard; per stage a reduction R_s after its gradient ops and its device's
+    unshards, one at a time on the device's stream (a big-M disjunction per pair); the step after
+    the device's compute and reductions; the goal at least every step's end."""
+    import pulp
+
+    ends, table = problem.iteration_ends, op_table(problem)
+    for op in ops:
+        release = table.release[table.index(op)]
+        if release:
+            model += start[op] >= release
+    stream = unshards_done(problem)
+    for device, stages in enumerate(problem.stages_of_device):
+        reduce = {stage: pulp.LpVariable(f"R_{stage}", stream[device], horizon) for stage in stages}
+        step = pulp.LpVariable(f"step_{device}", 0, horizon)
+        for op in ops:
+            if op.stage in stages:
+                model += step >= start[op] + duration[op]
+                if op.kind == table.gradient_kind:
+                    model += reduce[op.stage] >= start[op] + duration[op]
+        for index, first in enumerate(stages):
+            model += step >= reduce[first] + ends.reduce_times[first]
+            for second in stages[index + 1:]:
+                y = pulp.LpVariable(f"y_{first}_{second}", cat="Binary")
+                model += reduce[second] >= reduce[first] + ends.reduce_times[first] - horizon * (1 - y)
+                model += reduce[first] >= reduce[second] + ends.reduce_times[second] - horizon * y
+        model += goal >= step + ends.step_times[device]

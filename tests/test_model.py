@@ -253,8 +253,10 @@ def test_costs_prints_one_row_per_group_with_units_in_the_header(capsys):
     assert main(["costs", str(EXAMPLES / "model_layers.yaml")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split("  ")[0] == "layer" and "F (ms)" in lines[0] and "parameters (GB)" in lines[0]
-    assert lines[2].split() == ["decoder", "32", "1.7", "1.8", "1.3", "0.8", "0.4", "1.2"]
-    assert lines[4].split() == ["total", "34", "59.4", "62.9", "46", "27.9", "13.95", "46.8"]  # 0.4 + 32·1.7 + 4.6 ...
+    # the gradient reduced: none given, so 4 of bf16 Adam's 18 bytes per parameter
+    assert lines[2].split() == ["decoder", "32", "1.7", "1.8", "1.3", "0.8", "0.4", "1.2", "0.2667"]
+    assert lines[4].split() == ["total", "34", "59.4", "62.9", "46", "27.9", "13.95", "46.8",
+                                "10.4"]  # 0.4 + 32·1.7 + 4.6 ..., 46.8 · 4 / 18
 
 
 def test_costs_json_lists_the_layers_with_their_units_in_the_keys(capsys):

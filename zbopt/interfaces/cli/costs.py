@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 COLUMNS = (("name", "layer"), ("repeat", "repeat"), ("forward_ms", "F (ms)"), ("backward_ms", "B (ms)"),
            ("weight_ms", "W (ms)"), ("activation_gb", "M_B (GB)"), ("weight_activation_gb", "M_W (GB)"),
-           ("parameters_gb", "parameters (GB)"))
+           ("parameters_gb", "parameters (GB)"), ("gradient_gb", "gradient (GB)"))
 SUMMED = ("forward_ms", "backward_ms", "weight_ms", "activation_gb", "weight_activation_gb", "parameters_gb")
 
 
@@ -41,14 +41,21 @@ def _command_costs(args: argparse.Namespace) -> int:
 def format_costs(model: Model) -> str:
     """One line per group as written, then the total over every layer (GB = 10^9 bytes; a fused
     backward shows W as "fused", its B being the whole BW)."""
+    from zbopt.planning.model.collectives import gradient_of
     from zbopt.presentation.tables import aligned
 
     rows = [{key: _cell(key, row.get(key)) for key, _ in COLUMNS} for row in model.group_rows()]
+    start = 0
+    for row, (_, count) in zip(rows, model.groups, strict=True):  # the gradient reduced: given, or the rule's
+        row["gradient_gb"] = _cell("gradient_gb", gradient_of(model.layers[start], model.training))
+        start += count
     totals = {key: sum((getattr(layer, key) or 0.0) for layer in model.layers) for key in SUMMED}
-    rows.append({"name": "total", "repeat": str(len(model.layers)), **{key: _cell(key, totals[key]) for key in SUMMED}})
+    totals["gradient_gb"] = sum(gradient_of(layer, model.training) for layer in model.layers)
+    rows.append({"name": "total", "repeat": str(len(model.layers)),
+                 **{key: _cell(key, totals[key]) for key in (*SUMMED, "gradient_gb")}})
     table = [[title for _, title in COLUMNS], *([row[key] for key, _ in COLUMNS] for row in rows)]
-    return "\n".join([*aligned(table),
-                      "(per microbatch; parameters include gradients and optimizer state; GB = 10^9 bytes)"])
+    return "\n".join([*aligned(table), "(per microbatch; parameters include gradients and optimizer state; the "
+                                        "gradient is what a data-parallel reduction moves; GB = 10^9 bytes)"])
 
 
 def _cell(key: str, value: object) -> str:

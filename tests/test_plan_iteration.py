@@ -10,6 +10,8 @@ import sys
 import pytest
 
 from zbopt import ZboptError, solve
+from zbopt.core.kinds import FORWARD
+from zbopt.core.ops import Op
 from zbopt.planning.model import Device, Layer, Model
 from zbopt.planning.model.architecture import Architecture
 from zbopt.planning.model.collectives import gradient_of, least_ends_ms, ring_all_reduce_ms, ring_reduce_scatter_ms
@@ -133,3 +135,24 @@ def test_ends_beyond_zbopts_range_are_refused_in_one_line():
     slow = Device(memory_gb=30.0, reserve_gb=0.0, dp_bandwidth_gbs=1e-12)
     with pytest.raises(ZboptError, match=r"^plan: the iteration's ends .* beyond zbopt's range"):
         plan(MODEL, slow, Pipeline(2, 1, "loop", 3), time_limit=5)
+
+
+def test_fsdp_shards_everything_and_gathers_each_stages_weights_before_its_first_forward():
+    training = Training(data_parallel=4, fsdp=True)
+    assert training.bytes_per_parameter == 18 / 4 and training.step_bytes == 30 / 4
+    with pytest.raises(ZboptError, match="fsdp = true: it shards the optimizer's state as well"):
+        Training(data_parallel=4, fsdp=True, use_distributed_optimizer=True)
+    sharded = Model(MODEL.layers, MODEL.groups, training)
+    problem = split_problem(sharded, DEVICE, Pipeline(2, 1, "loop", 3), (3, 4))
+    gradients = (0.25 + 2 * 2.0, 3 * 2.0 + 1.0)
+    weights = tuple(g / 4 * 2 for g in gradients)  # bf16 weights of g / 4 G parameters
+    assert problem.unshard_memory == pytest.approx(weights)
+    assert problem.unshard_times == pytest.approx(tuple(3 / 4 * w / 500 * 1e3 + 3 * 0.05 for w in weights))
+    assert problem.grad_reduce_times == pytest.approx(tuple(3 / 4 * g / 500 * 1e3 + 3 * 0.05 for g in gradients))
+    assert problem.optimizer_step_times == pytest.approx(tuple(g / 4 * 30 / 4 / 1875 * 1e3 for g in gradients))
+    answer = plan(sharded, DEVICE, Pipeline(2, 1, "loop", 3), schedules=[OPTIMAL], time_limit=10)
+    simulation = answer.best.best.simulation
+    for device, stages in enumerate(simulation.problem.stages_of_device):  # gathered from time 0
+        assert simulation.peak_memory[device] >= sum(simulation.problem.unshard_memory[s] for s in stages)
+    first = simulation.start[simulation.table.index(Op(FORWARD, 0, 0))]
+    assert first >= simulation.ends.unshard[0][1] > 0  # the first forward waits for its stage's gather

@@ -10,7 +10,10 @@ Ring collectives over n ranks, B bytes per rank, bus bandwidth β per rank, α p
     reduce-scatter  (n-1)/n · B/β + (n-1)·α, and an all-gather alike.
 Plain data parallelism all-reduces the gradients; with the distributed optimizer (ZeRO-1,
 `Training.use_distributed_optimizer`) it reduce-scatters them, and after the step all-gathers
-the updated weights (in the training dtype), which zbopt counts into the step.
+the updated weights (in the training dtype), which zbopt counts into the step. With FSDP
+(`Training.fsdp`) the gradients are reduce-scattered too, and each stage's weights are gathered
+(an all-gather) before its first forward and held until its last gradient op: the Problem's
+`unshard_times` and `unshard_memory` (the gathered weights, in the training dtype).
 The step: a fused Adam is bound by memory traffic, `Training.step_bytes` per parameter (bf16
 mixed precision: 30, over d with the distributed optimizer) at the memory bandwidth.
 A layer's parameter count is its gradient bytes over the dtype's gradient bytes per parameter.
@@ -65,7 +68,20 @@ def ends_times(device: Device, training: Training, stages: Sequence[Sequence[Lay
     if steps:
         keys["optimizer_step_times"] = [sum(_step_ms(device, training, stages[stage], reduces) for stage in own)
                                         for own in stages_of_device]
+    if training.fsdp and training.data_parallel > 1:  # the gathered weights take memory, timed or not
+        weights = [_weights_gb(training, layers) for layers in stages]
+        keys["unshard_memory"] = weights
+        if reduces:
+            keys["unshard_times"] = [ring_reduce_scatter_ms(gathered, training.data_parallel, device.dp_bandwidth_gbs,
+                                                            device.dp_latency_ms) for gathered in weights]
     return keys
+
+
+def _weights_gb(training: Training, layers: Sequence[Layer]) -> float:
+    """The layers' weights in the training dtype: their parameter count (gradient bytes over the
+    gradient's bytes per parameter) times the dtype's bytes."""
+    return sum(gradient_of(layer, training) for layer in layers) / training.gradient_bytes * \
+        ELEMENT_BYTES[training.dtype]
 
 
 def least_ends_ms(device: Device, training: Training, layers: Sequence[Layer]) -> float:
@@ -80,7 +96,7 @@ def least_ends_ms(device: Device, training: Training, layers: Sequence[Layer]) -
 
 def _reduce_ms(device: Device, training: Training, layers: Sequence[Layer]) -> float:
     """One stage's reduction: all-reduce, or reduce-scatter with the distributed optimizer."""
-    collective = ring_reduce_scatter_ms if training.use_distributed_optimizer else ring_all_reduce_ms
+    collective = ring_reduce_scatter_ms if training.sharded else ring_all_reduce_ms
     return collective(sum(gradient_of(layer, training) for layer in layers), training.data_parallel,
                       device.dp_bandwidth_gbs, device.dp_latency_ms)
 
@@ -91,9 +107,9 @@ def _step_ms(device: Device, training: Training, layers: Sequence[Layer], reduce
     parameters = sum(gradient_of(layer, training) for layer in layers) / training.gradient_bytes  # in 10^9
     update = 0.0 if device.memory_bandwidth_gbs is None else \
         parameters * training.step_bytes / device.memory_bandwidth_gbs * 1e3
-    if not (reduces and training.use_distributed_optimizer):
+    if not (reduces and training.use_distributed_optimizer):  # FSDP gathers at the next forward instead
         return update
-    return update + ring_reduce_scatter_ms(parameters * ELEMENT_BYTES[training.dtype], training.data_parallel,
+    return update + ring_reduce_scatter_ms(_weights_gb(training, layers), training.data_parallel,
                                            device.dp_bandwidth_gbs, device.dp_latency_ms)
 
 
@@ -103,7 +119,8 @@ def describe_ends(device: Device, training: Training) -> str | None:
     reduces, steps = _timed(device, training)
     ranks, parts = training.data_parallel, []
     if reduces:
-        kind = "reduce-scattered (distributed optimizer)" if training.use_distributed_optimizer else "all-reduced"
+        kind = ("reduce-scattered (FSDP)" if training.fsdp else "reduce-scattered (distributed optimizer)"
+                if training.use_distributed_optimizer else "all-reduced")
         parts.append(f"gradients {kind} over {ranks} data-parallel ranks (ring, {device.dp_bandwidth_gbs:g} GB/s, "
                      f"{device.dp_latency_ms:g} ms per step)")
     elif ranks > 1:
@@ -112,4 +129,7 @@ def describe_ends(device: Device, training: Training) -> str | None:
         parts.append(f"optimizer step at {device.memory_bandwidth_gbs:g} GB/s of memory bandwidth")
     if steps and reduces and training.use_distributed_optimizer:
         parts.append("the updated weights all-gathered after the step")
+    if training.fsdp and ranks > 1:
+        parts.append("each stage's weights gathered before its first forward and held until its last gradient op"
+                     + ("" if reduces else " (their memory counted, their all-gather not timed)"))
     return None if not parts else "iteration ends: " + "; ".join(parts)

@@ -23,7 +23,7 @@ __all__ = ["LAYER_KEYS", "MODEL_KEYS", "REQUIRED_LAYER_KEYS", "SOURCES", "TRAINI
            "model_training", "profile_path", "spelled_layers"]
 
 SOURCES = ("layers", "profile", "architecture", "preset")
-TRAINING_KEYS = ("dtype", "data_parallel", "use_distributed_optimizer")
+TRAINING_KEYS = ("dtype", "data_parallel", "use_distributed_optimizer", "fsdp")
 MODEL_KEYS = SOURCES + TRAINING_KEYS
 LAYER_KEYS = ("name", "repeat", "forward", "backward", "weight", "activation", "weight_activation", "parameters",
               "gradient")

@@ -34,25 +34,40 @@ LOGIT_BYTES = 4  # the loss reads fp32 logits (ibid., the output layer's 4sbV)
 class Training:
     """How the model is trained, as far as memory goes: `dtype` of weights and activations, and
     whether Adam's state is sharded over `data_parallel` ranks (Megatron-LM's
-    `--use-distributed-optimizer`, ZeRO stage 1)."""
+    `--use-distributed-optimizer`, ZeRO stage 1), or everything is (`fsdp`: weights, gradients and
+    state sharded, each stage's weights gathered before its first forward, as torch's FSDP2 with
+    pipelining keeps them until the stage's backward is done)."""
 
     dtype: str = "bf16"
     data_parallel: int = 1
     use_distributed_optimizer: bool = False
+    fsdp: bool = False
 
     def __post_init__(self):
         if self.dtype not in ELEMENT_BYTES:
             raise ZboptError(f"dtype = {shorten(self.dtype)}: expected one of {', '.join(ELEMENT_BYTES)}")
         if isinstance(self.data_parallel, bool) or not isinstance(self.data_parallel, int) or self.data_parallel < 1:
             raise ZboptError(f"data_parallel = {shorten(self.data_parallel)}: expected a positive whole number")
-        if not isinstance(self.use_distributed_optimizer, bool):
-            raise ZboptError(f"use_distributed_optimizer = {shorten(self.use_distributed_optimizer)}: "
-                             "expected true or false")
+        for key in ("use_distributed_optimizer", "fsdp"):
+            if not isinstance(getattr(self, key), bool):
+                raise ZboptError(f"{key} = {shorten(getattr(self, key))}: expected true or false")
+        if self.fsdp and self.use_distributed_optimizer:
+            raise ZboptError("fsdp = true: it shards the optimizer's state as well; give fsdp or "
+                             "use_distributed_optimizer, not both")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each rank updates only its shard of the optimizer's state (ZeRO-1 or FSDP), its
+        gradients reduce-scattered."""
+        return self.use_distributed_optimizer or self.fsdp
 
     @property
     def bytes_per_parameter(self) -> float:
-        """18 for bf16 (2 + 4 + 12); with the distributed optimizer 6 + 12/d, d = data_parallel."""
+        """18 for bf16 (2 + 4 + 12); with the distributed optimizer 6 + 12/d, d = data_parallel;
+        with FSDP 18/d (the gathered weights count apart, as the Problem's unshard_memory)."""
         whole, shardable = PARAMETER_BYTES[self.dtype]
+        if self.fsdp:
+            return (whole + shardable) / self.data_parallel
         return whole + shardable / (self.data_parallel if self.use_distributed_optimizer else 1)
 
     @property
@@ -65,9 +80,9 @@ class Training:
     def step_bytes(self) -> float:
         """Bytes per parameter a fused Adam step moves: it reads the gradient and the optimizer's
         part (master weight, m, v), writes that part back and the weight (bf16: 4 + 12 + 12 + 2 =
-        30); with the distributed optimizer each rank updates its 1/d shard."""
+        30); with the distributed optimizer or FSDP each rank updates its 1/d shard."""
         moved = self.gradient_bytes + 2 * PARAMETER_BYTES[self.dtype][1] + ELEMENT_BYTES[self.dtype]
-        return moved / (self.data_parallel if self.use_distributed_optimizer else 1)
+        return moved / (self.data_parallel if self.sharded else 1)
 
 
 DEFAULT_TRAINING = Training()  # bf16, one data-parallel rank: what a model without training keys is

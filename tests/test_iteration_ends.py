@@ -122,8 +122,19 @@ def test_the_ranking_by_iteration_time_can_differ_from_the_makespans():
 @pytest.mark.parametrize("problem", [TINY_ENDS[index] for index in (0, 1, 3, 4)], ids=lambda p: p.describe())
 def test_the_milp_minimises_the_iteration_time_as_brute_force_does(problem):
     """Its own search (no warm start): the reductions' disjunctions and the step in the model."""
-    result = solve(problem, "highs", time_limit=30, use_warm_start=False)
-    assert result.status == "optimal" and result.objective == pytest.approx(brute_force_optimum(problem))
+    optimum = brute_force_optimum(problem)
+    for warm in (False, True):  # warm: the horizon is the warm start's iteration, not its makespan
+        result = solve(problem, "highs", time_limit=30, use_warm_start=warm)
+        assert result.status == "optimal" and result.objective == pytest.approx(optimum)
+
+
+def test_the_milps_span_objective_ignores_the_ends_as_cpsats_does():
+    """The span measures the devices' compute: the reductions and steps are not part of it."""
+    problem = Problem(num_devices=2, num_microbatches=3, chunks_per_device=2, placement="v", forward_times=2,
+                      backward_times=3, weight_times=1, grad_reduce_times=5, optimizer_step_times=0.5)
+    spans = [solve(problem, solver, objective="span", time_limit=30, use_warm_start=warm).objective
+             for solver, warm in (("cpsat", True), ("highs", False), ("highs", True))]
+    assert spans[1] == pytest.approx(spans[0]) and spans[2] == pytest.approx(spans[0])
 
 
 def test_lns_refuses_the_ends_and_the_milp_the_gathered_memory_naming_them():

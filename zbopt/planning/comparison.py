@@ -228,7 +228,7 @@ def _compared(problem: Problem, schedules: Sequence[str] | None, optimal: bool, 
     simulations, not_applicable, not_run = _simulate_schedules(problem, schedules, order, deadline, cutoff)
     if order is None and not problem.microbatches_equal and problem.sequence_slices == 1:  # slices keep theirs
         simulations += _best_orders(problem, simulations, deadline)
-    simulations += _reductions_in_turn(problem, simulations)
+    simulations += _reductions_in_turn(problem, simulations, deadline)
     stop = None
     if optimal:
         best = best_of(simulation for _, simulation, _ in simulations if simulation.valid)
@@ -290,11 +290,14 @@ def _best_orders(problem: Problem, simulations: list, deadline: float = math.inf
     return rows
 
 
-def _reductions_in_turn(problem: Problem, simulations: list) -> list:
+def _reductions_in_turn(problem: Problem, simulations: list, deadline: float = math.inf) -> list:
     """[("NAME (reductions in turn)", simulation, None)] per row whose trailing W regrouped by stage
-    (`schedules.reductions.reductions_in_turn`) give a shorter iteration: the variant's worth."""
+    (`schedules.reductions.reductions_in_turn`) give a shorter iteration: the variant's worth; none
+    started after `deadline`."""
     rows = []
     for name, given, _ in simulations:
+        if interrupt.past(deadline):
+            return rows
         variant = reductions_in_turn(problem, given.schedule)
         if variant is None:
             continue

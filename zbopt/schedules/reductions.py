@@ -10,9 +10,10 @@ nothing depends on them, so any order of them is valid, ends compute at the same
 frees memory. Taken alone, that run is a two-machine flow shop: each stage a job, its trailing W
 on compute, then its reduction on the communication stream; Johnson's rule (Johnson 1954: the jobs
 whose compute is at most their reduction first, by compute ascending, then the rest by reduction
-descending, each job's W together) ends the stream soonest. The stream's earlier work and the
-other devices are not part of that argument, so a caller keeps the result only where the
-simulator finds it shorter (`compare`'s "(reductions in turn)" rows).
+descending, each job's W together) ends the stream soonest. The stream's earlier reductions were
+all ready before the run began, so they act as one more job with no W, which Johnson's rule puts
+first anyway: the result is the best order of the run for its device's step (the other devices
+keep theirs). `compare` shows it as a "(reductions in turn)" row where it shortens the iteration.
 """
 
 from __future__ import annotations

@@ -135,7 +135,8 @@ def _solve_in_child(problem: Problem, *, engine: str, deadline: float, workers: 
     everything_in_a_row = (sum(d["duration"] for _, d in graph.nodes(data=True))
                            + sum(d["latency"] for *_, d in graph.edges(data=True)) + end_work)
     # with the ends, a better iteration may have a longer makespan: every op ends by the warm start's iteration
-    horizon = everything_in_a_row if warm is None else warm[1] if ends is None else warm[2]
+    iteration = ends is not None and objective == "makespan"
+    horizon = everything_in_a_row if warm is None else warm[2] if iteration else warm[1]
     model, start, before, goal = build_model(problem, graph, heads, tails, horizon, independent_bound, objective)
     if warm is not None:
         warm_starts, _, warm_value = warm
@@ -179,7 +180,7 @@ def build_model(problem: Problem, graph: nx.DiGraph, heads: dict, tails: dict, h
         _memory_rows(model, problem, ops, before)
     _objective_rows(model, problem, ops, start, duration, tails, goal, objective, horizon)
     if problem.iteration_ends is not None:
-        _ends_rows(model, problem, ops, start, duration, goal, horizon)
+        _ends_rows(model, problem, ops, start, duration, goal, horizon, objective)
     return model, start, before, goal
 
 
@@ -246,11 +247,13 @@ def _objective_rows(model, problem: Problem, ops: list[Op], start: dict, duratio
                 model += goal >= start[op] + duration[op] - first
 
 
-def _ends_rows(model, problem: Problem, ops: list[Op], start: dict, duration: dict, goal, horizon: float) -> None:
+def _ends_rows(model, problem: Problem, ops: list[Op], start: dict, duration: dict, goal, horizon: float,
+               objective: str) -> None:
     """The iteration's ends as the simulator times them (`zbopt.core.simulation.ends`): a forward
-    after its stage's unshard; per stage a reduction R_s after its gradient ops and its device's
-    unshards, one at a time on the device's stream (a big-M disjunction per pair); the step after
-    the device's compute and reductions; the goal at least every step's end."""
+    after its stage's unshard; on the makespan objective (the iteration time) also per stage a
+    reduction R_s after its gradient ops and its device's unshards, one at a time on the device's
+    stream (a big-M disjunction per pair); the step after the device's compute and reductions; the
+    goal at least every step's end. The span objective measures the devices' compute only."""
     import pulp
 
     ends, table = problem.iteration_ends, op_table(problem)
@@ -258,6 +261,8 @@ def _ends_rows(model, problem: Problem, ops: list[Op], start: dict, duration: di
         release = table.release[table.index(op)]
         if release:
             model += start[op] >= release
+    if objective != "makespan":
+        return
     stream = unshards_done(problem)
     for device, stages in enumerate(problem.stages_of_device):
         reduce = {stage: pulp.LpVariable(f"R_{stage}", stream[device], horizon) for stage in stages}

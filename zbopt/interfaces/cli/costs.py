@@ -54,8 +54,9 @@ def format_costs(model: Model) -> str:
     rows.append({"name": "total", "repeat": str(len(model.layers)),
                  **{key: _cell(key, totals[key]) for key in (*SUMMED, "gradient_gb")}})
     table = [[title for _, title in COLUMNS], *([row[key] for key, _ in COLUMNS] for row in rows)]
-    return "\n".join([*aligned(table), "(per microbatch; parameters include gradients and optimizer state; the "
-                                        "gradient is what a data-parallel reduction moves; GB = 10^9 bytes)"])
+    return "\n".join([*aligned(table), "(times and activations per microbatch; parameters include gradients and "
+                                        "optimizer state; the gradient is what a step's data-parallel reduction "
+                                        "moves; GB = 10^9 bytes)"])
 
 
 def _cell(key: str, value: object) -> str:

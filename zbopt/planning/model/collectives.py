@@ -77,11 +77,14 @@ def ends_times(device: Device, training: Training, stages: Sequence[Sequence[Lay
     return keys
 
 
+def _parameters(training: Training, layers: Sequence[Layer]) -> float:
+    """The layers' parameter count in 10^9: their gradient bytes over the gradient's bytes per parameter."""
+    return sum(gradient_of(layer, training) for layer in layers) / training.gradient_bytes
+
+
 def _weights_gb(training: Training, layers: Sequence[Layer]) -> float:
-    """The layers' weights in the training dtype: their parameter count (gradient bytes over the
-    gradient's bytes per parameter) times the dtype's bytes."""
-    return sum(gradient_of(layer, training) for layer in layers) / training.gradient_bytes * \
-        ELEMENT_BYTES[training.dtype]
+    """The layers' weights in the training dtype (GB)."""
+    return _parameters(training, layers) * ELEMENT_BYTES[training.dtype]
 
 
 def least_ends_ms(device: Device, training: Training, layers: Sequence[Layer]) -> float:
@@ -104,9 +107,8 @@ def _reduce_ms(device: Device, training: Training, layers: Sequence[Layer]) -> f
 def _step_ms(device: Device, training: Training, layers: Sequence[Layer], reduces: bool) -> float:
     """One stage's share of its device's step: the update at the memory bandwidth, then with the
     distributed optimizer the all-gather of its updated weights."""
-    parameters = sum(gradient_of(layer, training) for layer in layers) / training.gradient_bytes  # in 10^9
     update = 0.0 if device.memory_bandwidth_gbs is None else \
-        parameters * training.step_bytes / device.memory_bandwidth_gbs * 1e3
+        _parameters(training, layers) * training.step_bytes / device.memory_bandwidth_gbs * 1e3
     if not (reduces and training.use_distributed_optimizer):  # FSDP gathers at the next forward instead
         return update
     return update + ring_reduce_scatter_ms(_weights_gb(training, layers), training.data_parallel,

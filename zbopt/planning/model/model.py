@@ -68,12 +68,13 @@ class Model:
 
     @classmethod
     def from_architecture(cls, architecture: Architecture | Mapping, device: Device, dtype: str = "bf16",
-                          data_parallel: int = 1, use_distributed_optimizer: bool = False) -> Model:
+                          data_parallel: int = 1, use_distributed_optimizer: bool = False,
+                          fsdp: bool = False) -> Model:
         """Embedding, decoder × num_layers and lm_head, their costs counted from the shape (Megatron-LM
         argument names) at `device.flops`; see `zbopt.planning.model.flops` for each formula."""
         if not isinstance(architecture, Architecture):
             architecture = Architecture.from_config(dict(architecture))
-        training = Training(dtype, data_parallel, use_distributed_optimizer)
+        training = Training(dtype, data_parallel, use_distributed_optimizer, fsdp)
         return cls.from_repeats(architecture_layers(architecture, device, training), training)
 
     @classmethod

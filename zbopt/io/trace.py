@@ -43,6 +43,7 @@ TRACE_EXTENSION = ".trace.json"  # a trace is JSON too: .json alone names zbopt'
 MIN_TICKS_PER_UNIT = 1000  # one problem unit shows as at least a millisecond
 PAIR_TRACKS = (3, 4, 5)  # an overlapped pair's forward, then its backward's one or two ops
 COMMUNICATION_TRACK = 6  # the iteration's ends: unshards and gradient reductions
+END_CATEGORIES = {"unshard": "unshard", "reduce": "gradient reduction", "step": "optimizer step"}
 TRACK_NAMES = {COMPUTE_LANE: "compute", OFFLOAD_LANE: "device-to-host", RELOAD_LANE: "host-to-device",
                **{track: f"pair member {place + 1}" for place, track in enumerate(PAIR_TRACKS)},
                COMMUNICATION_TRACK: "communication"}
@@ -136,21 +137,15 @@ def _schedule_events(simulation: Simulation, scale: int, *, first_pid: int = 1, 
 
 
 def _end_events(simulation: Simulation, ticks, first_pid: int) -> list[dict]:
-    """The iteration's ends (`Simulation.ends`): each stage's unshard and gradient reduction on its
+    """The iteration's ends (`EndTimes.windows`): each stage's unshard and gradient reduction on its
     device's communication track, named as torch's actions ("0UNSHARD", "0REDUCE_GRAD"), and each
     device's optimizer step on its compute track."""
-    ends, problem = simulation.ends, simulation.problem
-    if ends is None:
+    if simulation.ends is None:
         return []
-    placed = [*((f"{stage}UNSHARD", "unshard", problem.device_of(stage), COMMUNICATION_TRACK, window)
-                for stage, window in enumerate(ends.unshard)),
-              *((f"{stage}REDUCE_GRAD", "gradient reduction", problem.device_of(stage), COMMUNICATION_TRACK, window)
-                for stage, window in enumerate(ends.reduce)),
-              *(("optimizer step", "optimizer step", device, COMPUTE_LANE, window)
-                for device, window in enumerate(ends.step))]
-    return [{"ph": "X", "name": name, "cat": category, "pid": device + first_pid, "tid": track + 1,
-             "ts": ticks(begin), "dur": ticks(end) - ticks(begin), "args": {"start": begin, "end": end}}
-            for name, category, device, track, (begin, end) in placed if end > begin]
+    return [{"ph": "X", "name": window.name, "cat": END_CATEGORIES[window.what], "pid": window.device + first_pid,
+             "tid": (COMPUTE_LANE if window.what == "step" else COMMUNICATION_TRACK) + 1, "ts": ticks(window.begin),
+             "dur": ticks(window.end) - ticks(window.begin), "args": {"start": window.begin, "end": window.end}}
+            for window in simulation.ends.windows(simulation.problem)]
 
 
 def _track_names(num_devices: int, tracks: set[tuple[int, int]], first_pid: int = 1, label: str = "") -> list[dict]:

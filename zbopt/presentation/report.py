@@ -221,17 +221,13 @@ def schedule_data(simulation: Simulation) -> dict:
 def _ends_data(simulation: Simulation, times) -> dict:
     """The iteration's ends where the problem has them: the iteration time (the view's end), and
     per unshard, reduction (lane 4, the communication strip) and step (lane 0, on compute) its
-    name (torch's action), device, what it is, start, end and colour."""
-    ends, problem = simulation.ends, simulation.problem
-    if ends is None:
+    name (torch's action), device, what it is, start, end and colour (`EndTimes.windows`)."""
+    if simulation.ends is None:
         return {}
-    placed = [*((f"{s}UNSHARD", problem.device_of(s), "unshard", window) for s, window in enumerate(ends.unshard)),
-              *((f"{s}REDUCE_GRAD", problem.device_of(s), "reduce", window) for s, window in enumerate(ends.reduce)),
-              *(("optimizer step", d, "step", window) for d, window in enumerate(ends.step))]
-    placed = [entry for entry in placed if entry[3][1] > entry[3][0]]
+    placed = simulation.ends.windows(simulation.problem)
     return {"iteration": simulation.iteration_time,
-            "ends": {"name": [name for name, *_ in placed], "d": [device for _, device, *_ in placed],
-                     "what": [END_NAMES[what] for _, _, what, _ in placed],
-                     "t0": times([begin for *_, (begin, _) in placed]), "t1": times([end for *_, (_, end) in placed]),
-                     "lane": [0 if what == "step" else COMMUNICATION_LANE for _, _, what, _ in placed],
-                     "colour": [palette().ends[what] for _, _, what, _ in placed]}}
+            "ends": {"name": [window.name for window in placed], "d": [window.device for window in placed],
+                     "what": [END_NAMES[window.what] for window in placed],
+                     "t0": times([window.begin for window in placed]), "t1": times([window.end for window in placed]),
+                     "lane": [0 if window.what == "step" else COMMUNICATION_LANE for window in placed],
+                     "colour": [palette().ends[window.what] for window in placed]}}

@@ -16,6 +16,7 @@ parameters longer than zbopt's RESHARD right after the stage's last gradient op.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from zbopt.core.ops import COMPUTE_LANE, OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows
 
-__all__ = ["EndTimes", "end_times", "gathered_memory", "gradient_ends", "unshards_done"]
+__all__ = ["EndTimes", "EndWindow", "end_times", "gathered_memory", "gradient_ends", "unshards_done"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,28 @@ class EndTimes:
     def finish(self) -> float:
         """When the last device's step has ended: the iteration's end."""
         return max(end for _, end in self.step)
+
+    def windows(self, problem: Problem) -> list[EndWindow]:
+        """Every end that takes time, as the charts, the report and the trace draw it: each
+        stage's unshard and reduction named as torch's actions ("0UNSHARD", "0REDUCE_GRAD"), then
+        each device's step."""
+        placed = [*(EndWindow(f"{stage}UNSHARD", problem.device_of(stage), "unshard", *window)
+                    for stage, window in enumerate(self.unshard)),
+                  *(EndWindow(f"{stage}REDUCE_GRAD", problem.device_of(stage), "reduce", *window)
+                    for stage, window in enumerate(self.reduce)),
+                  *(EndWindow("optimizer step", device, "step", *window) for device, window in enumerate(self.step))]
+        return [window for window in placed if window.end > window.begin]
+
+
+class EndWindow(NamedTuple):
+    """One of the iteration's ends: its name, its device, what it is ("unshard", "reduce" or
+    "step": the step runs on compute, the others on the communication stream), when it runs."""
+
+    name: str
+    device: int
+    what: str
+    begin: float
+    end: float
 
 
 def unshards_done(problem: Problem) -> tuple[float, ...]:

@@ -128,19 +128,16 @@ def _draw_extras(axes, simulation: Simulation, show_latency: bool) -> list:
 def _draw_ends(axes, simulation: Simulation) -> list:
     """The iteration's ends where the problem has them: unshards and gradient reductions on each
     device's communication lane, the optimizer step on its compute row; their legend keys."""
-    ends, problem, origin = simulation.ends, simulation.problem, simulation.origin
-    if ends is None:
+    if simulation.ends is None:
         return []
+    placed, origin = simulation.ends.windows(simulation.problem), simulation.origin
     lane, lane_height = _row(simulation, COMMUNICATION)
-    row, row_height = _row(simulation, problem.kinds[0])
-    windows = {"unshard": [(problem.device_of(stage), window) for stage, window in enumerate(ends.unshard)],
-               "reduce": [(problem.device_of(stage), window) for stage, window in enumerate(ends.reduce)],
-               "step": list(enumerate(ends.step))}
+    row, row_height = _row(simulation, simulation.problem.kinds[0])
     handles = []
-    for name, placed in windows.items():
+    for name in END_NAMES:
         offset, height = (row, row_height) if name == "step" else (lane, lane_height)
-        boxes = [_box(begin - origin, end - begin, device + offset, height) for device, (begin, end) in placed
-                 if end > begin]
+        boxes = [_box(window.begin - origin, window.end - window.begin, window.device + offset, height)
+                 for window in placed if window.what == name]
         if boxes:
             axes.add_collection(PolyCollection(boxes, facecolors=palette().ends[name], edgecolors="white",
                                                linewidths=0.4, zorder=2, gid=f"ends-{name}"))

@@ -17,9 +17,9 @@ __all__ = ["COLUMNS", "check_plan_report", "format_plan", "render_plan_report", 
 COLUMNS = ("rule", "schedule", "split", "makespan (ms)", "bubble", "peak (GB) per device, parameters included", "gap")
 
 
-def _columns(plan: Plan) -> tuple[str, ...]:
+def _columns(ends: bool) -> tuple[str, ...]:
     """COLUMNS, with the iteration time beside the makespan where the plan times the iteration's ends."""
-    return (*COLUMNS[:4], "iteration (ms)", *COLUMNS[4:]) if _has_ends(plan) else COLUMNS
+    return (*COLUMNS[:4], "iteration (ms)", *COLUMNS[4:]) if ends else COLUMNS
 
 
 def _has_ends(plan: Plan) -> bool:
@@ -27,8 +27,9 @@ def _has_ends(plan: Plan) -> bool:
                for each in plan.pipelines for row in each.rows)
 
 
-def _row_cells(plan: Plan, each, row) -> list[str]:
-    simulation, ends = row.simulation, _has_ends(plan)
+def _row_cells(plan: Plan, each, row, ends: bool) -> list[str]:
+    """One row's cells (`_columns(ends)`)."""
+    simulation = row.simulation
     if simulation is None:
         return [row.rule, row.schedule, _split(row.split), *["-"] * (4 if ends else 3), row.note or "-"]
     peaks = device_peaks(plan.model, each.pipeline, row.split, simulation)
@@ -120,12 +121,12 @@ def format_plan(plan: Plan) -> str:
     """The answer first: the best plan (its split as the model names the layers of each virtual
     stage, its schedule, makespan, bound and gap, its exports); then per pipeline a heading and its
     rows of rule × schedule, the schedules over the memory limit folded into one line."""
-    parts = [_model_line(plan), "", *_best_lines(plan)]
+    parts, ends = [_model_line(plan), "", *_best_lines(plan)], _has_ends(plan)
+    columns = _columns(ends)
     for each in plan.pipelines:
         over = [row for row in each.rows if row.note == OVER_THE_LIMIT]
         parts += ["", _pipeline_heading(each)]
-        columns = _columns(plan)
-        parts += aligned([list(columns), *(_row_cells(plan, each, row) for row in each.rows if row not in over)],
+        parts += aligned([list(columns), *(_row_cells(plan, each, row, ends) for row in each.rows if row not in over)],
                          left=range(len(columns)))
         if over:
             names = ", ".join(dict.fromkeys(f"{row.schedule} ({row.rule})" for row in over))
@@ -135,10 +136,10 @@ def format_plan(plan: Plan) -> str:
 
 def _html_tables(plan: Plan) -> list[str]:
     """Per pipeline its heading and its rows as an HTML table."""
-    parts = []
+    parts, ends = [], _has_ends(plan)
+    head = "".join(f"<th>{html.escape(title)}</th>" for title in _columns(ends))
     for each in plan.pipelines:
-        head = "".join(f"<th>{html.escape(title)}</th>" for title in _columns(plan))
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row_cells(plan, each, row))
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in _row_cells(plan, each, row, ends))
                        + "</tr>" for row in each.rows)
         parts += [f"<h2>{html.escape(_pipeline_heading(each))}</h2>",
                   f'<table class="plan"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>']

@@ -133,17 +133,13 @@ class Device:
             raise ZboptError(f"device reserve = {reserve:g} GB: must be less than the device's memory "
                              f"({self.memory_gb:g} GB), or nothing is left to plan with")
         object.__setattr__(self, "reserve_gb", reserve)
-        flops = check_amount("device flops", self.flops, optional=True, most=None)
-        if flops == 0:
-            raise ZboptError("device flops = 0: must be more than 0")
-        object.__setattr__(self, "flops", flops)
-        object.__setattr__(self, "p2p_ms", check_amount("device p2p_ms", self.p2p_ms))
-        object.__setattr__(self, "dp_latency_ms", check_amount("device dp_latency_ms", self.dp_latency_ms))
-        for field in ("dp_bandwidth_gbs", "memory_bandwidth_gbs"):
+        for field in ("flops", "dp_bandwidth_gbs", "memory_bandwidth_gbs"):  # rates: a time is divided by them
             rate = check_amount(f"device {field}", getattr(self, field), optional=True, most=None)
             if rate == 0:
                 raise ZboptError(f"device {field} = 0: must be more than 0")
             object.__setattr__(self, field, rate)
+        object.__setattr__(self, "p2p_ms", check_amount("device p2p_ms", self.p2p_ms))
+        object.__setattr__(self, "dp_latency_ms", check_amount("device dp_latency_ms", self.dp_latency_ms))
 
     @property
     def reserve(self) -> float:

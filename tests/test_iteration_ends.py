@@ -35,8 +35,8 @@ def test_a_reduction_overlaps_the_other_devices_drain():
     problem = Problem(**BASE, grad_reduce_times=[3, 1], optimizer_step_times=0.5)
     result = simulate(problem, HAND)
     assert result.makespan == 8.0
-    assert result.ends.reduce == ((8.0, 11.0), (7.0, 8.0))
-    assert result.ends.step == ((11.0, 11.5), (8.0, 8.5))
+    assert result.ends.reduce == (((8.0, 11.0), (7.0, 8.0)),)  # one iteration
+    assert result.ends.step == (((11.0, 11.5), (8.0, 8.5)),)
     assert result.iteration_time == 11.5
     assert result.to_dict()["iteration_time"] == 11.5
 
@@ -49,7 +49,7 @@ def test_reductions_of_one_device_queue_on_its_stream_in_the_order_they_become_r
     orders = [[Op.from_str(text) for text in ["0F0", "1F0", "1B0", "1W0", "0B0", "0W0"]]]
     result = simulate(problem, Schedule(orders))
     # 1W0 ends at 4: stage 1 reduces 4-9; 0W0 ends at 6, waits for the stream: 9-11
-    assert result.ends.reduce == ((9.0, 11.0), (4.0, 9.0))
+    assert result.ends.reduce == (((9.0, 11.0), (4.0, 9.0)),)
     assert result.iteration_time == 11.0
 
 
@@ -144,9 +144,9 @@ def test_lns_refuses_the_ends_and_the_milp_the_gathered_memory_naming_them():
         solve(TINY_ENDS[2], "cbc", time_limit=5)
 
 
-def test_several_iterations_with_ends_are_refused_naming_the_key():
-    with pytest.raises(ZboptError, match=r"grad_reduce_times .*one iteration"):
-        Problem(**BASE, iterations=2, grad_reduce_times=1)
+def test_ends_without_a_flush_are_refused_naming_the_key():
+    with pytest.raises(ZboptError, match=r"grad_reduce_times .*the optimizer step between iterations is a flush"):
+        Problem(**BASE, iterations=2, flush=False, grad_reduce_times=1)
 
 
 def test_the_gantt_chart_draws_the_ends_on_a_communication_lane_and_runs_to_the_iterations_end():

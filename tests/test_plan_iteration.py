@@ -155,4 +155,4 @@ def test_fsdp_shards_everything_and_gathers_each_stages_weights_before_its_first
     for device, stages in enumerate(simulation.problem.stages_of_device):  # gathered from time 0
         assert simulation.peak_memory[device] >= sum(simulation.problem.unshard_memory[s] for s in stages)
     first = simulation.start[simulation.table.index(Op(FORWARD, 0, 0))]
-    assert first >= simulation.ends.unshard[0][1] > 0  # the first forward waits for its stage's gather
+    assert first >= simulation.ends.unshard[0][0][1] > 0  # the first forward waits for its stage's gather

@@ -184,8 +184,10 @@ class OpTable:
 
     @cached_property
     def release(self) -> list[float]:
-        """Per op, the earliest start the iteration's ends allow: a forward waits for its stage's
-        FSDP unshard (`mechanisms.unshard_windows`); 0 for every other op and without unshards."""
+        """Per op, the earliest start the iteration's ends allow before any op has run: a forward
+        waits for its stage's FSDP unshard (`mechanisms.unshard_windows`); 0 for every other op and
+        without unshards. A later iteration's forwards wait longer, for their device's step before
+        and the unshard after it, which depend on the times (`simulation.ends`)."""
         ends = self.problem.iteration_ends
         if ends is None or not any(ends.unshard_times):
             return [0.0] * self.size

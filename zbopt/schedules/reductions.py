@@ -14,9 +14,13 @@ descending, each job's W together) ends the stream soonest. The stream's earlier
 all ready before the run began, so they act as one more job with no W, which Johnson's rule puts
 first anyway: the result is the best order of the run for its device's step (the other devices
 keep theirs). `compare` shows it as a "(reductions in turn)" row where it shortens the iteration.
+With several iterations each one's run is regrouped: a device's ops of an iteration all come
+before its step, so its part of the order ends with that iteration's W.
 """
 
 from __future__ import annotations
+
+from itertools import groupby
 
 from zbopt.core.kinds import WEIGHT
 from zbopt.core.ops import Op, op_table
@@ -34,17 +38,22 @@ def reductions_in_turn(problem: Problem, schedule: Schedule) -> Schedule | None:
     ends = problem.iteration_ends
     if ends is None or not any(ends.reduce_times) or not problem.split_backward or schedule.pairs:
         return None
-    table = op_table(problem)
-    orders, moved = [], False
+    table, m = op_table(problem), problem.num_microbatches
+    orders = []
     for order in schedule.orders:
-        kept = len(order)
-        while kept and order[kept - 1].kind == WEIGHT:
-            kept -= 1
-        tail = order[kept:]
-        regrouped = [op for stage in _johnson(tail, table, ends.reduce_times) for op in tail if op.stage == stage]
-        moved = moved or regrouped != list(tail)
-        orders.append((*order[:kept], *regrouped))
+        parts = [list(part) for _, part in groupby(order, key=lambda op: op.microbatch // m)]
+        orders.append(tuple(op for part in parts for op in _regrouped(part, table, ends.reduce_times)))
+    moved = any(tuple(new) != tuple(old) for new, old in zip(orders, schedule.orders, strict=True))
     return Schedule(tuple(orders), name=schedule.name) if moved else None
+
+
+def _regrouped(part: list[Op], table, reduce_times: tuple[float, ...]) -> list[Op]:
+    """One iteration's part of a device's order with its trailing W in Johnson's order."""
+    kept = len(part)
+    while kept and part[kept - 1].kind == WEIGHT:
+        kept -= 1
+    tail = part[kept:]
+    return part[:kept] + [op for stage in _johnson(tail, table, reduce_times) for op in tail if op.stage == stage]
 
 
 def _johnson(tail: tuple[Op, ...], table, reduce_times: tuple[float, ...]) -> list[int]:

@@ -8,11 +8,12 @@ Three facts, each holding in every valid schedule:
   the iteration lasts at least a makespan bound + the least reduction + step;
 - a device's ops all wait for its first chunk's unshard (each depends on a forward of its own),
   so it ends its compute no sooner than that unshard's end + its work, and its last op is one of
-  its stages' last gradient ops, followed by that stage's reduction and the device's step;
+  its stages' last gradient ops, followed by that stage's reduction and the device's step: one
+  cycle; a later iteration starts its unshards at the device's step before, so each adds a cycle;
 - a stage's reduction starts after its gradient ops could end at the earliest (the op DAG's
-  longest paths, devices ignored), on a stream that carries one transfer at a time after the
-  device's unshards: taken as they become ready (optimal for one machine with release times),
-  then the step.
+  longest paths of the first iteration, devices ignored), on a stream that carries one transfer
+  at a time after the device's unshards: taken as they become ready (optimal for one machine
+  with release times), then the step; then a cycle per later iteration.
 """
 
 from __future__ import annotations
@@ -38,15 +39,17 @@ def iteration_ends_bound(problem: Problem, makespan_bound: float, per_device: bo
     if not per_device:
         return best, None
     where = None
-    unshard, unshards_end = unshard_windows(problem), unshards_done(problem)
-    finish, table = earliest_finish(op_graph(problem)), op_table(problem)
-    ready = gradient_ends(problem, table, np.array([finish[op] for op in table.ops()]))
-    for device, (stages, work) in enumerate(zip(problem.stages_of_device, device_work(problem), strict=True)):
-        loaded = unshard[stages[0]][1] + work + min(ends.reduce_times[stage] for stage in stages)
+    first = problem.replace(iterations=1) if problem.iterations > 1 else problem
+    unshard, unshards_end = unshard_windows(first), unshards_done(first)
+    finish, table = earliest_finish(op_graph(first)), op_table(first)
+    ready = gradient_ends(first, table, np.array([finish[op] for op in table.ops()]))
+    for device, (stages, work) in enumerate(zip(problem.stages_of_device, device_work(first), strict=True)):
+        cycle = unshard[stages[0]][1] + work + min(ends.reduce_times[stage] for stage in stages) \
+            + ends.step_times[device]
         stream = unshards_end[device]
         for stage in sorted(stages, key=lambda s: ready[s]):
             stream = max(stream, ready[stage]) + ends.reduce_times[stage]
-        value = max(loaded, stream) + ends.step_times[device]
+        value = max(cycle, stream + ends.step_times[device]) + (problem.iterations - 1) * cycle
         if value > best:
             best, where = value, device
     return best, where

@@ -20,7 +20,9 @@ OR-Tools' job-shop example, with one `OpVars` record (start, end, interval) per 
      first stage's forwards (see `implied.symmetric_successors`);
   6. objective: the makespan (or the longest device span) with the independent lower bound; in
      the driver's second phase, the highest peak memory with the objective capped;
-  7. with the iteration's ends (`model_ends`), the makespan objective is the iteration's end.
+  7. with the iteration's ends (`model_ends`): per device and iteration its reductions and
+     optimizer step, a later iteration's forwards after the step; the makespan objective is then
+     the last step's end.
 
 Notes
 -----
@@ -58,7 +60,7 @@ from zbopt.core.ticks import TickScale, ceil_ticks, tick_problem, tick_scale
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.cp_parts import OpVars, limit, solve_stoppable, task_stopped
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
-from zbopt.solvers.model_ends import gathered_parameters, iteration_end
+from zbopt.solvers.model_ends import gathered_parameters, iteration_ends
 from zbopt.solvers.model_memory import activation_choice_literals, limited_lifetimes, peak_memory
 from zbopt.solvers.overlap_pairs import PairChoice, as_paired, candidate_window, least_duration, pair_choices
 from zbopt.solvers.task import Found, SearchTask
@@ -145,15 +147,19 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         ops.update(optional)
     _no_overlap(model, problem, ops, pairs)  # 2.
     _precedences(model, frame.graph, ops, pairs)  # 3. (and 5.: the symmetry-breaking and memory precedences)
+    steps_done = None  # 7. (per device and iteration, its optimizer step's end)
+    if integral.iteration_ends is not None:
+        steps_done = iteration_ends(model, integral, ops, horizon)
     lifetimes = None  # 4. (where a limit or the second phase needs them)
     if problem.memory_limit is not None or task.peak_cap is not None:
         lifetimes = limited_lifetimes(model, problem, frame.ops, ops, horizon, choices, memory_model,
-                                      gathered_parameters(model, integral, ops, horizon))
+                                      gathered_parameters(model, integral, ops, horizon, steps_done))
     if symmetry_breaking:  # 5. (the memory disjunctions; the precedences are edges of the implied graph)
         _memory_disjunctions(model, problem, frame.ops, ops)
     goal = _objective(model, task, frame, ops)  # 6.
-    if integral.iteration_ends is not None and task.objective == "makespan":  # 7.
-        iteration_end(model, integral, ops, horizon, goal)
+    if steps_done is not None and task.objective == "makespan":  # 7. (the iteration ends with the last step)
+        for device_steps in steps_done:
+            model.Add(goal >= device_steps[-1])
     _minimise(model, task, frame, goal, lifetimes)
     if frame.hint is not None:
         _hint(model, frame.hint, ops, choices, pairs, task)
@@ -185,7 +191,7 @@ def _frame(problem: Problem, task: SearchTask, symmetry_breaking: bool) -> _Fram
     optional_work = sum(integral.cost(kind, stage, microbatch) for kind in optional
                         for stage in range(integral.num_stages) for microbatch in integral.microbatches_of(stage))
     ends = integral.iteration_ends
-    end_work = 0 if ends is None else sum(ends.reduce_times) + sum(ends.step_times) + sum(ends.unshard_times)
+    end_work = 0 if ends is None else integral.iterations * ends.time
     horizon = int(sum(table.duration) + sum(table.latency) + optional_work + end_work)
     hint = warm_goal = None
     if task.warm is not None:

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from itertools import accumulate
 from pathlib import Path
 
 import networkx as nx
@@ -32,7 +33,6 @@ import networkx as nx
 from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
-from zbopt.core.simulation.ends import unshards_done
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
 from zbopt.solvers.task import Found, SearchTask, simple_model_refusal
@@ -131,7 +131,7 @@ def _solve_in_child(problem: Problem, *, engine: str, deadline: float, workers: 
     graph = implied_graph(problem)
     heads, tails = heads_and_tails(graph)
     ends = problem.iteration_ends
-    end_work = 0.0 if ends is None else sum(ends.reduce_times) + sum(ends.step_times) + sum(ends.unshard_times)
+    end_work = 0.0 if ends is None else problem.iterations * ends.time
     everything_in_a_row = (sum(d["duration"] for _, d in graph.nodes(data=True))
                            + sum(d["latency"] for *_, d in graph.edges(data=True)) + end_work)
     # with the ends, a better iteration may have a longer makespan: every op ends by the warm start's iteration
@@ -250,34 +250,45 @@ def _objective_rows(model, problem: Problem, ops: list[Op], start: dict, duratio
 def _ends_rows(model, problem: Problem, ops: list[Op], start: dict, duration: dict, goal, horizon: float,
                objective: str) -> None:
     """The iteration's ends as the simulator times them (`zbopt.core.simulation.ends`): a forward
-    after its stage's unshard; on the makespan objective (the iteration time) also per stage a
-    reduction R_s after its gradient ops and its device's unshards, one at a time on the device's
-    stream (a big-M disjunction per pair); the step after the device's compute and reductions; the
-    goal at least every step's end. The span objective measures the devices' compute only."""
+    after its stage's unshard (after its device's step before, in a later iteration); per device
+    and iteration a reduction R_s per stage after its gradient ops and the device's unshards, one
+    at a time on the device's stream (a big-M disjunction per pair), and the step after the
+    device's compute and reductions. On the makespan objective (the iteration time) the goal is
+    at least every last step's end; the span objective measures the devices' compute only, so
+    the last iteration's reductions and steps are left out."""
     import pulp
 
-    ends, table = problem.iteration_ends, op_table(problem)
+    ends, table, m = problem.iteration_ends, op_table(problem), problem.num_microbatches
     for op in ops:
         release = table.release[table.index(op)]
-        if release:
+        if release and op.microbatch < m:
             model += start[op] >= release
-    if objective != "makespan":
-        return
-    stream = unshards_done(problem)
     for device, stages in enumerate(problem.stages_of_device):
-        reduce = {stage: pulp.LpVariable(f"R_{stage}", stream[device], horizon) for stage in stages}
-        step = pulp.LpVariable(f"step_{device}", 0, horizon)
-        for op in ops:
-            if op.stage in stages:
+        through = dict(zip(stages, accumulate(ends.unshard_times[stage] for stage in stages), strict=True))
+        done = 0.0  # the step's end before this iteration
+        for iteration in range(problem.iterations):
+            mine = [op for op in ops if op.stage in stages and op.microbatch // m == iteration]
+            for op in mine if iteration else ():
+                if op.kind == FORWARD:
+                    model += start[op] >= done + through[op.stage]
+            if iteration == problem.iterations - 1 and objective != "makespan":
+                break
+            reduce = {stage: pulp.LpVariable(f"R_{stage}_{iteration}", 0, horizon) for stage in stages}
+            step = pulp.LpVariable(f"step_{device}_{iteration}", 0, horizon)
+            for op in mine:
                 # implied through the precedences to a gradient op, but stated: along those chains the
                 # solver's row tolerance adds up (the model's goal came out 4e-5 below the simulated one)
                 model += step >= start[op] + duration[op]
                 if op.kind == table.gradient_kind:
                     model += reduce[op.stage] >= start[op] + duration[op]
-        for index, first in enumerate(stages):
-            model += step >= reduce[first] + ends.reduce_times[first]
-            for second in stages[index + 1:]:
-                y = pulp.LpVariable(f"y_{first}_{second}", cat="Binary")
-                model += reduce[second] >= reduce[first] + ends.reduce_times[first] - horizon * (1 - y)
-                model += reduce[first] >= reduce[second] + ends.reduce_times[second] - horizon * y
-        model += goal >= step + ends.step_times[device]
+            for index, first in enumerate(stages):
+                model += reduce[first] >= done + through[stages[-1]]
+                model += step >= reduce[first] + ends.reduce_times[first]
+                for second in stages[index + 1:]:
+                    y = pulp.LpVariable(f"y_{first}_{second}_{iteration}", cat="Binary")
+                    model += reduce[second] >= reduce[first] + ends.reduce_times[first] - horizon * (1 - y)
+                    model += reduce[first] >= reduce[second] + ends.reduce_times[second] - horizon * y
+            done = step + ends.step_times[device]
+        else:  # every iteration timed: the makespan objective
+            model += goal >= done
+

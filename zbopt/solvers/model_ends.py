@@ -1,70 +1,101 @@
 """The full model's iteration ends (its step 7, `Problem.iteration_ends`), as the simulator times
-them (`zbopt.core.simulation.ends`): per device a communication lane with its unshards fixed from
-time 0 and one reduction per stage after the stage's gradient ops, the optimizer step after the
-reductions, every forward after its stage's unshard, and FSDP's gathered parameters held until
-the stage's last gradient op ends. The objective is then the iteration's end.
+them (`zbopt.core.simulation.ends`): per device and iteration a communication lane on which each
+stage's reduction follows its gradient ops and the device's unshards, the optimizer step after the
+reductions, every forward after its stage's unshard (fixed from time 0 in the first iteration,
+after the device's step in a later one), and FSDP's gathered parameters held from each unshard
+until the stage's last gradient op of that iteration ends. The objective is then the last step's
+end.
 
 Any order of the reductions on the lane is allowed; the simulator's (as they become ready) ends
-the lane no later, so its iteration time is at most the model's.
+the lane no later, so its iteration time is at most the model's. The step follows the device's
+compute: its last compute op of an iteration is a gradient op (every op leads to one on its device).
 """
 
 from __future__ import annotations
 
+from itertools import accumulate
+
+from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
-from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.ticks import memory_rounding, memory_scale
 from zbopt.solvers.cp_parts import Lifetime, OpVars
 
-__all__ = ["gathered_parameters", "iteration_end"]
+__all__ = ["gathered_parameters", "iteration_ends"]
 
 
-def iteration_end(model, problem: Problem, ops: dict[Op, OpVars], horizon: int, goal) -> None:
-    """`goal` (the model's objective) at least every device's step end; `problem` in ticks."""
-    ends = problem.iteration_ends
-    table = op_table(problem)
+def iteration_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) -> list[list]:
+    """The ends' variables and constraints; per device, per iteration, its step's end (`problem`
+    in ticks): the makespan objective's goal is at least each device's last."""
+    ends, table = problem.iteration_ends, op_table(problem)
     for op, variables in ops.items():
         release = table.release[table.index(op)]
-        if release:
+        if release and op.microbatch < problem.num_microbatches:
             model.Add(variables.start >= int(release))
-    unshard = unshard_windows(problem)
+    steps_done = []
     for device, stages in enumerate(problem.stages_of_device):
-        lane = [model.NewFixedSizeIntervalVar(int(unshard[stage][0]), int(ends.unshard_times[stage]),
-                                              f"unshard_{stage}") for stage in stages]
-        step = model.NewIntVar(0, horizon, f"step_{device}")
-        for stage in stages:
-            reduce = model.NewIntVar(0, horizon, f"reduce_{stage}")
-            for gradient_end in _gradient_ends(problem, ops, stage):
-                model.Add(reduce >= gradient_end)
-            lane.append(model.NewFixedSizeIntervalVar(reduce, int(ends.reduce_times[stage]), f"reduce_{stage}"))
-            model.Add(step >= reduce + int(ends.reduce_times[stage]))
+        gathered = _unshards_through(problem, stages)
+        lane, done = [], [0]  # per iteration, the step's end before it (0 before the first)
+        for iteration in range(problem.iterations):
+            if iteration:
+                for stage in stages:
+                    for microbatch in _iteration_microbatches(problem, stage, iteration):
+                        model.Add(ops[Op(FORWARD, stage, microbatch)].start >= done[-1] + gathered[stage])
+            step = model.NewIntVar(0, horizon, f"step_{device}_{iteration}")
+            for stage in stages:
+                reduce = model.NewIntVar(0, horizon, f"reduce_{stage}_{iteration}")
+                model.Add(reduce >= done[-1] + gathered[stages[-1]])
+                for gradient_end in _gradient_ends(problem, ops, stage, iteration):
+                    model.Add(reduce >= gradient_end)
+                lane.append(model.NewFixedSizeIntervalVar(reduce, int(ends.reduce_times[stage]), f"reduce_{stage}"))
+                model.Add(step >= reduce + int(ends.reduce_times[stage]))
+            done.append(step + int(ends.step_times[device]))
         model.AddNoOverlap(lane)
-        model.Add(goal >= step + int(ends.step_times[device]))
+        steps_done.append(done[1:])
+    return steps_done
 
 
-def gathered_parameters(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) -> list[list[Lifetime]]:
-    """Per device, FSDP's gathered parameters of each of its stages as a `Lifetime`: from the
-    unshard's start until the stage's last gradient op ends."""
+def gathered_parameters(model, problem: Problem, ops: dict[Op, OpVars], horizon: int,
+                        steps_done: list[list]) -> list[list[Lifetime]]:
+    """Per device, FSDP's gathered parameters of each of its stages in each iteration as a
+    `Lifetime`: from the unshard's start (after the device's step before, `iteration_ends`) until
+    the stage's last gradient op of the iteration ends."""
     held: list[list[Lifetime]] = [[] for _ in range(problem.num_devices)]
     ends = problem.iteration_ends
     if ends is None or not any(ends.unshard_memory):
         return held
     unit = memory_scale(problem)
     amount = memory_rounding(problem, unit)
-    unshard = unshard_windows(problem)
-    for stage, memory in enumerate(ends.unshard_memory):
-        if memory:
-            allocated = model.NewConstant(int(unshard[stage][0]))
-            released = model.NewIntVar(0, horizon, f"reshard_{stage}")
-            model.AddMaxEquality(released, _gradient_ends(problem, ops, stage))
-            size = model.NewIntVar(0, horizon, f"gathered_{stage}")
-            interval = model.NewIntervalVar(allocated, size, released, f"gathered_{stage}")
-            held[problem.device_of(stage)].append(Lifetime(allocated, released, amount(memory * unit), interval, None))
+    for device, stages in enumerate(problem.stages_of_device):
+        gathered = _unshards_through(problem, stages)
+        for stage in (stage for stage in stages if ends.unshard_memory[stage]):
+            before = gathered[stage] - int(ends.unshard_times[stage])
+            for iteration in range(problem.iterations):
+                allocated = model.NewIntVar(0, horizon, f"gather_{stage}_{iteration}")
+                model.Add(allocated == (steps_done[device][iteration - 1] if iteration else 0) + before)
+                released = model.NewIntVar(0, horizon, f"reshard_{stage}_{iteration}")
+                model.AddMaxEquality(released, _gradient_ends(problem, ops, stage, iteration))
+                size = model.NewIntVar(0, horizon, f"gathered_{stage}_{iteration}")
+                interval = model.NewIntervalVar(allocated, size, released, f"gathered_{stage}_{iteration}")
+                held[device].append(Lifetime(allocated, released, amount(ends.unshard_memory[stage] * unit),
+                                             interval, None))
     return held
 
 
-def _gradient_ends(problem: Problem, ops: dict[Op, OpVars], stage: int) -> list:
-    """The end variables of `stage`'s gradient ops (W, or BW), one per microbatch: its reduction
-    and its reshard follow the last."""
+def _unshards_through(problem: Problem, stages: tuple[int, ...]) -> dict[int, int]:
+    """Per stage of a device, its unshard and the ones before it on the stream, in ticks."""
+    times = problem.iteration_ends.unshard_times
+    return dict(zip(stages, accumulate(int(times[stage]) for stage in stages), strict=True))
+
+
+def _iteration_microbatches(problem: Problem, stage: int, iteration: int) -> list[int]:
+    """The microbatches of `iteration` that visit `stage`."""
+    return [j for j in problem.microbatches_of(stage) if j // problem.num_microbatches == iteration]
+
+
+def _gradient_ends(problem: Problem, ops: dict[Op, OpVars], stage: int, iteration: int) -> list:
+    """The end variables of `stage`'s gradient ops (W, or BW) in `iteration`, one per microbatch:
+    its reduction and its reshard follow the last."""
     gradient = op_table(problem).gradient_kind
-    return [ops[Op(gradient, stage, microbatch)].end for microbatch in problem.microbatches_of(stage)]
+    return [ops[Op(gradient, stage, microbatch)].end
+            for microbatch in _iteration_microbatches(problem, stage, iteration)]

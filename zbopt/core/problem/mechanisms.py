@@ -109,23 +109,28 @@ class IterationEnds:
     unshard_times: tuple[float, ...]
     unshard_memory: tuple[float, ...]
 
+    @property
+    def time(self) -> float:
+        """All they take in one iteration, one after another: what a horizon allows for them."""
+        return sum(self.reduce_times) + sum(self.step_times) + sum(self.unshard_times)
+
 
 ITERATION_END_KEYS = ("grad_reduce_times", "optimizer_step_times", "unshard_times", "unshard_memory")
 
 
-def iteration_ends(given: dict, stages: int, devices: int, iterations: int) -> dict:
+def iteration_ends(given: dict, stages: int, devices: int, flush: bool) -> dict:
     """The iteration's ends per virtual stage (per device for the step), >= 0, None where not
-    given; one iteration only (several would chain each step to the next iteration's forwards,
-    which the solvers do not model yet)."""
+    given. With several iterations each device's step is a flush (its next forwards wait for it),
+    so they need `flush`."""
     normalized = {}
     for key in ITERATION_END_KEYS:
         per_item, count = (per_device, devices) if key == "optimizer_step_times" else (per_stage, stages)
         normalized[key] = None if given[key] is None else per_item(key, given[key], count, positive=False)
-    if iterations > 1:
+    if not flush:
         key = next((key for key in ITERATION_END_KEYS if normalized[key] and any(normalized[key])), None)
         if key is not None:
-            raise ProblemError(key, given[key], f"the iteration's ends are modelled for one iteration, not "
-                                                f"{iterations} (give iterations = 1)")
+            raise ProblemError(key, given[key], "the optimizer step between iterations is a flush: "
+                                                "give flush = true (or leave out the iteration's ends)")
     return normalized
 
 
@@ -140,13 +145,14 @@ def ends_record(problem) -> IterationEnds | None:
                            for key, value in zip(ITERATION_END_KEYS, values, strict=True)))
 
 
-def unshard_windows(problem) -> tuple[tuple[float, float], ...]:
-    """Per virtual stage, its unshard's (start, end): back to back from 0 on its device's stream,
-    in chunk order (the order of the stages' first forwards on every schedule)."""
+def unshard_windows(problem, begin: tuple[float, ...] | None = None) -> tuple[tuple[float, float], ...]:
+    """Per virtual stage, its unshard's (start, end): back to back on its device's stream from
+    `begin[device]` (0 for the first iteration; a later one's from its device's step), in chunk
+    order (the order of the stages' first forwards on every schedule)."""
     windows = [(0.0, 0.0)] * problem.num_stages
     times = problem.iteration_ends.unshard_times
-    for stages in problem.stages_of_device:
-        free = 0.0
+    for device, stages in enumerate(problem.stages_of_device):
+        free = 0.0 if begin is None else begin[device]
         for stage in stages:
             windows[stage] = (free, free + times[stage])
             free += times[stage]

@@ -117,7 +117,7 @@ class Problem(_Parameters):
         normalized.update(offload(self.allow_offload, given["offload_times"], given["reload_times"],
                                   self.shared_host_link, stages))
         normalized.update(iteration_ends({key: getattr(self, key) for key in ITERATION_END_KEYS}, stages, p,
-                                         self.iterations))
+                                         self.flush or self.iterations == 1))
         normalized["overlap_times"] = overlap(self.overlap_times, self.weight_times is not None, p)
         normalized.update(microbatches.check_tokens(self.microbatch_tokens, self.attention_share,
                                                     self.reference_tokens, stages, self.num_microbatches, tables,

@@ -11,6 +11,9 @@ times). The step runs on compute, last. Torch's own lowering agrees up to 3 chun
 (`_add_unshard_reshard` prefetches 3 stages: all of them at the start; `_add_reduce_grad` puts a
 reduction after the stage's last backward) but reshards at the rank's end, holding the gathered
 parameters longer than zbopt's RESHARD right after the stage's last gradient op.
+
+With several iterations the step is each device's flush: its forwards of iteration k + 1 wait for
+its step of iteration k (and, with FSDP, for their stage's unshard, gathered again after it).
 """
 
 from __future__ import annotations
@@ -20,42 +23,56 @@ from typing import NamedTuple
 
 import numpy as np
 
+from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import COMPUTE_LANE, OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows
 
-__all__ = ["EndTimes", "EndWindow", "end_times", "gathered_memory", "gradient_ends", "unshards_done"]
+__all__ = ["DeviceEnds", "EndTimes", "EndWindow", "device_ends", "end_times", "gathered_memory", "gradient_ends",
+           "unshards_done"]
 
 
 @dataclass(frozen=True)
 class EndTimes:
-    """When each of the iteration's ends runs, as (start, end) pairs.
+    """When each of the iteration's ends runs, per iteration k, as (start, end) pairs.
 
-    unshard, reduce : per virtual stage (a zero-length window where it takes no time).
-    step : per device, its optimizer step.
-    gradients_done : per virtual stage, when its last gradient op ends (its reshard).
+    unshard[k], reduce[k] : per virtual stage (a zero-length window where it takes no time); a
+        later iteration's unshards start at its device's step before.
+    step[k] : per device, its optimizer step.
+    gradients_done[k] : per virtual stage, when its last gradient op ends (its reshard).
     """
 
-    unshard: tuple[tuple[float, float], ...]
-    reduce: tuple[tuple[float, float], ...]
-    step: tuple[tuple[float, float], ...]
-    gradients_done: tuple[float, ...]
+    unshard: tuple[tuple[tuple[float, float], ...], ...]
+    reduce: tuple[tuple[tuple[float, float], ...], ...]
+    step: tuple[tuple[tuple[float, float], ...], ...]
+    gradients_done: tuple[tuple[float, ...], ...]
 
     @property
     def finish(self) -> float:
-        """When the last device's step has ended: the iteration's end."""
-        return max(end for _, end in self.step)
+        """When the last device's last step has ended: the iteration's end."""
+        return max(end for _, end in self.step[-1])
 
     def windows(self, problem: Problem) -> list[EndWindow]:
         """Every end that takes time, as the charts, the report and the trace draw it: each
         stage's unshard and reduction named as torch's actions ("0UNSHARD", "0REDUCE_GRAD"), then
-        each device's step."""
-        placed = [*(EndWindow(f"{stage}UNSHARD", problem.device_of(stage), "unshard", *window)
-                    for stage, window in enumerate(self.unshard)),
-                  *(EndWindow(f"{stage}REDUCE_GRAD", problem.device_of(stage), "reduce", *window)
-                    for stage, window in enumerate(self.reduce)),
-                  *(EndWindow("optimizer step", device, "step", *window) for device, window in enumerate(self.step))]
+        each device's step; iteration by iteration."""
+        placed = []
+        for unshard, reduce, step in zip(self.unshard, self.reduce, self.step, strict=True):
+            placed += [*(EndWindow(f"{stage}UNSHARD", problem.device_of(stage), "unshard", *window)
+                         for stage, window in enumerate(unshard)),
+                       *(EndWindow(f"{stage}REDUCE_GRAD", problem.device_of(stage), "reduce", *window)
+                         for stage, window in enumerate(reduce)),
+                       *(EndWindow("optimizer step", device, "step", *window) for device, window in enumerate(step))]
         return [window for window in placed if window.end > window.begin]
+
+    def releases(self, table: OpTable) -> np.ndarray:
+        """Per op, the earliest start the ends allow: a forward of iteration k after its stage's
+        unshard of iteration k (after its device's step of iteration k - 1); 0 for other ops."""
+        stage = np.asarray([op.stage for op in table.ops()])
+        iteration = np.asarray([op.microbatch for op in table.ops()]) // table.problem.num_microbatches
+        unshard_end = np.asarray([[end for _, end in windows] for windows in self.unshard])
+        forward = np.asarray(table.kind) == FORWARD
+        return np.where(forward, unshard_end[iteration, stage], 0.0)
 
 
 class EndWindow(NamedTuple):
@@ -69,13 +86,38 @@ class EndWindow(NamedTuple):
     end: float
 
 
-def unshards_done(problem: Problem) -> tuple[float, ...]:
-    """Per device, when all its unshards have ended (0 without): a plan that times its own ops may
-    start a device's compute there and meet every forward's unshard."""
+class DeviceEnds(NamedTuple):
+    """One device's ends in one iteration: its stages' reductions (stage -> window) and its step."""
+
+    reduce: dict[int, tuple[float, float]]
+    step: tuple[float, float]
+
+
+def device_ends(problem: Problem, device: int, stream_free: float, compute_done: float,
+                gradients_done: dict[int, float]) -> DeviceEnds:
+    """A device's reductions, one at a time on its stream from `stream_free` (its unshards done),
+    each once its stage's last gradient op has ended (`gradients_done`), in the order they become
+    ready; then its step, once they and its compute (`compute_done`) have ended."""
+    ends = problem.iteration_ends
+    reduce = {}
+    for stage in sorted(gradients_done, key=lambda s: (gradients_done[s], s)):
+        begin = max(stream_free, gradients_done[stage])
+        stream_free = begin + ends.reduce_times[stage]
+        reduce[stage] = (begin, stream_free)
+    begin = max(stream_free, compute_done)
+    return DeviceEnds(reduce, (begin, begin + ends.step_times[device]))
+
+
+def unshards_done(problem: Problem, begin: tuple[float, ...] | None = None) -> tuple[float, ...]:
+    """Per device, when all its unshards have ended, started at `begin` (0 without unshards, or
+    `begin`): a plan that times its own ops may start a device's compute there and meet every
+    forward's unshard."""
+    begin = begin or (0.0,) * problem.num_devices
     if problem.iteration_ends is None:
-        return (0.0,) * problem.num_devices
-    windows = unshard_windows(problem)
-    return tuple(max(windows[stage][1] for stage in stages) for stages in problem.stages_of_device)
+        return begin
+    times = problem.iteration_ends.unshard_times
+    return tuple(start + sum(times[stage] for stage in stages)
+                 for start, stages in zip(begin, problem.stages_of_device, strict=True))
 
 
 def gathered_memory(problem: Problem) -> tuple[float, ...]:
@@ -88,22 +130,29 @@ def gathered_memory(problem: Problem) -> tuple[float, ...]:
 
 
 def end_times(problem: Problem, table: OpTable, end: np.ndarray) -> EndTimes:
-    """The ends' windows for ops ending at `end` (indexed by `table`'s op numbers)."""
-    ends = problem.iteration_ends
-    unshard = unshard_windows(problem)
-    ready = gradient_ends(problem, table, end)
+    """The ends' windows for ops ending at `end` (indexed by `table`'s op numbers), iteration by
+    iteration: each one's unshards start at its device's step before."""
     device = np.asarray(table.device)
+    iteration = np.asarray([op.microbatch for op in table.ops()]) // problem.num_microbatches
     on_compute = np.asarray(table.lane) == COMPUTE_LANE
-    reduce = [(0.0, 0.0)] * problem.num_stages
-    step = []
-    for d, (stages, free) in enumerate(zip(problem.stages_of_device, unshards_done(problem), strict=True)):
-        for stage in sorted(stages, key=lambda s: (ready[s], s)):
-            begin = max(free, ready[stage])
-            free = begin + ends.reduce_times[stage]
-            reduce[stage] = (begin, free)
-        begin = max(free, float(end[on_compute & (device == d)].max()))
-        step.append((begin, begin + ends.step_times[d]))
-    return EndTimes(unshard, tuple(reduce), tuple(step), tuple(ready))
+    steps_done: tuple[float, ...] | None = None
+    unshard, reduce, step, ready = [], [], [], []
+    for k in range(problem.iterations):
+        unshard.append(unshard_windows(problem, steps_done))
+        ready.append(gradient_ends(problem, table, np.where(iteration == k, end, -np.inf)))
+        done = [float(end[on_compute & (device == d) & (iteration == k)].max()) for d in range(problem.num_devices)]
+        reduce_k = [(0.0, 0.0)] * problem.num_stages
+        step_k = []
+        for d, (stages, free) in enumerate(zip(problem.stages_of_device, unshards_done(problem, steps_done),
+                                               strict=True)):
+            placed = device_ends(problem, d, free, done[d], {stage: ready[k][stage] for stage in stages})
+            for stage, window in placed.reduce.items():
+                reduce_k[stage] = window
+            step_k.append(placed.step)
+        reduce.append(tuple(reduce_k))
+        step.append(tuple(step_k))
+        steps_done = tuple(finish for _, finish in step_k)
+    return EndTimes(tuple(unshard), tuple(reduce), tuple(step), tuple(tuple(times) for times in ready))
 
 
 def gradient_ends(problem: Problem, table: OpTable, end: np.ndarray) -> list[float]:

@@ -17,7 +17,7 @@ __all__ = ["memory_steps", "memory_violations"]
 def memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray, ends: EndTimes | None = None):
     """Per device, the memory step function (times, levels) from the alloc/free events (with FSDP,
     each stage's gathered parameters from its unshard's start until its last gradient op ends,
-    `ends`); and per op, the level right after its own event (changes at one moment counted in the
+    `ends`, in every iteration); and per op, the level right after its own event (changes at one moment counted in the
     steps' order)."""
     device = np.asarray(table.device)
     delta = np.asarray(table.memory_delta)
@@ -25,12 +25,13 @@ def memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.nd
     when = np.where(allocates, start, end)
     if ends is not None and any(problem.iteration_ends.unshard_memory):
         held = problem.iteration_ends.unshard_memory
-        gathered = [stage for stage in range(problem.num_stages) if held[stage]]
+        gathered = [stage for stage in range(problem.num_stages) if held[stage]] * problem.iterations
+        iterations = np.repeat(np.arange(problem.iterations), len(gathered) // problem.iterations)
         device = np.concatenate((device, [problem.device_of(stage) for stage in gathered] * 2))
         delta = np.concatenate((delta, [held[stage] for stage in gathered], [-held[stage] for stage in gathered]))
         allocates = np.concatenate((allocates, [True] * len(gathered), [False] * len(gathered)))
-        when = np.concatenate((when, [ends.unshard[stage][0] for stage in gathered],
-                               [ends.gradients_done[stage] for stage in gathered]))
+        when = np.concatenate((when, [ends.unshard[k][stage][0] for k, stage in zip(iterations, gathered, strict=True)],
+                               [ends.gradients_done[k][stage] for k, stage in zip(iterations, gathered, strict=True)]))
     # a free that ends within the time tolerance after an allocation starts counts as before it:
     # float noise (a period of 25/3 repeated) must not make two activations overlap
     settled = np.where(allocates, when, when - RELATIVE_TOLERANCE * np.maximum(1.0, np.abs(when)))

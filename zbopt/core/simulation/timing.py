@@ -8,8 +8,10 @@ import numpy as np
 from zbopt.core import interrupt
 from zbopt.core.errors import DeadlockError
 from zbopt.core.kinds import FORWARD, KINDS
-from zbopt.core.ops import Op, OpTable
+from zbopt.core.ops import COMPUTE_LANE, Op, OpTable
+from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.schedule import pair_text
+from zbopt.core.simulation.ends import device_ends, unshards_done
 from zbopt.core.simulation.result import Pair
 
 __all__ = ["barrier_groups", "same_device_input_name", "time_orders"]
@@ -22,8 +24,11 @@ def same_device_input_name(table: OpTable, index: int, other: int) -> str:
 
 
 def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
-    """Iteration barriers as (group each forward waits for, group each gradient op feeds, count);
-    -1 where none. Group g = stage · barrier_count + iteration."""
+    """Iteration barriers as (group each forward waits for, group each op feeds, count); -1 where
+    none. A forward of stage s in iteration k + 1 waits for group s · barrier_count + k. Without
+    the iteration's ends group g is fed by stage s's gradient ops of iteration k (the weight
+    update); with them by every compute op of device d in iteration k (its optimizer step), g =
+    d · barrier_count + k."""
     problem = table.problem
     waits = [-1] * table.size
     feeds = [-1] * table.size
@@ -31,11 +36,16 @@ def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
     m = problem.num_microbatches
     for stage in range(problem.num_stages):
         for iteration in range(boundaries):
-            group = stage * boundaries + iteration
-            for index in table.iteration_barrier(stage, iteration):
-                feeds[index] = group
             first_forward = table.index(Op(FORWARD, stage, (iteration + 1) * m))
-            waits[first_forward:first_forward + m] = [group] * m
+            waits[first_forward:first_forward + m] = [stage * boundaries + iteration] * m
+            if problem.iteration_ends is None:
+                for index in table.iteration_barrier(stage, iteration):
+                    feeds[index] = stage * boundaries + iteration
+    if problem.iteration_ends is not None and boundaries:
+        for index, (device, lane, op) in enumerate(zip(table.device, table.lane, table.ops(), strict=True)):
+            iteration = op.microbatch // m
+            if lane == COMPUTE_LANE and iteration < boundaries:
+                feeds[index] = device * boundaries + iteration
     return waits, feeds, problem.num_stages * boundaries
 
 
@@ -60,7 +70,8 @@ class _Sweep:
     Besides its predecessor an op waits on its other inputs (`other_inputs`): those on its device
     (`OpTable.same_device_inputs`: a restore, a neighbouring slice) and, for a forward, its
     iteration's barrier. A barrier is timed as one more entry of `end` (number size + group): it
-    ends when its group's last gradient op does.
+    ends when its group's last gradient op does or, with the iteration's ends, when its stage's
+    next unshard does, after its device's step (`barrier_done`).
 
     `run` is one loop on purpose: its body runs once per op, where a function call per op would
     cost several percent of the simulator's time (benchmarks/bench_simulator.py); what runs once,
@@ -73,8 +84,10 @@ class _Sweep:
         if groups:
             self.other_inputs = [(*inputs, table.size + group) if group >= 0 else inputs
                                  for inputs, group in zip(table.same_device_inputs, self.waits, strict=True)]
-        self.gradients_left = [table.problem.num_microbatches] * groups  # per barrier, its ops still to end
-        self.latest = [0.0] * groups  # per barrier, the latest end of its gradient ops so far
+        fed = np.bincount([group for group in self.feeds if group >= 0], minlength=groups)
+        self.left = fed.tolist()  # per barrier group, its feeding ops still to end
+        self.latest = [0.0] * len(fed)  # per barrier group, the latest end of its feeding ops so far
+        self.steps_done = [0.0] * len(orders)  # with the iteration's ends, per device its last step's end
         self.start = [0.0] * table.size
         self.end: list[float | None] = [None] * (table.size + groups)
         self._wait_for_releases(table)
@@ -99,9 +112,9 @@ class _Sweep:
     def run(self) -> None:
         """Advance each ready device through its order until its next op waits on an unfinished op
         (or barrier); a copy (O, L) waits for its lane, not holding up compute."""
-        table, size = self.table, self.table.size
+        table = self.table
         duration, predecessor, latency, lane = table.duration, table.predecessor, table.latency, table.lane
-        other_inputs, feeds, gradients_left, latest = self.other_inputs, self.feeds, self.gradients_left, self.latest
+        other_inputs, feeds, left, latest = self.other_inputs, self.feeds, self.left, self.latest
         orders, start, end, position, free = self.orders, self.start, self.end, self.position, self.free
         copy_free, waiting, ready, pair_of = self.copy_free, self.waiting, self.ready, self.pair_of
         while ready:
@@ -156,14 +169,35 @@ class _Sweep:
                         ready.extend(woken)
                     group = feeds[member]
                     if group >= 0:
-                        gradients_left[group] -= 1
+                        left[group] -= 1
                         if finish > latest[group]:
                             latest[group] = finish
-                        if not gradients_left[group]:
-                            end[size + group] = latest[group]
-                            ready.extend(waiting.pop(size + group, ()))
+                        if not left[group]:
+                            self.barrier_done(group)
                 i += len(members)
             position[device], free[device] = i, t
+
+    def barrier_done(self, group: int) -> None:
+        """A barrier group's feeding ops have all ended: time what its forwards wait for (the
+        weight update: the group's last gradient op; with the iteration's ends, its device's
+        reductions and step, then each stage's unshard of the next iteration) and wake them."""
+        table, end, boundaries = self.table, self.end, self.table.barrier_count
+        problem = table.problem
+        if problem.iteration_ends is None:
+            released = {group: self.latest[group]}
+        else:
+            device, iteration = divmod(group, boundaries)
+            stages = problem.stages_of_device[device]
+            gradients_done = {stage: max(end[index] for index in table.iteration_barrier(stage, iteration))
+                              for stage in stages}
+            stream_free = unshards_done(problem, tuple(self.steps_done))[device]
+            placed = device_ends(problem, device, stream_free, self.latest[group], gradients_done)
+            self.steps_done[device] = placed.step[1]
+            windows = unshard_windows(problem, tuple(self.steps_done))
+            released = {stage * boundaries + iteration: windows[stage][1] for stage in stages}
+        for entry, time in released.items():
+            end[table.size + entry] = time
+            self.ready.extend(self.waiting.pop(table.size + entry, ()))
 
     def pair_start(self, pair: Pair, t: float) -> tuple[float, int | None]:
         """The pair's start given its device is free at `t`, or (t, the number in `end` of what it
@@ -182,6 +216,22 @@ class _Sweep:
                 t = max(t, end[other])
         return t, None
 
+    def barrier_pending(self, entry: int) -> str | None:
+        """What a barrier still waits for, e.g. 'the weight update of stage 1 after iteration 0
+        (still needs 1W3)', or None where nothing is missing."""
+        table = self.table
+        stage, iteration = divmod(entry, table.barrier_count)
+        if table.problem.iteration_ends is None:
+            feeding = table.iteration_barrier(stage, iteration)
+            what = f"the weight update of stage {stage} after iteration {iteration}"
+        else:
+            device = table.problem.device_of(stage)
+            group = device * table.barrier_count + iteration
+            feeding = [index for index, fed in enumerate(self.feeds) if fed == group]
+            what = f"the optimizer step of device {device} after iteration {iteration}"
+        pending = next((table.op(index) for index in feeding if self.end[index] is None), None)
+        return None if pending is None else f"{what} (still needs {pending})"
+
     def describe_deadlock(self, stuck: list[int]) -> str:
         """Which devices wait on which ops, e.g. 'device 0 is stuck at 0B0, waiting for 1B0 (device 1)'
         (at a pair, the member's input that is missing)."""
@@ -198,13 +248,8 @@ class _Sweep:
                     awaited = f"{same_device_input_name(table, member, local)} (device {device})"
                 elif source >= 0 and source not in members and end[source] is None:
                     awaited = f"{table.op(source)} (device {table.device[source]})"
-                elif barrier >= 0:
-                    stage, iteration = divmod(barrier, table.barrier_count)
-                    pending = next((table.op(i) for i in table.iteration_barrier(stage, iteration)
-                                    if end[i] is None), None)
-                    if pending is None:
-                        continue
-                    awaited = f"the weight update of stage {stage} after iteration {iteration} (still needs {pending})"
+                elif barrier >= 0 and self.barrier_pending(barrier) is not None:
+                    awaited = self.barrier_pending(barrier)
                 else:
                     continue
                 stuck_at = table.op(index) if len(members) == 1 else pair_text([table.op(i) for i in members])

@@ -10,6 +10,7 @@ import numpy as np
 from zbopt.core.errors import ScheduleError
 from zbopt.core.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, OpTable
 from zbopt.core.schedule import pair_text
+from zbopt.core.simulation.ends import end_times
 from zbopt.core.simulation.result import Pair
 from zbopt.core.simulation.timing import barrier_groups, same_device_input_name
 from zbopt.core.tolerance import RELATIVE_TOLERANCE
@@ -51,7 +52,8 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
 
 def _check_inputs(table: OpTable, start: np.ndarray, end: np.ndarray, pair_of: np.ndarray, tolerance: float) -> None:
     """Every op starts after its inputs: its dependency plus latency, its same-device inputs, its
-    stage's weight update (iteration barriers) and its release (FSDP's unshard)."""
+    stage's weight update (iteration barriers) and its release (FSDP's unshard; in a later
+    iteration, its device's step and its stage's next unshard)."""
     predecessor = np.asarray(table.predecessor)
     has_source = (predecessor >= 0) & ((pair_of < 0) | (pair_of[predecessor] != pair_of))  # W after its B in a pair
     ready = np.full(table.size, -np.inf)
@@ -64,6 +66,8 @@ def _check_inputs(table: OpTable, start: np.ndarray, end: np.ndarray, pair_of: n
         stage, iteration = divmod(waits[index], table.barrier_count)
         ready[index] = max(ready[index], end[list(table.iteration_barrier(stage, iteration))].max())
     release = np.asarray(table.release)
+    if table.problem.iteration_ends is not None and table.problem.iterations > 1:
+        release = end_times(table.problem, table, end).releases(table)  # later iterations' after the steps
     ready = np.maximum(ready, release)
     early = np.flatnonzero(start < ready - tolerance)
     if early.size:
@@ -81,8 +85,9 @@ def _check_inputs(table: OpTable, start: np.ndarray, end: np.ndarray, pair_of: n
                 f"(device {table.device[source]}) ends at {end[source]:g}{latency}"
             )
         if start[index] < release[index] - tolerance:
-            raise ScheduleError(f"{op} starts at {start[index]:g}, before its stage's unshard (FSDP's all-gather) "
-                                f"ends at {release[index]:g}")
+            after = ("its stage's unshard (FSDP's all-gather)" if any(table.problem.iteration_ends.unshard_times)
+                     else "its device's optimizer step")
+            raise ScheduleError(f"{op} starts at {start[index]:g}, before {after} ends at {release[index]:g}")
         raise ScheduleError(f"{op} starts at {start[index]:g}, before its stage's weight update at {ready[index]:g}")
 
 

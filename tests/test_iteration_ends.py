@@ -229,3 +229,15 @@ def test_the_ends_bound_does_not_add_the_ends_to_the_heaviest_microbatches_bound
                       grad_reduce_times=3, optimizer_step_times=1)
     optimum = brute_force_optimum(problem)
     assert lower_bounds(problem).best <= optimum + 1e-9
+
+
+def test_zb_v_counts_fsdps_gathered_weights_beside_its_activation_target():
+    """ZB-V's greedy aims at 1F1B's activations; with FSDP each device also holds its chunks'
+    gathered weights throughout, counted on both sides: the same orders as without them."""
+    plain = Problem(num_devices=4, num_microbatches=8, chunks_per_device=2, placement="v", forward_times=1,
+                    backward_times=1, weight_times=1, grad_reduce_times=2)
+    gathered = plain.replace(unshard_times=0.5, unshard_memory=[3, 1, 1, 1, 1, 1, 1, 3])
+    schedule = generate("zb-v", gathered)
+    assert schedule.orders == generate("zb-v", plain).orders
+    # 1F1B's activations: p = 4 microbatches on both chunks (1 each); the weights: 3 + 3 on device 0
+    assert simulate(gathered, schedule).peak_memory == (8 + 6, 8 + 2, 8 + 2, 8 + 2)

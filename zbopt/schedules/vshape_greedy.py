@@ -36,6 +36,7 @@ from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import simulate
+from zbopt.core.simulation.ends import gathered_memory
 from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import block_memory, chunk_activations, passes_to_schedule, require_v_shape
 from zbopt.schedules.registry import register
@@ -88,7 +89,8 @@ class _GreedyRun:
         self.fill_forward, self.fill_backward = fill_forward, fill_backward
         self.done = [dict.fromkeys(_LANES, 0) for _ in range(p)]
         self.ends: dict[tuple[str, int, int, int], float] = {}  # (kind, device, chunk, microbatch) -> end
-        self.clock, self.held, self.idle = [0.0] * p, [0.0] * p, [0.0] * p
+        self.clock, self.idle = [0.0] * p, [0.0] * p
+        self.held = list(gathered_memory(problem))  # FSDP's gathered parameters, counted as held throughout
         self.pending: list[deque[int]] = [deque() for _ in range(p)]  # chunks whose W is due, oldest first
         self.passes: list[list[Pass]] = [[] for _ in range(p)]
 
@@ -359,7 +361,8 @@ def zero_bubble_v(problem: Problem) -> Schedule:
 def _one_f_one_b_greedy(problem: Problem) -> Schedule:
     """The greedy within 1F1B's memory, once per problem: `zb-v` and `v-zb` are the same orders, and
     at p = 32, m = 512 it takes seconds (a warm start tries both)."""
-    caps = [problem.num_devices * sum(chunk_activations(problem, device)) for device in range(problem.num_devices)]
+    caps = [problem.num_devices * sum(chunk_activations(problem, device)) + gathered
+            for device, gathered in enumerate(gathered_memory(problem))]  # and, with FSDP, the gathered weights
     return _shortest(problem, caps, "zb-v")
 
 

@@ -132,3 +132,15 @@ def test_the_windows_repeat_in_every_iteration():
     result = simulate(FSDP, TWICE)
     names = [window.name for window in result.ends.windows(FSDP)]
     assert names == ["0UNSHARD", "1UNSHARD", "0REDUCE_GRAD", "1REDUCE_GRAD", "optimizer step", "optimizer step"] * 2
+
+
+def test_the_first_stages_device_cycles_once_per_iteration():
+    """p = 2, m = 1, F = B = W = 1, reduction 1, step 1: device 0 runs F 0-1, waits for device 1's
+    F and B (1-3), runs B 3-4 and W 4-5, reduces 5-6 and steps 6-7; the next iteration's forward
+    waits for that step, so K iterations take 7K, which the bound proves (device 0's cycle, then
+    a last pipeline of 5, a reduction and a step: 7(K - 1) + 5 + 2)."""
+    for iterations in (1, 2, 3):
+        problem = Problem(num_devices=2, num_microbatches=1, forward_times=1, backward_times=1, weight_times=1,
+                          grad_reduce_times=1, optimizer_step_times=1, iterations=iterations)
+        assert lower_bounds(problem)["iteration_ends"] == 7.0 * iterations
+        assert simulate(problem, generate("1f1b", problem)).iteration_time == 7.0 * iterations

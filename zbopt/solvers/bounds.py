@@ -52,9 +52,10 @@ from zbopt.core import interrupt
 from zbopt.core.dag import critical_path, device_work
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
+from zbopt.core.problem.mechanisms import ITERATION_END_KEYS
 from zbopt.solvers.bound_records import BOUND_NAMES, Bound, LowerBounds, on_device
 from zbopt.solvers.cross_device import cross_device_bound, device_groups
-from zbopt.solvers.ends_bound import iteration_ends_bound
+from zbopt.solvers.ends_bound import iteration_ends_bound, repeated_bound
 from zbopt.solvers.gap import meets
 from zbopt.solvers.heaviest import heaviest_microbatches_bound, selectable
 from zbopt.solvers.implied import heads_and_tails, implied_graph
@@ -126,6 +127,11 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     makespan = max((bound.value for bound in found.bounds if bound.name != "heaviest_microbatches"), default=0.0)
     per_device = interrupt.deterministic() or began + problem.num_ops * GRAPH_SECONDS_PER_OP <= deadline
     value, device = iteration_ends_bound(pair_relaxed(problem), makespan, per_device)
+    if problem.iterations > 1 and per_device:  # several: the first stage's device cycles, then one pipeline
+        bare = pair_relaxed(problem).replace(iterations=1, **dict.fromkeys(ITERATION_END_KEYS))
+        repeated = repeated_bound(pair_relaxed(problem), _pipeline_bounds(bare, deadline).best, deadline)
+        if repeated > value:
+            value, device = repeated, problem.device_of(0)
     ends = Bound("iteration_ends", value, interrupt.now() - began, () if device is None else (device,))
     return LowerBounds((*found.bounds, ends), found.complete and per_device)
 

@@ -14,6 +14,13 @@ Three facts, each holding in every valid schedule:
   longest paths of the first iteration, devices ignored), on a stream that carries one transfer
   at a time after the device's unshards: taken as they become ready (optimal for one machine
   with release times), then the step; then a cycle per later iteration.
+
+With several iterations, also: every op depends on a forward of the first stage, which waits for
+its device's step before (and its unshard), so that device's step ends each iteration at least a
+cycle after the one before: its first unshard, its own ops run alone after their heads (device
+sequencing with no tails), a reduction, its step; and the last iteration, from there, holds a
+whole pipeline (a one-iteration makespan bound) and a reduction and a step after it
+(`repeated_bound`).
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ import numpy as np
 from zbopt.core.dag import device_work, earliest_finish, op_graph
 from zbopt.core.ops import op_table
 from zbopt.core.problem import Problem
-from zbopt.core.problem.mechanisms import unshard_windows
+from zbopt.core.problem.mechanisms import ITERATION_END_KEYS, unshard_windows
 from zbopt.core.simulation.ends import gradient_ends, unshards_done
+from zbopt.solvers.implied import heads_and_tails
+from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive
 
-__all__ = ["iteration_ends_bound"]
+__all__ = ["iteration_ends_bound", "repeated_bound"]
 
 
 def iteration_ends_bound(problem: Problem, makespan_bound: float, per_device: bool = True) -> tuple[float, int | None]:
@@ -53,3 +62,25 @@ def iteration_ends_bound(problem: Problem, makespan_bound: float, per_device: bo
         if value > best:
             best, where = value, device
     return best, where
+
+
+def repeated_bound(problem: Problem, one_pipeline: float, deadline: float) -> float:
+    """With several iterations, (iterations - 1) cycles of the first stage's device and then a
+    whole pipeline (`one_pipeline`: a lower bound on one iteration's makespan without its ends)
+    and the least reduction and step; 0 with one iteration or both ways (two first stages)."""
+    if problem.iterations == 1 or problem.bidirectional:
+        return 0.0
+    ends, device = problem.iteration_ends, problem.device_of(0)
+    # one iteration, timed from its first forward's release: every op waits for a first-stage forward
+    bare = problem.replace(iterations=1, **dict.fromkeys(ITERATION_END_KEYS))
+    heads, _ = heads_and_tails(op_graph(bare))
+    mine = {op: head for op, head in heads.items() if bare.device_of(op.stage) == device}
+    table = op_table(bare)
+    alone = max(jackson_preemptive([(head, table.duration[table.index(op)], 0.0) for op, head in mine.items()]),
+                device_sequencing(bare, device, mine, dict.fromkeys(mine, 0.0), 0.0, deadline))
+    stages = problem.stages_of_device[device]
+    gathered = ends.unshard_times[stages[0]]
+    cycle = gathered + alone + min(ends.reduce_times[stage] for stage in stages) + ends.step_times[device]
+    last = min(ends.reduce_times[stage] + ends.step_times[problem.device_of(stage)]
+               for stage in range(problem.num_stages))
+    return (problem.iterations - 1) * cycle + gathered + one_pipeline + last

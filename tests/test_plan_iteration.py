@@ -17,7 +17,7 @@ from zbopt.planning.model.architecture import Architecture
 from zbopt.planning.model.collectives import gradient_of, least_ends_ms, ring_all_reduce_ms, ring_reduce_scatter_ms
 from zbopt.planning.model.flops import Training, architecture_layers, decoder_parameters
 from zbopt.planning.planner import OPTIMAL, Pipeline, plan, split_problem
-from zbopt.planning.planner.certify import split_bound
+from zbopt.planning.planner.certify import least_memory, split_bound
 
 # gradients of 2 GB per decoder: at 500 GB/s over 2 ranks an all-reduce of 4 ms per layer, more
 # than its compute; its 0.5 G parameters: a step of 8 ms at 1875 GB/s (30 bytes each)
@@ -156,3 +156,20 @@ def test_fsdp_shards_everything_and_gathers_each_stages_weights_before_its_first
         assert simulation.peak_memory[device] >= sum(simulation.problem.unshard_memory[s] for s in stages)
     first = simulation.start[simulation.table.index(Op(FORWARD, 0, 0))]
     assert first >= simulation.ends.unshard[0][0][1] > 0  # the first forward waits for its stage's gather
+
+
+def test_the_least_memory_any_split_needs_counts_fsdps_gathered_weights():
+    """FSDP over 4: each layer's gathered weights (bf16: gradient / 4 G parameters · 2 bytes) come on
+    top of its sharded parameters and one microbatch's activations, on the fullest device."""
+    sharded = Model(MODEL.layers, MODEL.groups, Training(data_parallel=4, fsdp=True))
+    pipeline = Pipeline(2, 1, "loop", 3)
+
+    def need(layer: Layer) -> float:
+        return layer.parameters_gb + layer.activation_gb + layer.gradient_gb / 4 * 2
+
+    least = min(max(sum(need(layer) for layer in sharded.layers[s:e]) for s, e in ((0, cut), (cut, 7)))
+                for cut in range(1, 7))
+    assert least_memory(sharded, pipeline) == pytest.approx(least, abs=1e-5)
+    with pytest.raises(ZboptError, match=r"every split needs at least .* \(parameters, FSDP's gathered weights and "
+                                         r"one microbatch's activations\)$"):
+        plan(sharded, Device(memory_gb=least * 0.99, reserve_gb=0.0), pipeline, schedules=[OPTIMAL], time_limit=10)

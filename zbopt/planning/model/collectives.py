@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from zbopt.planning.model.flops import ELEMENT_BYTES, Training
 from zbopt.planning.model.parts import Device, Layer
 
-__all__ = ["describe_ends", "ends_times", "gradient_of", "least_ends_ms", "ring_all_reduce_ms",
+__all__ = ["describe_ends", "ends_times", "gathered_gb", "gradient_of", "least_ends_ms", "ring_all_reduce_ms",
            "ring_reduce_scatter_ms"]
 
 
@@ -69,7 +69,7 @@ def ends_times(device: Device, training: Training, stages: Sequence[Sequence[Lay
         keys["optimizer_step_times"] = [sum(_step_ms(device, training, stages[stage], reduces) for stage in own)
                                         for own in stages_of_device]
     if training.fsdp and training.data_parallel > 1:  # the gathered weights take memory, timed or not
-        weights = [_weights_gb(training, layers) for layers in stages]
+        weights = [gathered_gb(training, layers) for layers in stages]
         keys["unshard_memory"] = weights
         if reduces:
             keys["unshard_times"] = [ring_reduce_scatter_ms(gathered, training.data_parallel, device.dp_bandwidth_gbs,
@@ -85,6 +85,12 @@ def _parameters(training: Training, layers: Sequence[Layer]) -> float:
 def _weights_gb(training: Training, layers: Sequence[Layer]) -> float:
     """The layers' weights in the training dtype (GB)."""
     return _parameters(training, layers) * ELEMENT_BYTES[training.dtype]
+
+
+def gathered_gb(training: Training, layers: Sequence[Layer]) -> float:
+    """What FSDP's all-gather holds of the layers while their stage runs (GB): their weights in the
+    training dtype; 0 without FSDP (each rank then holds its whole weights among `parameters`)."""
+    return _weights_gb(training, layers) if training.fsdp and training.data_parallel > 1 else 0.0
 
 
 def least_ends_ms(device: Device, training: Training, layers: Sequence[Layer]) -> float:

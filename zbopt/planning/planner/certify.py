@@ -139,11 +139,12 @@ class SplitFamily:
 
 def least_memory(model: Model, pipeline: Pipeline, seconds: float = 10.0) -> float:
     """The least device memory (GB) any split needs on its fullest device: the parameters it holds
-    plus one microbatch's activations on its stages (a schedule runs each microbatch's forwards on
-    a device before its backwards there). Below it no split can run."""
+    (with FSDP, its stages' gathered weights too) plus one microbatch's activations on its stages
+    (a schedule runs each microbatch's forwards on a device before its backwards there). Below it
+    no split can run."""
     boundaries = BoundaryModel(model, pipeline)
     need = [sum(boundaries.stage_sum(quantity, stage) for stage in pipeline.stages_on(index)
-                for quantity in ("parameters", "activation")) for index in range(pipeline.num_devices)]
+                for quantity in ("parameters", "activation", "gathered")) for index in range(pipeline.num_devices)]
     fullest = boundaries.model.NewIntVar(0, boundaries.horizon, "fullest")
     boundaries.model.AddMaxEquality(fullest, need)
     boundaries.model.Minimize(fullest)

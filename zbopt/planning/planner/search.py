@@ -25,7 +25,7 @@ from zbopt.core.simulation import Simulation
 from zbopt.core.tolerance import MAX_TOTAL
 from zbopt.planning.comparison import simulated_in_time
 from zbopt.planning.model import Device, Model
-from zbopt.planning.model.collectives import ends_times, least_ends_ms
+from zbopt.planning.model.collectives import ends_times, gathered_gb, least_ends_ms
 from zbopt.planning.planner.certify import SplitFamily, least_memory, split_bound
 from zbopt.planning.planner.result import OPTIMAL, OVER_THE_LIMIT, Outcome, PipelinePlan, Plan, PlanRow
 from zbopt.planning.planner.rules import RULES, split_by_rule
@@ -256,8 +256,10 @@ def _nothing_found(model: Model, device: Device, pipelines: Sequence[Pipeline], 
     least = min(needs)
     if device.usable_gb is not None and least > device.usable_gb:
         reserve = f" ({device.memory_gb:g} GB less a reserve of {device.reserve:g} GB)" if device.reserve else ""
+        gathered = ", FSDP's gathered weights and " if gathered_gb(model.training, model.layers) else " and "
         return (f"plan: no split of the model runs in {device.usable_gb:g} GB per device{reserve}; every split needs "
-                f"at least {least:.4g} GB on its fullest device (parameters and one microbatch's activations)")
+                f"at least {least:.4g} GB on its fullest device (parameters{gathered}one microbatch's "
+                f"activations)")
     refusals = []
     for pipeline in pipelines:  # splits refused for what they are, not for time: say why
         try:

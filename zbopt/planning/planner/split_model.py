@@ -13,7 +13,8 @@ from __future__ import annotations
 import itertools
 import math
 
-from zbopt.planning.model import Layer, Model
+from zbopt.planning.model import Layer, Model, Training
+from zbopt.planning.model.collectives import gathered_gb
 from zbopt.planning.planner.split import Pipeline, Split
 
 __all__ = ["MEMORY_SLACK", "SCALE", "BoundaryModel"]
@@ -22,14 +23,15 @@ SCALE = 1000  # ticks per ms (microseconds) and per GB (MB)
 MEMORY_SLACK = 1e-6  # ticks: a device memory written in decimal GB (4.1 GB) is not floored a tick short
 
 
-def _quantities(layer: Layer) -> dict[str, int]:
-    """A layer's integer quantities: its amounts in SCALE ticks, rounded down, and whether it takes
-    any F, B, W time (a stage needs one layer of each: zbopt's Problem needs every time above 0)."""
+def _quantities(layer: Layer, training: Training) -> dict[str, int]:
+    """A layer's integer quantities: its amounts in SCALE ticks, rounded down (with FSDP, its
+    gathered weights too), and whether it takes any F, B, W time (a stage needs one layer of
+    each: zbopt's Problem needs every time above 0)."""
     weight = layer.weight_ms or 0.0
     amounts = {"forward": layer.forward_ms, "backward": layer.backward_ms, "weight": weight,
                "gradient": layer.backward_ms + weight, "time": layer.forward_ms + layer.backward_ms + weight,
                "parameters": layer.parameters_gb, "activation": layer.activation_gb,
-               "kept": layer.weight_activation_gb or 0.0}
+               "kept": layer.weight_activation_gb or 0.0, "gathered": gathered_gb(training, [layer])}
     counts = {"timed forward": layer.forward_ms > 0, "timed backward": layer.backward_ms > 0,
               "timed weight": weight > 0}
     return {**{name: math.floor(value * SCALE) for name, value in amounts.items()},
@@ -46,7 +48,7 @@ class BoundaryModel:
         self.pipeline, self.layer_count = pipeline, len(model.layers)
         self.prefix: dict[str, list[int]] = {}
         for layer in model.layers:
-            for name, value in _quantities(layer).items():
+            for name, value in _quantities(layer, model.training).items():
                 sums = self.prefix.setdefault(name, [0])
                 sums.append(sums[-1] + value)
         self.horizon = max(sum(sums[-1] for sums in self.prefix.values()), 1) * max(pipeline.num_microbatches, 1)

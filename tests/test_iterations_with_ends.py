@@ -144,3 +144,44 @@ def test_the_first_stages_device_cycles_once_per_iteration():
                           grad_reduce_times=1, optimizer_step_times=1, iterations=iterations)
         assert lower_bounds(problem)["iteration_ends"] == 7.0 * iterations
         assert simulate(problem, generate("1f1b", problem)).iteration_time == 7.0 * iterations
+
+
+RECOMPUTED = Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=1, weight_times=1,
+                     allow_recompute=True, checkpoint_memory=0.1, recompute_times=0.1, memory_limit=[1.1, 10],
+                     iterations=2, grad_reduce_times=0.5)
+
+
+def test_with_recomputation_the_bounds_stay_below_a_schedule_that_recomputes():
+    """Device 0 holds 1.1: one activation and a checkpoint. Mario's 1F1B recomputes and ends at 17;
+    device sequencing, which keeps every activation, would claim 18 (it is left out there)."""
+    reached = simulate(RECOMPUTED, generate("mario-1f1b", RECOMPUTED))
+    assert reached.valid and reached.iteration_time == 17.0
+    assert lower_bounds(RECOMPUTED).best <= 17.0
+    found = solve(RECOMPUTED, "cpsat", time_limit=30)  # the ends beside optional recomputes in the model
+    assert found.status == "optimal" and lower_bounds(RECOMPUTED).best <= found.objective <= 17.0
+    two_chunks = Problem(num_devices=2, num_microbatches=2, chunks_per_device=2, placement="v", forward_times=1,
+                         backward_times=1, weight_times=1, allow_recompute=True, checkpoint_memory=0.1,
+                         recompute_times=0.1, memory_limit=1.1, iterations=2, grad_reduce_times=0.5)
+    serial = simulate(two_chunks, generate("serial-recompute", two_chunks))  # it crashed the bounds before
+    assert lower_bounds(two_chunks).best <= serial.iteration_time
+
+
+def test_serial_offload_waits_for_each_step_before_the_next_iteration():
+    """The least-memory warm start with offload: its given start times pass the simulator's check of
+    every forward of iteration 1 against its device's step."""
+    problem = Problem(num_devices=2, num_microbatches=2, forward_times=1, backward_times=1, weight_times=1,
+                      allow_offload=True, offload_times=0.1, memory_limit=[1.5, 10], iterations=2,
+                      grad_reduce_times=0.5, unshard_times=0.25)
+    result = simulate(problem, generate("serial-offload", problem))
+    step = max(end for _, end in result.ends.step[0])
+    assert result.valid and min(result.times_of(Op.from_str(f"{s}F2"))[0] for s in (0, 1)) >= step
+    assert solve(problem, "cpsat", time_limit=30).objective <= result.iteration_time
+
+
+def test_the_span_objective_with_unshards_keeps_the_models_times():
+    """As soon as possible, a device's first chunk would start at its gather's end while its second
+    waits for its own: the span the model kept short would grow; the answer keeps the model's times."""
+    problem = Problem(num_devices=2, num_microbatches=3, chunks_per_device=2, placement="v", forward_times=2,
+                      backward_times=3, weight_times=1, unshard_times=[1, 0.5, 0.5, 1], grad_reduce_times=1)
+    found = solve(problem, "cpsat", objective="span", time_limit=30)
+    assert found.status == "optimal" and max(found.simulation.span) == pytest.approx(found.objective)

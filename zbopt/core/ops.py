@@ -183,6 +183,12 @@ class OpTable:
         return self._per_op(lambda kind, stage: self.problem.device_of(stage))
 
     @cached_property
+    def iteration(self) -> list[int]:
+        """Per op, the iteration it belongs to: its microbatch // m."""
+        m = self.problem.num_microbatches
+        return [op.microbatch // m for op in self.ops()]
+
+    @cached_property
     def release(self) -> list[float]:
         """Per op, the earliest start the iteration's ends allow before any op has run: a forward
         waits for its stage's FSDP unshard (`mechanisms.unshard_windows`); 0 for every other op and

@@ -24,12 +24,12 @@ import bisect
 import numpy as np
 
 from zbopt.core.errors import NotApplicableError
-from zbopt.core.kinds import FORWARD, OFFLOAD, RELOAD
+from zbopt.core.kinds import COPY_KINDS, FORWARD, FUSED_BACKWARD, OFFLOAD, RELOAD, WEIGHT
 from zbopt.core.ops import Op, OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import activation_choices, simulate
-from zbopt.core.simulation.ends import gathered_memory, unshards_done
+from zbopt.core.simulation.ends import device_ends, gathered_memory, unshards_done
 from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import backward_ops, schedule_from_starts
 from zbopt.schedules.registry import generate, register, require
@@ -118,6 +118,7 @@ def serial_offload(problem: Problem) -> Schedule:
     starts: dict[Op, float] = {}
     now = 0.0  # everything of the microbatches before has ended
     compute_free = list(unshards_done(problem))
+    steps = None  # with the iteration's ends, per device the end of its last optimizer step
     out_free: dict[int, float] = {}
     in_free: dict[int, float] = {}
     held_until = [0.0] * problem.num_devices  # when the device's last activation was freed
@@ -158,7 +159,27 @@ def serial_offload(problem: Problem) -> Schedule:
                 held_until[device] = run(op, held_until[device])
         now = max(compute_free)
         compute_free = [now] * problem.num_devices
+        if problem.iteration_ends is not None and (microbatch + 1) % problem.num_microbatches == 0:
+            steps = _steps_done(problem, starts, microbatch // problem.num_microbatches, steps)
+            compute_free = list(unshards_done(problem, steps))  # the next iteration's gathers, after the steps
+            now = max(now, *compute_free)
     return schedule_from_starts(problem, starts, "serial-offload", timed=True)
+
+
+def _steps_done(problem: Problem, starts: dict[Op, float], iteration: int,
+                before: tuple[float, ...] | None) -> tuple[float, ...]:
+    """Per device, when its optimizer step of `iteration` ends (`device_ends`), for ops starting at
+    `starts`; `before`: the steps of the iteration before (None for the first)."""
+    ends = {op: begin + problem.cost(op.kind, op.stage) for op, begin in starts.items()
+            if op.microbatch // problem.num_microbatches == iteration}
+    steps = []
+    for device, (stages, free) in enumerate(zip(problem.stages_of_device, unshards_done(problem, before),
+                                                strict=True)):
+        mine = [end for op, end in ends.items() if op.stage in stages and op.kind not in COPY_KINDS]
+        gradients = {stage: max(end for op, end in ends.items() if op.stage == stage
+                                and op.kind in (WEIGHT, FUSED_BACKWARD)) for stage in stages}
+        steps.append(device_ends(problem, device, free, max(mine), gradients).step[1])
+    return tuple(steps)
 
 
 @register("full-offload", "every activation but the last stage's offloaded on a base schedule's order (default "

@@ -89,8 +89,7 @@ class _GreedyRun:
         self.fill_forward, self.fill_backward = fill_forward, fill_backward
         self.done = [dict.fromkeys(_LANES, 0) for _ in range(p)]
         self.ends: dict[tuple[str, int, int, int], float] = {}  # (kind, device, chunk, microbatch) -> end
-        self.clock, self.idle = [0.0] * p, [0.0] * p
-        self.held = list(gathered_memory(problem))  # FSDP's gathered parameters, counted as held throughout
+        self.clock, self.held, self.idle = [0.0] * p, list(gathered_memory(problem)), [0.0] * p
         self.pending: list[deque[int]] = [deque() for _ in range(p)]  # chunks whose W is due, oldest first
         self.passes: list[list[Pass]] = [[] for _ in range(p)]
 
@@ -332,18 +331,16 @@ def _one_f_one_b_memory(problem: Problem) -> list[float]:
 def _shortest(problem: Problem, caps: Sequence[float], name: str) -> Schedule:
     """The greedy's variants within `caps`, the shortest by simulated makespan (the first of
     equals, in the authors' order of variants)."""
-    best, best_makespan = None, None
+    fitting = []  # (makespan, place, schedule) of each variant within the caps
     for passes, _ in greedy_candidates(problem, caps):
         schedule = passes_to_schedule(problem, passes)
         result = simulate(problem, schedule)
-        if any(peak > memory_ceiling(cap) for peak, cap in zip(result.peak_memory, caps, strict=True)):
-            continue
-        if best_makespan is None or result.makespan < best_makespan:
-            best, best_makespan = schedule, result.makespan
-    if best is None:
+        if all(peak <= memory_ceiling(cap) for peak, cap in zip(result.peak_memory, caps, strict=True)):
+            fitting.append((result.makespan, len(fitting), schedule))
+    if not fitting:
         raise NotApplicableError(f"{name} needs more memory: every variant of the greedy is stuck within "
                                  f"{[round(cap, 6) for cap in caps]}")
-    return best
+    return min(fitting)[2]
 
 
 @register("zb-v", "ZB-V (Qi et al., ICLR 2024, sec. 6), the authors' cost-aware greedy: 1F1B's peak memory, "
@@ -359,10 +356,10 @@ def zero_bubble_v(problem: Problem) -> Schedule:
 
 @functools.lru_cache(maxsize=4)
 def _one_f_one_b_greedy(problem: Problem) -> Schedule:
-    """The greedy within 1F1B's memory, once per problem: `zb-v` and `v-zb` are the same orders, and
-    at p = 32, m = 512 it takes seconds (a warm start tries both)."""
-    caps = [problem.num_devices * sum(chunk_activations(problem, device)) + gathered
-            for device, gathered in enumerate(gathered_memory(problem))]  # and, with FSDP, the gathered weights
+    """The greedy within 1F1B's memory (and FSDP's gathered weights, held from the start), once per
+    problem: `zb-v` and `v-zb` are the same orders, and at p = 32, m = 512 it takes seconds."""
+    caps = [problem.num_devices * sum(chunk_activations(problem, d)) + g
+            for d, g in enumerate(gathered_memory(problem))]
     return _shortest(problem, caps, "zb-v")
 
 

@@ -126,10 +126,11 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     # on the makespan: every bound but the heaviest microbatches', whose full model includes the ends already
     makespan = max((bound.value for bound in found.bounds if bound.name != "heaviest_microbatches"), default=0.0)
     per_device = interrupt.deterministic() or began + problem.num_ops * GRAPH_SECONDS_PER_OP <= deadline
-    value, device = iteration_ends_bound(pair_relaxed(problem), makespan, per_device)
+    relaxed = pair_relaxed(problem)
+    value, device = iteration_ends_bound(relaxed, makespan, per_device)
     if problem.iterations > 1 and per_device:  # several: the first stage's device cycles, then one pipeline
-        bare = pair_relaxed(problem).replace(iterations=1, **dict.fromkeys(ITERATION_END_KEYS))
-        repeated = repeated_bound(pair_relaxed(problem), _pipeline_bounds(bare, deadline).best, deadline)
+        bare = relaxed.replace(iterations=1, **dict.fromkeys(ITERATION_END_KEYS))
+        repeated = repeated_bound(relaxed, bare, _pipeline_bounds(bare, deadline).best, deadline)
         if repeated > value:
             value, device = repeated, problem.device_of(0)
     ends = Bound("iteration_ends", value, interrupt.now() - began, () if device is None else (device,))

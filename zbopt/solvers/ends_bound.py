@@ -30,8 +30,8 @@ import numpy as np
 from zbopt.core.dag import device_work, earliest_finish, op_graph
 from zbopt.core.ops import op_table
 from zbopt.core.problem import Problem
-from zbopt.core.problem.mechanisms import ITERATION_END_KEYS, unshard_windows
-from zbopt.core.simulation.ends import gradient_ends, unshards_done
+from zbopt.core.problem.mechanisms import unshard_windows
+from zbopt.core.simulation.ends import device_ends, gradient_ends, unshards_done
 from zbopt.solvers.implied import heads_and_tails
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive
 
@@ -55,29 +55,27 @@ def iteration_ends_bound(problem: Problem, makespan_bound: float, per_device: bo
     for device, (stages, work) in enumerate(zip(problem.stages_of_device, device_work(first), strict=True)):
         cycle = unshard[stages[0]][1] + work + min(ends.reduce_times[stage] for stage in stages) \
             + ends.step_times[device]
-        stream = unshards_end[device]
-        for stage in sorted(stages, key=lambda s: ready[s]):
-            stream = max(stream, ready[stage]) + ends.reduce_times[stage]
-        value = max(cycle, stream + ends.step_times[device]) + (problem.iterations - 1) * cycle
+        stream = device_ends(first, device, unshards_end[device], 0.0, {stage: ready[stage] for stage in stages})
+        value = max(cycle, stream.step[1]) + (problem.iterations - 1) * cycle
         if value > best:
             best, where = value, device
     return best, where
 
 
-def repeated_bound(problem: Problem, one_pipeline: float, deadline: float) -> float:
+def repeated_bound(problem: Problem, bare: Problem, one_pipeline: float, deadline: float) -> float:
     """With several iterations, (iterations - 1) cycles of the first stage's device and then a
-    whole pipeline (`one_pipeline`: a lower bound on one iteration's makespan without its ends)
-    and the least reduction and step; 0 with one iteration or both ways (two first stages)."""
-    if problem.iterations == 1 or problem.bidirectional:
-        return 0.0
+    whole pipeline and the least reduction and step. `bare`: one iteration of `problem` without
+    its ends, timed from its first forward's release (every op waits for a first-stage forward;
+    several iterations have one, both ways refusing them); `one_pipeline`: a lower bound on its
+    makespan. The device's ops alone: by device sequencing where every activation is kept (its
+    dynamic program assumes so), else by the preemptive one-machine bound."""
     ends, device = problem.iteration_ends, problem.device_of(0)
-    # one iteration, timed from its first forward's release: every op waits for a first-stage forward
-    bare = problem.replace(iterations=1, **dict.fromkeys(ITERATION_END_KEYS))
     heads, _ = heads_and_tails(op_graph(bare))
     mine = {op: head for op, head in heads.items() if bare.device_of(op.stage) == device}
     table = op_table(bare)
-    alone = max(jackson_preemptive([(head, table.duration[table.index(op)], 0.0) for op, head in mine.items()]),
-                device_sequencing(bare, device, mine, dict.fromkeys(mine, 0.0), 0.0, deadline))
+    alone = jackson_preemptive([(head, table.duration[table.index(op)], 0.0) for op, head in mine.items()])
+    if not bare.mechanisms_matter:
+        alone = max(alone, device_sequencing(bare, device, mine, dict.fromkeys(mine, 0.0), 0.0, deadline))
     stages = problem.stages_of_device[device]
     gathered = ends.unshard_times[stages[0]]
     cycle = gathered + alone + min(ends.reduce_times[stage] for stage in stages) + ends.step_times[device]

@@ -25,7 +25,6 @@ import sys
 import tempfile
 import threading
 import time
-from itertools import accumulate
 from pathlib import Path
 
 import networkx as nx
@@ -33,6 +32,7 @@ import networkx as nx
 from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
+from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
 from zbopt.solvers.task import Found, SearchTask, simple_model_refusal
@@ -259,12 +259,12 @@ def _ends_rows(model, problem: Problem, ops: list[Op], start: dict, duration: di
     import pulp
 
     ends, table, m = problem.iteration_ends, op_table(problem), problem.num_microbatches
+    through = [end for _, end in unshard_windows(problem)]  # per stage, after its device's step before
     for op in ops:
         release = table.release[table.index(op)]
         if release and op.microbatch < m:
             model += start[op] >= release
     for device, stages in enumerate(problem.stages_of_device):
-        through = dict(zip(stages, accumulate(ends.unshard_times[stage] for stage in stages), strict=True))
         done = 0.0  # the step's end before this iteration
         for iteration in range(problem.iterations):
             mine = [op for op in ops if op.stage in stages and op.microbatch // m == iteration]

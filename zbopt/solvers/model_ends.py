@@ -13,11 +13,10 @@ compute: its last compute op of an iteration is a gradient op (every op leads to
 
 from __future__ import annotations
 
-from itertools import accumulate
-
 from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
+from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.ticks import memory_rounding, memory_scale
 from zbopt.solvers.cp_parts import Lifetime, OpVars
 
@@ -27,14 +26,12 @@ __all__ = ["gathered_parameters", "iteration_ends"]
 def iteration_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) -> list[list]:
     """The ends' variables and constraints; per device, per iteration, its step's end (`problem`
     in ticks): the makespan objective's goal is at least each device's last."""
-    ends, table = problem.iteration_ends, op_table(problem)
+    ends, gathered = problem.iteration_ends, _unshards_through(problem)
     for op, variables in ops.items():
-        release = table.release[table.index(op)]
-        if release and op.microbatch < problem.num_microbatches:
-            model.Add(variables.start >= int(release))
+        if op.kind == FORWARD and op.microbatch < problem.num_microbatches and gathered[op.stage]:
+            model.Add(variables.start >= gathered[op.stage])
     steps_done = []
     for device, stages in enumerate(problem.stages_of_device):
-        gathered = _unshards_through(problem, stages)
         lane, done = [], [0]  # per iteration, the step's end before it (0 before the first)
         for iteration in range(problem.iterations):
             if iteration:
@@ -66,8 +63,8 @@ def gathered_parameters(model, problem: Problem, ops: dict[Op, OpVars], horizon:
         return held
     unit = memory_scale(problem)
     amount = memory_rounding(problem, unit)
+    gathered = _unshards_through(problem)
     for device, stages in enumerate(problem.stages_of_device):
-        gathered = _unshards_through(problem, stages)
         for stage in (stage for stage in stages if ends.unshard_memory[stage]):
             before = gathered[stage] - int(ends.unshard_times[stage])
             for iteration in range(problem.iterations):
@@ -82,10 +79,11 @@ def gathered_parameters(model, problem: Problem, ops: dict[Op, OpVars], horizon:
     return held
 
 
-def _unshards_through(problem: Problem, stages: tuple[int, ...]) -> dict[int, int]:
-    """Per stage of a device, its unshard and the ones before it on the stream, in ticks."""
-    times = problem.iteration_ends.unshard_times
-    return dict(zip(stages, accumulate(int(times[stage]) for stage in stages), strict=True))
+def _unshards_through(problem: Problem) -> list[int]:
+    """Per stage, its unshard and the ones before it on its device's stream, in ticks: where its
+    first iteration's unshard ends (`unshard_windows`), and how long after its device's step a
+    later one's does."""
+    return [int(end) for _, end in unshard_windows(problem)]
 
 
 def _iteration_microbatches(problem: Problem, stage: int, iteration: int) -> list[int]:

@@ -69,7 +69,7 @@ class EndTimes:
         """Per op, the earliest start the ends allow: a forward of iteration k after its stage's
         unshard of iteration k (after its device's step of iteration k - 1); 0 for other ops."""
         stage = np.asarray([op.stage for op in table.ops()])
-        iteration = np.asarray([op.microbatch for op in table.ops()]) // table.problem.num_microbatches
+        iteration = np.asarray(table.iteration)
         unshard_end = np.asarray([[end for _, end in windows] for windows in self.unshard])
         forward = np.asarray(table.kind) == FORWARD
         return np.where(forward, unshard_end[iteration, stage], 0.0)
@@ -112,12 +112,10 @@ def unshards_done(problem: Problem, begin: tuple[float, ...] | None = None) -> t
     """Per device, when all its unshards have ended, started at `begin` (0 without unshards, or
     `begin`): a plan that times its own ops may start a device's compute there and meet every
     forward's unshard."""
-    begin = begin or (0.0,) * problem.num_devices
     if problem.iteration_ends is None:
-        return begin
-    times = problem.iteration_ends.unshard_times
-    return tuple(start + sum(times[stage] for stage in stages)
-                 for start, stages in zip(begin, problem.stages_of_device, strict=True))
+        return begin or (0.0,) * problem.num_devices
+    windows = unshard_windows(problem, begin)
+    return tuple(windows[stages[-1]][1] for stages in problem.stages_of_device)
 
 
 def gathered_memory(problem: Problem) -> tuple[float, ...]:
@@ -133,7 +131,7 @@ def end_times(problem: Problem, table: OpTable, end: np.ndarray) -> EndTimes:
     """The ends' windows for ops ending at `end` (indexed by `table`'s op numbers), iteration by
     iteration: each one's unshards start at its device's step before."""
     device = np.asarray(table.device)
-    iteration = np.asarray([op.microbatch for op in table.ops()]) // problem.num_microbatches
+    iteration = np.asarray(table.iteration)
     on_compute = np.asarray(table.lane) == COMPUTE_LANE
     steps_done: tuple[float, ...] | None = None
     unshard, reduce, step, ready = [], [], [], []

@@ -42,8 +42,7 @@ def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
                 for index in table.iteration_barrier(stage, iteration):
                     feeds[index] = stage * boundaries + iteration
     if problem.iteration_ends is not None and boundaries:
-        for index, (device, lane, op) in enumerate(zip(table.device, table.lane, table.ops(), strict=True)):
-            iteration = op.microbatch // m
+        for index, (device, lane, iteration) in enumerate(zip(table.device, table.lane, table.iteration, strict=True)):
             if lane == COMPUTE_LANE and iteration < boundaries:
                 feeds[index] = device * boundaries + iteration
     return waits, feeds, problem.num_stages * boundaries
@@ -248,8 +247,8 @@ class _Sweep:
                     awaited = f"{same_device_input_name(table, member, local)} (device {device})"
                 elif source >= 0 and source not in members and end[source] is None:
                     awaited = f"{table.op(source)} (device {table.device[source]})"
-                elif barrier >= 0 and self.barrier_pending(barrier) is not None:
-                    awaited = self.barrier_pending(barrier)
+                elif barrier >= 0 and (pending := self.barrier_pending(barrier)) is not None:
+                    awaited = pending
                 else:
                     continue
                 stuck_at = table.op(index) if len(members) == 1 else pair_text([table.op(i) for i in members])

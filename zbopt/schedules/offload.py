@@ -159,7 +159,8 @@ def serial_offload(problem: Problem) -> Schedule:
                 held_until[device] = run(op, held_until[device])
         now = max(compute_free)
         compute_free = [now] * problem.num_devices
-        if problem.iteration_ends is not None and (microbatch + 1) % problem.num_microbatches == 0:
+        if problem.iteration_ends is not None and (microbatch + 1) % problem.num_microbatches == 0 \
+                and microbatch + 1 < problem.total_microbatches:
             steps = _steps_done(problem, starts, microbatch // problem.num_microbatches, steps)
             compute_free = list(unshards_done(problem, steps))  # the next iteration's gathers, after the steps
             now = max(now, *compute_free)
@@ -170,16 +171,18 @@ def _steps_done(problem: Problem, starts: dict[Op, float], iteration: int,
                 before: tuple[float, ...] | None) -> tuple[float, ...]:
     """Per device, when its optimizer step of `iteration` ends (`device_ends`), for ops starting at
     `starts`; `before`: the steps of the iteration before (None for the first)."""
-    ends = {op: begin + problem.cost(op.kind, op.stage) for op, begin in starts.items()
-            if op.microbatch // problem.num_microbatches == iteration}
-    steps = []
-    for device, (stages, free) in enumerate(zip(problem.stages_of_device, unshards_done(problem, before),
-                                                strict=True)):
-        mine = [end for op, end in ends.items() if op.stage in stages and op.kind not in COPY_KINDS]
-        gradients = {stage: max(end for op, end in ends.items() if op.stage == stage
-                                and op.kind in (WEIGHT, FUSED_BACKWARD)) for stage in stages}
-        steps.append(device_ends(problem, device, free, max(mine), gradients).step[1])
-    return tuple(steps)
+    compute_done = [0.0] * problem.num_devices
+    gradients_done = [0.0] * problem.num_stages
+    for op, begin in starts.items():
+        if op.microbatch // problem.num_microbatches == iteration and op.kind not in COPY_KINDS:
+            end, device = begin + problem.cost(op.kind, op.stage), problem.device_of(op.stage)
+            compute_done[device] = max(compute_done[device], end)
+            if op.kind in (WEIGHT, FUSED_BACKWARD):
+                gradients_done[op.stage] = max(gradients_done[op.stage], end)
+    return tuple(device_ends(problem, device, free, compute_done[device],
+                             {stage: gradients_done[stage] for stage in stages}).step[1]
+                 for device, (stages, free) in enumerate(zip(problem.stages_of_device,
+                                                             unshards_done(problem, before), strict=True)))
 
 
 @register("full-offload", "every activation but the last stage's offloaded on a base schedule's order (default "

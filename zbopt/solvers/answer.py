@@ -61,8 +61,9 @@ def simulated_answer(problem: Problem, found: Found, objective: str, solver: str
 def _span_lengthened(simulation: Simulation, found: Found, objective: str) -> bool:
     """Whether timing as soon as possible lengthened a device's span past the model's: it started a
     device's first op at its release where the model kept it later (with FSDP's unshards, a
-    device's second chunk waits for its own gather, so moving the first chunk up adds idle time)."""
-    return objective == "span" and found.modelled is not None and \
+    device's second chunk waits for its own gather, so moving the first chunk up adds idle time).
+    Only where the model's times are exact: rounded ticks would not pass as given start times."""
+    return objective == "span" and found.modelled is not None and found.exact and \
         _exceeds(objective_value(simulation, objective), found.modelled, found.error_bound)
 
 

@@ -183,6 +183,11 @@ class OpTable:
         return self._per_op(lambda kind, stage: self.problem.device_of(stage))
 
     @cached_property
+    def stage(self) -> list[int]:
+        """Per op, its virtual stage."""
+        return self._per_op(lambda kind, stage: stage)
+
+    @cached_property
     def iteration(self) -> list[int]:
         """Per op, the iteration it belongs to: its microbatch // m."""
         m = self.problem.num_microbatches

@@ -68,7 +68,7 @@ class EndTimes:
     def releases(self, table: OpTable) -> np.ndarray:
         """Per op, the earliest start the ends allow: a forward of iteration k after its stage's
         unshard of iteration k (after its device's step of iteration k - 1); 0 for other ops."""
-        stage = np.asarray([op.stage for op in table.ops()])
+        stage = np.asarray(table.stage)
         iteration = np.asarray(table.iteration)
         unshard_end = np.asarray([[end for _, end in windows] for windows in self.unshard])
         forward = np.asarray(table.kind) == FORWARD
@@ -156,9 +156,8 @@ def end_times(problem: Problem, table: OpTable, end: np.ndarray) -> EndTimes:
 def gradient_ends(problem: Problem, table: OpTable, end: np.ndarray) -> list[float]:
     """Per virtual stage, when its last gradient op (W, or BW) ends, for ops ending at `end`:
     where its reduction and its reshard may start."""
-    kind = np.asarray(table.kind)
-    stage = np.asarray([op.stage for op in table.ops()])
-    gradients = kind == table.gradient_kind
+    gradients = np.asarray(table.kind) == table.gradient_kind
+    stage = np.asarray(table.stage)
     last = np.full(problem.num_stages, -np.inf)
     np.maximum.at(last, stage[gradients], end[gradients])
     return last.tolist()

@@ -18,7 +18,8 @@ Three facts, each holding in every valid schedule:
 With several iterations, also: every op depends on a forward of the first stage, which waits for
 its device's step before (and its unshard), so that device's step ends each iteration at least a
 cycle after the one before: its first unshard, its own ops run alone after their heads (device
-sequencing with no tails), a reduction, its step; and the last iteration, from there, holds a
+sequencing with no tails) or its span (the other devices' work between its first and last op), a
+reduction, its step; and the last iteration, from there, holds a
 whole pipeline (a one-iteration makespan bound) and a reduction and a step after it
 (`repeated_bound`).
 """
@@ -34,6 +35,7 @@ from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.simulation.ends import device_ends, gradient_ends, unshards_done
 from zbopt.solvers.implied import heads_and_tails
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive
+from zbopt.solvers.span_bound import device_span
 
 __all__ = ["iteration_ends_bound", "repeated_bound"]
 
@@ -76,6 +78,7 @@ def repeated_bound(problem: Problem, bare: Problem, one_pipeline: float, deadlin
     alone = jackson_preemptive([(head, table.duration[table.index(op)], 0.0) for op, head in mine.items()])
     if not bare.mechanisms_matter:
         alone = max(alone, device_sequencing(bare, device, mine, dict.fromkeys(mine, 0.0), 0.0, deadline))
+    alone = max(alone, device_span(bare, device))  # the other devices' work between its first and last op
     stages = problem.stages_of_device[device]
     gathered = ends.unshard_times[stages[0]]
     cycle = gathered + alone + min(ends.reduce_times[stage] for stage in stages) + ends.step_times[device]

@@ -26,7 +26,7 @@ from zbopt.solvers.implied import implied_graph
 from zbopt.solvers.pair_relaxation import pair_relaxed
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive
 
-__all__ = ["RELAXATION_MAX_S", "RELAXATION_SHARE", "relative_heads_and_tails", "span_bound"]
+__all__ = ["RELAXATION_MAX_S", "RELAXATION_SHARE", "device_span", "relative_heads_and_tails", "span_bound"]
 
 RELAXATION_SHARE = 0.5  # of the time left, for the CP-SAT relaxations (v >= 2) after the dynamic programs
 RELAXATION_MAX_S = 10.0  # per device
@@ -57,12 +57,7 @@ def span_bound(problem: Problem, deadline: float = math.inf, graph: nx.DiGraph |
     own: list[tuple[dict[Op, float], dict[Op, float]]] = []  # per device, its own ops' relative heads and tails
     bound = [0.0] * problem.num_devices
     for device in range(problem.num_devices):
-        heads, tails = relative_heads_and_tails(walk, device)
-        jobs: list[list[tuple[float, float, float]]] = [[] for _ in range(problem.num_devices)]
-        for op, head in heads.items():
-            if op in tails:
-                jobs[walk.device[op]].append((head, walk.duration[op], tails[op]))
-        bound[device] = max(jackson_preemptive(found) for found in jobs if found)
+        bound[device], heads, tails = _preemptive_span(walk, device, problem.num_devices)
         own.append(({op: heads[op] for op in heads if walk.device[op] == device},
                      {op: tails[op] for op in tails if walk.device[op] == device}))
         if interrupt.past(deadline):
@@ -70,6 +65,24 @@ def span_bound(problem: Problem, deadline: float = math.inf, graph: nx.DiGraph |
     if problem.mechanisms_matter or problem.bidirectional:
         return max(bound)
     return _single_device_bounds(problem, graph, own, bound, deadline)
+
+
+def device_span(problem: Problem, device: int) -> float:
+    """A lower bound on `device`'s span alone in any valid schedule of `problem` (the preemptive
+    one-machine bound of every device's ops with heads and tails relative to it, as in
+    `span_bound`): how long the device is held between its first start and its last end."""
+    return _preemptive_span(_Walk.of(implied_graph(pair_relaxed(problem))), device, problem.num_devices)[0]
+
+
+def _preemptive_span(walk: _Walk, device: int, devices: int) -> tuple[float, dict[Op, float], dict[Op, float]]:
+    """(the bound on `device`'s span, the relative heads, the relative tails): per device the
+    preemptive one-machine bound of its ops that have both, the best of them."""
+    heads, tails = relative_heads_and_tails(walk, device)
+    jobs: list[list[tuple[float, float, float]]] = [[] for _ in range(devices)]
+    for op, head in heads.items():
+        if op in tails:
+            jobs[walk.device[op]].append((head, walk.duration[op], tails[op]))
+    return max(jackson_preemptive(found) for found in jobs if found), heads, tails
 
 
 def _single_device_bounds(problem: Problem, graph: nx.DiGraph, own: list, bound: list[float],

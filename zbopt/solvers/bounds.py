@@ -126,15 +126,17 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     # on the makespan: every bound but the heaviest microbatches', whose full model includes the ends already
     makespan = max((bound.value for bound in found.bounds if bound.name != "heaviest_microbatches"), default=0.0)
     per_device = interrupt.deterministic() or began + problem.num_ops * GRAPH_SECONDS_PER_OP <= deadline
-    relaxed = pair_relaxed(problem)
+    relaxed, complete = pair_relaxed(problem), found.complete and per_device
     value, device = iteration_ends_bound(relaxed, makespan, per_device)
     if problem.iterations > 1 and per_device:  # several: the first stage's device cycles, then one pipeline
         bare = relaxed.replace(iterations=1, **dict.fromkeys(ITERATION_END_KEYS))
-        repeated = repeated_bound(relaxed, bare, _pipeline_bounds(bare, deadline).best, deadline)
+        one = _pipeline_bounds(bare, deadline)
+        repeated = repeated_bound(relaxed, bare, one.best, deadline)
+        complete = complete and one.complete
         if repeated > value:
             value, device = repeated, problem.device_of(0)
     ends = Bound("iteration_ends", value, interrupt.now() - began, () if device is None else (device,))
-    return LowerBounds((*found.bounds, ends), found.complete and per_device)
+    return LowerBounds((*found.bounds, ends), complete)
 
 
 def _pipeline_bounds(problem: Problem, deadline: float) -> LowerBounds:

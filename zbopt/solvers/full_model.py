@@ -60,7 +60,7 @@ from zbopt.core.ticks import TickScale, ceil_ticks, tick_problem, tick_scale
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.cp_parts import OpVars, limit, solve_stoppable, task_stopped
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
-from zbopt.solvers.model_ends import gathered_parameters, iteration_ends
+from zbopt.solvers.model_ends import gathered_parameters, placed_ends
 from zbopt.solvers.model_memory import activation_choice_literals, limited_lifetimes, peak_memory
 from zbopt.solvers.overlap_pairs import PairChoice, as_paired, candidate_window, least_duration, pair_choices
 from zbopt.solvers.task import Found, SearchTask
@@ -149,7 +149,7 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     _precedences(model, frame.graph, ops, pairs)  # 3. (and 5.: the symmetry-breaking and memory precedences)
     steps_done = None  # 7. (per device and iteration, its optimizer step's end)
     if integral.iteration_ends is not None:
-        steps_done = iteration_ends(model, integral, ops, horizon)
+        steps_done = placed_ends(model, integral, ops, horizon)
     lifetimes = None  # 4. (where a limit or the second phase needs them)
     if problem.memory_limit is not None or task.peak_cap is not None:
         lifetimes = limited_lifetimes(model, problem, frame.ops, ops, horizon, choices, memory_model,

@@ -20,10 +20,10 @@ from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.ticks import memory_rounding, memory_scale
 from zbopt.solvers.cp_parts import Lifetime, OpVars
 
-__all__ = ["gathered_parameters", "iteration_ends"]
+__all__ = ["gathered_parameters", "placed_ends"]
 
 
-def iteration_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) -> list[list]:
+def placed_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) -> list[list]:
     """The ends' variables and constraints; per device, per iteration, its step's end (`problem`
     in ticks): the makespan objective's goal is at least each device's last."""
     ends, gathered = problem.iteration_ends, _unshards_through(problem)
@@ -55,7 +55,7 @@ def iteration_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int)
 def gathered_parameters(model, problem: Problem, ops: dict[Op, OpVars], horizon: int,
                         steps_done: list[list]) -> list[list[Lifetime]]:
     """Per device, FSDP's gathered parameters of each of its stages in each iteration as a
-    `Lifetime`: from the unshard's start (after the device's step before, `iteration_ends`) until
+    `Lifetime`: from the unshard's start (after the device's step before, `placed_ends`) until
     the stage's last gradient op of the iteration ends."""
     held: list[list[Lifetime]] = [[] for _ in range(problem.num_devices)]
     ends = problem.iteration_ends

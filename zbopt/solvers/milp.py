@@ -260,16 +260,12 @@ def _ends_rows(model, problem: Problem, ops: list[Op], start: dict, duration: di
 
     ends, table, m = problem.iteration_ends, op_table(problem), problem.num_microbatches
     through = [end for _, end in unshard_windows(problem)]  # per stage, after its device's step before
-    for op in ops:
-        release = table.release[table.index(op)]
-        if release and op.microbatch < m:
-            model += start[op] >= release
     for device, stages in enumerate(problem.stages_of_device):
         done = 0.0  # the step's end before this iteration
         for iteration in range(problem.iterations):
             mine = [op for op in ops if op.stage in stages and op.microbatch // m == iteration]
-            for op in mine if iteration else ():
-                if op.kind == FORWARD:
+            for op in mine:
+                if op.kind == FORWARD and (iteration or through[op.stage]):  # after its unshard
                     model += start[op] >= done + through[op.stage]
             if iteration == problem.iterations - 1 and objective != "makespan":
                 break

@@ -27,17 +27,13 @@ def placed_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) ->
     """The ends' variables and constraints; per device, per iteration, its step's end (`problem`
     in ticks): the makespan objective's goal is at least each device's last."""
     ends, gathered = problem.iteration_ends, _unshards_through(problem)
-    for op, variables in ops.items():
-        if op.kind == FORWARD and op.microbatch < problem.num_microbatches and gathered[op.stage]:
-            model.Add(variables.start >= gathered[op.stage])
     steps_done = []
     for device, stages in enumerate(problem.stages_of_device):
         lane, done = [], [0]  # per iteration, the step's end before it (0 before the first)
         for iteration in range(problem.iterations):
-            if iteration:
-                for stage in stages:
-                    for microbatch in _iteration_microbatches(problem, stage, iteration):
-                        model.Add(ops[Op(FORWARD, stage, microbatch)].start >= done[-1] + gathered[stage])
+            for stage in (stage for stage in stages if iteration or gathered[stage]):
+                for microbatch in _iteration_microbatches(problem, stage, iteration):  # after its unshard
+                    model.Add(ops[Op(FORWARD, stage, microbatch)].start >= done[-1] + gathered[stage])
             step = model.NewIntVar(0, horizon, f"step_{device}_{iteration}")
             for stage in stages:
                 reduce = model.NewIntVar(0, horizon, f"reduce_{stage}_{iteration}")

@@ -12,6 +12,8 @@ Sequence slices (`zbopt.core.problem.slices`) add, on one stage, F(s, j-1) -> F(
 (or BW) between slices j-1, j, j+1 of one sequence.
 An offloaded one adds O(s, j) and L(s, j) on the device's copy lanes: F(s, j) -> O(s, j) -> L(s, j)
 -> B(s, j) (or BW).
+A stage resharded after its forwards in iteration k (`allow_reshard`) adds G(s, k·m) on the device's
+all-gather lane: every F(s, j) of iteration k -> G(s, k·m) -> every B(s, j) (or BW) and R(s, j) of it.
 Every edge between ops on different devices carries the latency p2p_time.
 With FSDP's unshards (the iteration's ends), a forward is released no sooner than its stage's unshard ends.
 Between iterations, with a flush (a weight update on each stage): every F(s, j) of iteration k+1
@@ -25,22 +27,24 @@ from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 from zbopt.core.errors import ScheduleError, shorten
-from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
+from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, REGATHER, RELOAD, WEIGHT
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.problem.slices import neighbour
 
-__all__ = ["COMPUTE_LANE", "LANE_OF_KIND", "OFFLOAD_LANE", "RELOAD_LANE", "Op", "OpTable", "op_table"]
+__all__ = ["COMPUTE_LANE", "GATHER_LANE", "LANE_OF_KIND", "OFFLOAD_LANE", "RELOAD_LANE", "Op", "OpTable", "op_table"]
 
 # the longest letters first, so that "BW" is not read as "B"
 _OP_PATTERN = re.compile(rf"^\s*(\d+)({'|'.join(sorted(KINDS, key=len, reverse=True))})(\d+)\s*$")
-# Where an op runs on its device: compute, or one of the two copy lanes beside it.
-COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE = 0, 1, 2
-LANE_OF_KIND = {OFFLOAD: OFFLOAD_LANE, RELOAD: RELOAD_LANE}
+# Where an op runs on its device: compute, or beside it one of the two copy lanes or the all-gather lane.
+COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, GATHER_LANE = 0, 1, 2, 3
+LANE_OF_KIND = {OFFLOAD: OFFLOAD_LANE, RELOAD: RELOAD_LANE, REGATHER: GATHER_LANE}
+_OPTIONAL_KINDS = (RECOMPUTE, OFFLOAD, RELOAD, REGATHER)  # a schedule's choice, numbered after the problem's ops
 
 
 class Op(NamedTuple):
-    """One unit of work: `kind` (F, B, W, BW, R, O or L) of virtual stage `stage` on microbatch `microbatch`.
+    """One unit of work: `kind` (F, B, W, BW, R, O, L or G) of virtual stage `stage` on microbatch `microbatch`
+    (for G, the first microbatch of its iteration).
 
     Its text form is "{stage}{kind}{microbatch}", as in torch.distributed.pipelining:
 
@@ -74,17 +78,21 @@ class OpTable:
     bidirectional placement, the block of a route position holds the down stage's ops, then the
     up stage's). The optional ops follow, a schedule's
     choice per (stage, microbatch) pair, each in (stage, microbatch) order: the R of each pair in
-    `recomputed`, then the O and then the L of each pair in `offloaded`.
+    `recomputed`, then the O and then the L of each pair in `offloaded`, then the G of each
+    (stage, first microbatch of an iteration) in `regathered`.
     """
 
     def __init__(self, problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset(),
-                 offloaded: frozenset[tuple[int, int]] = frozenset()):
+                 offloaded: frozenset[tuple[int, int]] = frozenset(),
+                 regathered: frozenset[tuple[int, int]] = frozenset()):
         for pairs, kind, allowed, key in ((recomputed, RECOMPUTE, problem.recomputation is not None, "allow_recompute"),
-                                          (offloaded, OFFLOAD, problem.offload is not None, "allow_offload")):
+                                          (offloaded, OFFLOAD, problem.offload is not None, "allow_offload"),
+                                          (regathered, REGATHER, problem.allow_reshard, "allow_reshard")):
             if pairs and not allowed:
-                what = "recomputation" if kind == RECOMPUTE else "offload"
+                what = {RECOMPUTE: "recomputation", OFFLOAD: "offload", REGATHER: "a re-gather"}[kind]
                 raise ScheduleError(f"op {Op(kind, *min(pairs))}: {what} is not allowed in this problem "
                                     f"({key} is false)")
+        _check_regathers(problem, regathered)
         both = recomputed & offloaded
         if both:
             stage, microbatch = min(both)
@@ -99,10 +107,12 @@ class OpTable:
         self.core_size = problem.num_ops
         self.recomputed = tuple(sorted(recomputed))
         self.offloaded = tuple(sorted(offloaded))
-        self.size = self.core_size + len(self.recomputed) + 2 * len(self.offloaded)
+        self.regathered = tuple(sorted(regathered))
+        self.size = self.core_size + len(self.recomputed) + 2 * len(self.offloaded) + len(self.regathered)
         self._kind_index = {kind: index for index, kind in enumerate(self.kinds)}
         self._optional = [(RECOMPUTE, pair) for pair in self.recomputed] + \
-            [(OFFLOAD, pair) for pair in self.offloaded] + [(RELOAD, pair) for pair in self.offloaded]
+            [(OFFLOAD, pair) for pair in self.offloaded] + [(RELOAD, pair) for pair in self.offloaded] + \
+            [(REGATHER, pair) for pair in self.regathered]
         self._optional_index = {(kind, *pair): self.core_size + k for k, (kind, pair) in enumerate(self._optional)}
 
     def index(self, op: Op) -> int:
@@ -114,7 +124,7 @@ class OpTable:
             raise ScheduleError(
                 f"op {op}: microbatch {microbatch} out of range (the problem has {self.num_microbatches})"
             )
-        if kind in (RECOMPUTE, OFFLOAD, RELOAD):
+        if kind in _OPTIONAL_KINDS:
             index = self._optional_index.get((kind, stage, microbatch))
             if index is None:
                 raise ScheduleError(f"op {op}: not among this table's optional ops")
@@ -203,18 +213,27 @@ class OpTable:
         if ends is None or not any(ends.unshard_times):
             return [0.0] * self.size
         windows = unshard_windows(self.problem)
-        return self._per_op(lambda kind, stage: windows[stage][1] if kind == FORWARD else 0.0)
+        lane_free = [windows[stages[-1]][1] for stages in self.problem.stages_of_device]  # a re-gather after them
+
+        def release(kind: str, stage: int) -> float:
+            return windows[stage][1] if kind == FORWARD else lane_free[self.problem.device_of(stage)]
+
+        released = self._per_op(lambda kind, stage: release(kind, stage) if kind in (FORWARD, REGATHER) else 0.0)
+        for k, (kind, (_, microbatch)) in enumerate(self._optional):
+            if kind == REGATHER and microbatch >= self.problem.num_microbatches:
+                released[self.core_size + k] = 0.0  # a later iteration's: after its device's step (`simulation.ends`)
+        return released
 
     @cached_property
     def memory_delta(self) -> list[float]:
         """Per op, its memory change (`Problem.memory_delta`): a recomputed activation's F holds
         only the checkpoint."""
-        deltas = self._per_microbatch_op(lambda kind, stage, microbatch=None:
+        deltas = self._per_microbatch_op(lambda kind, stage, microbatch=None: 0.0 if kind == REGATHER else
                                          self.problem.memory_delta(kind, stage, microbatch=microbatch))
         for stage, microbatch in self.recomputed:
             forward = self.index(Op(FORWARD, stage, microbatch))
             deltas[forward] = self.problem.memory_delta(FORWARD, stage, recomputed=True, microbatch=microbatch)
-        return deltas
+        return deltas  # a G's parameters are counted with the ends' (`simulation.memory`)
 
     @cached_property
     def allocates_at_start(self) -> list[bool]:
@@ -223,11 +242,13 @@ class OpTable:
 
     @cached_property
     def lane(self) -> list[int]:
-        """Per op, where it runs on its device: COMPUTE_LANE, or the copy lane of an O or L."""
+        """Per op, where it runs on its device: COMPUTE_LANE, the copy lane of an O or L, or GATHER_LANE (a G)."""
         return self._per_op(lambda kind, stage: LANE_OF_KIND.get(kind, COMPUTE_LANE))
 
     def _predecessor_stage_kind(self, kind: str, stage: int) -> tuple[str, int] | None:
         route = self.problem.routes[self.problem.route_of_stage(stage)][0]
+        if kind == REGATHER:
+            return None  # its forwards feed it on its device (`same_device_inputs`)
         if kind in (RECOMPUTE, OFFLOAD):
             return (FORWARD, stage)
         if kind == RELOAD:
@@ -241,7 +262,7 @@ class OpTable:
     @cached_property
     def predecessor(self) -> list[int]:
         """Per op, the one op it directly depends on within its microbatch across stages (for R
-        and O, its F; for L, its O), or -1."""
+        and O, its F; for L, its O), or -1 (a G's inputs are all on its device)."""
         result: list[int] = []
         first_route = self.problem.routes[0][0]  # every route's position has the same kind of predecessor
         for kind in self.kinds:
@@ -252,7 +273,7 @@ class OpTable:
                 else:
                     first = self.index(Op(source[0], source[1], 0))
                     result.extend(range(first, first + self.num_microbatches))
-        result.extend(self.index(Op(*self._predecessor_stage_kind(kind, stage), microbatch))
+        result.extend(-1 if kind == REGATHER else self.index(Op(*self._predecessor_stage_kind(kind, stage), microbatch))
                       for kind, (stage, microbatch) in self._optional)
         return result
 
@@ -261,12 +282,21 @@ class OpTable:
         """Per op, the ops on its device it also waits for besides `predecessor` (no latency): for
         the input gradient (B or BW) of a recomputed activation its R, of an offloaded one its L;
         with sequence slices (`zbopt.core.problem.slices`), for a forward the slice before it on its stage, for
-        an input gradient the slice after it."""
+        an input gradient the slice after it; for a G, its stage's forwards of its iteration, and for
+        those microbatches' input gradients and recomputes there, the G."""
         result: list[tuple[int, ...]] = [()] * self.size
         backward = self.problem.input_gradient_kind
         for kind, (stage, microbatch) in self._optional:
-            if kind != OFFLOAD:
+            if kind in (RECOMPUTE, RELOAD):
                 result[self.index(Op(backward, stage, microbatch))] = (self.index(Op(kind, stage, microbatch)),)
+        recomputed, m = set(self.recomputed), self.problem.num_microbatches
+        for stage, first in self.regathered:
+            regather = self.index(Op(REGATHER, stage, first))
+            microbatches = [j for j in self.problem.microbatches_of(stage) if 0 <= j - first < m]
+            result[regather] = tuple(self.index(Op(FORWARD, stage, j)) for j in microbatches)
+            for j in microbatches:
+                for kind in (backward, RECOMPUTE) if (stage, j) in recomputed else (backward,):
+                    result[self.index(Op(kind, stage, j))] += (regather,)
         if self.problem.sequence_slices > 1:
             for index in range(self.core_size):
                 kind, stage, microbatch = self.op(index)
@@ -307,9 +337,23 @@ class OpTable:
         return range(first, first + m)
 
 
+def _check_regathers(problem: Problem, regathered: frozenset[tuple[int, int]]) -> None:
+    """A G names its stage and its iteration's first microbatch ("3G8": stage 3, microbatch 8 = k·m)."""
+    m = problem.num_microbatches
+    for stage, microbatch in sorted(regathered):
+        op = Op(REGATHER, stage, microbatch)
+        if not 0 <= stage < problem.num_stages:
+            raise ScheduleError(f"op {op}: stage {stage} out of range (the problem has {problem.num_stages} stages)")
+        if microbatch % m or not 0 <= microbatch < problem.total_microbatches:
+            firsts = ", ".join(str(k * m) for k in range(min(problem.iterations, 4)))
+            raise ScheduleError(f"op {op}: a re-gather names its iteration by the iteration's first microbatch "
+                                f"({firsts}{', ...' if problem.iterations > 4 else ''})")
+
+
 @lru_cache(maxsize=16)
 def op_table(problem: Problem, recomputed: frozenset[tuple[int, int]] = frozenset(),
-             offloaded: frozenset[tuple[int, int]] = frozenset()) -> OpTable:
-    """The op table of a problem (with the R ops of `recomputed`, the O and L ops of `offloaded`),
-    cached: solvers and benchmarks simulate one problem many times."""
-    return OpTable(problem, recomputed, offloaded)
+             offloaded: frozenset[tuple[int, int]] = frozenset(),
+             regathered: frozenset[tuple[int, int]] = frozenset()) -> OpTable:
+    """The op table of a problem (with the R ops of `recomputed`, the O and L ops of `offloaded`,
+    the G ops of `regathered`), cached: solvers and benchmarks simulate one problem many times."""
+    return OpTable(problem, recomputed, offloaded, regathered)

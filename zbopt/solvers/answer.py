@@ -7,7 +7,7 @@ import dataclasses
 import math
 
 from zbopt.core import interrupt
-from zbopt.core.kinds import OFFLOAD, RECOMPUTE, RELOAD
+from zbopt.core.kinds import OFFLOAD, RECOMPUTE, REGATHER, RELOAD
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
@@ -49,7 +49,7 @@ def simulated_answer(problem: Problem, found: Found, objective: str, solver: str
     simulation = None
     if problem.offload is None or not problem.offload.shared_host_link:
         simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, pairs=found.pairs),
-                              strict=not problem.mechanisms_matter)
+                              strict=not (problem.mechanisms_matter or problem.reshard_matters))
     if simulation is None or not simulation.valid or _span_lengthened(simulation, found, objective):
         simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, timed=True,
                                                             pairs=found.pairs), strict=True)
@@ -79,15 +79,17 @@ def _exceeds(simulated: float, modelled: float, error_bound: float) -> bool:
 
 def without_needless_mechanisms(problem: Problem, simulation: Simulation, objective: str,
                                 deadline: float = math.inf) -> Simulation:
-    """The schedule with every recompute (R) and offload (O and L) dropped (the activation kept
-    instead) that is not needed: one at a time, in (stage, microbatch) order, while the schedule
+    """The schedule with every recompute (R), offload (O and L) and re-gather (G) dropped (the
+    activation or the parameters kept instead) that is not needed: one at a time, in (stage,
+    microbatch) order, while the schedule
     stays within the memory limit and its objective does not grow, until `deadline`
     (`interrupt.now()`; one simulation per activation; a timed schedule keeps its times). A
     solver may leave an R in idle time, or a pair of copies anywhere, where it costs nothing; a
-    user reading the schedule should not have to wonder why it recomputes or offloads with memory
-    to spare."""
+    user reading the schedule should not have to wonder why it recomputes, offloads or re-gathers
+    with memory to spare."""
     table = simulation.table
-    for kinds, pairs in (((RECOMPUTE,), table.recomputed), ((OFFLOAD, RELOAD), table.offloaded)):
+    for kinds, pairs in (((RECOMPUTE,), table.recomputed), ((OFFLOAD, RELOAD), table.offloaded),
+                         ((REGATHER,), table.regathered)):
         for stage, microbatch in pairs:
             if interrupt.now() > deadline:
                 return simulation

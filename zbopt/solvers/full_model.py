@@ -21,8 +21,9 @@ OR-Tools' job-shop example, with one `OpVars` record (start, end, interval) per 
   6. objective: the makespan (or the longest device span) with the independent lower bound; in
      the driver's second phase, the highest peak memory with the objective capped;
   7. with the iteration's ends (`model_ends`): per device and iteration its reductions and
-     optimizer step, a later iteration's forwards after the step; the makespan objective is then
-     the last step's end.
+     optimizer step, a later iteration's forwards after the step, FSDP's gathered parameters and,
+     where it may pay, a stage's re-gather (G) per iteration; the makespan objective is then the
+     last step's end.
 
 Notes
 -----
@@ -150,10 +151,10 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
     steps_done = None  # 7. (per device and iteration, its optimizer step's end)
     if integral.iteration_ends is not None:
         steps_done = placed_ends(model, integral, ops, horizon)
-    lifetimes = None  # 4. (where a limit or the second phase needs them)
+    lifetimes, regathers = None, {}  # 4. (where a limit or the second phase needs them; 7.'s re-gathers)
     if problem.memory_limit is not None or task.peak_cap is not None:
-        lifetimes = limited_lifetimes(model, problem, frame.ops, ops, horizon, choices, memory_model,
-                                      gathered_parameters(model, integral, ops, horizon, steps_done))
+        gathered, regathers = gathered_parameters(model, integral, ops, horizon, steps_done)
+        lifetimes = limited_lifetimes(model, problem, frame.ops, ops, horizon, choices, memory_model, gathered)
     if symmetry_breaking:  # 5. (the memory disjunctions; the precedences are edges of the implied graph)
         _memory_disjunctions(model, problem, frame.ops, ops)
     goal = _objective(model, task, frame, ops)  # 6.
@@ -161,11 +162,12 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         for device_steps in steps_done:
             model.Add(goal >= device_steps[-1])
     _minimise(model, task, frame, goal, lifetimes)
+    chosen = _optional_literals(choices, regathers)
     if frame.hint is not None:
-        _hint(model, frame.hint, ops, choices, pairs, task)
+        _hint(model, frame.hint, ops, chosen, pairs, task)
     if task.stopped.is_set():  # stopped before the search: the hint is its incumbent
         return _hinted_only(task, frame.scale)
-    return _solve(solver, model, task, frame.scale, ops, choices, pairs, goal, restricted)
+    return _solve(solver, model, task, frame.scale, ops, chosen, pairs, goal, restricted)
 
 
 def _check_options(problem: Problem, memory_model: str, pair_window: int | None) -> None:
@@ -191,7 +193,8 @@ def _frame(problem: Problem, task: SearchTask, symmetry_breaking: bool) -> _Fram
     optional_work = sum(integral.cost(kind, stage, microbatch) for kind in optional
                         for stage in range(integral.num_stages) for microbatch in integral.microbatches_of(stage))
     ends = integral.iteration_ends
-    end_work = 0 if ends is None else integral.iterations * ends.time
+    regathers = sum(ends.unshard_times) if integral.reshard_matters else 0  # at most one per stage and iteration
+    end_work = 0 if ends is None else integral.iterations * (ends.time + regathers)
     horizon = int(sum(table.duration) + sum(table.latency) + optional_work + end_work)
     hint = warm_goal = None
     if task.warm is not None:
@@ -208,7 +211,7 @@ def _warm_hint(problem: Problem, integral: Problem, scale: TickScale,
     on a shared link, is not in its order; timed as soon as possible, it may break the limit: the
     horizon stays whole), else its order re-timed in ticks (which may cap the horizon)."""
     warm = task.warm
-    if problem.mechanisms_matter or warm.table.recomputed or warm.table.offloaded:
+    if problem.mechanisms_matter or warm.table.recomputed or warm.table.offloaded or warm.table.regathered:
         hint = {op: scale.ticks(time) for op, time in start_times(warm).items()}
         rounding = 0 if scale.exact else math.ceil(scale.error_bound * scale.ticks_per_unit)
         return hint, scale.ticks(objective_value(warm, task.objective)) + rounding, False
@@ -292,30 +295,40 @@ def _minimise(model, task: SearchTask, frame: _Frame, goal, lifetimes) -> None:
     model.Minimize(peak_memory(model, lifetimes))
 
 
-def _hint(model, hint: dict[Op, int], ops: dict[Op, OpVars], choices, pairs: list[PairChoice],
+def _optional_literals(choices, regathers: dict[Op, object]) -> dict[Op, object]:
+    """Each optional op's literal: an R, O and L by its activation's `Choice`, a G its own."""
+    chosen = dict(regathers)
+    for (stage, microbatch), choice in (choices or {}).items():
+        for literal, kinds in ((choice.recomputed, (RECOMPUTE,)), (choice.offloaded, (OFFLOAD, RELOAD))):
+            if literal is not None:
+                chosen.update((Op(kind, stage, microbatch), literal) for kind in kinds)
+    return chosen
+
+
+def _hint(model, hint: dict[Op, int], ops: dict[Op, OpVars], chosen: dict[Op, object], pairs: list[PairChoice],
           task: SearchTask) -> None:
-    """The warm start as the search's first incumbent: its starts, its recomputes and offloads, its pairs."""
+    """The warm start as the search's first incumbent: its starts, its recomputes, offloads and
+    re-gathers, its pairs."""
     for op, value in hint.items():
         if op in ops:
             model.AddHint(ops[op].start, value)
-    for (stage, microbatch), choice in (choices or {}).items():
-        for literal, kind in ((choice.recomputed, RECOMPUTE), (choice.offloaded, OFFLOAD)):
-            if literal is not None:
-                model.AddHint(literal, Op(kind, stage, microbatch) in hint)
+    for op, literal in chosen.items():
+        if op.kind != RELOAD:  # one hint per literal: an offload's O and L share theirs
+            model.AddHint(literal, op in hint)
     warm_pairs = set(task.warm.schedule.pairs)
     for pair in pairs:
         model.AddHint(pair.chosen, pair.members in warm_pairs)
 
 
-def _solve(solver: cp_model.CpSolver, model, task: SearchTask, scale: TickScale, ops: dict[Op, OpVars], choices,
-           pairs: list[PairChoice], goal, restricted: bool) -> Found:
+def _solve(solver: cp_model.CpSolver, model, task: SearchTask, scale: TickScale, ops: dict[Op, OpVars],
+           chosen: dict[Op, object], pairs: list[PairChoice], goal, restricted: bool) -> Found:
     """Solve until the deadline (or a stop) and read the answer in problem units."""
     limit(solver, task.remaining(), task.workers, task.seed)
     if task.peak_cap is not None:  # the second phase stops on work done, so one worker and a seed repeat
         solver.parameters.max_deterministic_time = max(0.01, task.remaining())
     if task.peak_cap is None:
         solver.best_bound_callback = lambda bound: task.report(None, scale.units(bound) - scale.error_bound)
-    read = partial(_answer, scale=scale, ops=ops, choices=choices, pairs=pairs, goal=goal)
+    read = partial(_answer, scale=scale, ops=ops, chosen=chosen, pairs=pairs, goal=goal)
     code = solve_stoppable(solver, model, _Progress(task, scale, read) if task.peak_cap is None else None,
                            stop_when=task_stopped(task))
     status = _STATUS[code]
@@ -335,20 +348,15 @@ def _proved(solver: cp_model.CpSolver, task: SearchTask, scale: TickScale, statu
     return scale.units(solver.BestObjectiveBound()) - scale.error_bound if proves else 0.0
 
 
-def _answer(source, status: str, bound: float, *, scale: TickScale, ops: dict[Op, OpVars], choices,
-            pairs: list[PairChoice], goal) -> Found:
-    """The schedule `source` holds (the solver after its search, or the callback on a solution)."""
+def _answer(source, status: str, bound: float, *, scale: TickScale, ops: dict[Op, OpVars],
+            chosen: dict[Op, object], pairs: list[PairChoice], goal) -> Found:
+    """The schedule `source` holds (the solver after its search, or the callback on a solution):
+    every op but the optional ones (`chosen`) the model left out."""
     starts = {op: scale.units(source.Value(variables.start)) for op, variables in ops.items()
-              if op.kind not in (RECOMPUTE, OFFLOAD, RELOAD) or source.BooleanValue(_chosen(choices, op))}
+              if op not in chosen or source.BooleanValue(chosen[op])}
     return Found(pairs=tuple(pair.members for pair in pairs if source.BooleanValue(pair.chosen)), status=status,
                  starts=starts, bound=bound, modelled=scale.units(source.Value(goal)), resolution=scale.resolution,
                  error_bound=scale.error_bound, exact=scale.exact)
-
-
-def _chosen(choices: dict, op: Op):
-    """The literal under which optional op `op` (an R, O or L) runs."""
-    choice = choices[op.stage, op.microbatch]
-    return choice.recomputed if op.kind == RECOMPUTE else choice.offloaded
 
 
 def _hinted_only(task: SearchTask, scale: TickScale) -> Found:

@@ -3,8 +3,11 @@ them (`zbopt.core.simulation.ends`): per device and iteration a communication la
 stage's reduction follows its gradient ops and the device's unshards, the optimizer step after the
 reductions, every forward after its stage's unshard (fixed from time 0 in the first iteration,
 after the device's step in a later one), and FSDP's gathered parameters held from each unshard
-until the stage's last gradient op of that iteration ends. The objective is then the last step's
-end.
+until the stage's last gradient op of that iteration ends; or, where a re-gather may pay
+(`Problem.reshard_matters`) and the model chooses it, until the stage's last forward ends and
+again from its G, an optional interval on the device's all-gather lane after the device's
+unshards, before the stage's input gradients (and recomputes). The objective is then the last
+step's end.
 
 Any order of the reductions on the lane is allowed; the simulator's (as they become ready) ends
 the lane no later, so its iteration time is at most the model's. The step follows the device's
@@ -13,7 +16,7 @@ compute: its last compute op of an iteration is a gradient op (every op leads to
 
 from __future__ import annotations
 
-from zbopt.core.kinds import FORWARD
+from zbopt.core.kinds import FORWARD, RECOMPUTE, REGATHER
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows
@@ -49,30 +52,78 @@ def placed_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) ->
 
 
 def gathered_parameters(model, problem: Problem, ops: dict[Op, OpVars], horizon: int,
-                        steps_done: list[list]) -> list[list[Lifetime]]:
-    """Per device, FSDP's gathered parameters of each of its stages in each iteration as a
-    `Lifetime`: from the unshard's start (after the device's step before, `placed_ends`) until
-    the stage's last gradient op of the iteration ends."""
+                        steps_done: list[list]) -> tuple[list[list[Lifetime]], dict[Op, object]]:
+    """Per device, FSDP's gathered parameters of each of its stages in each iteration as
+    `Lifetime`s: from the unshard's start (after the device's step before, `placed_ends`) until
+    the stage's last gradient op of the iteration ends, or split around a chosen re-gather
+    (`_regather`, whose variables join `ops`); and each G's literal."""
     held: list[list[Lifetime]] = [[] for _ in range(problem.num_devices)]
+    chosen: dict[Op, object] = {}
     ends = problem.iteration_ends
     if ends is None or not any(ends.unshard_memory):
-        return held
+        return held, chosen
     unit = memory_scale(problem)
     amount = memory_rounding(problem, unit)
     gathered = _unshards_through(problem)
     for device, stages in enumerate(problem.stages_of_device):
+        lane = []  # the device's re-gathers, one at a time
         for stage in (stage for stage in stages if ends.unshard_memory[stage]):
-            before = gathered[stage] - int(ends.unshard_times[stage])
+            size = amount(ends.unshard_memory[stage] * unit)
             for iteration in range(problem.iterations):
+                step_before = steps_done[device][iteration - 1] if iteration else 0
                 allocated = model.NewIntVar(0, horizon, f"gather_{stage}_{iteration}")
-                model.Add(allocated == (steps_done[device][iteration - 1] if iteration else 0) + before)
+                model.Add(allocated == step_before + gathered[stage] - int(ends.unshard_times[stage]))
                 released = model.NewIntVar(0, horizon, f"reshard_{stage}_{iteration}")
                 model.AddMaxEquality(released, _gradient_ends(problem, ops, stage, iteration))
-                size = model.NewIntVar(0, horizon, f"gathered_{stage}_{iteration}")
-                interval = model.NewIntervalVar(allocated, size, released, f"gathered_{stage}_{iteration}")
-                held[device].append(Lifetime(allocated, released, amount(ends.unshard_memory[stage] * unit),
-                                             interval, None))
-    return held
+                name = f"gathered_{stage}_{iteration}"
+                if not problem.reshard_matters:
+                    held[device].append(_lifetime(model, allocated, released, size, None, name, horizon))
+                    continue
+                regather = Op(REGATHER, stage, iteration * problem.num_microbatches)
+                literal, forwards_done = _regather(model, problem, ops, regather, step_before + gathered[stages[-1]],
+                                                   horizon)
+                chosen[regather] = literal
+                lane.append(ops[regather].interval)
+                held[device] += [_lifetime(model, allocated, released, size, literal.Not(), name, horizon),
+                                 _lifetime(model, allocated, forwards_done, size, literal, f"{name}_forwards", horizon),
+                                 _lifetime(model, ops[regather].start, released, size, literal, f"{name}_again",
+                                           horizon)]
+        model.AddNoOverlap(lane)
+    return held, chosen
+
+
+def _regather(model, problem: Problem, ops: dict[Op, OpVars], regather: Op, lane_free,
+              horizon: int) -> tuple[object, object]:
+    """A stage's optional re-gather in one iteration (its literal, and when the stage's last forward
+    of the iteration ends): on the all-gather lane from `lane_free` (the device's unshards done),
+    after those forwards, before the iteration's input gradients and recomputes on the stage."""
+    stage, iteration = regather.stage, regather.microbatch // problem.num_microbatches
+    literal = model.NewBoolVar(f"regather_{stage}_{iteration}")
+    duration = int(problem.iteration_ends.unshard_times[stage])
+    start = model.NewIntVar(0, max(0, horizon - duration), f"start_{regather}")
+    ops[regather] = OpVars(start, start + duration,
+                           model.NewOptionalFixedSizeIntervalVar(start, duration, literal, f"op_{regather}"))
+    microbatches = _iteration_microbatches(problem, stage, iteration)
+    forwards_done = model.NewIntVar(0, horizon, f"forwards_done_{stage}_{iteration}")
+    model.AddMaxEquality(forwards_done, [ops[Op(FORWARD, stage, j)].end for j in microbatches])
+    model.Add(start >= forwards_done).OnlyEnforceIf(literal)
+    model.Add(start >= lane_free).OnlyEnforceIf(literal)
+    for microbatch in microbatches:
+        for kind in (problem.input_gradient_kind, RECOMPUTE):
+            if Op(kind, stage, microbatch) in ops:
+                model.Add(ops[Op(kind, stage, microbatch)].start >= start + duration).OnlyEnforceIf(literal)
+    return literal, forwards_done
+
+
+def _lifetime(model, allocated, released, size: int, presence, name: str, horizon: int) -> Lifetime:
+    """Gathered parameters of `size` memory ticks held from `allocated` to `released` (while `presence`
+    holds, or always where it is None)."""
+    length = model.NewIntVar(0, horizon, f"held_{name}")
+    if presence is None:
+        interval = model.NewIntervalVar(allocated, length, released, name)
+    else:
+        interval = model.NewOptionalIntervalVar(allocated, length, released, presence, name)
+    return Lifetime(allocated, released, size, interval, presence)
 
 
 def _unshards_through(problem: Problem) -> list[int]:

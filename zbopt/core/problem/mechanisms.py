@@ -123,9 +123,12 @@ def iteration_ends(given: dict, stages: int, devices: int, flush: bool) -> dict:
     given. With several iterations each device's step is a flush (its next forwards wait for it),
     so they need `flush`."""
     normalized = {}
-    for key in ITERATION_END_KEYS:
+    for key in ITERATION_END_KEYS:  # allow_reshard is a switch, checked below
         per_item, count = (per_device, devices) if key == "optimizer_step_times" else (per_stage, stages)
         normalized[key] = None if given[key] is None else per_item(key, given[key], count, positive=False)
+    if given["allow_reshard"] and not (normalized["unshard_times"] and any(normalized["unshard_times"])):
+        raise ProblemError("allow_reshard", True, "needs unshard_times (FSDP's all-gather of a stage's parameters, "
+                                                  "which a re-gather repeats)")
     if not flush:
         key = next((key for key in ITERATION_END_KEYS if normalized[key] and any(normalized[key])), None)
         if key is not None:

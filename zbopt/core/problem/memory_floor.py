@@ -35,10 +35,14 @@ def _gathered(problem, stages, upto: int) -> float:
     """FSDP's gathered parameters (`unshard_memory`) a device holding `stages` has while one
     microbatch's op on stage `upto` runs: those of its stages up to `upto` on the same route. Their
     unshards come first, in stage order, and each one's last gradient op after that microbatch's
-    backward there, which follows the op. 0 without them."""
+    backward there, which follows the op. 0 without them; only `upto`'s own where a stage may be
+    resharded after its forwards (`allow_reshard`: an earlier stage done with its forwards may have
+    freed them)."""
     ends = problem.iteration_ends
     if ends is None:
         return 0.0
+    if problem.allow_reshard:
+        return ends.unshard_memory[upto]
     route = problem.route_of_stage(upto)
     return sum(ends.unshard_memory[s] for s in stages if s <= upto and problem.route_of_stage(s) == route)
 

@@ -187,6 +187,13 @@ PARAMETERS: tuple[Parameter, ...] = (
               "held from its unshard's start until the stage's last gradient op ends (RESHARD in zbopt's "
               "torch-comms-csv).",
               unit="memory"),
+    Parameter("allow_reshard", "switch", False, "iteration ends",
+              "FSDP: a schedule may free a stage's gathered parameters after its last forward and gather them "
+              "again (G) before its backwards (needs unshard_times)",
+              "FSDP's reshard_after_forward, per stage and iteration: a G op (\"3G8\": stage 3, the iteration "
+              "whose first microbatch is 8) listed after the stage's last forward runs on the device's all-gather "
+              "lane for unshard_times; the stage's input gradients (and recomputes) wait for it, and its "
+              "parameters are held from its start instead of from the last forward's end.", check=boolean),
 )
 
 

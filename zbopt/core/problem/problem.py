@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import textwrap
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -23,6 +22,7 @@ from zbopt.core.kinds import (
     FUSED_KINDS,
     OFFLOAD,
     RECOMPUTE,
+    REGATHER,
     RELOAD,
     SPLIT_KINDS,
     WEIGHT,
@@ -116,7 +116,8 @@ class Problem(_Parameters):
                                         normalized["forward_times"], normalized["activation_memory"]))
         normalized.update(offload(self.allow_offload, given["offload_times"], given["reload_times"],
                                   self.shared_host_link, stages))
-        normalized.update(iteration_ends({key: getattr(self, key) for key in ITERATION_END_KEYS}, stages, p,
+        normalized.update(iteration_ends({key: getattr(self, key) for key in (*ITERATION_END_KEYS, "allow_reshard")},
+                                         stages, p,
                                          self.flush or self.iterations == 1))
         normalized["overlap_times"] = overlap(self.overlap_times, self.weight_times is not None, p)
         normalized.update(microbatches.check_tokens(self.microbatch_tokens, self.attention_share,
@@ -138,12 +139,6 @@ class Problem(_Parameters):
         for entry in PARAMETERS:  # a list still as given (a row no mechanism expands) would make it unhashable
             object.__setattr__(self, entry.name, _frozen(getattr(self, entry.name)))
 
-    def overlap_cost(self, pair_kind: str, device: int) -> float | None:
-        """Deprecated: `problem.pairs.cost(pair_kind, device)` (None without pairs)."""
-        warnings.warn("Problem.overlap_cost is deprecated: use problem.pairs.cost(kind, device)", DeprecationWarning,
-                      stacklevel=2)
-        return None if self.pairs is None else self.pairs.cost(pair_kind, device)
-
     # ----------------------------------------------------------------- the optional mechanisms
     @cached_property
     def recomputation(self) -> Recomputation | None:
@@ -153,9 +148,7 @@ class Problem(_Parameters):
     @cached_property
     def offload(self) -> Offload | None:
         """The copies' durations and host links, or None where offload is not allowed."""
-        if not self.allow_offload:
-            return None
-        return Offload(self.offload_times, self.reload_times, self.shared_host_link)
+        return Offload(self.offload_times, self.reload_times, self.shared_host_link) if self.allow_offload else None
 
     @cached_property
     def pairs(self) -> OverlappedPairs | None:
@@ -171,9 +164,8 @@ class Problem(_Parameters):
     @cached_property
     def microbatch_sizes(self) -> MicrobatchSizes | None:
         """Each microbatch's tokens and the cost rule's values, or None where no tokens are given."""
-        if self.microbatch_tokens is None:
-            return None
-        return MicrobatchSizes(self.microbatch_tokens, self.attention_share, self.reference_tokens)
+        given = self.microbatch_tokens is not None
+        return MicrobatchSizes(self.microbatch_tokens, self.attention_share, self.reference_tokens) if given else None
 
     # ----------------------------------------------------------------- derived structure
     @property
@@ -240,14 +232,19 @@ class Problem(_Parameters):
 
     @property
     def recomputation_matters(self) -> bool:
-        """Recomputation is allowed and a memory limit could make it pay: without a limit a
-        recompute only adds work, and every fact about kept activations still holds."""
+        """Recomputation is allowed and a memory limit could make it pay (without one it only adds work)."""
         return self.recomputation is not None and self.memory_limit is not None
 
     @property
     def offload_matters(self) -> bool:
         """Offload is allowed and a memory limit could make it pay (without one, keeping is as fast)."""
         return self.offload is not None and self.memory_limit is not None
+
+    @property
+    def reshard_matters(self) -> bool:
+        """A stage may be resharded after its forwards and gathered again (`allow_reshard`), and a
+        memory limit could make it pay (without one, a re-gather only adds a wait)."""
+        return self.allow_reshard and self.memory_limit is not None and any(self.iteration_ends.unshard_memory)
 
     @property
     def mechanisms_matter(self) -> bool:
@@ -295,7 +292,10 @@ class Problem(_Parameters):
 
     def cost(self, kind: str, stage: int, microbatch: int | None = None) -> float:
         """Duration of one op of `kind` on virtual stage `stage`: the stage's value (the mean of
-        its microbatches where they differ), or `microbatch`'s own."""
+        its microbatches where they differ), or `microbatch`'s own; a re-gather's is its stage's
+        unshard."""
+        if kind == REGATHER:
+            return self.iteration_ends.unshard_times[stage]
         return self._value(_COST_KEYS[kind], stage, microbatch)
 
     def memory_delta(self, kind: str, stage: int, recomputed: bool = False, microbatch: int | None = None) -> float:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zbopt.core.kinds import FORWARD
+from zbopt.core.kinds import FORWARD, REGATHER
 from zbopt.core.ops import COMPUTE_LANE, OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows
@@ -67,12 +67,17 @@ class EndTimes:
 
     def releases(self, table: OpTable) -> np.ndarray:
         """Per op, the earliest start the ends allow: a forward of iteration k after its stage's
-        unshard of iteration k (after its device's step of iteration k - 1); 0 for other ops."""
+        unshard of iteration k (after its device's step of iteration k - 1), a re-gather (G) after
+        its device's unshards; 0 for other ops."""
+        problem = table.problem
         stage = np.asarray(table.stage)
+        last_stage = np.asarray([problem.stages_of_device[device][-1] for device in range(problem.num_devices)])
         iteration = np.asarray(table.iteration)
         unshard_end = np.asarray([[end for _, end in windows] for windows in self.unshard])
-        forward = np.asarray(table.kind) == FORWARD
-        return np.where(forward, unshard_end[iteration, stage], 0.0)
+        kind = np.asarray(table.kind)
+        released = np.where(kind == FORWARD, unshard_end[iteration, stage], 0.0)
+        regather = kind == REGATHER
+        return np.where(regather, unshard_end[iteration, last_stage[np.asarray(table.device)]], released)
 
 
 class EndWindow(NamedTuple):

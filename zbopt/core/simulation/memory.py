@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zbopt.core.ops import OpTable
+from zbopt.core.kinds import REGATHER
+from zbopt.core.ops import Op, OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.simulation.ends import EndTimes
 from zbopt.core.simulation.result import MemoryViolation
@@ -16,22 +17,18 @@ __all__ = ["memory_steps", "memory_violations"]
 
 def memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray, ends: EndTimes | None = None):
     """Per device, the memory step function (times, levels) from the alloc/free events (with FSDP,
-    each stage's gathered parameters from its unshard's start until its last gradient op ends,
-    `ends`, in every iteration); and per op, the level right after its own event (changes at one moment counted in the
-    steps' order)."""
+    each stage's gathered parameters, `_gathered_events`); and per op, the level right after its
+    own event (changes at one moment counted in the steps' order)."""
     device = np.asarray(table.device)
     delta = np.asarray(table.memory_delta)
     allocates = np.asarray(table.allocates_at_start)
     when = np.where(allocates, start, end)
     if ends is not None and any(problem.iteration_ends.unshard_memory):
-        held = problem.iteration_ends.unshard_memory
-        gathered = [stage for stage in range(problem.num_stages) if held[stage]] * problem.iterations
-        iterations = np.repeat(np.arange(problem.iterations), len(gathered) // problem.iterations)
-        device = np.concatenate((device, [problem.device_of(stage) for stage in gathered] * 2))
-        delta = np.concatenate((delta, [held[stage] for stage in gathered], [-held[stage] for stage in gathered]))
-        allocates = np.concatenate((allocates, [True] * len(gathered), [False] * len(gathered)))
-        when = np.concatenate((when, [ends.unshard[k][stage][0] for k, stage in zip(iterations, gathered, strict=True)],
-                               [ends.gradients_done[k][stage] for k, stage in zip(iterations, gathered, strict=True)]))
+        events = np.asarray(_gathered_events(problem, table, start, end, ends), dtype=float).reshape(-1, 4)
+        device = np.concatenate((device, events[:, 0].astype(np.int64)))
+        delta = np.concatenate((delta, events[:, 1]))
+        allocates = np.concatenate((allocates, events[:, 2].astype(bool)))
+        when = np.concatenate((when, events[:, 3]))
     # a free that ends within the time tolerance after an allocation starts counts as before it:
     # float noise (a period of 25/3 repeated) must not make two activations overlap
     settled = np.where(allocates, when, when - RELATIVE_TOLERANCE * np.maximum(1.0, np.abs(when)))
@@ -50,6 +47,27 @@ def memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.nd
         last_at_time = np.append(device_times[1:] != device_times[:-1], True)
         steps.append((device_times[last_at_time], device_levels[last_at_time]))
     return tuple(steps), after[:table.size]
+
+
+def _gathered_events(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray,
+                     ends: EndTimes) -> list[tuple[int, float, bool, float]]:
+    """FSDP's gathered parameters as (device, change, allocates, when) events: each stage's from its
+    unshard's start until its last gradient op ends, in every iteration; where the schedule gathers
+    them again (its G of that stage and iteration), freed when the stage's last forward ends and
+    held again from the G's start."""
+    held, m = problem.iteration_ends.unshard_memory, problem.num_microbatches
+    regathered = set(table.regathered)
+    events = []
+    for k in range(problem.iterations):
+        for stage in (stage for stage in range(problem.num_stages) if held[stage]):
+            device, amount = problem.device_of(stage), held[stage]
+            events.append((device, amount, True, ends.unshard[k][stage][0]))
+            if (stage, k * m) in regathered:
+                regather = table.index(Op(REGATHER, stage, k * m))
+                forwards_done = max(end[index] for index in table.same_device_inputs[regather])
+                events += [(device, -amount, False, forwards_done), (device, amount, True, start[regather])]
+            events.append((device, -amount, False, ends.gradients_done[k][stage]))
+    return events
 
 
 def memory_violations(problem: Problem, memory_steps) -> tuple[MemoryViolation, ...]:

@@ -1,11 +1,12 @@
 """A schedule as the simulator reads it: per device, the op numbers of its order (every op once, on
-its device), the activations it recomputes or offloads, and its overlapped pairs, each checked."""
+its device), the activations it recomputes or offloads, the stages it gathers again, and its
+overlapped pairs, each checked."""
 
 from __future__ import annotations
 
 from zbopt.core import interrupt
 from zbopt.core.errors import ScheduleError
-from zbopt.core.kinds import COPY_KINDS, PAIR_MEMBERS, RECOMPUTE
+from zbopt.core.kinds import COPY_KINDS, PAIR_MEMBERS, RECOMPUTE, REGATHER
 from zbopt.core.ops import OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule, pair_text
@@ -14,17 +15,20 @@ from zbopt.core.simulation.result import Pair
 __all__ = ["activation_choices", "index_orders", "overlapped_pairs"]
 
 
-def activation_choices(schedule: Schedule) -> tuple[frozenset, frozenset]:
+def activation_choices(schedule: Schedule) -> tuple[frozenset, frozenset, frozenset]:
     """The (stage, microbatch) pairs a schedule recomputes (those of its R ops) and offloads (of
-    its O or L ops: a missing partner is then reported missing)."""
-    recomputed, offloaded = set(), set()
+    its O or L ops: a missing partner is then reported missing), and the (stage, first microbatch
+    of an iteration) pairs it gathers again (its G ops)."""
+    recomputed, offloaded, regathered = set(), set(), set()
     for order in schedule.orders:
         for op in order:
             if op.kind == RECOMPUTE:
                 recomputed.add((op.stage, op.microbatch))
             elif op.kind in COPY_KINDS:
                 offloaded.add((op.stage, op.microbatch))
-    return frozenset(recomputed), frozenset(offloaded)
+            elif op.kind == REGATHER:
+                regathered.add((op.stage, op.microbatch))
+    return frozenset(recomputed), frozenset(offloaded), frozenset(regathered)
 
 
 def overlapped_pairs(problem: Problem, table: OpTable, schedule: Schedule, orders: list[list[int]]) -> tuple[Pair, ...]:

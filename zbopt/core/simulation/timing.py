@@ -7,7 +7,7 @@ import numpy as np
 
 from zbopt.core import interrupt
 from zbopt.core.errors import DeadlockError
-from zbopt.core.kinds import FORWARD, KINDS
+from zbopt.core.kinds import FORWARD, KINDS, REGATHER
 from zbopt.core.ops import COMPUTE_LANE, Op, OpTable
 from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.schedule import pair_text
@@ -28,7 +28,8 @@ def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
     none. A forward of stage s in iteration k + 1 waits for group s · barrier_count + k. Without
     the iteration's ends group g is fed by stage s's gradient ops of iteration k (the weight
     update); with them by every compute op of device d in iteration k (its optimizer step), g =
-    d · barrier_count + k."""
+    d · barrier_count + k; a re-gather (G) of iteration k + 1 waits for the group of its device's
+    last stage (its all-gather lane is free once that stage's unshard has ended)."""
     problem = table.problem
     waits = [-1] * table.size
     feeds = [-1] * table.size
@@ -45,6 +46,10 @@ def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
         for index, (device, lane, iteration) in enumerate(zip(table.device, table.lane, table.iteration, strict=True)):
             if lane == COMPUTE_LANE and iteration < boundaries:
                 feeds[index] = device * boundaries + iteration
+        for stage, microbatch in table.regathered:
+            if microbatch >= m:
+                last = problem.stages_of_device[problem.device_of(stage)][-1]
+                waits[table.index(Op(REGATHER, stage, microbatch))] = last * boundaries + microbatch // m - 1
     return waits, feeds, problem.num_stages * boundaries
 
 
@@ -92,7 +97,7 @@ class _Sweep:
         self._wait_for_releases(table)
         self.position = [0] * len(orders)  # per device, the place of its next op in its order
         self.free = [0.0] * len(orders)  # per device, when its compute lane is free
-        self.copy_free = [[0.0, 0.0, 0.0] for _ in orders]  # per device, when each copy lane is free
+        self.copy_free = [[0.0] * 4 for _ in orders]  # per device, when each lane beside compute is free
         self.waiting: dict[int, list[int]] = {}  # number in `end` -> devices waiting on it
         self.ready = list(range(len(orders) - 1, -1, -1))  # devices to advance, device 0 first
         self.pair_of = {pair.members[0]: pair for pair in pairs}

@@ -18,6 +18,7 @@ from tests.reference import mechanism_schedules
 from zbopt import (
     NotApplicableError,
     Problem,
+    Schedule,
     ScheduleError,
     ZboptError,
     generate,
@@ -26,6 +27,7 @@ from zbopt import (
     simulate,
     solve,
 )
+from zbopt.core.ops import Op
 from zbopt.interfaces.cli import main
 from zbopt.io.torch_format import (
     check_exportable,
@@ -740,3 +742,32 @@ def test_cli_checks_output_directories_before_any_work(tmp_path, capsys):
                  ("profile-torch", tmp_path / "missing.csv", "-o", tmp_path / "no" / "x.yaml")):
         status, out, err = run(capsys, *argv)
         assert (status, out) == (2, "") and err == f"zbopt: {argv[-2]} '{argv[-1]}': no such directory\n"
+
+
+def test_a_regather_is_lowered_to_a_reshard_after_the_last_forward_and_an_unshard_at_the_g(pipelining, tmp_path):
+    """Two chunks per device, each chunk 0 gathered again (G) after chunk 1's backwards: on each
+    rank RESHARD of chunk 0 right after its last forward, UNSHARD where its G starts, before its
+    first backward; the compute actions are the same schedule's without the G's; torch reads the
+    CSV back byte for byte. The compute-only CSV refuses the G, naming it."""
+    problem = Problem(num_devices=2, num_microbatches=2, chunks_per_device=2, forward_times=1, backward_times=1,
+                      weight_times=1, unshard_times=1, unshard_memory=2, allow_reshard=True)
+    orders = ["0F0 0F1 2F0 2F1 2B0 2W0 2B1 2W1 0G0 0B0 0W0 0B1 0W1",
+              "1F0 1F1 3F0 3F1 3B0 3W0 3B1 3W1 1G0 1B0 1W0 1B1 1W1"]
+    schedule = Schedule([[Op.from_str(text) for text in order.split()] for order in orders])
+    without = Schedule([[op for op in order if op.kind != "G"] for order in schedule.orders])
+    rows = torch_comms_actions(simulate(problem, schedule))
+    for rank, row in enumerate(rows):
+        chunk = str(rank)  # chunk 0 of rank d is stage d
+        between = row[row.index(f"{chunk}F1") + 1:row.index(f"{chunk}RESHARD")]
+        assert all("SEND" in cell for cell in between)  # right after its last forward (and the send of its output)
+        assert row.index(f"{chunk}UNSHARD", 2) < row.index(f"{chunk}I0")
+        assert [cell for cell in row if cell[-1].isdigit() and "SEND" not in cell and "RECV" not in cell] == \
+            torch_actions(problem, without)[rank]
+    with pytest.raises(ZboptError, match=r"has no re-gather, .* \(first 0G0\)"):
+        torch_csv(problem, schedule)
+    ours, theirs = tmp_path / "ours.csv", tmp_path / "theirs.csv"
+    ours.write_text(torch_comms_csv(simulate(problem, schedule)), newline="")
+    runtime = pipelining._PipelineScheduleRuntime(stand_in_stages(problem), problem.num_microbatches)
+    runtime._load_csv(str(ours), format="compute_comms")
+    runtime._dump_csv(str(theirs), format="compute_comms")
+    assert theirs.read_bytes() == ours.read_bytes()

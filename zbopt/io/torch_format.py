@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from zbopt.core.errors import ZboptError
-from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, WEIGHT
+from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, REGATHER, WEIGHT
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule, pair_text
@@ -83,13 +83,13 @@ def require_one_step_one_route(problem: Problem, what: str, reading: bool = Fals
                          "keys and values each reads from the slices before it; export it as zbopt JSON (.json)")
 
 
-def _checked_orders(problem: Problem, schedule: Schedule, what: str,
-                    pairs_allowed: bool = False) -> tuple[tuple[Op, ...], ...]:
+def _checked_orders(problem: Problem, schedule: Schedule, what: str, pairs_allowed: bool = False,
+                    regathers_allowed: bool = False) -> tuple[tuple[Op, ...], ...]:
     """Per device, its ops in the order a runtime must follow: the schedule's own, in which the
     simulator runs them (and checks given start times against). Simulating also rejects a broken
     schedule here, before anything is written; so does a recompute or an offload, which `what`
-    (the format) cannot express (dropping it would change the schedule), and an overlapped pair
-    unless `pairs_allowed`."""
+    (the format) cannot express (dropping it would change the schedule), an overlapped pair
+    unless `pairs_allowed` and a re-gather unless `regathers_allowed`."""
     simulation = simulate(problem, schedule)
     if simulation.pairs and not pairs_allowed:
         raise ZboptError(f"{what} has no overlapped pair, and the schedule has {len(simulation.pairs)} (first "
@@ -100,6 +100,10 @@ def _checked_orders(problem: Problem, schedule: Schedule, what: str,
         if pairs:
             raise ZboptError(f"{what} has no {action} action, and the schedule {verb} {len(pairs)} activation(s) "
                              f"(first {Op(kind, *pairs[0])}); export it as zbopt JSON (.json)")
+    if table.regathered and not regathers_allowed:
+        raise ZboptError(f"{what} has no re-gather, and the schedule gathers {len(table.regathered)} stage(s) again "
+                         f"(first {Op(REGATHER, *table.regathered[0])}); export it as --format torch-comms-csv "
+                         "(RESHARD and UNSHARD) or zbopt JSON (.json)")
     return schedule.orders
 
 
@@ -219,10 +223,12 @@ def torch_comms_actions(simulation: Simulation) -> list[list[str]]:
     UNSHARD first and, right after its last gradient op, its REDUCE_GRAD (where torch's
     `_add_reduce_grad` puts it) and RESHARD. Those three are listed whatever the problem models, as
     torch's own lowering of a compute-only CSV adds them: UNSHARD and RESHARD do nothing without
-    FSDP, and REDUCE_GRAD also scales the gradients by the microbatch count."""
+    FSDP, and REDUCE_GRAD also scales the gradients by the microbatch count. A stage the schedule
+    gathers again (its G) is also resharded right after its last forward and unsharded where
+    the G starts."""
     problem, schedule, table = simulation.problem, simulation.schedule, simulation.table
     require_one_step_one_route(problem, "a torch schedule CSV")
-    _checked_orders(problem, schedule, "a torch schedule CSV", pairs_allowed=True)
+    _checked_orders(problem, schedule, "a torch schedule CSV", pairs_allowed=True, regathers_allowed=True)
     start, end = simulation.start.tolist(), simulation.end.tolist()
     # per rank: (time, then sends, receives and compute at one moment, the order made, action)
     events: list[list[tuple[float, int, int, str]]] = [[] for _ in range(problem.num_devices)]
@@ -234,6 +240,11 @@ def torch_comms_actions(simulation: Simulation) -> list[list[str]]:
         for stage in stages:
             add(device, -math.inf, 0, f"{stage}UNSHARD")
         for item in schedule.items(device):
+            if item[0].kind == REGATHER:  # its forwards are done: free the parameters, gather them at the G
+                forwards_done = max(end[index] for index in table.same_device_inputs[table.index(item[0])])
+                add(device, forwards_done, 0, f"{item[0].stage}RESHARD")
+                add(device, start[table.index(item[0])], 2, f"{item[0].stage}UNSHARD")
+                continue
             add(device, start[table.index(item[0])], 2, _torch_cell(item))
             for op in item:
                 index = table.index(op)

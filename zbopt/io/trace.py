@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 
 from zbopt.core.kinds import KINDS
-from zbopt.core.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE
+from zbopt.core.ops import COMPUTE_LANE, GATHER_LANE, OFFLOAD_LANE, RELOAD_LANE
 from zbopt.core.problem import Problem
 from zbopt.core.problem.microbatches import tokens_of
 from zbopt.core.schedule import pair_text
@@ -43,10 +43,11 @@ TRACE_EXTENSION = ".trace.json"  # a trace is JSON too: .json alone names zbopt'
 MIN_TICKS_PER_UNIT = 1000  # one problem unit shows as at least a millisecond
 PAIR_TRACKS = (3, 4, 5)  # an overlapped pair's forward, then its backward's one or two ops
 COMMUNICATION_TRACK = 6  # the iteration's ends: unshards and gradient reductions
+GATHER_TRACK = 7  # re-gathers (G), FSDP's all-gather lane
 END_CATEGORIES = {"unshard": "unshard", "reduce": "gradient reduction", "step": "optimizer step"}
 TRACK_NAMES = {COMPUTE_LANE: "compute", OFFLOAD_LANE: "device-to-host", RELOAD_LANE: "host-to-device",
                **{track: f"pair member {place + 1}" for place, track in enumerate(PAIR_TRACKS)},
-               COMMUNICATION_TRACK: "communication"}
+               COMMUNICATION_TRACK: "communication", GATHER_TRACK: "all-gather"}
 TORCH_KIND_WORDS = {letter: KINDS[kind].word for kind, letter in TORCH_KIND.items()}  # torch's B is a full backward
 
 
@@ -99,7 +100,7 @@ def _schedule_events(simulation: Simulation, scale: int, *, first_pid: int = 1, 
         return round(float(time - origin) * scale)  # a Python float rounds to an int
 
     chunk_of = problem.chunk_of
-    track_of = list(table.lane)
+    track_of = [GATHER_TRACK if lane == GATHER_LANE else lane for lane in table.lane]
     for pair in simulation.pairs:
         for place, member in enumerate(pair.members):
             track_of[member] = PAIR_TRACKS[place]

@@ -25,6 +25,7 @@ from matplotlib.colors import to_hex
 from zbopt import __version__
 from zbopt.core.errors import ZboptError
 from zbopt.core.kinds import KINDS
+from zbopt.core.ops import GATHER_LANE
 from zbopt.core.problem.microbatches import tokens_of
 from zbopt.core.simulation import Simulation
 from zbopt.io.write import write_file
@@ -183,16 +184,18 @@ def schedule_data(simulation: Simulation) -> dict:
     stage, chunk, microbatch, start and end (from the first op's start), the memory its device
     holds after the op's allocation or release (`m`), its colour (an index into `palette`, the
     Gantt's colours), its lane (0 compute, 1 device-to-host, 2 host-to-device, 3 an overlapped
-    pair's member) and, for a pair's member, its place in the pair and the pair's size; per device
-    its memory steps; the limits, the makespan and each microbatch's tokens where given; the
-    iteration's ends where the problem has them (`_ends_data`)."""
+    pair's member, 4 a re-gather on the strip of the iteration's ends) and, for a pair's member,
+    its place in the pair and the pair's size; per device its memory steps; the limits, the
+    makespan and each microbatch's tokens where given; the iteration's ends where the problem has
+    them (`_ends_data`)."""
     problem, table = simulation.problem, simulation.table
     origin = simulation.origin
     chunk_of = problem.chunk_of
     ops = table.ops()
     kinds = list(dict.fromkeys(op.kind for op in ops))
     colours = list(dict.fromkeys((op.kind, chunk_of[op.stage]) for op in ops))
-    part, parts, lane = [0] * table.size, [1] * table.size, list(table.lane)
+    part, parts = [0] * table.size, [1] * table.size
+    lane = [COMMUNICATION_LANE if on == GATHER_LANE else on for on in table.lane]
     for pair in simulation.pairs:
         for place, member in enumerate(pair.members):
             part[member], parts[member], lane[member] = place, len(pair.members), PAIR_LANE

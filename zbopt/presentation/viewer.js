@@ -11,6 +11,7 @@ const LEFT = 70;       // px of device labels
 const RIGHT = 8;       // px of right margin
 const COPY_TOP = ROW - 7; // the copy lanes' strips: device-to-host at COPY_TOP, host-to-device 2 px below
 const COMMUNICATION = 4;  // the lane of the iteration's ends: a strip along the row's top edge
+const onStrip = (lane) => lane === 1 || lane === 2 || lane === COMMUNICATION;  // drawn thin, over compute
 
 async function unpack(element) {
   const bytes = Uint8Array.from(atob(element.textContent.trim()), (c) => c.charCodeAt(0));
@@ -78,6 +79,7 @@ class Viewer {
   band(index) {  // [top offset, height] of an op's box within its device row
     const { lane, part, parts } = this.data.ops;
     if (lane[index] === 1 || lane[index] === 2) return [COPY_TOP + 2 * (lane[index] - 1), 2];
+    if (lane[index] === COMMUNICATION) return [0, 3];  // a re-gather, on the strip of the unshards
     if (lane[index] === 3) return [2 + (part[index] * (ROW - 4)) / parts[index], (ROW - 4) / parts[index]];
     return [2, ROW - 4];
   }
@@ -94,10 +96,10 @@ class Viewer {
       context.fillRect(LEFT, top + 2, width - LEFT - RIGHT, ROW - 4);
       context.fillStyle = "#1a1a1a";
       context.fillText("device " + device, 4, top + ROW / 2 + 4);
-      for (const copies of [false, true]) {  // the copy lanes' strips last, over the compute boxes
+      for (const strips of [false, true]) {  // the strips last, over the compute boxes
         for (const index of this.byDevice[device]) {
-          const lane = ops.lane[index];  // 0 compute, 1 and 2 the copy lanes, 3 a pair's members
-          if ((lane === 1 || lane === 2) !== copies) continue;
+          const lane = ops.lane[index];  // 0 compute, 1 and 2 the copy lanes, 3 a pair's members, 4 a re-gather
+          if (onStrip(lane) !== strips) continue;
           const left = this.x(ops.t0[index], width), right = this.x(ops.t1[index], width);
           if (right < LEFT || left > width - RIGHT) continue;
           const [offset, size] = this.band(index);
@@ -183,15 +185,14 @@ class Viewer {
     const device = Math.floor(y / ROW);
     if (device < 0 || device >= this.data.devices) return null;
     const time = this.time(x, this.gantt.clientWidth), within = y - device * ROW, { t0, t1, lane } = this.data.ops;
-    const onCopies = within >= COPY_TOP - 1 && within < COPY_TOP + 4;
     let found = null;
     for (const index of this.byDevice[device]) {
       if (t0[index] > time) break;
       if (time >= t1[index]) continue;
-      const [offset, size] = this.band(index), copy = lane[index] === 1 || lane[index] === 2;
-      if (copy ? onCopies && within >= offset - 1 && within < offset + size + 1 : within >= offset && within < offset + size) {
+      const [offset, size] = this.band(index), strip = onStrip(lane[index]);
+      if (strip ? within >= offset - 1 && within < offset + size + 1 : within >= offset && within < offset + size) {
         found = index;
-        if (copy) break;  // a copy's strip lies over the compute box
+        if (strip) break;  // a strip lies over the compute box
       }
     }
     return found;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 
-from zbopt.core.kinds import BACKWARD, COPY_KINDS, FORWARD, FUSED_BACKWARD, WEIGHT
+from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, SIDE_KINDS, WEIGHT
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
@@ -74,14 +74,15 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str, t
                          pairs: tuple[tuple[Op, ...], ...] = ()) -> Schedule:
     """Per device, its compute ops ordered by their start times (a device computes one op at a
     time; the members of an overlapped pair in `pairs` start together, the forward first), each
-    copy (O, L) after the compute ops that ended by its start, where a runtime issues it
+    op beside compute (a copy O or L, a re-gather G) after the compute ops that ended by its
+    start, where a runtime issues it
     (`simulate`). `timed`: the schedule carries `starts`, which a wait for memory needs (a forward
     until an offload has freed room; the order alone starts it as soon as possible)."""
     compute: list[list[Op]] = [[] for _ in range(problem.num_devices)]
     copies: list[list[Op]] = [[] for _ in range(problem.num_devices)]
     place_in_pair = {op: place for members in pairs for place, op in enumerate(members)}
     for op in sorted(starts, key=lambda op: (starts[op], place_in_pair.get(op, 0))):
-        (copies if op.kind in COPY_KINDS else compute)[problem.device_of(op.stage)].append(op)
+        (copies if op.kind in SIDE_KINDS else compute)[problem.device_of(op.stage)].append(op)
     orders = []
     for ops, device_copies in zip(compute, copies, strict=True):
         ends = [starts[op] + problem.cost(op.kind, op.stage) for op in ops]

@@ -13,7 +13,7 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from zbopt.core.kinds import COPY_KINDS, RECOMPUTE
+from zbopt.core.kinds import COPY_KINDS, RECOMPUTE, REGATHER, SIDE_KINDS
 from zbopt.core.simulation import Simulation
 from zbopt.presentation.plot.style import (
     DPI,
@@ -50,9 +50,9 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
     the grey lane showing through. With `show_latency` (and a problem with p2p_time > 0), a thin
     line per cross-device dependency runs from the producer's end to the moment its data arrives
     on the consumer's device. Offloads (O) and reloads (L) run on two thin copy lanes under the
-    device's compute boxes; the iteration's ends (`Simulation.ends`) on a communication lane under
-    them, the optimizer step on the compute row. Writes PNG, SVG or PDF by the extension of `path`
-    when given.
+    device's compute boxes, re-gathers (G) on a thin all-gather lane; the iteration's ends
+    (`Simulation.ends`) on a communication lane under them, the optimizer step on the compute
+    row. Writes PNG, SVG or PDF by the extension of `path` when given.
 
     Returns the matplotlib Figure.
     """
@@ -72,7 +72,7 @@ def plot_gantt(simulation: Simulation, path: str | Path | None = None, *, title:
                                 f"{simulation.bubble_rate:.1%}, ZB bubble {simulation.zb_bubble_rate:.1%}"):
         axes.set_title(heading, fontsize=10, wrap=True)
     _freeze_layout(figure)
-    step = _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in COPY_KINDS}, v)
+    step = _label_boxes(axes, {key: value for key, value in boxes.items() if key[0] not in SIDE_KINDS}, v)
     if step > 1:
         numbered = range(0, problem.total_microbatches, step)
         axes.set_xlabel(f"time (numbered: microbatches {', '.join(map(str, numbered[:3]))}"
@@ -141,7 +141,9 @@ def _draw_ends(axes, simulation: Simulation) -> list:
         if boxes:
             axes.add_collection(PolyCollection(boxes, facecolors=palette().ends[name], edgecolors="white",
                                                linewidths=0.4, zorder=2, gid=f"ends-{name}"))
-            handles.append(Patch(facecolor=palette().ends[name], label=END_NAMES[name]))
+            regathers = name == "unshard" and simulation.table.regathered  # one key: both are FSDP's all-gathers
+            handles.append(Patch(facecolor=palette().ends[name], label="unshard, G (FSDP all-gather)" if regathers
+                                 else END_NAMES[name]))
     return handles
 
 
@@ -185,9 +187,10 @@ def _box(begin: float, width: float, center: float, height: float) -> list[tuple
 def _row(simulation: Simulation, kind: str) -> tuple[float, float]:
     """(offset from its device's row centre, height) of a box of `kind` (an op kind, or
     COMMUNICATION): compute boxes fill the row unless thin lanes go below them, one per copy
-    direction where the schedule offloads and one for the iteration's ends where the problem has
-    them, LANE_PITCH apart."""
-    lanes = [*(COPY_KINDS if simulation.table.offloaded else ()), *((COMMUNICATION,) if simulation.ends else ())]
+    direction where the schedule offloads, one for its re-gathers (the all-gather lane) and one
+    for the iteration's ends where the problem has them, LANE_PITCH apart."""
+    lanes = [*(COPY_KINDS if simulation.table.offloaded else ()), *((REGATHER,) if simulation.table.regathered else ()),
+             *((COMMUNICATION,) if simulation.ends else ())]
     if not lanes:
         return 0.0, BOX_HEIGHT
     top, compute = -BOX_HEIGHT / 2, BOX_HEIGHT - LANE_PITCH * len(lanes)

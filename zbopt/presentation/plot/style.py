@@ -19,7 +19,7 @@ from matplotlib.colors import to_rgb
 from matplotlib.patches import Patch
 
 from zbopt.core.errors import ZboptError
-from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
+from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, REGATHER, RELOAD, WEIGHT
 from zbopt.core.simulation import Simulation
 from zbopt.io.write import write_file
 
@@ -51,14 +51,14 @@ class Palette:
 
 SCREEN_PALETTE = Palette(
     kinds={FORWARD: "#3b6fb6", BACKWARD: "#e8862a", WEIGHT: "#3a9a4a", FUSED_BACKWARD: "#8b5bb3",
-           RECOMPUTE: "#3b6fb6", OFFLOAD: "#2a9d8f", RELOAD: "#c9a227"},
+           RECOMPUTE: "#3b6fb6", OFFLOAD: "#2a9d8f", RELOAD: "#c9a227", REGATHER: "#95a5a6"},
     lane="#ececec", latency="#333333", memory="#3b6fb6", limit="#c0392b", bar="#5b84b1", frontier="#3b6fb6",
     heuristic="#b03a2e", ends={"unshard": "#95a5a6", "reduce": "#117864", "step": "#34495e"})
 # Okabe and Ito's palette ("Color Universal Design", 2008): its colours stay apart under every common
 # colour-vision deficiency; the screen palette's B and L merge under deuteranopia, its F and BW nearly
 PAPER_PALETTE = Palette(
     kinds={FORWARD: "#0072b2", BACKWARD: "#e69f00", WEIGHT: "#009e73", FUSED_BACKWARD: "#cc79a7",
-           RECOMPUTE: "#0072b2", OFFLOAD: "#56b4e9", RELOAD: "#d55e00"},
+           RECOMPUTE: "#0072b2", OFFLOAD: "#56b4e9", RELOAD: "#d55e00", REGATHER: "#f0e442"},
     lane="#ebebeb", latency="#000000", memory="#0072b2", limit="#d55e00", bar="#0072b2", frontier="#0072b2",
     heuristic="#d55e00", ends={"unshard": "#f0e442", "reduce": "#000000", "step": "#999999"})
 

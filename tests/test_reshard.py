@@ -67,8 +67,12 @@ def test_given_start_times_are_verified_against_the_lane_and_the_issue():
     timed = Schedule(_orders("0F0 0G0 1F0 1B0 1W0 0B0 0W0").orders, [[1.0, 2.0, 2.0, 3.0, 4.0, 5.0, 6.0]])
     assert simulate(problem, timed).makespan == 7.0
     early = Schedule(timed.orders, [[1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0]])
-    with pytest.raises(ScheduleError, match=r"0G0 starts at 1.5, before"):
+    with pytest.raises(ScheduleError, match=r"0G0 starts at 1.5, before 0F0 \(listed before it\) ends at 2"):
         simulate(problem, early)
+    slow = problem.replace(unshard_times=[1, 3])  # stage 1's unshard 1-4 holds the lane
+    with pytest.raises(ScheduleError, match=r"0G0 starts at 2, before its device's unshards \(its all-gather "
+                                            r"lane\) ends at 4"):
+        simulate(slow, Schedule(timed.orders, [[1.0, 2.0, 4.0, 5.0, 6.0, 7.0, 8.0]]))
 
 
 def test_the_messages_name_the_regather():

@@ -29,7 +29,7 @@ from typing import NamedTuple
 from zbopt.core.errors import ScheduleError, shorten
 from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, REGATHER, RELOAD, WEIGHT
 from zbopt.core.problem import Problem
-from zbopt.core.problem.mechanisms import unshard_windows
+from zbopt.core.problem.mechanisms import unshard_windows, unshards_done
 from zbopt.core.problem.slices import neighbour
 
 __all__ = ["COMPUTE_LANE", "GATHER_LANE", "LANE_OF_KIND", "OFFLOAD_LANE", "RELOAD_LANE", "Op", "OpTable", "op_table"]
@@ -206,22 +206,19 @@ class OpTable:
     @cached_property
     def release(self) -> list[float]:
         """Per op, the earliest start the iteration's ends allow before any op has run: a forward
-        waits for its stage's FSDP unshard (`mechanisms.unshard_windows`); 0 for every other op and
-        without unshards. A later iteration's forwards wait longer, for their device's step before
-        and the unshard after it, which depend on the times (`simulation.ends`)."""
+        waits for its stage's FSDP unshard (`mechanisms.unshard_windows`), a first iteration's
+        re-gather for its device's (`mechanisms.unshards_done`); 0 for every other op and without
+        unshards. A later iteration's forwards and re-gathers wait longer, for their device's step
+        before and the unshards after it, which depend on the times (`simulation.ends`)."""
         ends = self.problem.iteration_ends
         if ends is None or not any(ends.unshard_times):
             return [0.0] * self.size
         windows = unshard_windows(self.problem)
-        lane_free = [windows[stages[-1]][1] for stages in self.problem.stages_of_device]  # a re-gather after them
-
-        def release(kind: str, stage: int) -> float:
-            return windows[stage][1] if kind == FORWARD else lane_free[self.problem.device_of(stage)]
-
-        released = self._per_op(lambda kind, stage: release(kind, stage) if kind in (FORWARD, REGATHER) else 0.0)
-        for k, (kind, (_, microbatch)) in enumerate(self._optional):
-            if kind == REGATHER and microbatch >= self.problem.num_microbatches:
-                released[self.core_size + k] = 0.0  # a later iteration's: after its device's step (`simulation.ends`)
+        released = self._per_op(lambda kind, stage: windows[stage][1] if kind == FORWARD else 0.0)
+        lane_free = unshards_done(self.problem)
+        for k, (kind, (stage, microbatch)) in enumerate(self._optional):
+            if kind == REGATHER and microbatch < self.problem.num_microbatches:
+                released[self.core_size + k] = lane_free[self.problem.device_of(stage)]
         return released
 
     @cached_property

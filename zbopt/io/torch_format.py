@@ -39,7 +39,7 @@ from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule, pair_text
 from zbopt.core.simulation import Simulation, simulate
-from zbopt.core.simulation.ends import gradient_ends
+from zbopt.core.simulation.ends import forwards_done, gradient_ends
 from zbopt.io.write import write_file
 
 __all__ = ["MEGATRON_FORMAT", "MEGATRON_VERSION", "TORCH_FORWARD", "TORCH_FULL_BACKWARD", "TORCH_INPUT_BACKWARD",
@@ -241,8 +241,7 @@ def torch_comms_actions(simulation: Simulation) -> list[list[str]]:
             add(device, -math.inf, 0, f"{stage}UNSHARD")
         for item in schedule.items(device):
             if item[0].kind == REGATHER:  # its forwards are done: free the parameters, gather them at the G
-                forwards_done = max(end[index] for index in table.same_device_inputs[table.index(item[0])])
-                add(device, forwards_done, 0, f"{item[0].stage}RESHARD")
+                add(device, forwards_done(table, end, table.index(item[0])), 0, f"{item[0].stage}RESHARD")
                 add(device, start[table.index(item[0])], 2, f"{item[0].stage}UNSHARD")
                 continue
             add(device, start[table.index(item[0])], 2, _torch_cell(item))

@@ -27,9 +27,10 @@ from zbopt.core.errors import NotApplicableError
 from zbopt.core.kinds import COPY_KINDS, FORWARD, FUSED_BACKWARD, OFFLOAD, RELOAD, WEIGHT
 from zbopt.core.ops import Op, OpTable
 from zbopt.core.problem import Problem
+from zbopt.core.problem.mechanisms import unshards_done
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import activation_choices, simulate
-from zbopt.core.simulation.ends import device_ends, gathered_memory, unshards_done
+from zbopt.core.simulation.ends import device_ends, gathered_memory
 from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import backward_ops, schedule_from_starts
 from zbopt.schedules.registry import generate, register, require

@@ -31,8 +31,8 @@ import numpy as np
 from zbopt.core.dag import device_work, earliest_finish, op_graph
 from zbopt.core.ops import op_table
 from zbopt.core.problem import Problem
-from zbopt.core.problem.mechanisms import unshard_windows
-from zbopt.core.simulation.ends import device_ends, gradient_ends, unshards_done
+from zbopt.core.problem.mechanisms import unshard_windows, unshards_done
+from zbopt.core.simulation.ends import device_ends, gradient_ends
 from zbopt.solvers.implied import heads_and_tails
 from zbopt.solvers.sequencing import device_sequencing, jackson_preemptive
 from zbopt.solvers.span_bound import device_span

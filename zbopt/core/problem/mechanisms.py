@@ -30,6 +30,8 @@ __all__ = [
     "overlap",
     "recomputation",
     "split_backward",
+    "unshard_windows",
+    "unshards_done",
 ]
 
 DEFAULT_WEIGHT_MEMORY_FRACTION = 0.5
@@ -160,6 +162,16 @@ def unshard_windows(problem, begin: tuple[float, ...] | None = None) -> tuple[tu
             windows[stage] = (free, free + times[stage])
             free += times[stage]
     return tuple(windows)
+
+
+def unshards_done(problem, begin: tuple[float, ...] | None = None) -> tuple[float, ...]:
+    """Per device, when all its unshards have ended, started at `begin` (0 without unshards, or
+    `begin`): a plan that times its own ops may start a device's compute there and meet every
+    forward's unshard, and a re-gather may start on the device's all-gather lane."""
+    if problem.iteration_ends is None:
+        return begin or (0.0,) * problem.num_devices
+    windows = unshard_windows(problem, begin)
+    return tuple(windows[stages[-1]][1] for stages in problem.stages_of_device)
 
 
 def split_backward(weight_times, weight_memory, activation_memory: tuple[float, ...]) -> dict:

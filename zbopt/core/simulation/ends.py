@@ -26,10 +26,10 @@ import numpy as np
 from zbopt.core.kinds import FORWARD, REGATHER
 from zbopt.core.ops import COMPUTE_LANE, OpTable
 from zbopt.core.problem import Problem
-from zbopt.core.problem.mechanisms import unshard_windows
+from zbopt.core.problem.mechanisms import unshard_windows, unshards_done
 
-__all__ = ["DeviceEnds", "EndTimes", "EndWindow", "device_ends", "end_times", "gathered_memory", "gradient_ends",
-           "unshards_done"]
+__all__ = ["DeviceEnds", "EndTimes", "EndWindow", "device_ends", "end_times", "forwards_done", "gathered_memory",
+           "gradient_ends"]
 
 
 @dataclass(frozen=True)
@@ -113,16 +113,6 @@ def device_ends(problem: Problem, device: int, stream_free: float, compute_done:
     return DeviceEnds(reduce, (begin, begin + ends.step_times[device]))
 
 
-def unshards_done(problem: Problem, begin: tuple[float, ...] | None = None) -> tuple[float, ...]:
-    """Per device, when all its unshards have ended, started at `begin` (0 without unshards, or
-    `begin`): a plan that times its own ops may start a device's compute there and meet every
-    forward's unshard."""
-    if problem.iteration_ends is None:
-        return begin or (0.0,) * problem.num_devices
-    windows = unshard_windows(problem, begin)
-    return tuple(windows[stages[-1]][1] for stages in problem.stages_of_device)
-
-
 def gathered_memory(problem: Problem) -> tuple[float, ...]:
     """Per device, its stages' gathered parameters together (0 without FSDP): what a plan built op
     by op counts as held throughout (they are freed only at each stage's last gradient op)."""
@@ -156,6 +146,12 @@ def end_times(problem: Problem, table: OpTable, end: np.ndarray) -> EndTimes:
         step.append(tuple(step_k))
         steps_done = tuple(finish for _, finish in step_k)
     return EndTimes(tuple(unshard), tuple(reduce), tuple(step), tuple(tuple(times) for times in ready))
+
+
+def forwards_done(table: OpTable, end, regather: int) -> float:
+    """When the forwards of a re-gather's stage and iteration have all ended, for ops ending at
+    `end` (`regather`: the G's op number): where the stage's parameters are freed before it."""
+    return max(end[index] for index in table.same_device_inputs[regather])
 
 
 def gradient_ends(problem: Problem, table: OpTable, end: np.ndarray) -> list[float]:

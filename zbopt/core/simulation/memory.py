@@ -8,7 +8,7 @@ import numpy as np
 from zbopt.core.kinds import REGATHER
 from zbopt.core.ops import Op, OpTable
 from zbopt.core.problem import Problem
-from zbopt.core.simulation.ends import EndTimes
+from zbopt.core.simulation.ends import EndTimes, forwards_done
 from zbopt.core.simulation.result import MemoryViolation
 from zbopt.core.tolerance import RELATIVE_TOLERANCE, memory_ceiling
 
@@ -64,8 +64,8 @@ def _gathered_events(problem: Problem, table: OpTable, start: np.ndarray, end: n
             events.append((device, amount, True, ends.unshard[k][stage][0]))
             if (stage, k * m) in regathered:
                 regather = table.index(Op(REGATHER, stage, k * m))
-                forwards_done = max(end[index] for index in table.same_device_inputs[regather])
-                events += [(device, -amount, False, forwards_done), (device, amount, True, start[regather])]
+                events += [(device, -amount, False, forwards_done(table, end, regather)),
+                           (device, amount, True, start[regather])]
             events.append((device, -amount, False, ends.gradients_done[k][stage]))
     return events
 

@@ -9,9 +9,9 @@ from zbopt.core import interrupt
 from zbopt.core.errors import DeadlockError
 from zbopt.core.kinds import FORWARD, KINDS, REGATHER
 from zbopt.core.ops import COMPUTE_LANE, Op, OpTable
-from zbopt.core.problem.mechanisms import unshard_windows
+from zbopt.core.problem.mechanisms import unshard_windows, unshards_done
 from zbopt.core.schedule import pair_text
-from zbopt.core.simulation.ends import device_ends, unshards_done
+from zbopt.core.simulation.ends import device_ends
 from zbopt.core.simulation.result import Pair
 
 __all__ = ["barrier_groups", "same_device_input_name", "time_orders"]

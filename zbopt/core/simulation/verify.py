@@ -8,6 +8,7 @@ from itertools import pairwise
 import numpy as np
 
 from zbopt.core.errors import ScheduleError
+from zbopt.core.kinds import REGATHER
 from zbopt.core.ops import COMPUTE_LANE, OFFLOAD_LANE, RELOAD_LANE, OpTable
 from zbopt.core.schedule import pair_text
 from zbopt.core.simulation.ends import end_times
@@ -85,7 +86,8 @@ def _check_inputs(table: OpTable, start: np.ndarray, end: np.ndarray, pair_of: n
                 f"(device {table.device[source]}) ends at {end[source]:g}{latency}"
             )
         if start[index] < release[index] - tolerance:
-            after = ("its stage's unshard (FSDP's all-gather)" if any(table.problem.iteration_ends.unshard_times)
+            after = ("its device's unshards (its all-gather lane)" if op.kind == REGATHER else
+                     "its stage's unshard (FSDP's all-gather)" if any(table.problem.iteration_ends.unshard_times)
                      else "its device's optimizer step")
             raise ScheduleError(f"{op} starts at {start[index]:g}, before {after} ends at {release[index]:g}")
         raise ScheduleError(f"{op} starts at {start[index]:g}, before its stage's weight update at {ready[index]:g}")

@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from tests.reference import device_linear_extensions
-from zbopt import DeadlockError, Problem, ProblemError, Schedule, ScheduleError, simulate, solve
+from zbopt import DeadlockError, Problem, ProblemError, Schedule, ScheduleError, compare, simulate, solve
 from zbopt.core.ops import Op
+from zbopt.schedules.regathers import PLACES, regathered
 from zbopt.solvers.bounds import lower_bounds
+from zbopt.solvers.warm import best_heuristic
 
 # one device, two chunks (stages 0 and 1), one microbatch; each stage's parameters take 3 and 1 to gather
 TWO_CHUNKS = dict(num_devices=1, num_microbatches=1, chunks_per_device=2, forward_times=1, backward_times=1,
@@ -159,3 +161,54 @@ def test_the_optimum_regathers_only_where_memory_makes_it_pay():
     assert (tight.simulation.iteration_time, loose.simulation.iteration_time) == (8.0, 7.0)
     assert (tight.simulation.table.regathered, loose.simulation.table.regathered) == (((0, 0),), ())
     assert np.all(np.asarray(tight.simulation.peak_memory) <= 7.0)
+
+
+def test_the_regathered_variant_lists_a_g_latest_or_hidden_behind_compute():
+    """Breadth first on one device (stage 0's forward, then stage 1's pass, then stage 0's
+    backward): latest lists stage 0's G right before its B (the first test's order: 8, peak 7);
+    hidden behind stage 1's W (its 1 covers the gather of 1), which brings the memory back while
+    stage 1's activation half is still held: peak 7.5, over a limit of 7. Stage 1's forward and
+    backward are adjacent: no G for it."""
+    problem = Problem(**TWO_CHUNKS, allow_reshard=True, memory_limit=7)
+    breadth_first = _orders("0F0 1F0 1B0 1W0 0B0 0W0")
+    latest, hidden = (regathered(problem, breadth_first, place) for place in PLACES)
+    assert latest.orders == _orders("0F0 1F0 1B0 1W0 0G0 0B0 0W0").orders
+    assert hidden.orders == _orders("0F0 1F0 1B0 0G0 1W0 0B0 0W0").orders
+    assert (simulate(problem, latest).iteration_time, _peak(simulate(problem, latest))) == (8.0, 7.0)
+    assert _peak(simulate(problem, hidden)) == 7.5
+
+
+def test_the_variant_adds_nothing_where_no_regather_can_pay():
+    """No limit, the switch off, or a stage's backward right after its last forward: None."""
+    breadth_first = _orders("0F0 1F0 1B0 1W0 0B0 0W0")
+    assert regathered(Problem(**TWO_CHUNKS, allow_reshard=True), breadth_first, "latest") is None
+    assert regathered(Problem(**TWO_CHUNKS, memory_limit=8), breadth_first, "latest") is None
+    depth_first = _orders("0F0 0B0 0W0 1F0 1B0 1W0")  # not a valid order, but no stage has room
+    assert regathered(Problem(**TWO_CHUNKS, allow_reshard=True, memory_limit=7), depth_first, "latest") is None
+
+
+def test_the_variant_names_each_iterations_g_by_its_first_microbatch():
+    problem = Problem(**TWO_CHUNKS, allow_reshard=True, memory_limit=7, iterations=2, optimizer_step_times=1)
+    twice = _orders("0F0 1F0 1B0 1W0 0B0 0W0 0F1 1F1 1B1 1W1 0B1 0W1")
+    latest = regathered(problem, twice, "latest")
+    assert [op for op in latest.orders[0] if op.kind == "G"] == [Op("G", 0, 0), Op("G", 0, 1)]
+    assert simulate(problem, latest).valid
+
+
+def test_compare_shows_the_regathered_row_where_it_fits_the_limit():
+    """At limit 7 every breadth-first order keeps both stages' parameters (8) and breaks it; its
+    re-gathered row fits, at the optimum's 8."""
+    problem = Problem(**TWO_CHUNKS, allow_reshard=True, memory_limit=7)
+    table = compare(problem, ["looped-bfs"], optimal=True, time_limit=10)
+    rows = {row.name: row for row in table.rows}
+    assert not rows["looped-bfs"].simulation.valid
+    assert rows["looped-bfs (re-gathered)"].simulation.valid
+    assert rows["looped-bfs (re-gathered)"].iteration_time == rows["cpsat"].iteration_time == 8.0
+
+
+def test_the_warm_start_takes_a_regathered_heuristic_where_no_plain_one_fits():
+    """At limit 7 every heuristic keeps both stages' parameters through stage 1's forward (8): the
+    solver's start is a re-gathered one, at the optimum's 8."""
+    name, simulation = best_heuristic(Problem(**TWO_CHUNKS, allow_reshard=True, memory_limit=7))
+    assert name.endswith("(re-gathered)")
+    assert (simulation.valid, simulation.iteration_time) == (True, 8.0)

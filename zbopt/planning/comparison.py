@@ -21,6 +21,7 @@ from zbopt.core.wiring import Shown, dataframe
 from zbopt.schedules import TORCH_PREFIX, get, named_schedule, registered
 from zbopt.schedules.ordering import Order
 from zbopt.schedules.reductions import reductions_in_turn
+from zbopt.schedules.regathers import PLACES, regathered
 from zbopt.solvers import SolveResult, lower_bounds, solve
 from zbopt.solvers.api import HEURISTICS_CUTOFF, HEURISTICS_SHARE
 from zbopt.solvers.gap import gap_text, relative_gap
@@ -229,6 +230,7 @@ def _compared(problem: Problem, schedules: Sequence[str] | None, optimal: bool, 
     if order is None and not problem.microbatches_equal and problem.sequence_slices == 1:  # slices keep theirs
         simulations += _best_orders(problem, simulations, deadline)
     simulations += _reductions_in_turn(problem, simulations, deadline)
+    simulations += _regathered(problem, simulations, deadline)
     stop = None
     if optimal:
         best = best_of(simulation for _, simulation, _ in simulations if simulation.valid)
@@ -305,6 +307,25 @@ def _reductions_in_turn(problem: Problem, simulations: list, deadline: float = m
         shorter = simulation.iteration_time < given.iteration_time * (1 - RELATIVE_TOLERANCE)
         if simulation.valid >= given.valid and shorter:
             rows.append((f"{name} (reductions in turn)", simulation, None))
+    return rows
+
+
+def _regathered(problem: Problem, simulations: list, deadline: float = math.inf) -> list:
+    """[("NAME (re-gathered)", simulation, None)] per row that FSDP's reshard after forward
+    (`schedules.regathers.regathered`, the better of its places) brings within the memory limit
+    or, within it, to a shorter iteration: the variant's worth; none started after `deadline`."""
+    rows = []
+    for name, given, _ in simulations:
+        best = (not given.valid, given.iteration_time * (1 - RELATIVE_TOLERANCE), None)  # better, not a rounding
+        for place in PLACES:
+            if interrupt.past(deadline):
+                return rows
+            variant = regathered(problem, given.schedule, place)
+            simulation = None if variant is None else simulate(problem, variant)
+            if simulation is not None and simulation.valid:
+                best = min(best, (False, simulation.iteration_time, simulation), key=lambda item: item[:2])
+        if best[2] is not None:
+            rows.append((f"{name} (re-gathered)", best[2], None))
     return rows
 
 

@@ -14,6 +14,7 @@ from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import Simulation, simulate
 from zbopt.schedules import generate, registered
 from zbopt.schedules.ordering import Order
+from zbopt.schedules.regathers import PLACES, regathered
 from zbopt.solvers.answer import objective_value
 from zbopt.solvers.gap import meets
 
@@ -60,7 +61,9 @@ def _candidates(problem: Problem, orders: list):
     """(registered name, order label or None, a call building it) in registry order, each
     heuristic in each of `orders` ((label, rule or permutation), or None: as numbered) where
     microbatches differ (and are not a sequence's slices, which enter together), as numbered
-    otherwise, each in every build of `_builds`."""
+    otherwise, each in every build of `_builds`; where re-gathers may pay, each build also
+    re-gathered (`schedules.regathers`), as `compare` shows it, so that no row of its table beats
+    the solver's start."""
     if problem.microbatches_equal or problem.sequence_slices > 1:
         orders = orders[:1] if orders[0] is None else orders
     planned = planning_problem(problem) if problem.per_microbatch is not None else None
@@ -69,6 +72,9 @@ def _candidates(problem: Problem, orders: list):
         for entry in registered():
             for build in _builds(entry.name, problem, rule, planned):
                 yield entry.name, label, build
+                if problem.reshard_matters:
+                    for place in PLACES:
+                        yield f"{entry.name} (re-gathered)", label, partial(_regathered, build, problem, place)
 
 
 def _builds(name: str, problem: Problem, order: Order, planned: Problem | None) -> list:
@@ -80,6 +86,14 @@ def _builds(name: str, problem: Problem, order: Order, planned: Problem | None) 
     if planned is not None and not (isinstance(order, str) and order not in SORTED_RULES):
         builds.append(partial(_built, name, planned, sorted_order(problem, order) if isinstance(order, str) else order))
     return builds
+
+
+def _regathered(build, problem: Problem, place: str) -> Schedule:
+    """The heuristic `build` makes, re-gathered at `place`; NotApplicableError where that adds no G."""
+    variant = regathered(problem, build(), place)
+    if variant is None:
+        raise NotApplicableError("no stage's order leaves room for a re-gather")
+    return variant
 
 
 def _named(name: str, problem: Problem, order: Order) -> Simulation:

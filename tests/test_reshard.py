@@ -12,7 +12,9 @@ import pytest
 from tests.reference import device_linear_extensions
 from zbopt import DeadlockError, Problem, ProblemError, Schedule, ScheduleError, compare, simulate, solve
 from zbopt.core.ops import Op
+from zbopt.schedules import generate
 from zbopt.schedules.regathers import PLACES, regathered
+from zbopt.schedules.registry import get
 from zbopt.solvers.bounds import lower_bounds
 from zbopt.solvers.warm import best_heuristic
 
@@ -91,12 +93,18 @@ def test_the_messages_name_the_regather():
         Problem(**{**TWO_CHUNKS, "unshard_times": None}, allow_reshard=True)
 
 
-def test_the_memory_floor_counts_only_the_stages_own_parameters():
+def test_the_memory_floor_counts_what_no_regather_can_have_freed():
     """Without resharding, stage 1's forward runs with both stages' parameters and both activations:
-    8 (a limit of 7 is refused, naming them); with it, stage 0's may be freed by then: 2 + 3 = 5."""
+    8 (a limit of 7 is refused, naming them). With it, stage 0's may be freed by then (2 + 3 = 5),
+    but not before the device's first forward: both unshards have started by its start (0-1 and
+    1-2, the forward from 1), so 3 + 3 and its activation 1: 7, where brute force finds a schedule
+    (8, with a G); below it a limit is refused."""
     with pytest.raises(ProblemError, match=r"gathered parameters .*\(8\)"):
         Problem(**TWO_CHUNKS, memory_limit=7)
-    assert Problem(**TWO_CHUNKS, allow_reshard=True).min_memory_limit == (5.0,)
+    assert Problem(**TWO_CHUNKS, allow_reshard=True).min_memory_limit == (7.0,)
+    assert regather_optimum(Problem(**TWO_CHUNKS, allow_reshard=True, memory_limit=7)) == 8.0
+    with pytest.raises(ProblemError, match=r"memory_limit = 6.5: device 0 must hold"):
+        Problem(**TWO_CHUNKS, allow_reshard=True, memory_limit=6.5)
 
 
 def _regather_orders(problem: Problem, device: int):
@@ -212,3 +220,41 @@ def test_the_warm_start_takes_a_regathered_heuristic_where_no_plain_one_fits():
     name, simulation = best_heuristic(Problem(**TWO_CHUNKS, allow_reshard=True, memory_limit=7))
     assert name.endswith("(re-gathered)")
     assert (simulation.valid, simulation.iteration_time) == (True, 8.0)
+
+
+def test_costs_that_are_no_whole_ticks_still_give_a_valid_answer_with_a_regather():
+    """Thirds and sevenths: unshards 0-1/3 and 1/3-16/21, F on stage 0 1/3-2/3, on stage 1 from
+    16/21 (its unshard) for 2/7, B 1/7, W 1/3 (to 32/21); the G only then (at 1B0's end stage 1's
+    parameters and half an activation are still held: 7.5 with it), 1/3, then B 2/3 and W 1/3:
+    20/7. Rounded to nearest ticks the model's order broke the real costs (a forward listed before
+    another that really ended later); ticks now round up where re-gathers matter."""
+    problem = Problem(**{**TWO_CHUNKS, "forward_times": [1 / 3, 2 / 7], "backward_times": [2 / 3, 1 / 7],
+                         "weight_times": 1 / 3, "unshard_times": [1 / 3, 3 / 7]}, allow_reshard=True, memory_limit=7)
+    result = solve(problem, time_limit=10)
+    assert result.simulation.valid and result.simulation.table.regathered == ((0, 0),)
+    assert result.simulation.iteration_time == pytest.approx(20 / 7)
+
+
+def test_the_variant_leaves_timed_schedules_and_shared_host_links_alone():
+    """PipeOffload's start times are part of it (which copy goes first on the shared link): a G
+    would move them, and its orders alone clash there. No variant of it; compare's table (which
+    raised on the clash) stands, its best row at the independent lower bound (26, device load)."""
+    problem = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, forward_times=1, backward_times=1,
+                      weight_times=1, unshard_times=1, unshard_memory=2, allow_offload=True, offload_times=1,
+                      shared_host_link=True, allow_reshard=True, memory_limit=8)
+    assert regathered(problem, generate("pipeoffload", problem), "latest") is None
+    table = compare(problem)
+    best = min(row.iteration_time for row in table.rows if row.simulation.valid)
+    assert best == table.lower_bound == 26.0
+
+
+def test_the_serial_fallbacks_promise_what_they_hold_with_the_parameters_kept():
+    """Serial-offload lists no G: with three chunks its last stage's forward runs with all three
+    stages' parameters (3 each) and one activation, 10, which its registered bound says; the
+    floor with re-gathers allowed is lower (its first forward's 1 + 3 + 3 = 7)."""
+    problem = Problem(num_devices=2, num_microbatches=4, chunks_per_device=3, forward_times=1, backward_times=1,
+                      weight_times=1, unshard_times=1, unshard_memory=3, allow_offload=True, offload_times=1,
+                      allow_reshard=True, memory_limit=12)
+    assert get("serial-offload").peak_memory_bound(problem) == (10.0, 10.0)
+    assert simulate(problem, generate("serial-offload", problem)).peak_memory == (10.0, 10.0)
+    assert problem.min_memory_limit == (7.0, 7.0)

@@ -60,11 +60,12 @@ def tick_scale(problem: Problem) -> TickScale:
     # rounding: every op and latency on a chain is off by <= half a tick (recomputes and copies are ops
     # too), or by < one tick where mechanisms round up (`tick_problem`)
     copies = int(problem.recomputation is not None) + 2 * int(problem.offload is not None)  # R; O and L
-    ops = problem.num_ops + problem.num_activations * copies
+    ops = problem.num_ops + problem.num_activations * copies + problem.num_stages * problem.iterations * \
+        problem.allow_reshard  # a G per stage and iteration
     chain = 2 * ops / problem.num_devices + 2 * problem.num_stages
     if problem.iteration_ends is not None:  # a device's unshards and reductions, then its step
         chain += 2 * problem.chunks_per_device + 1
-    per_op = 1.0 if problem.mechanisms_matter else 0.5
+    per_op = 1.0 if _rounded_up(problem) else 0.5
     return TickScale(scale, False, per_op * chain / scale)
 
 
@@ -126,11 +127,18 @@ def tick_problem(problem: Problem, scale: TickScale) -> Problem:
     """The problem with every cost and the latency in whole ticks (at least one per op, and per
     latency when there is one: a latency rounded to nothing would let an answer break it).
 
-    Where recomputation or offload matter, rounded up: an answer may wait for memory (a forward
-    until an offload has freed room), which only its times say, and the model's times stay valid
-    for the real costs only if no op really ends later than in the model."""
-    whole = (lambda ticks: math.ceil(ticks - 1e-9)) if problem.mechanisms_matter else round
+    Where recomputation, offload or re-gathers matter (`_rounded_up`), rounded up: an answer may
+    wait for memory (a forward until an offload has freed room, a G until its stage's activations
+    have gone), which only its times say, and the model's times stay valid for the real costs only
+    if no op really ends later than in the model."""
+    whole = (lambda ticks: math.ceil(ticks - 1e-9)) if _rounded_up(problem) else round
     return scaled_costs(problem, lambda value: max(1, whole(value * scale.ticks_per_unit)))
+
+
+def _rounded_up(problem: Problem) -> bool:
+    """Whether a model's ticks round every cost up (`tick_problem`): where an answer's times, not
+    its orders alone, keep it within memory."""
+    return problem.mechanisms_matter or problem.reshard_matters
 
 
 TIME_KEYS = tuple(key for key in TABLE_KEYS if key.endswith("_times"))  # the costs that may differ by microbatch

@@ -12,8 +12,8 @@ from zbopt.core.schedule import Schedule
 from zbopt.schedules.registry import require
 
 __all__ = ["alternate_passes", "backward_ops", "block_memory", "chunk_activations", "input_gradient",
-           "iteration_microbatches", "passes_to_schedule", "repeat_per_iteration", "require_two_ways",
-           "require_v_shape", "schedule_from_starts"]
+           "iteration_microbatches", "parameters_kept", "passes_to_schedule", "repeat_per_iteration",
+           "require_two_ways", "require_v_shape", "schedule_from_starts"]
 
 
 def backward_ops(problem: Problem, stage: int, microbatch: int) -> list[Op]:
@@ -96,6 +96,13 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str, t
         orders.append(order + ops[placed:])
     times = [[starts[op] for op in order] for order in orders] if timed else None
     return Schedule(orders, times, name=name, pairs=pairs)
+
+
+def parameters_kept(problem: Problem) -> Problem:
+    """The problem without re-gathers (`allow_reshard` off, the limit set aside, which may be below
+    its floor then): what a generator that lists no G holds, FSDP's parameters from their unshard to
+    their stage's last gradient op; its floors are the ones such a generator can promise."""
+    return problem.replace(allow_reshard=False, memory_limit=None) if problem.allow_reshard else problem
 
 
 def require_v_shape(problem: Problem, name: str) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from itertools import groupby
 
-from zbopt.core.kinds import FORWARD, RECOMPUTE, REGATHER, SIDE_KINDS
+from zbopt.core.kinds import COPY_KINDS, FORWARD, RECOMPUTE, REGATHER, SIDE_KINDS
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
@@ -29,14 +29,17 @@ PLACES = ("latest", "hidden")  # right before the stage's first backward; behind
 def regathered(problem: Problem, schedule: Schedule, place: str) -> Schedule | None:
     """`schedule`'s orders with a G for every stage and iteration whose forwards all come before its
     first input gradient (or recompute) on its device, with compute between them to free the
-    parameters over, listed as `place` says (PLACES; given start times dropped: the simulator
-    times the new orders); None where that adds none (re-gathers not allowed, no gathered
-    parameters, no memory limit to pay for them, no such stage, or G's listed already), or for
-    overlapped pairs (a pair's backward would wait on a G listed inside it)."""
+    parameters over, listed as `place` says (PLACES; the simulator times the new orders). None
+    where that adds none (re-gathers not allowed, no gathered parameters, no memory limit to pay
+    for them, no such stage, or G's listed already), for overlapped pairs (a pair's backward would
+    wait on a G listed inside it), for a schedule with start times (they are part of it: a wait
+    for memory, which copy goes first on a shared host link; a G would move them) and for copies
+    on a shared host link (the order alone does not say which goes first: moved, two may clash)."""
     if place not in PLACES:
         raise ValueError(f"place {place!r}: expected one of {PLACES}")
-    if not problem.reshard_matters or schedule.pairs or any(op.kind == REGATHER for order in schedule.orders
-                                                            for op in order):
+    shared = problem.offload is not None and problem.offload.shared_host_link
+    if not problem.reshard_matters or schedule.pairs or schedule.start_times is not None or \
+            any(op.kind == REGATHER or (shared and op.kind in COPY_KINDS) for order in schedule.orders for op in order):
         return None
     m = problem.num_microbatches
     orders = []

@@ -1,5 +1,5 @@
 """A backend's answer on its way to the user: read through the one simulator, checked against the
-model's own value, and rid of the recomputes and offloads it does not need."""
+model's own value, and rid of the recomputes, offloads and re-gathers it does not need."""
 
 from __future__ import annotations
 

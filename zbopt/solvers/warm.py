@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from functools import partial
+from functools import cache, partial
 
 from zbopt.core import interrupt
 from zbopt.core.errors import NotApplicableError, ProblemError, ZboptError
@@ -71,6 +71,7 @@ def _candidates(problem: Problem, orders: list):
         label, rule = (None, None) if order is None else order
         for entry in registered():
             for build in _builds(entry.name, problem, rule, planned):
+                build = cache(build)  # built once for its re-gathered variants too
                 yield entry.name, label, build
                 if problem.reshard_matters:
                     for place in PLACES:

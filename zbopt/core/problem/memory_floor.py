@@ -7,6 +7,7 @@ Each function takes a `Problem` (whose cached attributes of the same names call 
 from __future__ import annotations
 
 from zbopt.core.errors import ProblemError
+from zbopt.core.problem.mechanisms import unshard_windows
 
 __all__ = ["check_memory_limit", "min_memory_limit", "one_microbatch_memory", "recomputation_floor"]
 
@@ -28,7 +29,26 @@ def _largest(problem, floor) -> tuple[float, ...]:
 
     firsts = sorted(set(problem.microbatch_classes)) if slices == 1 else range(0, problem.num_microbatches, slices)
     floors = [floor(values(j, "activation_memory"), values(j, "checkpoint_memory")) for j in firsts]
+    if problem.allow_reshard:
+        floors.append(_gathered_by_the_first_forward(problem))
     return tuple(max(device) for device in zip(*floors, strict=True))
+
+
+def _gathered_by_the_first_forward(problem) -> tuple[float, ...]:
+    """Per device, what it holds when its first forward starts, where stages may be resharded
+    (`allow_reshard`, which lets `_gathered` count a stage's own only): that forward's activation
+    (the smallest any microbatch has there) and the gathered parameters of every stage whose unshard
+    has started by then. The unshards run back to back from time 0 in stage order and a forward on
+    stage s starts after s's has ended; no stage is resharded before the device's first forward."""
+    windows = unshard_windows(problem)
+    held = problem.iteration_ends.unshard_memory
+    rows = (problem.per_microbatch or {}).get("activation_memory")
+
+    def smallest(stage: int) -> float:
+        return min(rows[stage]) if rows is not None else problem.activation_memory[stage]
+
+    return tuple(min(smallest(s) + sum(held[e] for e in stages if windows[e][0] <= windows[s][1]) for s in stages)
+                 for stages in problem.stages_of_device)
 
 
 def _gathered(problem, stages, upto: int) -> float:
@@ -37,7 +57,7 @@ def _gathered(problem, stages, upto: int) -> float:
     unshards come first, in stage order, and each one's last gradient op after that microbatch's
     backward there, which follows the op. 0 without them; only `upto`'s own where a stage may be
     resharded after its forwards (`allow_reshard`: an earlier stage done with its forwards may have
-    freed them)."""
+    freed them; `_gathered_by_the_first_forward` counts what none can have freed yet)."""
     ends = problem.iteration_ends
     if ends is None:
         return 0.0

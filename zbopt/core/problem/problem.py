@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import textwrap
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -52,7 +53,7 @@ __all__ = ["PerStage", "Problem"]
 PerStage = float | Sequence[float]
 _COST_KEYS = {FORWARD: "forward_times", BACKWARD: "backward_times", WEIGHT: "weight_times",
               FUSED_BACKWARD: "backward_times", RECOMPUTE: "recompute_times", OFFLOAD: "offload_times",
-              RELOAD: "reload_times"}  # where each kind's duration per virtual stage is
+              RELOAD: "reload_times", REGATHER: "unshard_times"}  # where each kind's duration per stage is
 
 
 _ANNOTATIONS = {"count": int, "switch": bool, "choice": str, "number": float | None, "per stage": PerStage | None,
@@ -117,8 +118,7 @@ class Problem(_Parameters):
         normalized.update(offload(self.allow_offload, given["offload_times"], given["reload_times"],
                                   self.shared_host_link, stages))
         normalized.update(iteration_ends({key: getattr(self, key) for key in (*ITERATION_END_KEYS, "allow_reshard")},
-                                         stages, p,
-                                         self.flush or self.iterations == 1))
+                                         stages, p, self.flush or self.iterations == 1))
         normalized["overlap_times"] = overlap(self.overlap_times, self.weight_times is not None, p)
         normalized.update(microbatches.check_tokens(self.microbatch_tokens, self.attention_share,
                                                     self.reference_tokens, stages, self.num_microbatches, tables,
@@ -138,6 +138,12 @@ class Problem(_Parameters):
             memory_floor.check_memory_limit(self)
         for entry in PARAMETERS:  # a list still as given (a row no mechanism expands) would make it unhashable
             object.__setattr__(self, entry.name, _frozen(getattr(self, entry.name)))
+
+    def overlap_cost(self, pair_kind: str, device: int) -> float | None:
+        """Deprecated: `problem.pairs.cost(pair_kind, device)` (None without pairs)."""
+        warnings.warn("Problem.overlap_cost is deprecated: use problem.pairs.cost(kind, device)", DeprecationWarning,
+                      stacklevel=2)
+        return None if self.pairs is None else self.pairs.cost(pair_kind, device)
 
     # ----------------------------------------------------------------- the optional mechanisms
     @cached_property
@@ -215,8 +221,7 @@ class Problem(_Parameters):
     @property
     def kinds(self) -> tuple[str, ...]:
         """The op kinds every schedule of this problem runs for each stage and microbatch: F, B, W
-        (split) or F, BW (fused). A recompute R, or an offload O and reload L, are optional (per
-        recomputed or offloaded activation)."""
+        (split) or F, BW (fused); R, O and L (per activation) and G (per stage) are optional."""
         return SPLIT_KINDS if self.split_backward else FUSED_KINDS
 
     @property
@@ -242,8 +247,7 @@ class Problem(_Parameters):
 
     @property
     def reshard_matters(self) -> bool:
-        """A stage may be resharded after its forwards and gathered again (`allow_reshard`), and a
-        memory limit could make it pay (without one, a re-gather only adds a wait)."""
+        """Re-gathers are allowed (`allow_reshard`) and a memory limit could make them pay (else a G only waits)."""
         return self.allow_reshard and self.memory_limit is not None and any(self.iteration_ends.unshard_memory)
 
     @property
@@ -285,17 +289,13 @@ class Problem(_Parameters):
         return tuple(stage // self.num_devices for stage in range(self.num_stages))
 
     def _value(self, key: str, stage: int, microbatch: int | None) -> float:
-        """`key`'s value on `stage`: the stage's (microbatch None), or that microbatch's."""
-        if microbatch is None or self.per_microbatch is None:
-            return getattr(self, key)[stage]
-        return self.per_microbatch[key][stage][microbatch % self.num_microbatches]
+        """`key`'s value on `stage`: the stage's (microbatch None, or a key without rows), or that microbatch's."""
+        rows = None if microbatch is None or self.per_microbatch is None else self.per_microbatch.get(key)
+        return getattr(self, key)[stage] if rows is None else rows[stage][microbatch % self.num_microbatches]
 
     def cost(self, kind: str, stage: int, microbatch: int | None = None) -> float:
         """Duration of one op of `kind` on virtual stage `stage`: the stage's value (the mean of
-        its microbatches where they differ), or `microbatch`'s own; a re-gather's is its stage's
-        unshard."""
-        if kind == REGATHER:
-            return self.iteration_ends.unshard_times[stage]
+        its microbatches where they differ), or `microbatch`'s own (a re-gather's: its unshard's)."""
         return self._value(_COST_KEYS[kind], stage, microbatch)
 
     def memory_delta(self, kind: str, stage: int, recomputed: bool = False, microbatch: int | None = None) -> float:

@@ -420,3 +420,102 @@ def assert_cpsat_proves(problem: Problem, expected: float) -> None:
     assert result.status == "optimal"
     assert abs(result.objective - expected) <= 1e-9 * max(1.0, expected), (result.objective, expected)
     assert result.lower_bound <= expected + 1e-9
+
+
+def timed_search_with_gradients(problem: Problem) -> float:
+    """The least iteration time of a one-iteration problem whose ends are reductions, steps and
+    gradients held until their reduction (`gradient_memory`; no unshards, no recomputation or
+    offload), over every timed schedule within the memory limit, waits included: at every moment
+    something ends, every way of starting ready ops on the free compute lanes. Spelled out from the
+    documented semantics: a stage's gradients are taken when its first gradient op (W, or BW)
+    starts and given back when its reduction ends; each device's stream runs its reductions one
+    at a time, each once its stage's last gradient op has ended, earliest ready first (the lower
+    stage at a tie), as soon as it can; the step follows the device's compute and reductions.
+
+    Exact for integer costs and latency: memory rises only when an op starts, and in a schedule
+    with the least starts for its order of events every op starts at 0 or when an op or a
+    reduction ends (plus latency), the moments tried. For tiny problems only."""
+    import itertools
+    import math
+
+    ends = problem.iteration_ends
+    assert problem.iterations == 1 and not any(ends.unshard_times) and not any(ends.unshard_memory)
+    assert problem.recomputation is None and problem.offload is None
+    graph = op_graph(problem)
+    ops = sorted(graph)
+    device_of = {op: graph.nodes[op]["device"] for op in ops}
+    cost = {op: graph.nodes[op]["duration"] for op in ops}
+    needs = {op: [(pred, data["latency"]) for pred, _, data in graph.in_edges(op, data=True)] for op in ops}
+    delta = {op: problem.memory_delta(op.kind, op.stage, microbatch=op.microbatch) for op in ops}
+    gradient_ops = {stage: [op for op in ops if op.kind == problem.gradient_kind and op.stage == stage]
+                    for stage in range(problem.num_stages)}
+    limits = [math.inf] * problem.num_devices if problem.memory_limit is None else list(problem.memory_limit)
+    latency = max((lag for links in needs.values() for _, lag in links), default=0.0)
+
+    def reductions(end, now):
+        """stage -> (start, end) of each reduction whose stage's gradient ops have all ended by `now`."""
+        windows = {}
+        for stages in problem.stages_of_device:
+            ready = {stage: max(end[op] for op in gradient_ops[stage]) for stage in stages
+                     if all(op in end and end[op] <= now for op in gradient_ops[stage])}
+            free = 0.0
+            for stage in sorted(ready, key=lambda s: (ready[s], s)):
+                begin = max(free, ready[stage])
+                windows[stage] = (begin, free := begin + ends.reduce_times[stage])
+        return windows
+
+    def level(end, now, windows):
+        held = [0.0] * problem.num_devices
+        for op, finish in end.items():
+            held[device_of[op]] += delta[op] if (delta[op] > 0 or finish <= now) else 0.0
+        for stage, gradients in enumerate(ends.gradient_memory):
+            if any(op in end for op in gradient_ops[stage]) and not (stage in windows and windows[stage][1] <= now):
+                held[problem.device_of(stage)] += gradients
+        return held
+
+    def iteration(end):
+        windows = reductions(end, math.inf)
+        return max(max([end[op] for op in ops if device_of[op] == device]
+                       + [windows[stage][1] for stage in stages]) + ends.step_times[device]
+                   for device, stages in enumerate(problem.stages_of_device))
+
+    seen = set()
+
+    def visit(now, end, best):
+        if len(end) == len(ops):
+            return min(best, iteration(end))
+        windows = reductions(end, now)
+        key = (now, frozenset(end), frozenset((op, e - now) for op, e in end.items() if e > now - latency),
+               frozenset((stage, finish - now) for stage, (_, finish) in windows.items() if finish > now))
+        left = [sum(cost[op] for op in ops if op not in end and device_of[op] == d) for d in range(problem.num_devices)]
+        if key in seen or now + max(left) >= best:
+            return best
+        seen.add(key)
+        held = level(end, now, windows)
+        busy = {device_of[op] for op, finish in end.items() if finish > now}
+        ready = {}
+        for op in ops:
+            if op not in end and device_of[op] not in busy and \
+                    all(pred in end and end[pred] + lag <= now for pred, lag in needs[op]):
+                ready.setdefault(device_of[op], []).append(op)
+        for picks in itertools.product(*[[*choices, None] for choices in ready.values()]):
+            started = [op for op in picks if op is not None]
+            taken = list(held)
+            for op in started:
+                taken[device_of[op]] += max(delta[op], 0.0)
+                if op.kind == problem.gradient_kind and not any(other in end for other in gradient_ops[op.stage]):
+                    taken[device_of[op]] += ends.gradient_memory[op.stage]
+            if any(taken[d] > limits[d] + 1e-9 for d in range(problem.num_devices)):
+                continue
+            new_end = {**end, **{op: now + cost[op] for op in started}}
+            moments = {finish + lag for op in ops for pred, lag in needs[op]
+                       if (finish := new_end.get(pred)) is not None}
+            moments |= set(new_end.values()) | {finish for _, finish in reductions(new_end, math.inf).values()}
+            later = [moment for moment in moments if moment > now]
+            if later:
+                best = visit(min(later), new_end, best)
+            elif len(new_end) == len(ops):
+                best = visit(now, new_end, best)
+        return best
+
+    return visit(0.0, {}, math.inf)

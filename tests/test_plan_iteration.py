@@ -147,6 +147,7 @@ def test_fsdp_shards_everything_and_gathers_each_stages_weights_before_its_first
     gradients = (0.25 + 2 * 2.0, 3 * 2.0 + 1.0)
     weights = tuple(g / 4 * 2 for g in gradients)  # bf16 weights of g / 4 G parameters
     assert problem.unshard_memory == pytest.approx(weights)
+    assert problem.gradient_memory == pytest.approx(gradients)  # unsharded until their reduce-scatter
     assert problem.unshard_times == pytest.approx(tuple(3 / 4 * w / 500 * 1e3 + 3 * 0.05 for w in weights))
     assert problem.grad_reduce_times == pytest.approx(tuple(3 / 4 * g / 500 * 1e3 + 3 * 0.05 for g in gradients))
     assert problem.optimizer_step_times == pytest.approx(tuple(g / 4 * 30 / 4 / 1875 * 1e3 for g in gradients))

@@ -27,7 +27,7 @@ from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 from zbopt.core.errors import ScheduleError, shorten
-from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, REGATHER, RELOAD, WEIGHT
+from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, KINDS, OFFLOAD, RECOMPUTE, REGATHER, RELOAD
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows, unshards_done
 from zbopt.core.problem.slices import neighbour
@@ -321,16 +321,11 @@ class OpTable:
         """Weight-update barriers per stage: iterations - 1 with a flush, none without."""
         return self.problem.iterations - 1 if self.problem.flush else 0
 
-    @property
-    def gradient_kind(self) -> str:
-        """The op that finishes a stage's weight gradient: W when split, BW when fused."""
-        return WEIGHT if self.problem.split_backward else FUSED_BACKWARD
-
     def iteration_barrier(self, stage: int, iteration: int) -> range:
         """Indices of the gradient ops of `stage` in `iteration`: the next iteration's forwards on
         that stage wait for all of them."""
         m = self.problem.num_microbatches
-        first = self.index(Op(self.gradient_kind, stage, iteration * m))
+        first = self.index(Op(self.problem.gradient_kind, stage, iteration * m))
         return range(first, first + m)
 
 

@@ -11,7 +11,7 @@ from zbopt.core.tolerance import RELATIVE_TOLERANCE, memory_ceiling
 
 __all__ = ["LIFETIMES_PER_ACTIVATION", "MAX_TICKS_PER_OP", "TIME_KEYS", "TickScale", "ceil_ticks", "cost_values",
            "memory_capacity", "memory_rounding", "memory_scale", "scaled_costs", "tick_problem", "tick_scale",
-           "whole_at"]
+           "waits_matter", "whole_at"]
 
 MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
 WHOLE_EXPONENTS = 6  # the powers of ten tried to make memory amounts whole (1 to 1e6)
@@ -65,7 +65,7 @@ def tick_scale(problem: Problem) -> TickScale:
     chain = 2 * ops / problem.num_devices + 2 * problem.num_stages
     if problem.iteration_ends is not None:  # a device's unshards and reductions, then its step
         chain += 2 * problem.chunks_per_device + 1
-    per_op = 1.0 if _rounded_up(problem) else 0.5
+    per_op = 1.0 if waits_matter(problem) else 0.5
     return TickScale(scale, False, per_op * chain / scale)
 
 
@@ -73,7 +73,8 @@ def _memory_amounts(problem: Problem) -> list[float]:
     """Every memory amount and limit the problem has, each microbatch's where they differ."""
     rows = problem.per_microbatch or {}
     checkpoints = problem.recomputation.checkpoint_memory if problem.recomputation else ()
-    gathered = problem.iteration_ends.unshard_memory if problem.iteration_ends else ()
+    ends = problem.iteration_ends
+    gathered = (*ends.unshard_memory, *ends.gradient_memory) if ends else ()
     amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *checkpoints, *gathered,
                *(problem.memory_limit or ())]
     return amounts + [value for key in ("activation_memory", "weight_memory", "checkpoint_memory")
@@ -127,18 +128,22 @@ def tick_problem(problem: Problem, scale: TickScale) -> Problem:
     """The problem with every cost and the latency in whole ticks (at least one per op, and per
     latency when there is one: a latency rounded to nothing would let an answer break it).
 
-    Where recomputation, offload or re-gathers matter (`_rounded_up`), rounded up: an answer may
-    wait for memory (a forward until an offload has freed room, a G until its stage's activations
-    have gone), which only its times say, and the model's times stay valid for the real costs only
-    if no op really ends later than in the model."""
-    whole = (lambda ticks: math.ceil(ticks - 1e-9)) if _rounded_up(problem) else round
+    Where waits matter (`waits_matter`), rounded up: an answer may wait for memory (a forward
+    until an offload or a reduction has freed room, a G until its stage's activations have gone),
+    which only its times say, and the model's times stay valid for the real costs only if no op
+    really ends later than in the model."""
+    whole = (lambda ticks: math.ceil(ticks - 1e-9)) if waits_matter(problem) else round
     return scaled_costs(problem, lambda value: max(1, whole(value * scale.ticks_per_unit)))
 
 
-def _rounded_up(problem: Problem) -> bool:
-    """Whether a model's ticks round every cost up (`tick_problem`): where an answer's times, not
-    its orders alone, keep it within memory."""
-    return problem.mechanisms_matter or problem.reshard_matters
+def waits_matter(problem: Problem) -> bool:
+    """Whether an answer's times, not its orders alone, keep it within memory: where waiting can
+    lower a peak under a limit (recomputation, offload, re-gathers, or gradients held until their
+    reduction: an op held back until a reduction has freed room). A model's ticks then round every
+    cost up (`tick_problem`), and its answer keeps its own times."""
+    ends = problem.iteration_ends
+    gradients = problem.memory_limit is not None and ends is not None and any(ends.gradient_memory)
+    return problem.mechanisms_matter or problem.reshard_matters or gradients
 
 
 TIME_KEYS = tuple(key for key in TABLE_KEYS if key.endswith("_times"))  # the costs that may differ by microbatch

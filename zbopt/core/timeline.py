@@ -30,7 +30,10 @@ class Timeline:
     `append(op)` runs an op next on its device, as early as the device and its dependency allow,
     as `simulate` does for an order; `put(op, start)` records an op at a chosen start, for plans
     that fill gaps. `ready(op)` is when an op's input arrives, `held[d]` the memory device d holds
-    after the ops appended to it, `orders` the appended ops per device.
+    after the ops appended to it (with FSDP, its stages' gathered parameters throughout and each
+    one's unsharded gradients from its first gradient op on: every forward of a route leads to
+    each of its stages' last gradient op, so none follows a reduction), `orders` the appended ops
+    per device.
 
     >>> from zbopt import Problem
     >>> timeline = Timeline(Problem(num_devices=2, num_microbatches=1, forward_times=1, backward_times=2,
@@ -44,7 +47,8 @@ class Timeline:
         self.table = op_table(problem)
         self.start: list[float | None] = [None] * self.table.size
         self.free = [0.0] * problem.num_devices
-        self.held = list(gathered_memory(problem))  # FSDP's gathered parameters, held throughout
+        self.held = list(gathered_memory(problem))
+        self.gradients = list(problem.iteration_ends.gradient_memory) if problem.iteration_ends else None
         self.orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
 
     def start_of(self, op: Op) -> float | None:
@@ -82,6 +86,9 @@ class Timeline:
         self.start[index] = start
         self.free[device] = start + self.table.duration[index]
         self.held[device] += self.table.memory_delta[index]
+        if self.gradients is not None and op.kind == self.problem.gradient_kind:
+            self.held[device] += self.gradients[op.stage]  # taken at the stage's first gradient op
+            self.gradients[op.stage] = 0.0
         self.orders[device].append(op)
         return start
 

@@ -11,9 +11,20 @@ from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
 from zbopt.schedules.registry import require
 
-__all__ = ["alternate_passes", "backward_ops", "block_memory", "chunk_activations", "input_gradient",
-           "iteration_microbatches", "parameters_kept", "passes_to_schedule", "repeat_per_iteration",
-           "require_two_ways", "require_v_shape", "schedule_from_starts"]
+__all__ = [
+    "alternate_passes",
+    "backward_ops",
+    "block_memory",
+    "chunk_activations",
+    "input_gradient",
+    "iteration_microbatches",
+    "passes_to_schedule",
+    "repeat_per_iteration",
+    "require_two_ways",
+    "require_v_shape",
+    "schedule_from_starts",
+    "serial_peak",
+]
 
 
 def backward_ops(problem: Problem, stage: int, microbatch: int) -> list[Op]:
@@ -98,11 +109,19 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str, t
     return Schedule(orders, times, name=name, pairs=pairs)
 
 
-def parameters_kept(problem: Problem) -> Problem:
-    """The problem without re-gathers (`allow_reshard` off, the limit set aside, which may be below
-    its floor then): what a generator that lists no G holds, FSDP's parameters from their unshard to
-    their stage's last gradient op; its floors are the ones such a generator can promise."""
-    return problem.replace(allow_reshard=False, memory_limit=None) if problem.allow_reshard else problem
+def serial_peak(problem: Problem, floor: str) -> tuple[float, ...]:
+    """Per device, the peak a generator that runs one microbatch at a time and lists no G promises:
+    the `floor` ("min_memory_limit" or "recomputation_floor") of the problem without re-gathers
+    (FSDP's parameters held from their unshard to their stage's last gradient op) and without
+    gradients held until their reduction (the limit set aside, which may be below the floor
+    then), plus all the device's gradients (`gradient_memory`): from a stage's first gradient op
+    on, they stay through the later microbatches."""
+    ends = problem.iteration_ends
+    gradients = (0.0,) * problem.num_stages if ends is None else ends.gradient_memory
+    plain = problem.replace(allow_reshard=False, memory_limit=None, gradient_memory=None) \
+        if problem.allow_reshard or any(gradients) else problem
+    return tuple(peak + sum(gradients[stage] for stage in stages)
+                 for peak, stages in zip(getattr(plain, floor), problem.stages_of_device, strict=True))
 
 
 def require_v_shape(problem: Problem, name: str) -> None:

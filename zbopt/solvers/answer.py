@@ -12,6 +12,7 @@ from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import Simulation, simulate
+from zbopt.core.ticks import waits_matter
 from zbopt.schedules.common import schedule_from_starts
 from zbopt.solvers.task import Found
 
@@ -44,12 +45,12 @@ def simulated_answer(problem: Problem, found: Found, objective: str, solver: str
     if found.starts is None:
         return None
     # as soon as possible, which is robust to rounded ticks; but a wait for memory (a forward until
-    # an offload has freed room, a recompute or reload not too early) and which copy goes first on a
-    # shared host link are in the model's times only
+    # an offload or a reduction has freed room, a recompute or reload not too early) and which copy
+    # goes first on a shared host link are in the model's times only
     simulation = None
     if problem.offload is None or not problem.offload.shared_host_link:
         simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, pairs=found.pairs),
-                              strict=not (problem.mechanisms_matter or problem.reshard_matters))
+                              strict=not waits_matter(problem))
     if simulation is None or not simulation.valid or _span_lengthened(simulation, found, objective):
         simulation = simulate(problem, schedule_from_starts(problem, found.starts, solver, timed=True,
                                                             pairs=found.pairs), strict=True)

@@ -119,6 +119,10 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     >>> bounds.best, bounds.binding_bound.describe()
     (33.0, 'device_load on device 3')
     """
+    if problem.iteration_ends is not None and any(problem.iteration_ends.gradient_memory):
+        # a relaxation: no bound models the gradients held until their reduction, and the heaviest
+        # microbatches' subsets may reorder the reductions (earlier ready times can end one later)
+        problem = problem.replace(gradient_memory=None)
     found = _pipeline_bounds(problem, deadline)
     if problem.iteration_ends is None:
         return found

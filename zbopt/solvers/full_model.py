@@ -57,11 +57,11 @@ from zbopt.core.kinds import OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.simulation import simulate
-from zbopt.core.ticks import TickScale, ceil_ticks, tick_problem, tick_scale
+from zbopt.core.ticks import TickScale, ceil_ticks, tick_problem, tick_scale, waits_matter
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.cp_parts import OpVars, limit, solve_stoppable, task_stopped
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
-from zbopt.solvers.model_ends import gathered_parameters, placed_ends
+from zbopt.solvers.model_ends import fsdp_lifetimes, placed_ends
 from zbopt.solvers.model_memory import activation_choice_literals, limited_lifetimes, peak_memory
 from zbopt.solvers.overlap_pairs import PairChoice, as_paired, candidate_window, least_duration, pair_choices
 from zbopt.solvers.task import Found, SearchTask
@@ -148,18 +148,18 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         ops.update(optional)
     _no_overlap(model, problem, ops, pairs)  # 2.
     _precedences(model, frame.graph, ops, pairs)  # 3. (and 5.: the symmetry-breaking and memory precedences)
-    steps_done = None  # 7. (per device and iteration, its optimizer step's end)
+    placed = None  # 7. (per device and iteration, its optimizer step's end; per stage, its reduction's)
     if integral.iteration_ends is not None:
-        steps_done = placed_ends(model, integral, ops, horizon)
+        placed = placed_ends(model, integral, ops, horizon)
     lifetimes, regathers = None, {}  # 4. (where a limit or the second phase needs them; 7.'s re-gathers)
     if problem.memory_limit is not None or task.peak_cap is not None:
-        gathered, regathers = gathered_parameters(model, integral, ops, horizon, steps_done)
+        gathered, regathers = fsdp_lifetimes(model, integral, ops, horizon, placed)
         lifetimes = limited_lifetimes(model, problem, frame.ops, ops, horizon, choices, memory_model, gathered)
     if symmetry_breaking:  # 5. (the memory disjunctions; the precedences are edges of the implied graph)
         _memory_disjunctions(model, problem, frame.ops, ops)
     goal = _objective(model, task, frame, ops)  # 6.
-    if steps_done is not None and task.objective == "makespan":  # 7. (the iteration ends with the last step)
-        for device_steps in steps_done:
+    if placed is not None and task.objective == "makespan":  # 7. (the iteration ends with the last step)
+        for device_steps in placed.steps_done:
             model.Add(goal >= device_steps[-1])
     _minimise(model, task, frame, goal, lifetimes)
     chosen = _optional_literals(choices, regathers)
@@ -211,7 +211,7 @@ def _warm_hint(problem: Problem, integral: Problem, scale: TickScale,
     on a shared link, is not in its order; timed as soon as possible, it may break the limit: the
     horizon stays whole), else its order re-timed in ticks (which may cap the horizon)."""
     warm = task.warm
-    if problem.mechanisms_matter or warm.table.recomputed or warm.table.offloaded or warm.table.regathered:
+    if waits_matter(problem) or warm.table.recomputed or warm.table.offloaded or warm.table.regathered:
         hint = {op: scale.ticks(time) for op, time in start_times(warm).items()}
         rounding = 0 if scale.exact else math.ceil(scale.error_bound * scale.ticks_per_unit)
         return hint, scale.ticks(objective_value(warm, task.objective)) + rounding, False

@@ -30,7 +30,7 @@ from pathlib import Path
 import networkx as nx
 
 from zbopt.core.kinds import FORWARD
-from zbopt.core.ops import Op, op_table
+from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.solvers.answer import objective_value, start_times
@@ -258,7 +258,7 @@ def _ends_rows(model, problem: Problem, ops: list[Op], start: dict, duration: di
     the last iteration's reductions and steps are left out."""
     import pulp
 
-    ends, table, m = problem.iteration_ends, op_table(problem), problem.num_microbatches
+    ends, m = problem.iteration_ends, problem.num_microbatches
     through = [end for _, end in unshard_windows(problem)]  # per stage, after its device's step before
     for device, stages in enumerate(problem.stages_of_device):
         done = 0.0  # the step's end before this iteration
@@ -275,7 +275,7 @@ def _ends_rows(model, problem: Problem, ops: list[Op], start: dict, duration: di
                 # implied through the precedences to a gradient op, but stated: along those chains the
                 # solver's row tolerance adds up (the model's goal came out 4e-5 below the simulated one)
                 model += step >= start[op] + duration[op]
-                if op.kind == table.gradient_kind:
+                if op.kind == problem.gradient_kind:
                     model += reduce[op.stage] >= start[op] + duration[op]
             for index, first in enumerate(stages):
                 model += reduce[first] >= done + through[stages[-1]]

@@ -16,21 +16,34 @@ compute: its last compute op of an iteration is a gradient op (every op leads to
 
 from __future__ import annotations
 
+import itertools
+from typing import NamedTuple
+
 from zbopt.core.kinds import FORWARD, RECOMPUTE, REGATHER
-from zbopt.core.ops import Op, op_table
+from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows
 from zbopt.core.ticks import memory_rounding, memory_scale
 from zbopt.solvers.cp_parts import Lifetime, OpVars
 
-__all__ = ["gathered_parameters", "placed_ends"]
+__all__ = ["PlacedEnds", "fsdp_lifetimes", "placed_ends"]
 
 
-def placed_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) -> list[list]:
-    """The ends' variables and constraints; per device, per iteration, its step's end (`problem`
-    in ticks): the makespan objective's goal is at least each device's last."""
+class PlacedEnds(NamedTuple):
+    """The ends' variables `fsdp_lifetimes` reads: per device, per iteration, its step's end; per
+    iteration, per virtual stage, its reduction's end."""
+
+    steps_done: list[list]
+    reduced: list[list]
+
+
+def placed_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) -> PlacedEnds:
+    """The ends' variables and constraints (`problem` in ticks): the makespan objective's goal is
+    at least each device's last step's end. Where gradients are held until their reduction
+    (`gradient_memory`), a device's reductions run in the simulator's order (`_in_ready_order`)."""
     ends, gathered = problem.iteration_ends, _unshards_through(problem)
     steps_done = []
+    reduced = [[None] * problem.num_stages for _ in range(problem.iterations)]
     for device, stages in enumerate(problem.stages_of_device):
         lane, done = [], [0]  # per iteration, the step's end before it (0 before the first)
         for iteration in range(problem.iterations):
@@ -38,37 +51,84 @@ def placed_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) ->
                 for microbatch in _iteration_microbatches(problem, stage, iteration):  # after its unshard
                     model.Add(ops[Op(FORWARD, stage, microbatch)].start >= done[-1] + gathered[stage])
             step = model.NewIntVar(0, horizon, f"step_{device}_{iteration}")
+            reduces = {}
             for stage in stages:
-                reduce = model.NewIntVar(0, horizon, f"reduce_{stage}_{iteration}")
+                reduce = reduces[stage] = model.NewIntVar(0, horizon, f"reduce_{stage}_{iteration}")
                 model.Add(reduce >= done[-1] + gathered[stages[-1]])
                 for gradient_end in _gradient_ends(problem, ops, stage, iteration):
                     model.Add(reduce >= gradient_end)
                 lane.append(model.NewFixedSizeIntervalVar(reduce, int(ends.reduce_times[stage]), f"reduce_{stage}"))
                 model.Add(step >= reduce + int(ends.reduce_times[stage]))
+                reduced[iteration][stage] = reduce + int(ends.reduce_times[stage])
+            if any(ends.gradient_memory):
+                _in_ready_order(model, problem, ops, reduces, iteration, horizon)
             done.append(step + int(ends.step_times[device]))
         model.AddNoOverlap(lane)
         steps_done.append(done[1:])
-    return steps_done
+    return PlacedEnds(steps_done, reduced)
 
 
-def gathered_parameters(model, problem: Problem, ops: dict[Op, OpVars], horizon: int,
-                        steps_done: list[list]) -> tuple[list[list[Lifetime]], dict[Op, object]]:
-    """Per device, FSDP's gathered parameters of each of its stages in each iteration as
-    `Lifetime`s: from the unshard's start (after the device's step before, `placed_ends`) until
-    the stage's last gradient op of the iteration ends, or split around a chosen re-gather
-    (`_regather`, whose variables join `ops`); and each G's literal."""
+def _in_ready_order(model, problem: Problem, ops: dict[Op, OpVars], reduces: dict, iteration: int,
+                    horizon: int) -> None:
+    """A device's reductions of one iteration (`reduces`: stage -> start) in the order their stages'
+    last gradient ops end, the lower stage first at a tie: the simulator's (`device_ends`). Any
+    order ends the lane as late or later, so this loses no iteration time; it matters where a
+    reduction's end frees gradients, whose memory then is the simulator's."""
+    ready = {}
+    for stage in reduces:
+        ready[stage] = model.NewIntVar(0, horizon, f"ready_{stage}_{iteration}")
+        model.AddMaxEquality(ready[stage], _gradient_ends(problem, ops, stage, iteration))
+    for first, second in itertools.combinations(sorted(reduces), 2):
+        before = model.NewBoolVar(f"reduce_{first}_before_{second}_{iteration}")
+        model.Add(ready[first] <= ready[second]).OnlyEnforceIf(before)
+        model.Add(ready[first] > ready[second]).OnlyEnforceIf(before.Not())
+        times = problem.iteration_ends.reduce_times
+        model.Add(reduces[second] >= reduces[first] + int(times[first])).OnlyEnforceIf(before)
+        model.Add(reduces[first] >= reduces[second] + int(times[second])).OnlyEnforceIf(before.Not())
+
+
+def fsdp_lifetimes(model, problem: Problem, ops: dict[Op, OpVars], horizon: int,
+                   placed: PlacedEnds) -> tuple[list[list[Lifetime]], dict[Op, object]]:
+    """Per device, FSDP's memory as `Lifetime`s, in each iteration: each stage's gathered parameters
+    (`_gathered_parameters`) and its unsharded gradients, from its first gradient op's start until
+    its reduction's end; and each chosen re-gather's literal."""
     held: list[list[Lifetime]] = [[] for _ in range(problem.num_devices)]
     chosen: dict[Op, object] = {}
     ends = problem.iteration_ends
-    if ends is None or not any(ends.unshard_memory):
+    if ends is None:
         return held, chosen
     unit = memory_scale(problem)
-    amount = memory_rounding(problem, unit)
+    rounding = memory_rounding(problem, unit)
+
+    def ticks(amount: float) -> int:
+        return rounding(amount * unit)
+
+    if any(ends.unshard_memory):
+        _gathered_parameters(model, problem, ops, horizon, placed.steps_done, ticks, held, chosen)
+    gradient = problem.gradient_kind
+    for stage in (stage for stage in range(problem.num_stages) if ends.gradient_memory[stage]):
+        size = ticks(ends.gradient_memory[stage])
+        for iteration in range(problem.iterations):
+            allocated = model.NewIntVar(0, horizon, f"gradients_{stage}_{iteration}")
+            model.AddMinEquality(allocated, [ops[Op(gradient, stage, microbatch)].start
+                                             for microbatch in _iteration_microbatches(problem, stage, iteration)])
+            held[problem.device_of(stage)].append(_lifetime(model, allocated, placed.reduced[iteration][stage], size,
+                                                            None, f"gradients_{stage}_{iteration}", horizon))
+    return held, chosen
+
+
+def _gathered_parameters(model, problem: Problem, ops: dict[Op, OpVars], horizon: int, steps_done: list[list],
+                         ticks, held: list[list[Lifetime]], chosen: dict[Op, object]) -> None:
+    """Into `held`, per device, FSDP's gathered parameters of each of its stages in each iteration:
+    from the unshard's start (after the device's step before, `placed_ends`) until the stage's
+    last gradient op of the iteration ends, or split around a chosen re-gather (`_regather`, whose
+    variables join `ops` and whose literal joins `chosen`); `ticks` turns an amount into memory ticks."""
+    ends = problem.iteration_ends
     gathered = _unshards_through(problem)
     for device, stages in enumerate(problem.stages_of_device):
         lane = []  # the device's re-gathers, one at a time
         for stage in (stage for stage in stages if ends.unshard_memory[stage]):
-            size = amount(ends.unshard_memory[stage] * unit)
+            size = ticks(ends.unshard_memory[stage])
             for iteration in range(problem.iterations):
                 step_before = steps_done[device][iteration - 1] if iteration else 0
                 allocated = model.NewIntVar(0, horizon, f"gather_{stage}_{iteration}")
@@ -89,7 +149,6 @@ def gathered_parameters(model, problem: Problem, ops: dict[Op, OpVars], horizon:
                                  _lifetime(model, ops[regather].start, released, size, literal, f"{name}_again",
                                            horizon)]
         model.AddNoOverlap(lane)
-    return held, chosen
 
 
 def _regather(model, problem: Problem, ops: dict[Op, OpVars], regather: Op, lane_free,
@@ -141,6 +200,6 @@ def _iteration_microbatches(problem: Problem, stage: int, iteration: int) -> lis
 def _gradient_ends(problem: Problem, ops: dict[Op, OpVars], stage: int, iteration: int) -> list:
     """The end variables of `stage`'s gradient ops (W, or BW) in `iteration`, one per microbatch:
     its reduction and its reshard follow the last."""
-    gradient = op_table(problem).gradient_kind
+    gradient = problem.gradient_kind
     return [ops[Op(gradient, stage, microbatch)].end
             for microbatch in _iteration_microbatches(problem, stage, iteration)]

@@ -84,15 +84,17 @@ class Found:
 def simple_model_refusal(problem: Problem, backend: str, ends: bool = False) -> str | None:
     """Why `backend` (one that keeps every activation and runs every op alone: the MILP, LNS; one
     that ends with the last op unless it models the iteration's `ends`, but never with FSDP's
-    gathered parameters in memory) cannot take `problem`, or None."""
+    gathered parameters or gradients in memory) cannot take `problem`, or None."""
     iteration = problem.iteration_ends
-    gathered = iteration is not None and any(iteration.unshard_memory)
+    gathered, gradients = ((True if iteration is not None and any(getattr(iteration, key)) else None)
+                           for key in ("unshard_memory", "gradient_memory"))
     for record, key, what in ((problem.recomputation, "allow_recompute", "recomputation"),
                               (problem.offload, "allow_offload", "offload"),
                               (problem.pairs, "overlap_times", "overlapped pairs"),
                               (None if ends else iteration, "grad_reduce_times, optimizer_step_times, unshard_times",
                                "the iteration's ends"),
-                              (True if gathered else None, "unshard_memory", "FSDP's gathered parameters")):
+                              (gathered, "unshard_memory", "FSDP's gathered parameters"),
+                              (gradients, "gradient_memory", "FSDP's unsharded gradients")):
         if record is not None:
             return f"{backend} does not model {what} ({key}); use cpsat"
     return None

@@ -104,12 +104,15 @@ class IterationEnds:
     step_times : per device, its optimizer step after its compute and reductions.
     unshard_times, unshard_memory : per virtual stage, FSDP's all-gather before its first forward
         and the memory its gathered parameters hold until its last gradient op ends.
+    gradient_memory : per virtual stage, its unsharded gradients, held from its first gradient op's
+        start until its reduction ends.
     """
 
     reduce_times: tuple[float, ...]
     step_times: tuple[float, ...]
     unshard_times: tuple[float, ...]
     unshard_memory: tuple[float, ...]
+    gradient_memory: tuple[float, ...]
 
     @property
     def time(self) -> float:
@@ -117,7 +120,8 @@ class IterationEnds:
         return sum(self.reduce_times) + sum(self.step_times) + sum(self.unshard_times)
 
 
-ITERATION_END_KEYS = ("grad_reduce_times", "optimizer_step_times", "unshard_times", "unshard_memory")
+ITERATION_END_KEYS = ("grad_reduce_times", "optimizer_step_times", "unshard_times", "unshard_memory",
+                      "gradient_memory")
 
 
 def iteration_ends(given: dict, stages: int, devices: int, flush: bool) -> dict:

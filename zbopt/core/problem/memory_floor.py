@@ -7,6 +7,7 @@ Each function takes a `Problem` (whose cached attributes of the same names call 
 from __future__ import annotations
 
 from zbopt.core.errors import ProblemError
+from zbopt.core.kinds import FORWARD
 from zbopt.core.problem.mechanisms import unshard_windows
 
 __all__ = ["check_memory_limit", "min_memory_limit", "one_microbatch_memory", "recomputation_floor"]
@@ -31,7 +32,34 @@ def _largest(problem, floor) -> tuple[float, ...]:
     floors = [floor(values(j, "activation_memory"), values(j, "checkpoint_memory")) for j in firsts]
     if problem.allow_reshard:
         floors.append(_gathered_by_the_first_forward(problem))
+    if problem.iteration_ends is not None and any(problem.iteration_ends.gradient_memory):
+        floors.append(_at_the_first_gradient_op(problem))
     return tuple(max(device) for device in zip(*floors, strict=True))
+
+
+def _at_the_first_gradient_op(problem) -> tuple[float, ...]:
+    """Per device, the most over its stages s of what it must hold around s's first gradient op
+    (W, or BW) of an iteration, where gradients are held until their reduction (`gradient_memory`):
+    s's unsharded gradients, taken then, the gathered parameters then held (`_gathered`: s needs
+    its own), and the least of two cases. Either a forward of s starts after that op has started:
+    the gradients are still held then (its own gradient op comes later, and the reduction after
+    that), beside that microbatch's whole activation, which it holds at its F, R or L. Or every
+    forward of s in the iteration has started before: that op's microbatch holds what it keeps
+    until the op ends, and each other microbatch the least it can hold before its own gradient
+    op (W's kept part; less with a checkpoint; 0 offloaded)."""
+    gradients, kind, m = problem.iteration_ends.gradient_memory, problem.gradient_kind, problem.num_microbatches
+
+    def held(s: int) -> float:
+        firsts = [j for j in problem.microbatches_of(s) if j < m]
+        whole = min(problem.memory_delta(FORWARD, s, microbatch=j) for j in firsts)
+        kept = [-problem.memory_delta(kind, s, microbatch=j) for j in firsts]
+        least = [0.0 if problem.allow_offload else
+                 min(own, problem.memory_delta(FORWARD, s, recomputed=True, microbatch=j)) if problem.allow_recompute
+                 else own for j, own in zip(firsts, kept, strict=True)]
+        return min(whole, min(kept) + sum(sorted(least)[:len(firsts) - 1]))
+
+    return tuple(max(gradients[s] + _gathered(problem, stages, s) + held(s) for s in stages)
+                 for stages in problem.stages_of_device)
 
 
 def _gathered_by_the_first_forward(problem) -> tuple[float, ...]:
@@ -122,7 +150,11 @@ def check_memory_limit(problem) -> None:
 
 
 def _floor_reason(problem) -> str:
-    gathered = " and its gathered parameters (unshard_memory)" if problem.iteration_ends is not None else ""
+    ends = problem.iteration_ends
+    held = [(what, key) for key, what in (("unshard_memory", "gathered parameters"), ("gradient_memory", "gradients"))
+            if ends is not None and any(getattr(ends, key))]
+    whats, keys = zip(*held, strict=True) if held else ((), ())
+    gathered = f" and its {' and '.join(whats)} ({', '.join(keys)})" if held else ""
     if problem.allow_offload:
         return f"its largest stage's activation{gathered}, with offload"
     if problem.allow_recompute:

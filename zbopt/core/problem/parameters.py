@@ -187,6 +187,12 @@ PARAMETERS: tuple[Parameter, ...] = (
               "held from its unshard's start until the stage's last gradient op ends (RESHARD in zbopt's "
               "torch-comms-csv).",
               unit="memory"),
+    Parameter("gradient_memory", _TIME, None, "iteration ends",
+              "FSDP: memory of a virtual stage's unsharded gradients, accumulated over its microbatches until "
+              "its reduction has ended",
+              "held from the start of its first gradient op (W, or BW) of an iteration until its reduction ends "
+              "(FSDP's reduce-scatter after the last backward; the shard left counts with the static memory, "
+              "outside the model, as plain data parallelism's whole gradients do).", unit="memory"),
     Parameter("allow_reshard", "switch", False, "iteration ends",
               "FSDP: a schedule may free a stage's gathered parameters after its last forward and gather them "
               "again (G) before its backwards (needs unshard_times)",

@@ -128,9 +128,8 @@ class Problem(_Parameters):
         if self.memory_limit is not None:
             object.__setattr__(self, "memory_limit", per_device("memory_limit", self.memory_limit, p, positive=False))
         if self.overlap_times and not self.microbatches_equal:
-            raise ProblemError("overlap_times", dict(self.overlap_times), "overlapped pairs need microbatches "
-                                                                          "that cost the same (a pair's cost is one "
-                                                                          "per device)")
+            raise ProblemError("overlap_times", dict(self.overlap_times),
+                               "overlapped pairs need microbatches that cost the same (one pair cost per device)")
         if not self.microbatches_equal:  # first: a row's extreme values, not its mean, are what is out of range
             microbatches.check_spread(self)
         check_ranges(self)
@@ -163,8 +162,7 @@ class Problem(_Parameters):
 
     @cached_property
     def iteration_ends(self) -> IterationEnds | None:
-        """The reductions, unshards and optimizer steps (`mechanisms.ends_record`), or None where
-        none takes time or memory: the iteration then ends with its last op, as it always did."""
+        """The iteration's ends (`mechanisms.ends_record`); None where none takes time or memory."""
         return ends_record(self)
 
     @cached_property
@@ -226,9 +224,13 @@ class Problem(_Parameters):
 
     @property
     def input_gradient_kind(self) -> str:
-        """The op that sends the gradient upstream and needs the whole activation: B when split, BW
-        when fused (a recompute precedes it)."""
+        """The op that sends the gradient upstream and needs the whole activation: B when split, BW when fused."""
         return BACKWARD if self.split_backward else FUSED_BACKWARD
+
+    @property
+    def gradient_kind(self) -> str:
+        """The op that makes a stage's weight gradient (its reduction follows): W when split, BW when fused."""
+        return WEIGHT if self.split_backward else FUSED_BACKWARD
 
     @property
     def num_activations(self) -> int:
@@ -252,8 +254,7 @@ class Problem(_Parameters):
 
     @property
     def mechanisms_matter(self) -> bool:
-        """Some activation may be recomputed or offloaded under a memory limit: microbatches then
-        differ in what they hold, and no fact that assumes kept activations holds."""
+        """Some activation may be recomputed or offloaded under a memory limit (no fact assuming kept ones holds)."""
         return self.recomputation_matters or self.offload_matters
 
     @property
@@ -364,8 +365,7 @@ class Problem(_Parameters):
 
     @cached_property
     def memory_caps(self) -> tuple[float, ...]:
-        """Per device, its memory limit, or infinity without one (what a capped list schedule or a
-        per-device bound compares against)."""
+        """Per device, its memory limit, or infinity without one (what capped schedules and bounds compare with)."""
         return (math.inf,) * self.num_devices if self.memory_limit is None else tuple(self.memory_limit)
 
     def replace(self, **changes) -> Problem:

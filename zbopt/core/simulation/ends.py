@@ -29,7 +29,7 @@ from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows, unshards_done
 
 __all__ = ["DeviceEnds", "EndTimes", "EndWindow", "device_ends", "end_times", "forwards_done", "gathered_memory",
-           "gradient_ends"]
+           "gradient_ends", "gradient_starts"]
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,20 @@ def forwards_done(table: OpTable, end, regather: int) -> float:
 def gradient_ends(problem: Problem, table: OpTable, end: np.ndarray) -> list[float]:
     """Per virtual stage, when its last gradient op (W, or BW) ends, for ops ending at `end`:
     where its reduction and its reshard may start."""
-    gradients = np.asarray(table.kind) == table.gradient_kind
+    return _over_gradient_ops(problem, table, end, np.maximum, -np.inf)
+
+
+def gradient_starts(problem: Problem, table: OpTable, start: np.ndarray) -> list[float]:
+    """Per virtual stage, when its first gradient op (W, or BW) starts, for ops starting at
+    `start`: where its unsharded gradients are allocated."""
+    return _over_gradient_ops(problem, table, start, np.minimum, np.inf)
+
+
+def _over_gradient_ops(problem: Problem, table: OpTable, times: np.ndarray, pick: np.ufunc, none: float) -> list[float]:
+    """Per virtual stage, `pick` (np.maximum or np.minimum) of its gradient ops' `times`; `none`
+    where it has none (or `times` leaves them out)."""
+    gradients = np.asarray(table.kind) == problem.gradient_kind
     stage = np.asarray(table.stage)
-    last = np.full(problem.num_stages, -np.inf)
-    np.maximum.at(last, stage[gradients], end[gradients])
-    return last.tolist()
+    picked = np.full(problem.num_stages, none)
+    pick.at(picked, stage[gradients], times[gradients])
+    return picked.tolist()

@@ -8,7 +8,7 @@ import numpy as np
 from zbopt.core.kinds import REGATHER
 from zbopt.core.ops import Op, OpTable
 from zbopt.core.problem import Problem
-from zbopt.core.simulation.ends import EndTimes, forwards_done
+from zbopt.core.simulation.ends import EndTimes, forwards_done, gradient_starts
 from zbopt.core.simulation.result import MemoryViolation
 from zbopt.core.tolerance import RELATIVE_TOLERANCE, memory_ceiling
 
@@ -17,14 +17,15 @@ __all__ = ["memory_steps", "memory_violations"]
 
 def memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray, ends: EndTimes | None = None):
     """Per device, the memory step function (times, levels) from the alloc/free events (with FSDP,
-    each stage's gathered parameters, `_gathered_events`); and per op, the level right after its
+    each stage's gathered parameters and unsharded gradients, `_fsdp_events`); and per op, the level right after its
     own event (changes at one moment counted in the steps' order)."""
     device = np.asarray(table.device)
     delta = np.asarray(table.memory_delta)
     allocates = np.asarray(table.allocates_at_start)
     when = np.where(allocates, start, end)
-    if ends is not None and any(problem.iteration_ends.unshard_memory):
-        events = np.asarray(_gathered_events(problem, table, start, end, ends), dtype=float).reshape(-1, 4)
+    fsdp = problem.iteration_ends
+    if ends is not None and (any(fsdp.unshard_memory) or any(fsdp.gradient_memory)):
+        events = np.asarray(_fsdp_events(problem, table, start, end, ends), dtype=float).reshape(-1, 4)
         device = np.concatenate((device, events[:, 0].astype(np.int64)))
         delta = np.concatenate((delta, events[:, 1]))
         allocates = np.concatenate((allocates, events[:, 2].astype(bool)))
@@ -49,18 +50,27 @@ def memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.nd
     return tuple(steps), after[:table.size]
 
 
-def _gathered_events(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray,
-                     ends: EndTimes) -> list[tuple[int, float, bool, float]]:
-    """FSDP's gathered parameters as (device, change, allocates, when) events: each stage's from its
-    unshard's start until its last gradient op ends, in every iteration; where the schedule gathers
-    them again (its G of that stage and iteration), freed when the stage's last forward ends and
-    held again from the G's start."""
-    held, m = problem.iteration_ends.unshard_memory, problem.num_microbatches
+def _fsdp_events(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray,
+                 ends: EndTimes) -> list[tuple[int, float, bool, float]]:
+    """FSDP's memory as (device, change, allocates, when) events, in every iteration: each stage's
+    gathered parameters from its unshard's start until its last gradient op ends (where the
+    schedule gathers them again, its G of that stage and iteration, freed when the stage's last
+    forward ends and held again from the G's start); its unsharded gradients from its first
+    gradient op's start until its reduction ends."""
+    held, gradients, m = problem.iteration_ends.unshard_memory, problem.iteration_ends.gradient_memory, \
+        problem.num_microbatches
     regathered = set(table.regathered)
+    iteration = np.asarray(table.iteration)
     events = []
     for k in range(problem.iterations):
-        for stage in (stage for stage in range(problem.num_stages) if held[stage]):
+        first = gradient_starts(problem, table, np.where(iteration == k, start, np.inf))
+        for stage in range(problem.num_stages):
             device, amount = problem.device_of(stage), held[stage]
+            if gradients[stage]:
+                events += [(device, gradients[stage], True, first[stage]),
+                           (device, -gradients[stage], False, ends.reduce[k][stage][1])]
+            if not amount:
+                continue
             events.append((device, amount, True, ends.unshard[k][stage][0]))
             if (stage, k * m) in regathered:
                 regather = table.index(Op(REGATHER, stage, k * m))

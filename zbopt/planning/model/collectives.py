@@ -13,7 +13,9 @@ Plain data parallelism all-reduces the gradients; with the distributed optimizer
 the updated weights (in the training dtype), which zbopt counts into the step. With FSDP
 (`Training.fsdp`) the gradients are reduce-scattered too, and each stage's weights are gathered
 (an all-gather) before its first forward and held until its last gradient op: the Problem's
-`unshard_times` and `unshard_memory` (the gathered weights, in the training dtype).
+`unshard_times` and `unshard_memory` (the gathered weights, in the training dtype); its unsharded
+gradients are held from its first gradient op until their reduce-scatter ends (`gradient_memory`:
+the bytes the reduction moves).
 The step: a fused Adam is bound by memory traffic, `Training.step_bytes` per parameter (bf16
 mixed precision: 30, over d with the distributed optimizer) at the memory bandwidth.
 A layer's parameter count is its gradient bytes over the dtype's gradient bytes per parameter.
@@ -68,9 +70,10 @@ def ends_times(device: Device, training: Training, stages: Sequence[Sequence[Lay
     if steps:
         keys["optimizer_step_times"] = [sum(_step_ms(device, training, stages[stage], reduces) for stage in own)
                                         for own in stages_of_device]
-    if training.fsdp and training.data_parallel > 1:  # the gathered weights take memory, timed or not
+    if training.fsdp and training.data_parallel > 1:  # the gathered weights and gradients take memory, timed or not
         weights = [gathered_gb(training, layers) for layers in stages]
         keys["unshard_memory"] = weights
+        keys["gradient_memory"] = [sum(gradient_of(layer, training) for layer in layers) for layers in stages]
         if reduces:
             keys["unshard_times"] = [ring_reduce_scatter_ms(gathered, training.data_parallel, device.dp_bandwidth_gbs,
                                                             device.dp_latency_ms) for gathered in weights]
@@ -138,6 +141,7 @@ def describe_ends(device: Device, training: Training) -> str | None:
     if steps and reduces and training.use_distributed_optimizer:
         parts.append("the updated weights all-gathered after the step")
     if training.fsdp and ranks > 1:
-        parts.append("each stage's weights gathered before its first forward and held until its last gradient op"
+        parts.append("each stage's weights gathered before its first forward and held until its last gradient op, "
+                     "its gradients held from its first until their reduce-scatter"
                      + ("" if reduces else " (their memory counted, their all-gather not timed)"))
     return None if not parts else "iteration ends: " + "; ".join(parts)

@@ -10,8 +10,8 @@ from zbopt.core.problem.microbatches import EQUAL_MICROBATCHES, TABLE_KEYS
 from zbopt.core.tolerance import RELATIVE_TOLERANCE, memory_ceiling
 
 __all__ = ["LIFETIMES_PER_ACTIVATION", "MAX_TICKS_PER_OP", "TIME_KEYS", "TickScale", "ceil_ticks", "cost_values",
-           "memory_capacity", "memory_rounding", "memory_scale", "scaled_costs", "tick_problem", "tick_scale",
-           "waits_matter", "whole_at"]
+           "gradients_wait", "memory_capacity", "memory_rounding", "memory_scale", "scaled_costs", "tick_problem",
+           "tick_scale", "waits_matter", "whole_at"]
 
 MAX_TICKS_PER_OP = 100_000  # the finest resolution a solver model uses for the longest op
 WHOLE_EXPONENTS = 6  # the powers of ten tried to make memory amounts whole (1 to 1e6)
@@ -138,12 +138,16 @@ def tick_problem(problem: Problem, scale: TickScale) -> Problem:
 
 def waits_matter(problem: Problem) -> bool:
     """Whether an answer's times, not its orders alone, keep it within memory: where waiting can
-    lower a peak under a limit (recomputation, offload, re-gathers, or gradients held until their
-    reduction: an op held back until a reduction has freed room). A model's ticks then round every
-    cost up (`tick_problem`), and its answer keeps its own times."""
+    lower a peak under a limit (recomputation, offload, re-gathers, `gradients_wait`). A model's
+    ticks then round every cost up (`tick_problem`), and its answer keeps its own times."""
+    return problem.mechanisms_matter or problem.reshard_matters or gradients_wait(problem)
+
+
+def gradients_wait(problem: Problem) -> bool:
+    """Gradients are held until their reduction (`gradient_memory`) under a memory limit: an op
+    held back until a reduction has freed room may fit where no order timed as soon as possible does."""
     ends = problem.iteration_ends
-    gradients = problem.memory_limit is not None and ends is not None and any(ends.gradient_memory)
-    return problem.mechanisms_matter or problem.reshard_matters or gradients
+    return problem.memory_limit is not None and ends is not None and any(ends.gradient_memory)
 
 
 TIME_KEYS = tuple(key for key in TABLE_KEYS if key.endswith("_times"))  # the costs that may differ by microbatch

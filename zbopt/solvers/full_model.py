@@ -57,7 +57,7 @@ from zbopt.core.kinds import OFFLOAD, RECOMPUTE, RELOAD, WEIGHT
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.simulation import simulate
-from zbopt.core.ticks import TickScale, ceil_ticks, tick_problem, tick_scale, waits_matter
+from zbopt.core.ticks import TickScale, ceil_ticks, gradients_wait, tick_problem, tick_scale
 from zbopt.solvers.answer import objective_value, start_times
 from zbopt.solvers.cp_parts import OpVars, limit, solve_stoppable, task_stopped
 from zbopt.solvers.implied import heads_and_tails, implied_graph, memory_disjunctions
@@ -211,7 +211,8 @@ def _warm_hint(problem: Problem, integral: Problem, scale: TickScale,
     on a shared link, is not in its order; timed as soon as possible, it may break the limit: the
     horizon stays whole), else its order re-timed in ticks (which may cap the horizon)."""
     warm = task.warm
-    if waits_matter(problem) or warm.table.recomputed or warm.table.offloaded or warm.table.regathered:
+    if problem.mechanisms_matter or gradients_wait(problem) or warm.table.recomputed or warm.table.offloaded or \
+            warm.table.regathered:
         hint = {op: scale.ticks(time) for op, time in start_times(warm).items()}
         rounding = 0 if scale.exact else math.ceil(scale.error_bound * scale.ticks_per_unit)
         return hint, scale.ticks(objective_value(warm, task.objective)) + rounding, False

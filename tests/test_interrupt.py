@@ -145,3 +145,16 @@ def test_ctrl_c_stops_the_balanced_packing_with_a_packing_no_worse_than_first_fi
                    for microbatch in packing)
 
     assert len(balanced) == len(first_fit) and heaviest(balanced) <= heaviest(first_fit) + 1e-9
+
+
+def test_the_exit_of_a_script_waits_for_a_worker_left_running(tmp_path):
+    """A search the driver left behind at its time limit may still be inside C++ when a script
+    ends, where the interpreter's shutdown aborts the process; the exit waits for it (a daemon
+    thread is otherwise dropped mid-work: its file would not be written)."""
+    written = tmp_path / "written"
+    code = ("import threading, time, pathlib; from zbopt.core import interrupt; done = threading.Event()\n"
+            "def work():\n"
+            f"    time.sleep(1); pathlib.Path({str(written)!r}).write_text('finished'); done.set()\n"
+            "threading.Thread(target=work, daemon=True).start(); interrupt.left_running(done)")
+    finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert finished.returncode == 0 and written.read_text() == "finished"

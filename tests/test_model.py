@@ -236,7 +236,7 @@ def test_an_architecture_needs_the_devices_flops():
      "zbopt: {path}: device.flops = 400: write the unit, e.g. '400 TFLOPS'"),
     ("model: {preset: llama-3-8b}\ndevice: {flops: 1 PFLOPS, speed: 3}\n",
      "zbopt: {path}: device: unknown key 'speed' (known: memory, flops, p2p, reserve, dp_bandwidth, dp_latency, "
-     "memory_bandwidth)"),
+     "memory_bandwidth, comm_slowdown)"),
     ("modle: {preset: llama-3-8b}\n", "zbopt: model file '{path}': unknown key 'modle' (known: model, device)"),
     ("device: {memory: 80 GB}\n", "zbopt: model file '{path}': missing key model"),
 ])

@@ -10,7 +10,7 @@ import threading
 
 from zbopt.core import interrupt
 
-LEFT_BEHIND = ("zbopt-search", "zbopt-cp-sat")  # the solve driver's threads (`solvers.api`, `cp_parts`)
+LEFT_BEHIND = ("zbopt-search", "zbopt-watched")  # the solve driver's and a watched solver's (`interrupt.watched`)
 
 
 def run() -> None:

@@ -26,6 +26,7 @@ wall clock on one worker.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import math
@@ -40,10 +41,10 @@ from typing import TypeVar
 
 from zbopt.core.errors import ZboptError
 
-__all__ = ["EXIT_INTERRUPTED", "MESSAGE", "MIN_SPEND", "POLL_S", "START_UP_MOST_S", "WORK_PER_SECOND", "Clock",
-           "Interrupted", "Meter", "T", "TimeUp", "answer_of", "as_clock", "check", "clock_of", "deadline_scope",
-           "deterministic", "exit_at_once", "leave", "metered", "now", "past", "process_started", "requested", "span",
-           "spend", "stoppable", "watched"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_WAIT_S", "MESSAGE", "MIN_SPEND", "POLL_S", "START_UP_MOST_S", "WORK_PER_SECOND",
+           "Clock", "Interrupted", "Meter", "T", "TimeUp", "answer_of", "as_clock", "check", "clock_of",
+           "deadline_scope", "deterministic", "exit_at_once", "leave", "left_running", "metered", "now", "past",
+           "process_started", "requested", "span", "spend", "stoppable", "watched"]
 
 EXIT_INTERRUPTED = 130  # as a shell reports a process ended by SIGINT
 MESSAGE = "zbopt: interrupted"
@@ -52,6 +53,8 @@ T = TypeVar("T")
 
 requested = threading.Event()  # Ctrl-C came while the work ran
 POLL_S = 0.05  # how often work that waits (on a solver, a pool, a child) looks for Ctrl-C and its deadline
+EXIT_WAIT_S = 30.0  # the most the interpreter's exit waits for workers left running (`left_running`)
+_left_running: list[threading.Event] = []
 
 
 class Interrupted(KeyboardInterrupt):
@@ -246,6 +249,23 @@ def exit_at_once(_signum=None, _frame=None) -> None:
     leave()
 
 
+def left_running(done: threading.Event) -> None:
+    """A worker told to stop and left behind, still running (a backend past its deadline, `done`
+    set when it returns): the interpreter's exit waits for it, at most EXIT_WAIT_S, since a thread
+    still inside C++ at shutdown aborts the process ("terminate called without an active
+    exception", exit 134, after a complete output)."""
+    _left_running[:] = [event for event in _left_running if not event.is_set()] + [done]
+
+
+def _await_left_running() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for done in _left_running:
+        done.wait(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_await_left_running)
+
+
 def leave(status: int = EXIT_INTERRUPTED) -> None:
     """Exit with `status` (130) at once, what was printed flushed: no interpreter shutdown, which
     would wait for nothing useful, could meet a solver thread still inside C++ (it aborts the
@@ -316,6 +336,7 @@ def watched(work: Callable[[], T], stop: Callable[[], None], stop_when: Callable
                 stop()
     except BaseException:
         stop()
+        left_running(done)
         raise
     if "error" in outcome:
         raise outcome["error"]

@@ -23,12 +23,14 @@ from typing import NamedTuple
 from zbopt.core import interrupt
 from zbopt.core.errors import ZboptError
 from zbopt.core.problem import Problem
+from zbopt.core.problem.mechanisms import compute_slowed
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import Simulation
 from zbopt.schedules.ordering import Order
 from zbopt.solvers import cpsat, full_model, lns, milp
 from zbopt.solvers.answer import (
     OBJECTIVES,
+    as_proof,
     objective_name,
     objective_value,
     simulated_answer,
@@ -211,8 +213,7 @@ def _solved(problem: Problem, solver: str, backend: Backend, clock: interrupt.Cl
 
 def _backend(problem: Problem, solver: str, objective: str, clock: interrupt.Clock, workers: int,
              options: dict) -> tuple[Backend, interrupt.Clock]:
-    """The backend and the call's clock, once the arguments, the backend's refusal and its
-    options are checked."""
+    """The backend and the call's clock, once the arguments, its refusal and its options are checked."""
     if solver not in BACKENDS:
         raise ZboptError(f"unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
     if objective not in OBJECTIVES:
@@ -261,8 +262,8 @@ def _search(call: _Call, backend: Backend, options: dict, workers: int, seed: in
         return call.result(None, found.status, max(call.independent_bound, found.bound), proved, found.resolution)
     if simulation is not None:
         simulation = without_needless_mechanisms(problem, simulation, objective, call.deadline)
-    status, simulation, lower, decided_by = _verdict(found, simulation, call.warm, objective, call.independent_bound,
-                                                     call.binding_text)
+    status, simulation, lower, decided_by = _verdict(as_proof(problem, found), simulation, call.warm, objective,
+                                                     call.independent_bound, call.binding_text)
     if lower_peak and not task.stopped.is_set() and not interrupt.requested.is_set():
         simulation = _lower_peak(search, task, options, simulation, call)
     return call.result(simulation, status, lower, decided_by, found.resolution,
@@ -305,6 +306,7 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
                 abandon_at = min(abandon_at, time.perf_counter() + STOP_GRACE_S)
             if time.perf_counter() >= abandon_at:
                 stop()  # its best so far, if it kept one (a CP-SAT incumbent), nothing proven
+                interrupt.left_running(done)
                 return task.kept.get("incumbent") or Found("unknown", None, 0.0, None, None)
             if live is not None and time.perf_counter() - drawn >= LIVE_LINE_PERIOD_S:
                 live.draw()
@@ -331,7 +333,8 @@ def _verdict(found: Found, simulation: Simulation | None, warm: tuple[str, Simul
              independent_bound: float, binding: str) -> tuple[str, Simulation, float, str | None]:
     """(status, simulation, lower bound, what decided) of a search: the warm start when it is
     better; the objective as its own bound when the backend proved it for the problem's own costs;
-    "optimal" exactly when the objective meets the lower bound (the one rule), else "feasible"."""
+    "optimal" exactly when the objective meets the lower bound (the one rule), else "feasible"
+    (where compute slows while it communicates, see `as_proof`)."""
     tolerance = max(optimality_tolerance(independent_bound), found.tolerance)
     lower = max(independent_bound, found.bound)
     if simulation is None or (warm is not None and objective_value(warm[1], objective)
@@ -345,7 +348,7 @@ def _verdict(found: Found, simulation: Simulation | None, warm: tuple[str, Simul
         decided_by = f"lower bound ({binding})"
     elif meets(value, found.bound, tolerance):  # e.g. LNS reached the bound the full model proved
         decided_by = "solver"
-    elif found.status == "optimal":
+    elif found.status == "optimal" and not compute_slowed(simulation.problem):
         decided_by = (f"proven optimal at the model's tick resolution {found.resolution:g}; rounded costs leave "
                       f"a gap of at most {relative_gap(value, lower):.4%}")
     status, lower = settle(value, lower, tolerance)

@@ -133,7 +133,8 @@ def lower_bounds(problem: Problem, deadline: float = math.inf) -> LowerBounds:
     relaxed, complete = pair_relaxed(problem), found.complete and per_device
     value, device = iteration_ends_bound(relaxed, makespan, per_device)
     if problem.iterations > 1 and per_device:  # several: the first stage's device cycles, then one pipeline
-        bare = relaxed.replace(iterations=1, allow_reshard=False, **dict.fromkeys(ITERATION_END_KEYS))
+        bare = relaxed.replace(iterations=1, allow_reshard=False, comm_slowdown=1.0,
+                               **dict.fromkeys(ITERATION_END_KEYS))
         one = _pipeline_bounds(bare, deadline)
         repeated = repeated_bound(relaxed, bare, one.best, deadline)
         complete = complete and one.complete

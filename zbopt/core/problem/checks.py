@@ -9,8 +9,9 @@ from numbers import Real
 
 from zbopt.core.errors import ProblemError, clip
 
-__all__ = ["MAX_OPS", "boolean", "check_op_count", "is_count", "is_number", "known_parameters", "nonnegative_number",
-           "per_device", "per_stage", "plain", "positive_int", "unused_without"]
+__all__ = ["MAX_OPS", "MAX_SLOWDOWN", "boolean", "check_op_count", "is_count", "is_number", "known_parameters",
+           "nonnegative_number", "per_device", "per_stage", "plain", "positive_int", "slowdown_factor",
+           "unused_without"]
 
 
 def is_number(value: object) -> bool:
@@ -42,6 +43,15 @@ def boolean(key: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ProblemError(key, value, "expected true or false")
     return value
+
+
+MAX_SLOWDOWN = 10.0  # a factor slowing work: beyond it compute has all but stopped
+
+
+def slowdown_factor(key: str, value: object) -> float:
+    if not is_number(value) or not 1 <= value <= MAX_SLOWDOWN:
+        raise ProblemError(key, value, f"expected a number from 1 (no slowdown) to {MAX_SLOWDOWN:g}")
+    return float(value)
 
 
 def nonnegative_number(key: str, value: object) -> float:

@@ -18,12 +18,14 @@ from zbopt.core.problem.checks import per_device, per_stage, unused_without
 
 __all__ = [
     "DEFAULT_WEIGHT_MEMORY_FRACTION",
+    "END_INPUTS",
     "ITERATION_END_KEYS",
     "IterationEnds",
     "MicrobatchSizes",
     "Offload",
     "OverlappedPairs",
     "Recomputation",
+    "compute_slowed",
     "ends_record",
     "iteration_ends",
     "offload",
@@ -106,6 +108,7 @@ class IterationEnds:
         and the memory its gathered parameters hold until its last gradient op ends.
     gradient_memory : per virtual stage, its unsharded gradients, held from its first gradient op's
         start until its reduction ends.
+    comm_slowdown : how many times slower a device's compute runs while it communicates.
     """
 
     reduce_times: tuple[float, ...]
@@ -113,6 +116,7 @@ class IterationEnds:
     unshard_times: tuple[float, ...]
     unshard_memory: tuple[float, ...]
     gradient_memory: tuple[float, ...]
+    comm_slowdown: float = 1.0
 
     @property
     def time(self) -> float:
@@ -122,6 +126,7 @@ class IterationEnds:
 
 ITERATION_END_KEYS = ("grad_reduce_times", "optimizer_step_times", "unshard_times", "unshard_memory",
                       "gradient_memory")
+END_INPUTS = (*ITERATION_END_KEYS, "allow_reshard", "comm_slowdown")  # what `iteration_ends` checks
 
 
 def iteration_ends(given: dict, stages: int, devices: int, flush: bool) -> dict:
@@ -129,12 +134,17 @@ def iteration_ends(given: dict, stages: int, devices: int, flush: bool) -> dict:
     given. With several iterations each device's step is a flush (its next forwards wait for it),
     so they need `flush`."""
     normalized = {}
-    for key in ITERATION_END_KEYS:  # allow_reshard is a switch, checked below
+    for key in ITERATION_END_KEYS:  # the two switches of END_INPUTS are checked below
         per_item, count = (per_device, devices) if key == "optimizer_step_times" else (per_stage, stages)
         normalized[key] = None if given[key] is None else per_item(key, given[key], count, positive=False)
     if given["allow_reshard"] and not (normalized["unshard_times"] and any(normalized["unshard_times"])):
         raise ProblemError("allow_reshard", True, "needs unshard_times (FSDP's all-gather of a stage's parameters, "
                                                   "which a re-gather repeats)")
+    transfers = any(normalized[key] and any(normalized[key]) for key in ("grad_reduce_times", "unshard_times"))
+    if given["comm_slowdown"] != 1 and not transfers:
+        raise ProblemError("comm_slowdown", given["comm_slowdown"],
+                           "slows compute while a transfer runs, and none takes time: give grad_reduce_times or "
+                           "unshard_times")
     if not flush:
         key = next((key for key in ITERATION_END_KEYS if normalized[key] and any(normalized[key])), None)
         if key is not None:
@@ -150,8 +160,14 @@ def ends_record(problem) -> IterationEnds | None:
         return None
     counts = {key: problem.num_devices if key == "optimizer_step_times" else problem.num_stages
               for key in ITERATION_END_KEYS}
-    return IterationEnds(*(value or (0.0,) * counts[key]
-                           for key, value in zip(ITERATION_END_KEYS, values, strict=True)))
+    given = (value or (0.0,) * counts[key] for key, value in zip(ITERATION_END_KEYS, values, strict=True))
+    return IterationEnds(*given, comm_slowdown=problem.comm_slowdown)
+
+
+def compute_slowed(problem) -> bool:
+    """Whether a device's compute slows while it communicates (`comm_slowdown` above 1): the
+    solvers' models leave that out, so their answers are simulated with it and bounded without."""
+    return problem.iteration_ends is not None and problem.iteration_ends.comm_slowdown != 1
 
 
 def unshard_windows(problem, begin: tuple[float, ...] | None = None) -> tuple[tuple[float, float], ...]:

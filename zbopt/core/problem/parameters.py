@@ -12,7 +12,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from zbopt.core.problem.checks import boolean, nonnegative_number, positive_int
+from zbopt.core.problem.checks import boolean, nonnegative_number, positive_int, slowdown_factor
 
 __all__ = ["ALWAYS_WRITTEN", "MECHANISMS", "PARAMETERS", "REQUIRED", "SHAPES", "Parameter", "config_keys",
            "docstring_section"]
@@ -193,6 +193,12 @@ PARAMETERS: tuple[Parameter, ...] = (
               "held from the start of its first gradient op (W, or BW) of an iteration until its reduction ends "
               "(FSDP's reduce-scatter after the last backward; the shard left counts with the static memory, "
               "outside the model, as plain data parallelism's whole gradients do).", unit="memory"),
+    Parameter("comm_slowdown", "number", 1.0, "iteration ends",
+              "how many times slower compute runs while its device communicates (1: not at all)",
+              "while a reduction, an unshard or a re-gather (G) of the device runs, its compute ops progress at "
+              "1/comm_slowdown of their speed (the collectives' kernels share the device), e.g. 1.1 for 10% slower; "
+              "a solver's model leaves it out (a relaxation: its answer is simulated with it, its bound still "
+              "holds).", check=slowdown_factor),
     Parameter("allow_reshard", "switch", False, "iteration ends",
               "FSDP: a schedule may free a stage's gathered parameters after its last forward and gather them "
               "again (G) before its backwards (needs unshard_times)",

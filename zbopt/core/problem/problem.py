@@ -32,7 +32,7 @@ from zbopt.core.placement import check_placement, device_stage, route_stages, st
 from zbopt.core.problem import checks, form, memory_floor, microbatches, slices
 from zbopt.core.problem.checks import known_parameters, per_device, per_stage, plain
 from zbopt.core.problem.mechanisms import (
-    ITERATION_END_KEYS,
+    END_INPUTS,
     IterationEnds,
     MicrobatchSizes,
     Offload,
@@ -117,7 +117,7 @@ class Problem(_Parameters):
                                         normalized["forward_times"], normalized["activation_memory"]))
         normalized.update(offload(self.allow_offload, given["offload_times"], given["reload_times"],
                                   self.shared_host_link, stages))
-        normalized.update(iteration_ends({key: getattr(self, key) for key in (*ITERATION_END_KEYS, "allow_reshard")},
+        normalized.update(iteration_ends({key: getattr(self, key) for key in END_INPUTS},
                                          stages, p, self.flush or self.iterations == 1))
         normalized["overlap_times"] = overlap(self.overlap_times, self.weight_times is not None, p)
         normalized.update(microbatches.check_tokens(self.microbatch_tokens, self.attention_share,

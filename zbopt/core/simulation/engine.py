@@ -12,13 +12,14 @@ import numpy as np
 from zbopt.core.errors import MemoryLimitError
 from zbopt.core.ops import op_table
 from zbopt.core.problem import Problem
+from zbopt.core.problem.mechanisms import compute_slowed
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation.ends import end_times
 from zbopt.core.simulation.memory import memory_steps, memory_violations
 from zbopt.core.simulation.orders import activation_choices, index_orders, overlapped_pairs
 from zbopt.core.simulation.result import Simulation
 from zbopt.core.simulation.timing import time_orders
-from zbopt.core.simulation.verify import check_shared_links, verify_times
+from zbopt.core.simulation.verify import check_shared_links, given_starts, verify_times
 
 __all__ = ["simulate"]
 
@@ -29,7 +30,7 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     Parameters
     ----------
     problem : the problem the schedule is for.
-    schedule : per-device orders; with start times, those are verified instead of computed.
+    schedule : per-device orders; with start times, those are verified instead of computed (see Notes).
     strict : raise MemoryLimitError on a memory violation instead of reporting it.
 
     Returns
@@ -50,7 +51,10 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     once its lane is free and its F (for O) or O (for L) has ended; compute does not wait for it,
     only the backward waits for its L. With a shared host link, two copies of a device pair that
     overlap on a lane are a ScheduleError. The iteration's ends (`Problem.iteration_ends`) are
-    timed as torch's lowering places them (`ends`): a forward waits for its stage's unshard.
+    timed as torch's lowering places them (`ends`): a forward waits for its stage's unshard. Where
+    compute slows while its device communicates (`comm_slowdown`), given start times are not
+    verified but kept as each op's earliest start (a plan's times leave the slowdown out), and
+    every op is timed as soon as possible from there.
 
     Examples
     --------
@@ -65,6 +69,8 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     device_ops = tuple(np.asarray(indices, dtype=np.int64) for indices in orders)
     if schedule.start_times is None:
         start, end = time_orders(table, orders, pairs)
+    elif compute_slowed(problem):  # given times leave the slowdown out: each op as soon as possible from its own
+        start, end = time_orders(table, orders, pairs, not_before=given_starts(table, orders, schedule.start_times))
     else:
         start, end = verify_times(table, orders, schedule.start_times, pairs)
     if problem.offload is not None and problem.offload.shared_host_link:

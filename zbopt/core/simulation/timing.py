@@ -8,11 +8,12 @@ import numpy as np
 from zbopt.core import interrupt
 from zbopt.core.errors import DeadlockError
 from zbopt.core.kinds import FORWARD, KINDS, REGATHER
-from zbopt.core.ops import COMPUTE_LANE, Op, OpTable
-from zbopt.core.problem.mechanisms import unshard_windows, unshards_done
+from zbopt.core.ops import COMPUTE_LANE, GATHER_LANE, Op, OpTable
+from zbopt.core.problem.mechanisms import compute_slowed, unshard_windows, unshards_done
 from zbopt.core.schedule import pair_text
 from zbopt.core.simulation.ends import device_ends
 from zbopt.core.simulation.result import Pair
+from zbopt.core.simulation.slowdown import Slowdown
 
 __all__ = ["barrier_groups", "same_device_input_name", "time_orders"]
 
@@ -53,13 +54,15 @@ def barrier_groups(table: OpTable) -> tuple[list[int], list[int], int]:
     return waits, feeds, problem.num_stages * boundaries
 
 
-def time_orders(table: OpTable, orders: list[list[int]],
-                 pairs: tuple[Pair, ...] = ()) -> tuple[np.ndarray, np.ndarray]:
+def time_orders(table: OpTable, orders: list[list[int]], pairs: tuple[Pair, ...] = (),
+                not_before: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Earliest start and end of every op given the device orders: a longest-path sweep in which a
     device advances until its next op waits on an unfinished op, and is woken when that op
     finishes. An overlapped pair starts once all its members could, and ends them all after its
-    cost. Raises DeadlockError naming the stuck devices when some order can never finish."""
-    sweep = _Sweep(table, orders, pairs)
+    cost. With `comm_slowdown`, compute slows while its device communicates (`Slowdown`); no op
+    starts before its `not_before` (given start times kept as the earliest). Raises DeadlockError
+    naming the stuck devices when some order can never finish."""
+    sweep = _Sweep(table, orders, pairs, not_before)
     sweep.run()
     stuck = [device for device, order in enumerate(orders) if sweep.position[device] < len(order)]
     if stuck:
@@ -81,8 +84,11 @@ class _Sweep:
     cost several percent of the simulator's time (benchmarks/bench_simulator.py); what runs once,
     or once per pair, is apart."""
 
-    def __init__(self, table: OpTable, orders: list[list[int]], pairs: tuple[Pair, ...]):
+    def __init__(self, table: OpTable, orders: list[list[int]], pairs: tuple[Pair, ...],
+                 not_before: np.ndarray | None):
         self.table, self.orders, self.pairs = table, orders, pairs
+        self.not_before = None if not_before is None else not_before.tolist()
+        self.slowdown = Slowdown(table) if compute_slowed(table.problem) else None
         self.waits, self.feeds, groups = barrier_groups(table)
         self.other_inputs = table.same_device_inputs
         if groups:
@@ -121,6 +127,7 @@ class _Sweep:
         other_inputs, feeds, left, latest = self.other_inputs, self.feeds, self.left, self.latest
         orders, start, end, position, free = self.orders, self.start, self.end, self.position, self.free
         copy_free, waiting, ready, pair_of = self.copy_free, self.waiting, self.ready, self.pair_of
+        not_before, slow = self.not_before, self.slowdown
         while ready:
             interrupt.check()  # a deadline_scope's limit (the plan's heuristics at m in the thousands), or Ctrl-C
             device = ready.pop()
@@ -134,7 +141,10 @@ class _Sweep:
                     if awaited is not None:
                         waiting.setdefault(awaited, []).append(device)
                         break
-                    members, finish = pair.members, begin + pair.cost
+                    if not_before is not None and not_before[op] > begin:
+                        begin = not_before[op]
+                    members = pair.members
+                    finish = begin + pair.cost if slow is None else slow.finish(device, begin, pair.cost)
                     t = finish
                 else:
                     copy_lane = lane[op]
@@ -160,14 +170,22 @@ class _Sweep:
                     if awaited >= 0:
                         waiting.setdefault(awaited, []).append(device)
                         break
+                    if not_before is not None and not_before[op] > begin:
+                        begin = not_before[op]
                     members, finish = (op,), begin + duration[op]
                     if copy_lane:
                         copy_free[device][copy_lane] = finish
+                        if slow is not None and copy_lane == GATHER_LANE:
+                            slow.add(device, begin, finish)
                     else:
+                        if slow is not None:
+                            finish = slow.finish(device, begin, duration[op])
                         t = finish
                 for member in members:
                     start[member] = begin
                     end[member] = finish
+                    if slow is not None:
+                        slow.ended(device, member, finish)
                     woken = waiting.pop(member, None)
                     if woken:
                         ready.extend(woken)
@@ -197,6 +215,8 @@ class _Sweep:
             stream_free = unshards_done(problem, tuple(self.steps_done))[device]
             placed = device_ends(problem, device, stream_free, self.latest[group], gradients_done)
             self.steps_done[device] = placed.step[1]
+            if self.slowdown is not None:
+                self.slowdown.next_iteration(device, tuple(self.steps_done))
             windows = unshard_windows(problem, tuple(self.steps_done))
             released = {stage * boundaries + iteration: windows[stage][1] for stage in stages}
         for entry, time in released.items():

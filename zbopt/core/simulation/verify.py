@@ -16,7 +16,7 @@ from zbopt.core.simulation.result import Pair
 from zbopt.core.simulation.timing import barrier_groups, same_device_input_name
 from zbopt.core.tolerance import RELATIVE_TOLERANCE
 
-__all__ = ["check_shared_links", "verify_times"]
+__all__ = ["check_shared_links", "given_starts", "verify_times"]
 
 
 def verify_times(table: OpTable, orders: list[list[int]], start_times,
@@ -24,9 +24,7 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
     """Check given start times: ops on a device in order without overlap, dependencies and latency
     (and iteration barriers) respected, up to a relative tolerance; an overlapped pair's members
     start together and end after its cost."""
-    start = np.zeros(table.size)
-    for indices, times in zip(orders, start_times, strict=True):
-        start[indices] = times
+    start = given_starts(table, orders, start_times)
     end = start + np.asarray(table.duration)
     pair_of = np.full(table.size, -1)
     for number, pair in enumerate(pairs):
@@ -49,6 +47,14 @@ def verify_times(table: OpTable, orders: list[list[int]], start_times,
                 )
     _check_inputs(table, start, end, pair_of, tolerance)
     return start, end
+
+
+def given_starts(table: OpTable, orders: list[list[int]], start_times) -> np.ndarray:
+    """Per op (numbered by `table`), its start time as given in `start_times`, per device in its order."""
+    start = np.zeros(table.size)
+    for indices, times in zip(orders, start_times, strict=True):
+        start[indices] = times
+    return start
 
 
 def _check_inputs(table: OpTable, start: np.ndarray, end: np.ndarray, pair_of: np.ndarray, tolerance: float) -> None:

@@ -2,7 +2,8 @@
 data-parallel group and each device's optimizer step, from the layers' bytes, how the model is
 trained (`Training`: the data-parallel size, the distributed optimizer, the dtype) and the
 device's interconnect and memory bandwidth (`Device.dp_bandwidth_gbs`, `dp_latency_ms`,
-`memory_bandwidth_gbs`), as the Problem's `grad_reduce_times` and `optimizer_step_times`.
+`memory_bandwidth_gbs`), as the Problem's `grad_reduce_times` and `optimizer_step_times` (and the
+device's `comm_slowdown`, where they are timed).
 
 Ring collectives over n ranks, B bytes per rank, bus bandwidth β per rank, α per ring step
 (Patarasuk and Yuan 2009; nccl-tests' PERFORMANCE.md defines its "bus bandwidth" by these factors):
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from zbopt.core.errors import ZboptError
 from zbopt.planning.model.flops import ELEMENT_BYTES, Training
 from zbopt.planning.model.parts import Device, Layer
 
@@ -77,6 +79,11 @@ def ends_times(device: Device, training: Training, stages: Sequence[Sequence[Lay
         if reduces:
             keys["unshard_times"] = [ring_reduce_scatter_ms(gathered, training.data_parallel, device.dp_bandwidth_gbs,
                                                             device.dp_latency_ms) for gathered in weights]
+    if device.comm_slowdown != 1:
+        if not reduces:
+            raise ZboptError(f"device.comm_slowdown = {device.comm_slowdown:g}: slows compute while a transfer runs, "
+                             "and the plan times none: give device.dp_bandwidth and a data-parallel size above 1")
+        keys["comm_slowdown"] = device.comm_slowdown
     return keys
 
 
@@ -140,6 +147,8 @@ def describe_ends(device: Device, training: Training) -> str | None:
         parts.append(f"optimizer step at {device.memory_bandwidth_gbs:g} GB/s of memory bandwidth")
     if steps and reduces and training.use_distributed_optimizer:
         parts.append("the updated weights all-gathered after the step")
+    if reduces and device.comm_slowdown != 1:
+        parts.append(f"compute {device.comm_slowdown:g} times slower while a transfer runs")
     if training.fsdp and ranks > 1:
         parts.append("each stage's weights gathered before its first forward and held until its last gradient op, "
                      "its gradients held from its first until their reduce-scatter"

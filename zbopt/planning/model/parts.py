@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from numbers import Real
 
 from zbopt.core.errors import ZboptError, shorten
+from zbopt.core.problem.checks import slowdown_factor
 from zbopt.core.tolerance import MAX_TOTAL
 from zbopt.core.units import parse_bandwidth, parse_flops, parse_memory, parse_time
 
@@ -98,7 +99,7 @@ class Layer:
                 "gradient_gb": self.gradient_gb}
 
 
-DEVICE_KEYS = ("memory", "flops", "p2p", "reserve", "dp_bandwidth", "dp_latency", "memory_bandwidth")
+DEVICE_KEYS = ("memory", "flops", "p2p", "reserve", "dp_bandwidth", "dp_latency", "memory_bandwidth", "comm_slowdown")
 # What a plan leaves free by default: a training process holds more than its tensors (the CUDA
 # context and NCCL's buffers, about 1-2 GB; the caching allocator's fragmentation, a few percent of
 # a busy device), none of which a plan sees. zbopt's choice, not a measurement: give `reserve`.
@@ -116,7 +117,8 @@ class Device:
     The iteration's ends (`zbopt.planning.model.collectives`): the data-parallel interconnect, the
     bus bandwidth of one rank in GB/s (`dp_bandwidth_gbs`; None: gradient reductions not timed)
     and the latency of one step of its ring in ms; the memory bandwidth in GB/s the optimizer step
-    runs at (`memory_bandwidth_gbs`; None: the step not timed)."""
+    runs at (`memory_bandwidth_gbs`; None: the step not timed); how many times slower compute runs
+    while the device communicates (`comm_slowdown`, the Problem's; 1: not at all)."""
 
     memory_gb: float | None = None
     flops: float | None = None
@@ -125,6 +127,7 @@ class Device:
     dp_bandwidth_gbs: float | None = None
     dp_latency_ms: float = 0.0
     memory_bandwidth_gbs: float | None = None
+    comm_slowdown: float = 1.0
 
     def __post_init__(self):
         object.__setattr__(self, "memory_gb", check_amount("device memory_gb", self.memory_gb, optional=True))
@@ -140,6 +143,7 @@ class Device:
             object.__setattr__(self, field, rate)
         object.__setattr__(self, "p2p_ms", check_amount("device p2p_ms", self.p2p_ms))
         object.__setattr__(self, "dp_latency_ms", check_amount("device dp_latency_ms", self.dp_latency_ms))
+        object.__setattr__(self, "comm_slowdown", slowdown_factor("device.comm_slowdown", self.comm_slowdown))
 
     @property
     def reserve(self) -> float:
@@ -164,8 +168,8 @@ class Device:
         unknown = [key for key in section if key not in DEVICE_KEYS]
         if unknown:
             raise ZboptError(f"{where}: unknown key {shorten(unknown[0])} (known: {', '.join(DEVICE_KEYS)})")
-        memory, flops, p2p, reserve, dp_bandwidth, dp_latency, memory_bandwidth = (section.get(key)
-                                                                                 for key in DEVICE_KEYS)
+        memory, flops, p2p, reserve, dp_bandwidth, dp_latency, memory_bandwidth, slowdown = (section.get(key)
+                                                                                           for key in DEVICE_KEYS)
         return cls(memory_gb=None if memory is None else parse_memory(memory, f"{where}.memory"),
                    flops=None if flops is None else parse_flops(flops, f"{where}.flops"),
                    p2p_ms=0.0 if p2p is None else parse_time(p2p, f"{where}.p2p"),
@@ -174,4 +178,5 @@ class Device:
                                                                                       f"{where}.dp_bandwidth"),
                    dp_latency_ms=0.0 if dp_latency is None else parse_time(dp_latency, f"{where}.dp_latency"),
                    memory_bandwidth_gbs=None if memory_bandwidth is None else parse_bandwidth(
-                       memory_bandwidth, f"{where}.memory_bandwidth"))
+                       memory_bandwidth, f"{where}.memory_bandwidth"),
+                   comm_slowdown=1.0 if slowdown is None else slowdown)

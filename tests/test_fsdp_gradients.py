@@ -131,3 +131,15 @@ def test_the_serial_fallback_promises_its_floor_and_all_of_a_devices_gradients()
                       allow_offload=True, offload_times=1, memory_limit=4)
     assert get("serial-offload").peak_memory_bound(problem) == (3.0, 4.0)
     assert simulate(problem, generate("serial-offload", problem)).peak_memory == (3.0, 4.0)
+
+
+def test_zb_v_counts_the_gradients_as_held_from_the_start_and_keeps_its_orders():
+    """ZB-V's greedy caps its activations at 1F1B's; with the gradients on both sides (held from
+    the start, and in the cap) it builds the orders it builds without them, and its simulated peak,
+    gradients included, stays within that cap."""
+    plain = Problem(num_devices=2, num_microbatches=4, chunks_per_device=2, placement="v", **UNIT,
+                    grad_reduce_times=2)
+    held = plain.replace(gradient_memory=[2, 1, 1, 2])
+    assert generate("zb-v", held).orders == generate("zb-v", plain).orders
+    peaks = simulate(held, generate("zb-v", held)).peak_memory
+    assert all(peak <= cap for peak, cap in zip(peaks, (4 + 2 + 2, 4 + 1 + 1), strict=True))

@@ -30,7 +30,7 @@ from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshards_done
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import activation_choices, simulate
-from zbopt.core.simulation.ends import device_ends, gathered_memory
+from zbopt.core.simulation.ends import device_ends, held_throughout
 from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import backward_ops, schedule_from_starts, serial_peak
 from zbopt.schedules.registry import generate, register, require
@@ -253,7 +253,7 @@ class _Fitting:
         self.table = table = OpTable(problem, *activation_choices(Schedule(orders)))
         self.indices = [[table.index(op) for op in order] for order in orders]
         self.caps = [memory_ceiling(limit) - gathered for limit, gathered in zip(problem.memory_caps,
-                                                                                 gathered_memory(problem), strict=True)]
+                                                                                 held_throughout(problem), strict=True)]
         self.start = [0.0] * table.size
         self.end: list[float | None] = [None] * table.size
         # per device, its memory events so far as (time, allocates, change), in order (a free first at a moment)

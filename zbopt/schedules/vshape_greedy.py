@@ -36,7 +36,7 @@ from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, WEIGHT
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import simulate
-from zbopt.core.simulation.ends import gathered_memory
+from zbopt.core.simulation.ends import held_throughout
 from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import block_memory, chunk_activations, passes_to_schedule, require_v_shape
 from zbopt.schedules.registry import register
@@ -89,7 +89,7 @@ class _GreedyRun:
         self.fill_forward, self.fill_backward = fill_forward, fill_backward
         self.done = [dict.fromkeys(_LANES, 0) for _ in range(p)]
         self.ends: dict[tuple[str, int, int, int], float] = {}  # (kind, device, chunk, microbatch) -> end
-        self.clock, self.held, self.idle = [0.0] * p, list(gathered_memory(problem)), [0.0] * p
+        self.clock, self.held, self.idle = [0.0] * p, list(held_throughout(problem)), [0.0] * p
         self.pending: list[deque[int]] = [deque() for _ in range(p)]  # chunks whose W is due, oldest first
         self.passes: list[list[Pass]] = [[] for _ in range(p)]
 
@@ -356,10 +356,10 @@ def zero_bubble_v(problem: Problem) -> Schedule:
 
 @functools.lru_cache(maxsize=4)
 def _one_f_one_b_greedy(problem: Problem) -> Schedule:
-    """The greedy within 1F1B's memory (and FSDP's gathered weights, held from the start), once per
+    """The greedy within 1F1B's memory (and FSDP's gathered weights and gradients, held from the start), once per
     problem: `zb-v` and `v-zb` are the same orders, and at p = 32, m = 512 it takes seconds."""
     caps = [problem.num_devices * sum(chunk_activations(problem, d)) + g
-            for d, g in enumerate(gathered_memory(problem))]
+            for d, g in enumerate(held_throughout(problem))]
     return _shortest(problem, caps, "zb-v")
 
 

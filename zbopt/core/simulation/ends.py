@@ -29,7 +29,7 @@ from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows, unshards_done
 
 __all__ = ["DeviceEnds", "EndTimes", "EndWindow", "device_ends", "end_times", "forwards_done", "gathered_memory",
-           "gradient_ends", "gradient_starts"]
+           "gradient_ends", "gradient_starts", "held_throughout"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,18 @@ def gathered_memory(problem: Problem) -> tuple[float, ...]:
         return (0.0,) * problem.num_devices
     held = problem.iteration_ends.unshard_memory
     return tuple(sum(held[stage] for stage in stages) for stages in problem.stages_of_device)
+
+
+def held_throughout(problem: Problem) -> tuple[float, ...]:
+    """Per device, FSDP's gathered parameters and unsharded gradients of its stages together (0
+    without FSDP): what a plan that caps memory as it goes, and neither frees the parameters at
+    each stage's last gradient op nor the gradients at its reduction's end, counts as held from
+    the start (more than the device ever holds of them: its caps then hold for the simulator's)."""
+    if problem.iteration_ends is None:
+        return (0.0,) * problem.num_devices
+    ends = problem.iteration_ends
+    return tuple(sum(ends.unshard_memory[stage] + ends.gradient_memory[stage] for stage in stages)
+                 for stages in problem.stages_of_device)
 
 
 def end_times(problem: Problem, table: OpTable, end: np.ndarray) -> EndTimes:

@@ -70,7 +70,9 @@ def test_times_near_the_float_limit_are_refused(capsys):
 
 @pytest.mark.parametrize("changes, key", [({"forward_times": 1e-10, "backward_times": 1e-10}, "backward_times"),
                                           ({"memory_limit": 1e300}, "memory_limit"),
-                                          ({"activation_memory": 2e14}, "activation_memory")])
+                                          ({"activation_memory": 2e14}, "activation_memory"),
+                                          ({"unshard_memory": [1e300, 0, 0, 0]}, "unshard_memory"),
+                                          ({"gradient_memory": 2e15, "grad_reduce_times": 1}, "gradient_memory")])
 def test_times_below_the_tolerance_and_memory_beyond_the_exact_integers_are_refused(changes, key):
     with pytest.raises(ProblemError) as refusal:
         Problem(num_devices=4, num_microbatches=8, **changes)

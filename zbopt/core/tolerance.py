@@ -92,6 +92,11 @@ def check_ranges(problem, least=None) -> None:
     for limit in problem.memory_limit or ():
         if limit > MAX_TOTAL:
             raise ProblemError("memory_limit", limit, f"at most {_short(MAX_TOTAL)} allowed")
+    ends = problem.iteration_ends
+    for key in ("unshard_memory", "gradient_memory") if ends is not None else ():  # FSDP's, beside the activations
+        values = getattr(ends, key)
+        if any(sum(values[stage] for stage in stages) > MAX_TOTAL for stages in problem.stages_of_device):
+            raise ProblemError(key, max(values), f"a device's together at most {_short(MAX_TOTAL)} allowed")
     _within(_device_memory(problem), "a device holds", "the smallest activation",
             None if problem.memory_limit is None else 1 / RELATIVE_TOLERANCE)
 

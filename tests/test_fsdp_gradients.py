@@ -143,3 +143,34 @@ def test_zb_v_counts_the_gradients_as_held_from_the_start_and_keeps_its_orders()
     assert generate("zb-v", held).orders == generate("zb-v", plain).orders
     peaks = simulate(held, generate("zb-v", held)).peak_memory
     assert all(peak <= cap for peak, cap in zip(peaks, (4 + 2 + 2, 4 + 1 + 1), strict=True))
+
+
+def test_with_a_split_backward_the_floor_counts_only_the_stages_own_parameters_at_its_first_w():
+    """Stage 1's first W may wait until stage 0's W has freed stage 0's parameters (5): 0F0 1F0 1B0
+    0B0 0W0 1W0 holds stage 1's gradients (10) and its W's kept half activation, 10.5, which the
+    floor is (it said 15.5 counting stage 0's parameters, and refused this schedule's limit)."""
+    problem = Problem(num_devices=1, num_microbatches=1, chunks_per_device=2, **UNIT, unshard_memory=[5, 0],
+                      gradient_memory=[0, 10])
+    assert problem.min_memory_limit == (10.5,)
+    assert simulate(problem, _orders("0F0 1F0 1B0 0B0 0W0 1W0")).peak_memory == (10.5,)
+
+
+def test_zero_bubbles_limits_count_fsdps_memory_on_top_and_keep_their_orders():
+    """ZB-1p and ZB-2p cap activations at p and 2p M_B: with FSDP's parameters and gradients on top
+    (held from the start by the greedy, and in the cap) the orders are those without them, and the
+    simulated peaks stay within the promise."""
+    plain = Problem(num_devices=4, num_microbatches=8, **UNIT, grad_reduce_times=1)
+    held = plain.replace(unshard_memory=2, gradient_memory=1)
+    for name in ("zb-1p", "zb-2p"):
+        assert generate(name, held).orders == generate(name, plain).orders
+        promised = get(name).peak_memory_bound(held)
+        assert all(peak <= bound for peak, bound in zip(simulate(held, generate(name, held)).peak_memory, promised,
+                                                         strict=True))
+
+
+def test_the_greedy_stays_within_the_limit_with_the_gradients_its_ws_take():
+    """The greedy caps forwards only; a stage's first W takes its gradients at its start, which it
+    counts from the start instead (it broke the limit 1.5: its peak was 2)."""
+    problem = Problem(num_devices=2, num_microbatches=4, forward_times=[1, 3], backward_times=[3, 1],
+                      weight_times=[2, 3], grad_reduce_times=[1, 3], gradient_memory=[0.5, 1], memory_limit=[1.5, 2])
+    assert simulate(problem, generate("greedy", problem)).valid

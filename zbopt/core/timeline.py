@@ -18,7 +18,7 @@ from zbopt.core.kinds import FORWARD
 from zbopt.core.ops import Op, op_table
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
-from zbopt.core.simulation.ends import gathered_memory
+from zbopt.core.simulation.ends import gathered_memory, held_throughout
 from zbopt.core.tolerance import memory_ceiling
 
 __all__ = ["PendingFrees", "Timeline", "compact"]
@@ -32,8 +32,9 @@ class Timeline:
     that fill gaps. `ready(op)` is when an op's input arrives, `held[d]` the memory device d holds
     after the ops appended to it (with FSDP, its stages' gathered parameters throughout and each
     one's unsharded gradients from its first gradient op on: every forward of a route leads to
-    each of its stages' last gradient op, so none follows a reduction), `orders` the appended ops
-    per device.
+    each of its stages' last gradient op, so none follows a reduction; or, `gradients_throughout`,
+    from the start, for a plan that caps only its forwards, since a first W takes them at its
+    start, which the end-of-op count here does not see), `orders` the appended ops per device.
 
     >>> from zbopt import Problem
     >>> timeline = Timeline(Problem(num_devices=2, num_microbatches=1, forward_times=1, backward_times=2,
@@ -42,13 +43,14 @@ class Timeline:
     (0.0, 1.5, [1.0, 0.0])
     """
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, gradients_throughout: bool = False):
         self.problem = problem
         self.table = op_table(problem)
         self.start: list[float | None] = [None] * self.table.size
         self.free = [0.0] * problem.num_devices
-        self.held = list(gathered_memory(problem))
-        self.gradients = list(problem.iteration_ends.gradient_memory) if problem.iteration_ends else None
+        self.held = list((held_throughout if gradients_throughout else gathered_memory)(problem))
+        ends = problem.iteration_ends
+        self.gradients = None if ends is None or gradients_throughout else list(ends.gradient_memory)
         self.orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
 
     def start_of(self, op: Op) -> float | None:

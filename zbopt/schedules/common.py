@@ -109,9 +109,9 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str, t
     return Schedule(orders, times, name=name, pairs=pairs)
 
 
-def serial_peak(problem: Problem, floor: str) -> tuple[float, ...]:
+def serial_peak(problem: Problem, floor: Callable[[Problem], tuple[float, ...]]) -> tuple[float, ...]:
     """Per device, the peak a generator that runs one microbatch at a time and lists no G promises:
-    the `floor` ("min_memory_limit" or "recomputation_floor") of the problem without re-gathers
+    the `floor` (`Problem.min_memory_limit` or `recomputation_floor`) of the problem without re-gathers
     (FSDP's parameters held from their unshard to their stage's last gradient op) and without
     gradients held until their reduction (the limit set aside, which may be below the floor
     then), plus all the device's gradients (`gradient_memory`): from a stage's first gradient op
@@ -121,7 +121,7 @@ def serial_peak(problem: Problem, floor: str) -> tuple[float, ...]:
     plain = problem.replace(allow_reshard=False, memory_limit=None, gradient_memory=None) \
         if problem.allow_reshard or any(gradients) else problem
     return tuple(peak + sum(gradients[stage] for stage in stages)
-                 for peak, stages in zip(getattr(plain, floor), problem.stages_of_device, strict=True))
+                 for peak, stages in zip(floor(plain), problem.stages_of_device, strict=True))
 
 
 def require_v_shape(problem: Problem, name: str) -> None:

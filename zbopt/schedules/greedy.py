@@ -60,7 +60,7 @@ class _ListSchedule:
 
     def __init__(self, problem: Problem):
         self.problem = problem
-        self.timeline = Timeline(problem)
+        self.timeline = Timeline(problem, gradients_throughout=True)
         self.table = table = self.timeline.table
         self.stages = [sorted(device_stages) for device_stages in problem.stages_of_device]
         self.microbatches = {stage: problem.microbatches_of(stage) for stage in range(problem.num_stages)}

@@ -108,15 +108,15 @@ def _place_offloads(problem: Problem, candidates: list[tuple], starts: dict[Op, 
 
 @register("serial-offload", "zbopt's fallback at the least limit with offload: one microbatch at a time, every "
                             "activation offloaded but the last stage's",
-          lambda problem: serial_peak(problem, "min_memory_limit"))
+          lambda problem: serial_peak(problem, lambda plain: plain.min_memory_limit))
 def serial_offload(problem: Problem) -> Schedule:
     """Microbatch by microbatch, its forwards stage by stage, each activation but the last stage's
     offloaded before the device's next forward starts, then its backwards, each reloaded once the
     device has freed the one before: a device holds at most one stage's activation, the least
     limit with offload (`Problem.min_memory_limit`; with FSDP, the least that keeps its parameters,
     and all its gradients held until their reductions: `serial_peak`). Slow, but it fits where
-    nothing else does, so the optimizer always has a warm start. Any v and placement; needs
-    allow_offload."""
+    nothing else does, so the optimizer has a warm start at any limit from there up. Any v and
+    placement; needs allow_offload."""
     require(problem.offload is not None, "serial-offload", _NEEDS)
     last = problem.num_stages - 1
     starts: dict[Op, float] = {}

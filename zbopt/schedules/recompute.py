@@ -148,15 +148,15 @@ def mario_one_f_one_b(problem: Problem) -> Schedule:
 
 @register("serial-recompute", "zbopt's fallback at the least limit with recomputation: one microbatch at a time, "
                               "every stage but the last recomputed",
-          lambda problem: serial_peak(problem, "recomputation_floor"))
+          lambda problem: serial_peak(problem, lambda plain: plain.recomputation_floor))
 def serial_recompute(problem: Problem) -> Schedule:
     """Each device runs microbatch j's forwards on its stages, then for each of its stages from the
     last down R (but on the last stage), B and W, before anything of microbatch j + 1: a device then
     holds at most one stage's activation and the checkpoints of its earlier stages, the least limit
     with recomputation (`Problem.recomputation_floor`; with FSDP, the least that keeps its parameters,
     and all its gradients held until their reductions: `serial_peak`). Slow, but it fits where nothing
-    else does (V shapes near that limit), so the optimizer always has a warm start. Any v and
-    placement; needs allow_recompute."""
+    else does (V shapes near that limit), so the optimizer has a warm start at any limit from there
+    up. Any v and placement; needs allow_recompute."""
     require(problem.recomputation is not None, "serial-recompute", _NEEDS)
     last = problem.num_stages - 1
     orders: list[list[Op]] = []

@@ -1,21 +1,23 @@
-"""Reductions in turn: a schedule whose devices end with a run of weight-gradient ops (W) regrouped
-so that the iteration's gradient reductions start as early as they can (issue 44's "W ordered by
-stage" variant of any generator).
+"""Reductions in turn: a schedule whose devices end with a run of weight-gradient ops (W) regrouped so
+that the iteration's gradient reductions start as early as they can (issue 44's "W ordered by stage"
+variant of any generator).
 
 A stage's reduction starts once its last gradient op has ended (`zbopt.core.simulation.ends`); a
 device that ends on W of several stages (two chunks or more per device: ZB-V, interleaved) finishes
 them in whatever order its generator left them, often interleaved, so every one of its reductions
 waits for the end. The W at the end of a device's order depend on nothing still to run there and
-nothing depends on them, so any order of them is valid, ends compute at the same time and only
-frees memory. Taken alone, that run is a two-machine flow shop: each stage a job, its trailing W
-on compute, then its reduction on the communication stream; Johnson's rule (Johnson 1954: the jobs
-whose compute is at most their reduction first, by compute ascending, then the rest by reduction
-descending, each job's W together) ends the stream soonest. The stream's earlier reductions were
-all ready before the run began, so they act as one more job with no W, which Johnson's rule puts
-first anyway: the result is the best order of the run for its device's step (the other devices
-keep theirs). `compare` shows it as a "(reductions in turn)" row where it shortens the iteration.
-With several iterations each one's run is regrouped: a device's ops of an iteration all come
-before its step, so its part of the order ends with that iteration's W.
+nothing depends on them, so any order of them is valid and ends compute at the same time (its memory
+may differ: where gradients are held until their reduction, `gradient_memory`, the order decides
+when each stage's are taken and given back). Taken alone, that run is a two-machine flow shop: each
+stage a job, its trailing W on compute, then its reduction on the communication stream; Johnson's
+rule (Johnson 1954: the jobs whose compute is at most their reduction first, by compute ascending,
+then the rest by reduction descending, each job's W together) ends the stream soonest. The stream's
+earlier reductions were all ready before the run began, so they act as one more job with no W, which
+Johnson's rule puts first anyway: the result is the best order of the run for its device's step (the
+other devices keep theirs); where compute slows under a transfer (`comm_slowdown`) that is no longer
+certain. `compare` shows it as a "(reductions in turn)" row where it shortens the iteration. With
+several iterations each one's run is regrouped: a device's ops of an iteration all come before its
+step, so its part of the order ends with that iteration's W.
 """
 
 from __future__ import annotations

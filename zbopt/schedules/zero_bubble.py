@@ -21,6 +21,7 @@ from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import simulate
+from zbopt.core.simulation.ends import held_throughout
 from zbopt.core.timeline import Timeline
 from zbopt.core.tolerance import memory_ceiling
 from zbopt.schedules.common import repeat_per_iteration
@@ -144,7 +145,7 @@ class _AutoGreedy:
 
     def __init__(self, problem: Problem, limits: Sequence[float], choices: GreedyChoices):
         self.problem, self.limits, self.choices = problem, limits, choices
-        self.timeline = Timeline(problem.replace(iterations=1))
+        self.timeline = Timeline(problem.replace(iterations=1), gradients_throughout=True)
         self.devices = [_Device() for _ in range(problem.num_devices)]
 
     # -- placing ops
@@ -318,10 +319,13 @@ def _auto_memory(problem: Problem) -> list[float]:
 
 def _scaled_limits(problem: Problem, microbatches: int) -> tuple[float, ...]:
     """`microbatches` · M_B per device, M_B the largest activation_memory of a stage (of any
-    microbatch, where they differ); never above the problem's own limit."""
+    microbatch, where they differ), and FSDP's gathered parameters and gradients on top (the
+    paper's limits count activations; `held_throughout`, as ZB-V's target); never above the
+    problem's own limit."""
     rows = (problem.per_microbatch or {}).get("activation_memory")
     limit = microbatches * max(problem.activation_memory if rows is None else (max(row) for row in rows))
-    return tuple(min(limit, cap) for cap in problem.memory_caps)
+    return tuple(min(limit + fsdp, cap) for fsdp, cap in zip(held_throughout(problem), problem.memory_caps,
+                                                             strict=True))
 
 
 @register("zb-auto", "Zero Bubble automatic greedy (Qi et al. 2024, sec. 3.1) under the memory limit",

@@ -13,11 +13,11 @@ from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import compute_slowed
 from zbopt.core.schedule import Schedule
 from zbopt.core.simulation import Simulation, simulate
-from zbopt.core.ticks import gradients_wait, waits_matter
+from zbopt.core.ticks import waits_matter
 from zbopt.schedules.common import schedule_from_starts
 from zbopt.solvers.task import Found
 
-__all__ = ["OBJECTIVES", "as_proof", "check_close", "objective_name", "objective_value", "simulated_answer",
+__all__ = ["OBJECTIVES", "check_close", "objective_name", "objective_value", "simulated_answer",
            "start_times", "without_needless_mechanisms"]
 
 OBJECTIVES = ("makespan", "span")
@@ -63,19 +63,6 @@ def simulated_answer(problem: Problem, found: Found, objective: str, solver: str
     if found.modelled is not None and not slowed:
         check_close(solver, objective_value(simulation, objective), found.modelled, found.error_bound)
     return simulation
-
-
-def as_proof(problem: Problem, found: Found) -> Found:
-    """What the backend's finding proves about `problem`. Where compute slows while it communicates
-    (`compute_slowed`), the model leaves the slowdown out: every schedule of the problem, its start
-    times kept, is one of the model's, whose ops end no later, so the model's optimum and bound
-    bound it too, and its answer (simulated with the slowdown) is proven only where it meets them.
-    Not so with gradients held until a reduction under a limit (`gradients_wait`): the model runs
-    the reductions in the order its (earlier) gradient ops end, which may not be the schedule's,
-    so the finding proves nothing then."""
-    if compute_slowed(problem) and gradients_wait(problem):
-        return dataclasses.replace(found, status="feasible", bound=0.0)
-    return found
 
 
 def _span_lengthened(simulation: Simulation, found: Found, objective: str) -> bool:

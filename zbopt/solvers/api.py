@@ -30,7 +30,6 @@ from zbopt.schedules.ordering import Order
 from zbopt.solvers import cpsat, full_model, lns, milp
 from zbopt.solvers.answer import (
     OBJECTIVES,
-    as_proof,
     objective_name,
     objective_value,
     simulated_answer,
@@ -247,8 +246,7 @@ def _search(call: _Call, backend: Backend, options: dict, workers: int, seed: in
             lower_peak: bool) -> SolveResult:
     """The search stage and what follows it: the backend's answer re-simulated, judged against the
     warm start and the bounds, then (`lower_peak`) the second phase."""
-    problem, objective, search = call.problem, call.objective, backend.search
-    warm = call.warm_simulation
+    problem, objective, search, warm = call.problem, call.objective, backend.search, call.warm_simulation
     live = _LiveLine(call.began, call.independent_bound, None if warm is None else objective_value(warm, objective)) \
         if progress else None
     task = SearchTask(objective, warm, call.independent_bound, search_deadline(call, backend),
@@ -262,8 +260,8 @@ def _search(call: _Call, backend: Backend, options: dict, workers: int, seed: in
         return call.result(None, found.status, max(call.independent_bound, found.bound), proved, found.resolution)
     if simulation is not None:
         simulation = without_needless_mechanisms(problem, simulation, objective, call.deadline)
-    status, simulation, lower, decided_by = _verdict(as_proof(problem, found), simulation, call.warm, objective,
-                                                     call.independent_bound, call.binding_text)
+    status, simulation, lower, decided_by = _verdict(found, simulation, call.warm, objective, call.independent_bound,
+                                                     call.binding_text)
     if lower_peak and not task.stopped.is_set() and not interrupt.requested.is_set():
         simulation = _lower_peak(search, task, options, simulation, call)
     return call.result(simulation, status, lower, decided_by, found.resolution,
@@ -313,6 +311,7 @@ def _run_stoppable(search, problem: Problem, task: SearchTask, options: dict, li
                 drawn = time.perf_counter()
     except KeyboardInterrupt:
         stop()
+        interrupt.left_running(done)
         raise
     finally:
         if live is not None:
@@ -333,8 +332,9 @@ def _verdict(found: Found, simulation: Simulation | None, warm: tuple[str, Simul
              independent_bound: float, binding: str) -> tuple[str, Simulation, float, str | None]:
     """(status, simulation, lower bound, what decided) of a search: the warm start when it is
     better; the objective as its own bound when the backend proved it for the problem's own costs;
-    "optimal" exactly when the objective meets the lower bound (the one rule), else "feasible"
-    (where compute slows while it communicates, see `as_proof`)."""
+    "optimal" exactly when the objective meets the lower bound (the one rule), else "feasible".
+    A model leaving out a slowdown (`compute_slowed`) still bounds: every schedule, its starts kept,
+    is one of its (ops end no later; a device's reductions get ready in its compute lane's order)."""
     tolerance = max(optimality_tolerance(independent_bound), found.tolerance)
     lower = max(independent_bound, found.bound)
     if simulation is None or (warm is not None and objective_value(warm[1], objective)

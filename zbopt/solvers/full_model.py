@@ -148,11 +148,12 @@ def search(problem: Problem, task: SearchTask, *, memory_model: str = "cumulativ
         ops.update(optional)
     _no_overlap(model, problem, ops, pairs)  # 2.
     _precedences(model, frame.graph, ops, pairs)  # 3. (and 5.: the symmetry-breaking and memory precedences)
+    memory_counts = problem.memory_limit is not None or task.peak_cap is not None  # a limit, or the second phase
     placed = None  # 7. (per device and iteration, its optimizer step's end; per stage, its reduction's)
     if integral.iteration_ends is not None:
-        placed = placed_ends(model, integral, ops, horizon)
-    lifetimes, regathers = None, {}  # 4. (where a limit or the second phase needs them; 7.'s re-gathers)
-    if problem.memory_limit is not None or task.peak_cap is not None:
+        placed = placed_ends(model, integral, ops, horizon, memory_counts)
+    lifetimes, regathers = None, {}  # 4. (where memory counts; 7.'s re-gathers)
+    if memory_counts:
         gathered, regathers = fsdp_lifetimes(model, integral, ops, horizon, placed)
         lifetimes = limited_lifetimes(model, problem, frame.ops, ops, horizon, choices, memory_model, gathered)
     if symmetry_breaking:  # 5. (the memory disjunctions; the precedences are edges of the implied graph)
@@ -216,7 +217,7 @@ def _warm_hint(problem: Problem, integral: Problem, scale: TickScale,
         hint = {op: scale.ticks(time) for op, time in start_times(warm).items()}
         rounding = 0 if scale.exact else math.ceil(scale.error_bound * scale.ticks_per_unit)
         return hint, scale.ticks(objective_value(warm, task.objective)) + rounding, False
-    hinted = simulate(integral, warm.schedule.without_times())
+    hinted = simulate(integral.replace(comm_slowdown=1.0), warm.schedule.without_times())  # the model's durations
     hint = {op: round(hinted.times_of(op)[0]) for op in hinted.table.ops()}
     goal = round(objective_value(hinted, task.objective))
     return hint, goal, True

@@ -37,10 +37,11 @@ class PlacedEnds(NamedTuple):
     reduced: list[list]
 
 
-def placed_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) -> PlacedEnds:
+def placed_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int, memory_counts: bool) -> PlacedEnds:
     """The ends' variables and constraints (`problem` in ticks): the makespan objective's goal is
     at least each device's last step's end. Where gradients are held until their reduction
-    (`gradient_memory`), a device's reductions run in the simulator's order (`_in_ready_order`)."""
+    (`gradient_memory`) and the model counts memory (`memory_counts`: a limit, or the second
+    phase's peak), a device's reductions run in the simulator's order (`_in_ready_order`)."""
     ends, gathered = problem.iteration_ends, _unshards_through(problem)
     steps_done = []
     reduced = [[None] * problem.num_stages for _ in range(problem.iterations)]
@@ -60,7 +61,7 @@ def placed_ends(model, problem: Problem, ops: dict[Op, OpVars], horizon: int) ->
                 lane.append(model.NewFixedSizeIntervalVar(reduce, int(ends.reduce_times[stage]), f"reduce_{stage}"))
                 model.Add(step >= reduce + int(ends.reduce_times[stage]))
                 reduced[iteration][stage] = reduce + int(ends.reduce_times[stage])
-            if any(ends.gradient_memory):
+            if memory_counts and any(ends.gradient_memory):
                 _in_ready_order(model, problem, ops, reduces, iteration, horizon)
             done.append(step + int(ends.step_times[device]))
         model.AddNoOverlap(lane)

@@ -126,7 +126,7 @@ class IterationEnds:
 
 ITERATION_END_KEYS = ("grad_reduce_times", "optimizer_step_times", "unshard_times", "unshard_memory",
                       "gradient_memory")
-END_INPUTS = (*ITERATION_END_KEYS, "allow_reshard", "comm_slowdown")  # what `iteration_ends` checks
+END_INPUTS = (*ITERATION_END_KEYS, "allow_reshard", "comm_slowdown", "shared_host_link")  # what `iteration_ends` checks
 
 
 def iteration_ends(given: dict, stages: int, devices: int, flush: bool) -> dict:
@@ -134,13 +134,17 @@ def iteration_ends(given: dict, stages: int, devices: int, flush: bool) -> dict:
     given. With several iterations each device's step is a flush (its next forwards wait for it),
     so they need `flush`."""
     normalized = {}
-    for key in ITERATION_END_KEYS:  # the two switches of END_INPUTS are checked below
+    for key in ITERATION_END_KEYS:  # the switches of END_INPUTS are checked below
         per_item, count = (per_device, devices) if key == "optimizer_step_times" else (per_stage, stages)
         normalized[key] = None if given[key] is None else per_item(key, given[key], count, positive=False)
     if given["allow_reshard"] and not (normalized["unshard_times"] and any(normalized["unshard_times"])):
         raise ProblemError("allow_reshard", True, "needs unshard_times (FSDP's all-gather of a stage's parameters, "
                                                   "which a re-gather repeats)")
     transfers = any(normalized[key] and any(normalized[key]) for key in ("grad_reduce_times", "unshard_times"))
+    if given["comm_slowdown"] != 1 and given["shared_host_link"]:
+        raise ProblemError("comm_slowdown", given["comm_slowdown"],
+                           "with shared_host_link: which copy of a device pair goes first is in a schedule's start "
+                           "times, which a slowdown moves, and zbopt does not time that; leave one out")
     if given["comm_slowdown"] != 1 and not transfers:
         raise ProblemError("comm_slowdown", given["comm_slowdown"],
                            "slows compute while a transfer runs, and none takes time: give grad_reduce_times or "

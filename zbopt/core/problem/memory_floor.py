@@ -40,26 +40,29 @@ def _largest(problem, floor) -> tuple[float, ...]:
 def _at_the_first_gradient_op(problem) -> tuple[float, ...]:
     """Per device, the most over its stages s of what it must hold around s's first gradient op
     (W, or BW) of an iteration, where gradients are held until their reduction (`gradient_memory`):
-    s's unsharded gradients, taken then, the gathered parameters then held (`_gathered`: s needs
-    its own), and the least of two cases. Either a forward of s starts after that op has started:
-    the gradients are still held then (its own gradient op comes later, and the reduction after
-    that), beside that microbatch's whole activation, which it holds at its F, R or L. Or every
-    forward of s in the iteration has started before: that op's microbatch holds what it keeps
-    until the op ends, and each other microbatch the least it can hold before its own gradient
-    op (W's kept part; less with a checkpoint; 0 offloaded)."""
+    s's unsharded gradients, taken then, and the least of two cases. Either a forward of s starts
+    after that op has started: the gradients are still held then (its own gradient op comes later,
+    and the reduction after that), beside that microbatch's whole activation, which it holds at
+    its F, R or L, and the gathered parameters then held (`_gathered`). Or every forward of s in
+    the iteration has started before: that op's microbatch holds what it keeps until the op ends,
+    each other microbatch the least it can hold before its own gradient op (W's kept part; less
+    with a checkpoint; 0 offloaded), and s its own parameters (a split backward may have run every
+    W of an earlier stage, freeing its parameters, before s's first W; a fused one cannot: the
+    earlier stage's last BW follows s's BW of that microbatch)."""
     gradients, kind, m = problem.iteration_ends.gradient_memory, problem.gradient_kind, problem.num_microbatches
 
-    def held(s: int) -> float:
+    def held(s: int, stages) -> float:
         firsts = [j for j in problem.microbatches_of(s) if j < m]
         whole = min(problem.memory_delta(FORWARD, s, microbatch=j) for j in firsts)
         kept = [-problem.memory_delta(kind, s, microbatch=j) for j in firsts]
         least = [0.0 if problem.allow_offload else
                  min(own, problem.memory_delta(FORWARD, s, recomputed=True, microbatch=j)) if problem.allow_recompute
                  else own for j, own in zip(firsts, kept, strict=True)]
-        return min(whole, min(kept) + sum(sorted(least)[:len(firsts) - 1]))
+        parameters = _gathered(problem, stages, s)
+        own_parameters = problem.iteration_ends.unshard_memory[s] if problem.split_backward else parameters
+        return min(whole + parameters, min(kept) + sum(sorted(least)[:len(firsts) - 1]) + own_parameters)
 
-    return tuple(max(gradients[s] + _gathered(problem, stages, s) + held(s) for s in stages)
-                 for stages in problem.stages_of_device)
+    return tuple(max(gradients[s] + held(s, stages) for s in stages) for stages in problem.stages_of_device)
 
 
 def _gathered_by_the_first_forward(problem) -> tuple[float, ...]:

@@ -52,9 +52,9 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     only the backward waits for its L. With a shared host link, two copies of a device pair that
     overlap on a lane are a ScheduleError. The iteration's ends (`Problem.iteration_ends`) are
     timed as torch's lowering places them (`ends`): a forward waits for its stage's unshard. Where
-    compute slows while its device communicates (`comm_slowdown`), given start times are not
-    verified but kept as each op's earliest start (a plan's times leave the slowdown out), and
-    every op is timed as soon as possible from there.
+    compute slows while its device communicates (`comm_slowdown`), given start times are verified
+    without it (a plan's times leave it out), then kept as each op's earliest start: every op is
+    timed as soon as possible from there (the simulation's times, not the schedule's, are its own).
 
     Examples
     --------
@@ -69,7 +69,8 @@ def simulate(problem: Problem, schedule: Schedule, *, strict: bool = False) -> S
     device_ops = tuple(np.asarray(indices, dtype=np.int64) for indices in orders)
     if schedule.start_times is None:
         start, end = time_orders(table, orders, pairs)
-    elif compute_slowed(problem):  # given times leave the slowdown out: each op as soon as possible from its own
+    elif compute_slowed(problem):  # valid without the slowdown, then each op as soon as possible from its own
+        verify_times(table, orders, schedule.start_times, pairs)
         start, end = time_orders(table, orders, pairs, not_before=given_starts(table, orders, schedule.start_times))
     else:
         start, end = verify_times(table, orders, schedule.start_times, pairs)

@@ -36,7 +36,7 @@ class Slowdown:
         self.gradient = problem.gradient_kind
         self.kind, self.stage, self.iteration = table.kind, table.stage, table.iteration
         self.left: dict[tuple[int, int], int] = {}  # per (stage, iteration), its gradient ops still to end
-        for index, kind in enumerate(table.kind):
+        for index, kind in enumerate(table.kind):  # (not `iteration_barrier`: a route's stage has fewer than m)
             if kind == self.gradient:
                 key = (table.stage[index], table.iteration[index])
                 self.left[key] = self.left.get(key, 0) + 1

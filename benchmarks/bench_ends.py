@@ -21,25 +21,32 @@ from record import write_results
 
 from zbopt import solve
 from zbopt.core.paper_tables import ZERO_BUBBLE_MODELS
-from zbopt.planning.model.collectives import ring_all_reduce_ms
+from zbopt.planning.model.collectives import ring_all_reduce_ms, ring_reduce_scatter_ms
 
 DATA_PARALLEL, BANDWIDTH_GBS, LATENCY_MS, MEMORY_BANDWIDTH_GBS = 8, 25.0, 0.05, 2000.0
 GRADIENT_BYTES, STEP_BYTES = 4, 30
 
 
-def ends_of(name: str, stages: int) -> dict:
-    """The iteration's ends of one stage of the model called `name` ("1.5B": 1.5e9 parameters)."""
+def ends_of(name: str, stages: int, fsdp: bool = False) -> dict:
+    """The iteration's ends of one stage of the model called `name` ("1.5B": 1.5e9 parameters):
+    its gradients all-reduced, or with FSDP reduce-scattered and the step on a shard of them."""
     parameters = float(name.rstrip("B")) * 1e9 / stages
-    reduce = ring_all_reduce_ms(parameters * GRADIENT_BYTES / 1e9, DATA_PARALLEL, BANDWIDTH_GBS, LATENCY_MS)
-    step = parameters * STEP_BYTES / 1e9 / MEMORY_BANDWIDTH_GBS * 1e3
+    collective = ring_reduce_scatter_ms if fsdp else ring_all_reduce_ms
+    reduce = collective(parameters * GRADIENT_BYTES / 1e9, DATA_PARALLEL, BANDWIDTH_GBS, LATENCY_MS)
+    step = parameters * STEP_BYTES / (DATA_PARALLEL if fsdp else 1) / 1e9 / MEMORY_BANDWIDTH_GBS * 1e3
     return {"grad_reduce_times": reduce, "optimizer_step_times": step}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def paper_arguments(doc: str) -> argparse.Namespace:
+    """`--time-limit` (per solve) and `--models` (of the paper's four), for the benchmarks on them."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--models", default=",".join(ZERO_BUBBLE_MODELS))
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = paper_arguments(__doc__)
     rows = []
     print(f"{'case':<18}{'objective':<14}{'status':<10}{'value':>10}{'bound':>10}{'gap':>8}  binding bound", flush=True)
     for name in args.models.split(","):

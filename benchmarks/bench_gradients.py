@@ -18,24 +18,11 @@ Prints a table and writes benchmarks/results/bench_gradients.json.
 
 from __future__ import annotations
 
-import argparse
-
+from bench_ends import ends_of, paper_arguments
 from record import write_results
 
 from zbopt import ProblemError, solve
 from zbopt.core.paper_tables import ZERO_BUBBLE_MODELS
-from zbopt.planning.model.collectives import ring_reduce_scatter_ms
-
-DATA_PARALLEL, BANDWIDTH_GBS, LATENCY_MS, MEMORY_BANDWIDTH_GBS = 8, 25.0, 0.05, 2000.0
-GRADIENT_BYTES, STEP_BYTES = 4, 30 / DATA_PARALLEL
-
-
-def ends_of(name: str, stages: int) -> dict:
-    """The iteration's ends of one stage of the model called `name` ("1.5B": 1.5e9 parameters) with FSDP."""
-    parameters = float(name.rstrip("B")) * 1e9 / stages
-    reduce = ring_reduce_scatter_ms(parameters * GRADIENT_BYTES / 1e9, DATA_PARALLEL, BANDWIDTH_GBS, LATENCY_MS)
-    step = parameters * STEP_BYTES / 1e9 / MEMORY_BANDWIDTH_GBS * 1e3
-    return {"grad_reduce_times": reduce, "optimizer_step_times": step}
 
 
 def _solved(problem, time_limit: float) -> dict:
@@ -55,16 +42,13 @@ def _cells(result: dict, width: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--models", default=",".join(ZERO_BUBBLE_MODELS))
-    args = parser.parse_args()
+    args = paper_arguments(__doc__)
     rows = []
     print(f"{'case':<22}{'gradients: status':<18}{'value':>10}{'bound':>10}{'gap':>8}  "
           f"{'without: status':<16}{'value':>10}{'bound':>10}{'gap':>8}", flush=True)
     for name in args.models.split(","):
         model = ZERO_BUBBLE_MODELS[name]
-        ends = ends_of(name, model.num_devices)
+        ends = ends_of(name, model.num_devices, fsdp=True)
         for gradients in (1.0, 3.0):
             for factor in (1, 2):
                 limit = factor * model.num_devices + gradients

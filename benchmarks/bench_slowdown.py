@@ -17,9 +17,7 @@ Prints a table and writes benchmarks/results/bench_slowdown.json.
 
 from __future__ import annotations
 
-import argparse
-
-from bench_ends import ends_of
+from bench_ends import ends_of, paper_arguments
 from record import write_results
 
 from zbopt import Problem, generate, simulate, solve
@@ -52,10 +50,7 @@ def under_transfers(simulation) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--time-limit", type=float, default=60.0)
-    parser.add_argument("--models", default=",".join(ZERO_BUBBLE_MODELS))
-    args = parser.parse_args()
+    args = paper_arguments(__doc__)
     rows = []
     print(f"{'model':<7}{'schedule':<18}" + "".join(f"{f'x{factor:g}':>10}" for factor in FACTORS)
           + f"{'under transfers':>17}  optimizer at x1, x{FACTORS[-1]:g}: status, bound", flush=True)

@@ -9,6 +9,7 @@ from zbopt.core.kinds import BACKWARD, FORWARD, FUSED_BACKWARD, SIDE_KINDS, WEIG
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
+from zbopt.core.ticks import gradients_wait
 from zbopt.schedules.registry import require
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "backward_ops",
     "block_memory",
     "chunk_activations",
+    "gradient_modes",
     "input_gradient",
     "iteration_microbatches",
     "passes_to_schedule",
@@ -107,6 +109,15 @@ def schedule_from_starts(problem: Problem, starts: dict[Op, float], name: str, t
         orders.append(order + ops[placed:])
     times = [[starts[op] for op in order] for order in orders] if timed else None
     return Schedule(orders, times, name=name, pairs=pairs)
+
+
+def gradient_modes(problem: Problem) -> tuple[bool, ...]:
+    """The ways a plan that caps its forwards only may count FSDP's unsharded gradients (`Timeline`'s
+    `gradients_throughout`): from the start it stays within its caps; from each stage's first
+    gradient op it leaves more room, which may pay, but may break a cap at a first W (it takes the
+    gradients at its start). Both where they are held under a limit (`gradients_wait`): the plan
+    tries each and the simulator judges; else the first."""
+    return (True, False) if gradients_wait(problem) else (True,)
 
 
 def serial_peak(problem: Problem, floor: Callable[[Problem], tuple[float, ...]]) -> tuple[float, ...]:

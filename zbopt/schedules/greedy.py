@@ -21,6 +21,7 @@ a warm start:
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import math
@@ -32,8 +33,10 @@ from zbopt.core.kinds import FORWARD, WEIGHT
 from zbopt.core.ops import Op
 from zbopt.core.problem import Problem
 from zbopt.core.schedule import Schedule
+from zbopt.core.simulation import simulate
 from zbopt.core.timeline import Timeline
 from zbopt.core.tolerance import memory_ceiling
+from zbopt.schedules.common import gradient_modes
 from zbopt.schedules.registry import register, require
 
 __all__ = ["greedy"]
@@ -45,22 +48,35 @@ _BACKWARD, _CONTINUE, _TAKE_IN, _WEIGHT = range(4)  # priorities, first wins
                     "limit (B first, F when the whole microbatch fits, W in the gaps)", attrgetter("memory_caps"),
           bidirectional=True)
 def greedy(problem: Problem) -> Schedule:
-    """The list schedule of the module docstring, timed as the simulator times it. One iteration."""
+    """The list schedule of the module docstring, timed as the simulator times it; with FSDP's
+    gradients held under a limit, the shorter of its two ways to count them that fits
+    (`gradient_modes`). One iteration."""
     require(problem.iterations == 1, "greedy", "iterations = 1 (it plans one iteration)")
     require(all(need <= memory_ceiling(cap) for need, cap in zip(problem.one_microbatch_memory, problem.memory_caps,
                                                                     strict=True)),
             "greedy", "a memory limit of at least one microbatch's activations on each device's stages "
                       "(it keeps every activation)")
-    return _ListSchedule(problem).run()
+    modes = gradient_modes(problem)
+    if len(modes) == 1:
+        return _ListSchedule(problem, *modes).run()
+    fitting = []  # (makespan, mode, schedule) of each way that fits
+    for mode in modes:
+        with contextlib.suppress(NotApplicableError):
+            schedule = _ListSchedule(problem, mode).run()
+            if (result := simulate(problem, schedule)).valid:
+                fitting.append((result.makespan, mode, schedule))
+    if not fitting:
+        raise NotApplicableError("greedy: no op fits under the memory limit with the gradients its W's take")
+    return min(fitting)[2]
 
 
 class _ListSchedule:
     """The list schedule under way: the ops placed (a `Timeline`), per (kind, stage) how many ran,
     per device the memory reserved for the microbatches it took in, and the devices' wake-ups."""
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, gradients_throughout: bool):
         self.problem = problem
-        self.timeline = Timeline(problem, gradients_throughout=True)
+        self.timeline = Timeline(problem, gradients_throughout)
         self.table = table = self.timeline.table
         self.stages = [sorted(device_stages) for device_stages in problem.stages_of_device]
         self.microbatches = {stage: problem.microbatches_of(stage) for stage in range(problem.num_stages)}

@@ -145,6 +145,7 @@ class _AutoGreedy:
 
     def __init__(self, problem: Problem, limits: Sequence[float], choices: GreedyChoices):
         self.problem, self.limits, self.choices = problem, limits, choices
+        # FSDP's gradients from the start: it caps forwards only (counted from a first W: no gain seen)
         self.timeline = Timeline(problem.replace(iterations=1), gradients_throughout=True)
         self.devices = [_Device() for _ in range(problem.num_devices)]
 

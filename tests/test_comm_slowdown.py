@@ -121,3 +121,14 @@ def test_a_slowdown_with_a_shared_host_link_is_refused_naming_both():
     with pytest.raises(ProblemError, match=r"comm_slowdown = 2.0: with shared_host_link"):
         Problem(num_devices=2, num_microbatches=2, weight_times=1, allow_offload=True, offload_times=1,
                 shared_host_link=True, grad_reduce_times=2, comm_slowdown=2)
+
+
+def test_the_gantt_chart_dots_the_ops_a_transfer_slowed():
+    """The hand case: only 0B0 (4-6) ran under a transfer; its box is dotted, the others not."""
+    from zbopt.presentation.plot import plot_gantt
+
+    axes = plot_gantt(simulate(Problem(**TWO_CHUNKS, comm_slowdown=2), _orders(ORDER))).axes[0]
+    slowed = next(collection for collection in axes.collections if collection.get_gid() == "slowed-ops")
+    assert [(path.vertices[:, 0].min(), path.vertices[:, 0].max()) for path in slowed.get_paths()] == [(4.0, 6.0)]
+    plain = plot_gantt(simulate(Problem(**TWO_CHUNKS), _orders(ORDER))).axes[0]
+    assert all(collection.get_gid() != "slowed-ops" for collection in plain.collections)

@@ -14,6 +14,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from zbopt.core.kinds import COPY_KINDS, RECOMPUTE, REGATHER, SIDE_KINDS
+from zbopt.core.ops import COMPUTE_LANE
+from zbopt.core.problem.mechanisms import compute_slowed
 from zbopt.core.simulation import Simulation
 from zbopt.presentation.plot.style import (
     DPI,
@@ -114,7 +116,7 @@ def _draw_extras(axes, simulation: Simulation, show_latency: bool) -> list:
         axes.add_collection(PolyCollection(outlines, facecolors="none", edgecolors="black", linewidths=0.8, zorder=3,
                                            gid="overlapped-pairs"))
         handles.append(Patch(facecolor="white", edgecolor="black", label="overlapped pair (F over its partner)"))
-    handles += _draw_ends(axes, simulation)
+    handles += _draw_ends(axes, simulation) + _draw_slowed(axes, simulation)
     handles.append(Patch(facecolor=palette().lane, label="idle"))
     if show_latency and problem.p2p_time > 0:
         # under the boxes: a send to a far device (interleaved wrap-around) must not cross other devices' ops
@@ -145,6 +147,28 @@ def _draw_ends(axes, simulation: Simulation) -> list:
             handles.append(Patch(facecolor=palette().ends[name], label="unshard, G (FSDP all-gather)" if regathers
                                  else END_NAMES[name]))
     return handles
+
+
+def _draw_slowed(axes, simulation: Simulation) -> list:
+    """Dots over each compute op a transfer of its device slowed (`comm_slowdown`: it took longer
+    than its cost), and their legend key; nothing where none was."""
+    table, problem = simulation.table, simulation.problem
+    if not compute_slowed(problem):
+        return []
+    paired = {member for pair in simulation.pairs for member in pair.members}  # a pair takes its own cost
+    taken = simulation.end - simulation.start
+    slowed = [index for index in range(table.size) if table.lane[index] == COMPUTE_LANE and index not in paired
+              and taken[index] > table.duration[index] * (1 + 1e-9)]
+    if not slowed:
+        return []
+    rows = [_row(simulation, table.kind[index]) for index in slowed]
+    dots = [_box(simulation.start[index] - simulation.origin, taken[index], table.device[index] + offset, height)
+            for index, (offset, height) in zip(slowed, rows, strict=True)]
+    axes.add_collection(PolyCollection(dots, facecolors="none", edgecolors=palette().ends["reduce"], linewidths=0,
+                                       zorder=3, hatch="..", gid="slowed-ops"))
+    factor = problem.iteration_ends.comm_slowdown
+    return [Patch(facecolor="white", edgecolor=palette().ends["reduce"], hatch="..",
+                  label=f"slowed by a transfer (x{factor:g} under it)")]
 
 
 def _device_axes(axes, simulation: Simulation) -> None:

@@ -50,12 +50,16 @@ def test_known_layers_have_their_closed_form_flops_saved_bytes_and_parameter_byt
 def test_times_follow_the_flops():
     """The 16bw² layer's forward, input gradient and weight gradient each take longer than the 2bw²
     layer's, and its forward at most 32 times as long (8x the FLOPs; CPU matmuls of these sizes run
-    within a factor of 4 of one rate)."""
-    profile = profile_model(_widening(), torch.randn(BATCH, WIDTH), repeats=9, warmup=3)
-    small, large = profile.layers[0], profile.layers[2]
+    within a factor of 4 of one rate). Each time is the least of five profiles' medians: a busy
+    machine (the suite's other worker) only adds time, to one layer's rounds at once."""
+    profiles = [profile_model(_widening(), torch.randn(BATCH, WIDTH), repeats=9, warmup=3) for _ in range(5)]
+
+    def least(index: int, kind: str) -> float:
+        return min(getattr(profile.layers[index], kind) for profile in profiles)
+
     for kind in ("forward_ms", "backward_ms", "weight_ms"):
-        assert getattr(large, kind) > getattr(small, kind), kind
-    assert large.forward_ms < 32 * small.forward_ms
+        assert least(2, kind) > least(0, kind), kind
+    assert least(2, "forward_ms") < 32 * least(0, "forward_ms")
 
 
 def test_a_first_layer_without_input_gradient_runs_its_backward_in_w_and_the_loss_is_saved():

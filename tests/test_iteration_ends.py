@@ -172,7 +172,7 @@ def test_the_trace_has_a_communication_track_named_as_torchs_actions():
     problem = Problem(**BASE, grad_reduce_times=[3, 1], optimizer_step_times=0.5, unshard_times=[2, 1])
     events = chrome_trace(simulate(problem, HAND))["traceEvents"]
     ends = {(event["name"], event["pid"]): (event["tid"], event["ts"], event["dur"]) for event in events
-            if event.get("cat") in ("unshard", "gradient reduction", "optimizer step")}
+            if event.get("cat") in ("unshard (FSDP all-gather)", "gradient reduction", "optimizer step")}
     lane = COMMUNICATION_TRACK + 1
     assert ends == {("0UNSHARD", 1): (lane, 0, 2000), ("1UNSHARD", 2): (lane, 0, 1000),
                     ("0REDUCE_GRAD", 1): (lane, 10000, 3000), ("1REDUCE_GRAD", 2): (lane, 9000, 1000),

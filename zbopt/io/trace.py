@@ -31,6 +31,7 @@ from zbopt.core.problem import Problem
 from zbopt.core.problem.microbatches import tokens_of
 from zbopt.core.schedule import pair_text
 from zbopt.core.simulation import Simulation
+from zbopt.core.simulation.ends import END_NAMES
 from zbopt.core.ticks import tick_scale
 from zbopt.io.torch_format import TORCH_KIND
 from zbopt.io.write import write_file
@@ -44,7 +45,6 @@ MIN_TICKS_PER_UNIT = 1000  # one problem unit shows as at least a millisecond
 PAIR_TRACKS = (3, 4, 5)  # an overlapped pair's forward, then its backward's one or two ops
 COMMUNICATION_TRACK = 6  # the iteration's ends: unshards and gradient reductions
 GATHER_TRACK = 7  # re-gathers (G), FSDP's all-gather lane
-END_CATEGORIES = {"unshard": "unshard", "reduce": "gradient reduction", "step": "optimizer step"}
 TRACK_NAMES = {COMPUTE_LANE: "compute", OFFLOAD_LANE: "device-to-host", RELOAD_LANE: "host-to-device",
                **{track: f"pair member {place + 1}" for place, track in enumerate(PAIR_TRACKS)},
                COMMUNICATION_TRACK: "communication", GATHER_TRACK: "all-gather"}
@@ -143,7 +143,7 @@ def _end_events(simulation: Simulation, ticks, first_pid: int) -> list[dict]:
     device's optimizer step on its compute track."""
     if simulation.ends is None:
         return []
-    return [{"ph": "X", "name": window.name, "cat": END_CATEGORIES[window.what], "pid": window.device + first_pid,
+    return [{"ph": "X", "name": window.name, "cat": END_NAMES[window.what], "pid": window.device + first_pid,
              "tid": (COMPUTE_LANE if window.what == "step" else COMMUNICATION_TRACK) + 1, "ts": ticks(window.begin),
              "dur": ticks(window.end) - ticks(window.begin), "args": {"start": window.begin, "end": window.end}}
             for window in simulation.ends.windows(simulation.problem)]

@@ -28,10 +28,10 @@ from zbopt.core.kinds import KINDS
 from zbopt.core.ops import GATHER_LANE
 from zbopt.core.problem.microbatches import tokens_of
 from zbopt.core.simulation import Simulation
+from zbopt.core.simulation.ends import END_NAMES
 from zbopt.io.write import write_file
 from zbopt.planning.comparison import Comparison, ComparisonRow, columns
 from zbopt.presentation import plot
-from zbopt.presentation.plot.gantt import END_NAMES
 from zbopt.presentation.plot.style import chunk_color, palette
 from zbopt.presentation.tables import NOT_RUN
 

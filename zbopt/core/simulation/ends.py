@@ -28,8 +28,8 @@ from zbopt.core.ops import COMPUTE_LANE, OpTable
 from zbopt.core.problem import Problem
 from zbopt.core.problem.mechanisms import unshard_windows, unshards_done
 
-__all__ = ["DeviceEnds", "EndTimes", "EndWindow", "device_ends", "end_times", "forwards_done", "gathered_memory",
-           "gradient_ends", "gradient_starts", "held_throughout"]
+__all__ = ["END_NAMES", "DeviceEnds", "EndTimes", "EndWindow", "device_ends", "end_times", "forwards_done",
+           "gathered_memory", "gradient_ends", "gradient_starts", "held_throughout"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,10 @@ class EndTimes:
         released = np.where(kind == FORWARD, unshard_end[iteration, stage], 0.0)
         regather = kind == REGATHER
         return np.where(regather, unshard_end[iteration, last_stage[np.asarray(table.device)]], released)
+
+
+# what each kind of end is called wherever it is shown (the charts, the report, the trace's categories)
+END_NAMES = {"unshard": "unshard (FSDP all-gather)", "reduce": "gradient reduction", "step": "optimizer step"}
 
 
 class EndWindow(NamedTuple):

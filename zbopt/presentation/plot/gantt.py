@@ -17,6 +17,7 @@ from zbopt.core.kinds import COPY_KINDS, RECOMPUTE, REGATHER, SIDE_KINDS
 from zbopt.core.ops import COMPUTE_LANE
 from zbopt.core.problem.mechanisms import compute_slowed
 from zbopt.core.simulation import Simulation
+from zbopt.core.simulation.ends import END_NAMES
 from zbopt.presentation.plot.style import (
     DPI,
     KIND_NAMES,
@@ -41,7 +42,6 @@ BOX_HEIGHT = 0.8  # of a device row; the lane behind it is 0.9, leaving a white 
 # (offset from the row's centre, height) of compute boxes and of each copy lane, when there are copies
 COMMUNICATION = "communication"  # the lane of the iteration's ends: unshards and gradient reductions
 LANE_PITCH, LANE_HEIGHT = 0.12, 0.11  # each thin lane under a device's compute boxes, and its gap
-END_NAMES = {"unshard": "unshard (FSDP all-gather)", "reduce": "gradient reduction", "step": "optimizer step"}
 MIN_LABEL_POINTS, MAX_LABEL_POINTS = 5.0, 8.0
 
 

@@ -74,8 +74,8 @@ def _memory_amounts(problem: Problem) -> list[float]:
     rows = problem.per_microbatch or {}
     checkpoints = problem.recomputation.checkpoint_memory if problem.recomputation else ()
     ends = problem.iteration_ends
-    gathered = (*ends.unshard_memory, *ends.gradient_memory) if ends else ()
-    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *checkpoints, *gathered,
+    fsdp = (*ends.unshard_memory, *ends.gradient_memory) if ends else ()
+    amounts = [*problem.activation_memory, *(problem.weight_memory or ()), *checkpoints, *fsdp,
                *(problem.memory_limit or ())]
     return amounts + [value for key in ("activation_memory", "weight_memory", "checkpoint_memory")
                       for row in rows.get(key, ()) for value in row]

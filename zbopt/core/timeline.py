@@ -50,7 +50,8 @@ class Timeline:
         self.free = [0.0] * problem.num_devices
         self.held = list((held_throughout if gradients_throughout else gathered_memory)(problem))
         ends = problem.iteration_ends
-        self.gradients = None if ends is None or gradients_throughout else list(ends.gradient_memory)
+        self.gradients = None if ends is None or gradients_throughout or not any(ends.gradient_memory) \
+            else list(ends.gradient_memory)
         self.orders: list[list[Op]] = [[] for _ in range(problem.num_devices)]
 
     def start_of(self, op: Op) -> float | None:

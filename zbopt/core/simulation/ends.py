@@ -120,10 +120,7 @@ def device_ends(problem: Problem, device: int, stream_free: float, compute_done:
 def gathered_memory(problem: Problem) -> tuple[float, ...]:
     """Per device, its stages' gathered parameters together (0 without FSDP): what a plan built op
     by op counts as held throughout (they are freed only at each stage's last gradient op)."""
-    if problem.iteration_ends is None:
-        return (0.0,) * problem.num_devices
-    held = problem.iteration_ends.unshard_memory
-    return tuple(sum(held[stage] for stage in stages) for stages in problem.stages_of_device)
+    return _per_device(problem, "unshard_memory")
 
 
 def held_throughout(problem: Problem) -> tuple[float, ...]:
@@ -131,10 +128,15 @@ def held_throughout(problem: Problem) -> tuple[float, ...]:
     without FSDP): what a plan that caps memory as it goes, and neither frees the parameters at
     each stage's last gradient op nor the gradients at its reduction's end, counts as held from
     the start (more than the device ever holds of them: its caps then hold for the simulator's)."""
-    if problem.iteration_ends is None:
-        return (0.0,) * problem.num_devices
+    return _per_device(problem, "unshard_memory", "gradient_memory")
+
+
+def _per_device(problem: Problem, *keys: str) -> tuple[float, ...]:
+    """Per device, the iteration ends' per-stage `keys` summed over its stages (0 without ends)."""
     ends = problem.iteration_ends
-    return tuple(sum(ends.unshard_memory[stage] + ends.gradient_memory[stage] for stage in stages)
+    if ends is None:
+        return (0.0,) * problem.num_devices
+    return tuple(sum(getattr(ends, key)[stage] for key in keys for stage in stages)
                  for stages in problem.stages_of_device)
 
 

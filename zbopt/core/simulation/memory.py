@@ -17,8 +17,8 @@ __all__ = ["memory_steps", "memory_violations"]
 
 def memory_steps(problem: Problem, table: OpTable, start: np.ndarray, end: np.ndarray, ends: EndTimes | None = None):
     """Per device, the memory step function (times, levels) from the alloc/free events (with FSDP,
-    each stage's gathered parameters and unsharded gradients, `_fsdp_events`); and per op, the level right after its
-    own event (changes at one moment counted in the steps' order)."""
+    each stage's gathered parameters and unsharded gradients, `_fsdp_events`); and per op, the
+    level right after its own event (changes at one moment counted in the steps' order)."""
     device = np.asarray(table.device)
     delta = np.asarray(table.memory_delta)
     allocates = np.asarray(table.allocates_at_start)

@@ -88,6 +88,6 @@ class Slowdown:
     def next_iteration(self, device: int, steps_done: tuple[float, ...]) -> None:
         """`device`'s optimizer step has ended (at `steps_done[device]`): its next unshards start then."""
         windows = unshard_windows(self.problem, steps_done)
-        stages = self.problem.stages_of_device[device]
-        self._add_unshards([windows[stage] if stage in stages else (0.0, 0.0) for stage in range(len(windows))])
+        for stage in self.problem.stages_of_device[device]:
+            self.add(device, *windows[stage])
         self.stream_free[device] = unshards_done(self.problem, steps_done)[device]
